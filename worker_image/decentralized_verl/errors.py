@@ -1,0 +1,53 @@
+"""One project error type per boundary, so the CLI can print any of them and exit 2.
+
+Each error's text names the place (field path, file:line, peer, tensor) a person must look at.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class DverlError(Exception):
+    """Base of every error a user can act on; the CLI prints it without a traceback."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a manifest: the dotted field path and what is wrong there."""
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+class ManifestError(DverlError):
+    """An RLHFJob manifest (or a stage config) that cannot be used; carries every problem found."""
+
+    def __init__(self, problems: list[Problem], source: str | None = None) -> None:
+        self.problems = list(problems)
+        self.source = source
+        head = f"{source}: " if source else ""
+        super().__init__(head + "; ".join(str(p) for p in self.problems))
+
+
+class DataError(DverlError):
+    """A data file or record that cannot be read; the message names file, line/row and field."""
+
+
+class WireError(DverlError):
+    """A gRPC / P2P message that breaks the contract; the message names the field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+class ModelError(DverlError):
+    """A model that cannot be located or loaded; the message names the spec field."""
+
+
+class VolunteerError(DverlError):
+    """An untrusted peer's result or join request that is rejected; the message names the peer."""

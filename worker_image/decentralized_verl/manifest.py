@@ -1,0 +1,142 @@
+"""Turn a YAML file or a dict into a validated RLHFJob, or a ManifestError listing every problem.
+
+The same function serves `dverl validate`, `dverl run`, the workers and the operator, so a manifest
+is judged the same way everywhere.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from decentralized_verl.errors import ManifestError, Problem
+from decentralized_verl.spec import API_GROUP, API_VERSION, KIND, CrossFieldProblems, JobSpec, RLHFJob
+
+
+def _path(loc: tuple[Any, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        elif item in ("function-after", "function-before") or str(item).startswith(
+            ("function-", "tagged-union", "literal[")
+        ):
+            continue
+        else:
+            parts.append(("." if parts else "") + str(item))
+    return "".join(parts)
+
+
+def _describe(error: dict[str, Any]) -> str:
+    """Say what is wrong in the words of the manifest, with the offending value."""
+    kind, given, ctx = error["type"], error.get("input"), error.get("ctx") or {}
+    bounds = {
+        "greater_than": ("gt", ">"),
+        "greater_than_equal": ("ge", ">="),
+        "less_than": ("lt", "<"),
+        "less_than_equal": ("le", "<="),
+    }
+    if kind == "extra_forbidden":
+        return "unknown field"
+    if kind == "missing":
+        return "required field is missing"
+    if kind in bounds:
+        key, op = bounds[kind]
+        return f"must be {op} {ctx.get(key)} (got {given!r})"
+    if kind == "string_pattern_mismatch":
+        return f"must match {ctx.get('pattern')} (got {given!r})"
+    if kind in ("too_short", "too_long", "string_too_short", "string_too_long"):
+        return f"{error['msg'].lower()} (got {given!r})"
+    message = error["msg"].removeprefix("Value error, ")
+    if kind.endswith("_type") or kind.endswith("_parsing") or kind == "literal_error":
+        return f"{message} (got {given!r})"
+    return message
+
+
+def problems_from_validation_error(exc: ValidationError, prefix: str = "") -> list[Problem]:
+    """Flatten pydantic's errors into field-path problems, expanding our cross-field reports."""
+    problems: list[Problem] = []
+    for error in exc.errors():
+        cause = (error.get("ctx") or {}).get("error")
+        if isinstance(cause, CrossFieldProblems):
+            problems.extend(cause.problems)
+            continue
+        path = _path(error["loc"])
+        full = f"{prefix}.{path}" if prefix and path else (prefix or path)
+        problems.append(Problem(full or "(root)", _describe(error)))
+    return problems
+
+
+def parse_job(document: Any, source: str | None = None) -> RLHFJob:
+    """Validate one parsed YAML document as an RLHFJob; raises ManifestError with every problem."""
+    if not isinstance(document, dict):
+        kind = "empty" if document is None else type(document).__name__
+        raise ManifestError(
+            [Problem("(root)", f"expected a mapping (an RLHFJob object), got {kind}")], source
+        )
+    problems: list[Problem] = []
+    api_version, kind = document.get("apiVersion"), document.get("kind")
+    if kind != KIND:
+        problems.append(Problem("kind", f"expected {KIND!r} (got {kind!r}): this is not an RLHFJob manifest"))
+    if api_version != f"{API_GROUP}/{API_VERSION}":
+        problems.append(Problem("apiVersion", f"expected '{API_GROUP}/{API_VERSION}' (got {api_version!r})"))
+    if problems:
+        raise ManifestError(problems, source)
+    try:
+        return RLHFJob.model_validate(document)
+    except ValidationError as exc:
+        raise ManifestError(problems_from_validation_error(exc), source) from None
+
+
+def parse_spec(spec: Any, source: str | None = None) -> JobSpec:
+    """Validate a bare `.spec` (what the operator and the workers receive)."""
+    if not isinstance(spec, dict):
+        raise ManifestError([Problem("spec", f"expected a mapping, got {type(spec).__name__}")], source)
+    try:
+        return JobSpec.model_validate(spec)
+    except ValidationError as exc:
+        raise ManifestError(problems_from_validation_error(exc, prefix="spec"), source) from None
+
+
+def load_yaml_text(text: str, source: str) -> Any:
+    try:
+        documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ManifestError([Problem("(file)", f"not valid YAML: {where}{problem}")], source) from None
+    if not documents:
+        return None
+    if len(documents) != 1:
+        raise ManifestError(
+            [Problem("(file)", f"expected exactly one YAML document, found {len(documents)}")], source
+        )
+    return documents[0]
+
+
+def load_job(path: str | Path) -> RLHFJob:
+    """Read and validate an RLHFJob manifest file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ManifestError([Problem("(file)", "no such file")], str(path)) from None
+    except (UnicodeDecodeError, IsADirectoryError) as exc:
+        raise ManifestError([Problem("(file)", f"cannot read as text: {exc}")], str(path)) from None
+    return parse_job(load_yaml_text(text, str(path)), str(path))
+
+
+def summary(job: RLHFJob) -> str:
+    """The one-line description `dverl validate` prints for a valid job."""
+    spec = job.spec
+    roles = ", ".join(f"{name}={role.replicas}" for name, role in spec.roles.items())
+    length = f"{spec.training.steps} steps" if spec.training.steps else f"{spec.training.epochs} epochs"
+    return (
+        f"RLHFJob {job.metadata.name}: valid — {spec.algorithm.name} "
+        f"({spec.advantage_estimator} advantages, {spec.algorithm.samples_per_prompt} samples/prompt), "
+        f"reward {spec.data.reward_type}, {length}, roles {roles}"
+    )

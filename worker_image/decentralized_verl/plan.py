@@ -1,0 +1,168 @@
+"""Pure: a job spec -> the workers it needs. One plan, two executors (operator pods, local processes).
+
+Nothing here knows about Kubernetes objects or processes; it says which worker runs where, with what
+command line, environment and ports. Addresses are supplied by the executor (cluster DNS names or
+127.0.0.1 with free ports), and `worker_env` wires them into each worker's environment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from decentralized_verl.spec import JobSpec, NodePool, RoleSpec
+
+GRPC_PORT = 50051
+DIST_PORT = 29500
+CONFIG_PATH = "/etc/dverl/job.yaml"
+"""Where the operator mounts the ConfigMap with the rendered spec; `dverl run` passes its own path."""
+
+SERVICE_ROLES = ("rollout", "reward", "reference", "critic")
+"""Roles served over gRPC to the coordinator; the learner itself serves Status and Weights."""
+
+
+@dataclass(frozen=True)
+class PlannedWorker:
+    job: str
+    role: str
+    index: int
+    pool: str | None = None
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, object], ...] = ()
+    gpu_type: str | None = None
+    gpus: int = 0
+    cpu: str | None = None
+    memory: str | None = None
+    ports: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        """`<job>-<role>-<index>`: the pod name, the process label and the DNS host name."""
+        return f"{self.job}-{self.role}-{self.index}"
+
+    def command(self, config_path: str = CONFIG_PATH, port: int | None = None) -> list[str]:
+        """The worker's command line; the executor may move the port (local runs use free ports)."""
+        port = port if port is not None else self.ports.get("grpc", GRPC_PORT)
+        if self.role == "dht":
+            return ["dverl", "dht", "--port", str(port), "--job", self.job]
+        return [
+            "dverl",
+            "worker",
+            "--role",
+            self.role,
+            "--index",
+            str(self.index),
+            "--config",
+            config_path,
+            "--job",
+            self.job,
+            "--port",
+            str(port),
+        ]
+
+
+@dataclass(frozen=True)
+class Plan:
+    job: str
+    workers: tuple[PlannedWorker, ...]
+    colocated: tuple[str, ...]
+    """Roles that run inside the learner process (replicas 0), behind the same interface."""
+
+    def by_role(self, role: str) -> list[PlannedWorker]:
+        return [w for w in self.workers if w.role == role]
+
+    def desired(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for worker in self.workers:
+            counts[worker.role] = counts.get(worker.role, 0) + 1
+        return counts
+
+
+def _pool_slots(role: RoleSpec) -> list[NodePool | None]:
+    """Which pool each replica index lands in: pools in order, replicas filled pool by pool."""
+    if not role.node_pools:
+        return [None] * role.replicas
+    slots: list[NodePool | None] = []
+    for pool in role.node_pools:
+        slots.extend([pool] * pool.replicas)
+    return slots
+
+
+def _worker(job: str, role_name: str, index: int, role: RoleSpec, pool: NodePool | None) -> PlannedWorker:
+    resources = pool.resources if pool is not None and pool.resources is not None else role.resources
+    ports = {"grpc": GRPC_PORT}
+    if role_name == "learner":
+        ports["dist"] = DIST_PORT
+    return PlannedWorker(
+        job=job,
+        role=role_name,
+        index=index,
+        pool=pool.name if pool else None,
+        node_selector=dict(pool.node_selector) if pool else {},
+        tolerations=tuple(t.model_dump(by_alias=True, exclude_none=True) for t in pool.tolerations)
+        if pool
+        else (),
+        gpu_type=pool.gpu_type if pool else None,
+        gpus=resources.gpus,
+        cpu=resources.cpu,
+        memory=resources.memory,
+        ports=ports,
+    )
+
+
+def plan_job(spec: JobSpec, job: str) -> Plan:
+    """Every worker process the job needs, learners first (rank order), then the serving roles."""
+    workers: list[PlannedWorker] = []
+    colocated: list[str] = []
+    for role_name in ("learner", *SERVICE_ROLES):
+        role = getattr(spec.roles, role_name)
+        if role is None:
+            continue
+        if role.replicas == 0:
+            colocated.append(role_name)
+            continue
+        for index, pool in enumerate(_pool_slots(role)):
+            workers.append(_worker(job, role_name, index, role, pool))
+    if spec.volunteers.enabled:
+        workers.append(PlannedWorker(job=job, role="dht", index=0, ports={"grpc": spec.volunteers.dht_port}))
+    return Plan(job=job, workers=tuple(workers), colocated=tuple(colocated))
+
+
+def worker_env(plan: Plan, worker: PlannedWorker, addresses: Mapping[str, str]) -> dict[str, str]:
+    """Environment for one worker given every worker's `host:port` (keyed by worker name).
+
+    Learners get torch.distributed's rendezvous variables (as torchrun sets them) and the coordinator
+    (rank 0) gets the address lists of every serving role. Dispatch weights by pool GPU type come from
+    DVERL_POOLS so the coordinator can start from a prior before it has measured throughput.
+    """
+    env = {
+        "DVERL_JOB": plan.job,
+        "DVERL_ROLE": worker.role,
+        "DVERL_INDEX": str(worker.index),
+        "DVERL_WORKER_NAME": worker.name,
+    }
+    if worker.pool:
+        env["DVERL_POOL"] = worker.pool
+    if worker.role != "learner":
+        return env
+    learners = plan.by_role("learner")
+    master = addresses[learners[0].name]
+    master_host = master.rsplit(":", 1)[0]
+    env.update(
+        {
+            "MASTER_ADDR": master_host,
+            "MASTER_PORT": addresses.get(f"{learners[0].name}/dist", str(DIST_PORT)).rsplit(":", 1)[-1],
+            "WORLD_SIZE": str(len(learners)),
+            "RANK": str(worker.index),
+            "LOCAL_RANK": "0",
+        }
+    )
+    for role in SERVICE_ROLES:
+        peers = plan.by_role(role)
+        if peers:
+            env[f"DVERL_{role.upper()}_ADDRS"] = ",".join(addresses[p.name] for p in peers)
+            env[f"DVERL_{role.upper()}_POOLS"] = ",".join(p.gpu_type or p.pool or "" for p in peers)
+    dht = plan.by_role("dht")
+    if dht:
+        env["DVERL_DHT_ADDR"] = addresses[dht[0].name]
+    return env
