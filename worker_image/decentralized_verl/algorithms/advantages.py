@@ -1,0 +1,203 @@
+"""Advantage estimators, registered by the names the spec accepts.
+
+One calling convention for all of them, so the trainer can call any estimator blindly::
+
+    advantages, returns = ADVANTAGE_ESTIMATORS[name](inputs, **hparams)
+
+`inputs` is an `AdvantageInputs`; `hparams` is one shared dict (`gamma`, `lam`, `norm_by_std`,
+`epsilon`): each estimator takes the keys its signature names and ignores the others, and an
+unknown key raises `TypeError` (see `registry.advantage_estimator`). Both outputs are [B, T] and
+exactly 0 at masked positions; outcome estimators return the advantages as returns too.
+
+Which reward an estimator reads ("token rewards win when present"):
+- token-level estimators (`gae`, `reinforce_plus_plus`) use `token_rewards`, or else put each
+  sample's `score` on its last valid token;
+- outcome estimators (`grpo`, `rloo`, `reinforce_plus_plus_baseline`) use the masked sum of
+  `token_rewards` per sample (so a KL-in-reward penalty counts), or else `scores`.
+Masked tokens never contribute: returns and GAE skip over holes in the mask, carrying the next
+*valid* token's value/advantage across them (as if the masked tokens were not in the sequence).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from decentralized_verl.algorithms.masking import (
+    as_bool_mask,
+    check_groups,
+    check_same_shape,
+    group_sum,
+    masked_whiten,
+    zero_masked,
+)
+from decentralized_verl.algorithms.registry import ADVANTAGE_ESTIMATORS, advantage_estimator
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "AdvantageInputs",
+    "gae",
+    "grpo",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
+    "rloo",
+]
+
+
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """Everything any estimator may need; each estimator says which fields it requires.
+
+    response_mask: [B, T] 0/1, the tokens that are trained on (holes allowed).
+    token_rewards: [B, T] per-token rewards (e.g. score on the last token minus a KL penalty).
+    scores:        [B] one outcome score per sample (verifiable reward, reward model).
+    values:        [B, T] critic values (gae only).
+    group_index:   [B] integer prompt-group id per sample (group estimators; sizes >= 2, uneven ok).
+    """
+
+    response_mask: Tensor
+    token_rewards: Tensor | None = None
+    scores: Tensor | None = None
+    values: Tensor | None = None
+    group_index: Tensor | None = None
+
+    def mask(self) -> Tensor:
+        check_same_shape(self.response_mask, token_rewards=self.token_rewards, values=self.values)
+        return as_bool_mask(self.response_mask, name="response_mask")
+
+    def _check_scores(self) -> Tensor:
+        if self.scores is None:
+            raise ValueError("AdvantageInputs: needs token_rewards or scores")
+        batch = self.response_mask.shape[0]
+        if self.scores.shape != (batch,):
+            raise ValueError(f"scores: expected shape [{batch}], got {tuple(self.scores.shape)}")
+        if not self.scores.is_floating_point():
+            raise ValueError(f"scores: expected a float tensor, got {self.scores.dtype}")
+        return self.scores
+
+    def sample_scores(self, mask: Tensor) -> Tensor:
+        """[B] outcome per sample: masked sum of token rewards if given, else `scores`."""
+        if self.token_rewards is not None:
+            return zero_masked(self.token_rewards, mask).sum(dim=1)
+        return self._check_scores()
+
+    def rewards_per_token(self, mask: Tensor) -> Tensor:
+        """[B, T] token rewards if given, else each score placed on its sample's last valid token."""
+        if self.token_rewards is not None:
+            return zero_masked(self.token_rewards, mask)
+        scores = self._check_scores()
+        positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+        last = torch.where(mask, positions, -1).max(dim=1).values
+        rewards = torch.zeros(mask.shape, dtype=scores.dtype, device=scores.device)
+        rows = torch.nonzero(last >= 0).squeeze(1)
+        rewards[rows, last[rows]] = scores[rows]
+        return rewards
+
+    def groups(self, min_size: int = 2) -> tuple[Tensor, Tensor]:
+        if self.group_index is None:
+            raise ValueError("AdvantageInputs: this estimator needs group_index")
+        return check_groups(self.group_index, self.response_mask.shape[0], min_size)
+
+
+def _broadcast(per_sample: Tensor, mask: Tensor) -> Tensor:
+    return zero_masked(per_sample[:, None].expand(mask.shape), mask)
+
+
+def _discounted_returns(rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
+    """G_t = r_t + gamma * G_next over valid tokens, where `next` is the next valid token."""
+    returns = torch.zeros_like(rewards)
+    running = torch.zeros(rewards.shape[0], dtype=rewards.dtype, device=rewards.device)
+    for t in reversed(range(rewards.shape[1])):
+        step = rewards[:, t] + gamma * running
+        running = torch.where(mask[:, t], step, running)
+        returns[:, t] = torch.where(mask[:, t], step, 0.0)
+    return returns
+
+
+@advantage_estimator("gae")
+def gae(inputs: AdvantageInputs, *, gamma: float = 1.0, lam: float = 1.0) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimation (PPO with a critic); needs token rewards and values.
+
+    delta_t = r_t + gamma * V_next - V_t, A_t = delta_t + gamma * lam * A_next, with V_next = 0
+    after the last valid token; returns = A + V (the critic's regression target).
+    """
+    mask = inputs.mask()
+    if inputs.values is None:
+        raise ValueError("gae: needs values (a critic)")
+    rewards = inputs.rewards_per_token(mask)
+    values = zero_masked(inputs.values, mask).to(rewards.dtype)
+    advantages = torch.zeros_like(rewards)
+    next_value = torch.zeros(rewards.shape[0], dtype=rewards.dtype, device=rewards.device)
+    next_adv = torch.zeros_like(next_value)
+    for t in reversed(range(rewards.shape[1])):
+        valid = mask[:, t]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        adv = delta + gamma * lam * next_adv
+        advantages[:, t] = torch.where(valid, adv, 0.0)
+        next_value = torch.where(valid, values[:, t], next_value)
+        next_adv = torch.where(valid, adv, next_adv)
+    returns = zero_masked(advantages + values, mask)
+    return advantages, returns
+
+
+@advantage_estimator("grpo")
+def grpo(
+    inputs: AdvantageInputs, *, norm_by_std: bool = True, epsilon: float = 1e-6
+) -> tuple[Tensor, Tensor]:
+    """Group-relative advantage: (score - group mean) / (group std + epsilon).
+
+    The std is unbiased (n - 1), as in veRL. `norm_by_std=False` is Dr.GRPO: dividing by the std
+    up-weights prompts that are nearly always solved or failed, a bias Dr.GRPO removes.
+    """
+    mask = inputs.mask()
+    scores = inputs.sample_scores(mask)
+    dense, sizes = inputs.groups()
+    groups = sizes.numel()
+    sizes = sizes.to(scores.dtype)
+    mean = group_sum(scores, dense, groups) / sizes
+    centred = scores - mean[dense]
+    if norm_by_std:
+        std = torch.sqrt(group_sum(centred**2, dense, groups) / (sizes - 1))
+        centred = centred / (std[dense] + epsilon)
+    return _broadcast(centred, mask), _broadcast(centred, mask)
+
+
+@advantage_estimator("rloo")
+def rloo(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
+    """Leave-one-out baseline: each sample is compared with the mean of its group's others."""
+    mask = inputs.mask()
+    scores = inputs.sample_scores(mask)
+    dense, sizes = inputs.groups()
+    sizes = sizes.to(scores.dtype)
+    totals = group_sum(scores, dense, sizes.numel())
+    others = (totals[dense] - scores) / (sizes[dense] - 1)
+    advantages = _broadcast(scores - others, mask)
+    return advantages, advantages.clone()
+
+
+@advantage_estimator("reinforce_plus_plus")
+def reinforce_plus_plus(
+    inputs: AdvantageInputs, *, gamma: float = 1.0, epsilon: float = 1e-8
+) -> tuple[Tensor, Tensor]:
+    """REINFORCE++: discounted return per token, whitened over all valid tokens of the batch.
+
+    No critic and no groups: the batch-wide whitening is the baseline.
+    """
+    mask = inputs.mask()
+    returns = _discounted_returns(inputs.rewards_per_token(mask), mask, gamma)
+    advantages = masked_whiten(returns, mask, epsilon)
+    return advantages, returns
+
+
+@advantage_estimator("reinforce_plus_plus_baseline")
+def reinforce_plus_plus_baseline(inputs: AdvantageInputs, *, epsilon: float = 1e-8) -> tuple[Tensor, Tensor]:
+    """REINFORCE++ with a group-mean baseline: score - group mean, broadcast, batch-whitened."""
+    mask = inputs.mask()
+    scores = inputs.sample_scores(mask)
+    dense, sizes = inputs.groups()
+    mean = group_sum(scores, dense, sizes.numel()) / sizes.to(scores.dtype)
+    centred = _broadcast(scores - mean[dense], mask)
+    advantages = masked_whiten(centred, mask, epsilon)
+    return advantages, advantages.clone()

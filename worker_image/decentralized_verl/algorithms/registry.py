@@ -1,0 +1,125 @@
+"""Name -> function tables for the choices a job spec makes by name (estimator, aggregation, KL).
+
+This module is torch-free on purpose: the spec and the operator may import it to read the names.
+The tables fill up when the torch modules that hold the functions are imported; `load()` does
+that in one call, so a trainer writes::
+
+    from decentralized_verl.algorithms import registry
+    registry.load()
+    advantages, returns = registry.ADVANTAGE_ESTIMATORS[name](inputs, **hparams)
+
+Estimators are registered through a wrapper that lets the trainer pass one shared hparams dict
+to every estimator ("call blindly"): each estimator receives only the keyword arguments its own
+signature names, and a keyword that *no* registered estimator knows is a `TypeError`, so a typo
+in a config never vanishes silently.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from decentralized_verl.algorithms.advantages import AdvantageInputs
+
+
+class AdvantageFn(Protocol):
+    """`fn(inputs, **hparams) -> (advantages [B, T], returns [B, T])`, zero at masked tokens."""
+
+    def __call__(self, inputs: AdvantageInputs, **hparams: Any) -> tuple[Tensor, Tensor]: ...
+
+
+AggregationFn = Callable[["Tensor", "Tensor"], "Tensor"]
+"""`fn(per_token_loss [B, T], mask [B, T] bool) -> scalar`; masked positions are ignored."""
+
+KlFn = Callable[["Tensor", "Tensor"], "Tensor"]
+"""`fn(logprobs [B, T], ref_logprobs [B, T]) -> per-token KL [B, T]` (masking is the caller's)."""
+
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {}
+POLICY_LOSS_AGGREGATIONS: dict[str, AggregationFn] = {}
+KL_ESTIMATORS: dict[str, KlFn] = {}
+
+# Keyword arguments each registered estimator accepts (besides `inputs`), for the blind call.
+_ESTIMATOR_HPARAMS: dict[str, frozenset[str]] = {}
+
+_IMPLEMENTATIONS = (
+    "decentralized_verl.algorithms.advantages",
+    "decentralized_verl.algorithms.policy_loss",
+    "decentralized_verl.algorithms.kl",
+)
+
+
+def load() -> None:
+    """Import the torch modules whose decorators fill the tables (idempotent)."""
+    for module in _IMPLEMENTATIONS:
+        importlib.import_module(module)
+
+
+def known_estimator_hparams() -> frozenset[str]:
+    """Every keyword some registered estimator accepts; anything else passed is a typo."""
+    return frozenset().union(*_ESTIMATOR_HPARAMS.values()) if _ESTIMATOR_HPARAMS else frozenset()
+
+
+def advantage_estimator(name: str) -> Callable[[Callable[..., Any]], AdvantageFn]:
+    """Register `fn(inputs, *, hparam=default, ...)` under `name` for the spec to choose."""
+
+    def register(fn: Callable[..., Any]) -> AdvantageFn:
+        if name in ADVANTAGE_ESTIMATORS:
+            raise ValueError(f"advantage estimator {name!r} is registered twice")
+        params = inspect.signature(fn).parameters
+        accepted = frozenset(p.name for p in params.values() if p.kind is inspect.Parameter.KEYWORD_ONLY)
+
+        @functools.wraps(fn)
+        def call(inputs: AdvantageInputs, **hparams: Any) -> tuple[Tensor, Tensor]:
+            unknown = sorted(set(hparams) - known_estimator_hparams())
+            if unknown:
+                raise TypeError(
+                    f"advantage estimator {name!r}: unknown hyperparameter(s) {unknown}; "
+                    f"known: {sorted(known_estimator_hparams())}"
+                )
+            return fn(inputs, **{k: v for k, v in hparams.items() if k in accepted})
+
+        _ESTIMATOR_HPARAMS[name] = accepted
+        ADVANTAGE_ESTIMATORS[name] = call
+        return call
+
+    return register
+
+
+def loss_aggregation(name: str) -> Callable[[AggregationFn], AggregationFn]:
+    """Register a way of reducing a per-token loss matrix to one scalar."""
+
+    def register(fn: AggregationFn) -> AggregationFn:
+        if name in POLICY_LOSS_AGGREGATIONS:
+            raise ValueError(f"loss aggregation {name!r} is registered twice")
+        POLICY_LOSS_AGGREGATIONS[name] = fn
+        return fn
+
+    return register
+
+
+def kl_estimator(name: str) -> Callable[[KlFn], KlFn]:
+    """Register a per-token estimator of KL(policy || reference) from sampled-token log-probs."""
+
+    def register(fn: KlFn) -> KlFn:
+        if name in KL_ESTIMATORS:
+            raise ValueError(f"KL estimator {name!r} is registered twice")
+        KL_ESTIMATORS[name] = fn
+        return fn
+
+    return register
+
+
+def lookup(table: dict[str, Any], kind: str, name: str) -> Any:
+    """`table[name]`, or a `ValueError` that lists the names the table does have."""
+    if not table:
+        load()
+    try:
+        return table[name]
+    except KeyError:
+        raise ValueError(f"unknown {kind} {name!r}; known: {sorted(table)}") from None

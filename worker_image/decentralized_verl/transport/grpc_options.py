@@ -1,0 +1,55 @@
+"""gRPC channel and server options, set deliberately in one place.
+
+Why each value:
+- Message size: gRPC's default receive limit is 4 MiB, which a batch of long completions or one weight
+  chunk can exceed. 64 MiB leaves room for a large rollout batch while still refusing a runaway or
+  hostile message early; weight transfers stay below it by streaming chunks (a few MiB each).
+- Keepalive: generation and weight streams can be silent for minutes (a long batch on a slow worker);
+  without pings, NATs and load balancers drop idle connections and the caller only notices at its
+  deadline. Clients ping every 30 s, and a peer that does not answer within 10 s is declared dead, so
+  a killed worker is detected in well under a minute and its work re-dispatched.
+- Permit without calls: channels between roles are long-lived and often idle between steps.
+- The server accepts pings as often as every 10 s (below the clients' 30 s) so it never answers
+  keepalives with GOAWAY "too_many_pings".
+"""
+
+from __future__ import annotations
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+"""Largest message either side sends or accepts."""
+
+KEEPALIVE_TIME_MS = 30_000
+"""Interval between keepalive pings on an otherwise idle connection."""
+
+KEEPALIVE_TIMEOUT_MS = 10_000
+"""How long to wait for a ping's answer before closing the connection as dead."""
+
+MIN_PING_INTERVAL_MS = 10_000
+"""The shortest interval between client pings that a server tolerates (must be < KEEPALIVE_TIME_MS)."""
+
+GRPC_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+    ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+    ("grpc.keepalive_permit_without_calls", 1),
+    # 0: keep pinging an idle connection indefinitely (the default stops after 2 pings without data).
+    ("grpc.http2.max_pings_without_data", 0),
+)
+"""Options shared by every channel and server of the project."""
+
+SERVER_ONLY_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.http2.min_ping_interval_without_data_ms", MIN_PING_INTERVAL_MS),
+    ("grpc.http2.max_ping_strikes", 0),  # 0: never GOAWAY a client for pinging; the interval bounds it
+)
+"""Options that only a server understands: how often clients may ping it."""
+
+
+def channel_options() -> list[tuple[str, int]]:
+    """Options for `grpc.aio.insecure_channel(address, options=channel_options())` and friends."""
+    return list(GRPC_OPTIONS)
+
+
+def server_options() -> list[tuple[str, int]]:
+    """Options for `grpc.aio.server(options=server_options())`."""
+    return [*GRPC_OPTIONS, *SERVER_ONLY_OPTIONS]
