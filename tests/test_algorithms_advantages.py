@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from decentralized_verl.algorithms import presets, registry
 from decentralized_verl.algorithms.advantages import (
     ADVANTAGE_ESTIMATORS,

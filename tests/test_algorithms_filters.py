@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from decentralized_verl.algorithms.filters import (
     dynamic_sampling_keep_mask,
     mask_truncated,

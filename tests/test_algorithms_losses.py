@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from decentralized_verl.algorithms.entropy import entropy_from_logits, masked_entropy
 from decentralized_verl.algorithms.kl import KL_ESTIMATORS, kl_in_loss, kl_in_reward, token_kl
 from decentralized_verl.algorithms.policy_loss import POLICY_LOSS_AGGREGATIONS, aggregate, ppo_policy_loss

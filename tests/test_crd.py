@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import yaml
+
 from decentralized_verl.crd import crd_yaml, custom_resource_definition
 
 ROOT = Path(__file__).parents[1]

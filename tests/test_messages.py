@@ -7,6 +7,7 @@ import math
 from collections.abc import Callable
 
 import pytest
+
 from decentralized_verl.errors import DverlError, WireError
 from decentralized_verl.proto import dverl_pb2 as pb
 from decentralized_verl.transport import messages as m

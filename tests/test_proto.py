@@ -9,6 +9,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+
 from decentralized_verl.errors import WireError
 from decentralized_verl.proto import dverl_pb2 as pb
 from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc

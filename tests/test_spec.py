@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from decentralized_verl.errors import ManifestError
 from decentralized_verl.manifest import load_job, parse_job, summary
 from decentralized_verl.spec import JobSpec, with_defaults

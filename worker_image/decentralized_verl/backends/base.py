@@ -1,0 +1,153 @@
+"""The generation protocol every rollout engine implements, and the factory that picks one by name.
+
+Callers (the rollout role, the colocated in-learner rollout, benchmarks) import only this module: it
+needs no torch at import time, so the spec and the operator can name backends without pulling in an
+engine. Engines are registered as lazy ``module:attribute`` paths and imported on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one prompt's responses.
+
+    ``temperature == 0`` means greedy decoding. ``top_k == 0`` and ``top_p == 1`` disable those
+    filters. ``stop`` strings end a response when they appear in its decoded text (the end-of-sequence
+    token always ends it too). ``n`` responses are drawn per prompt. With a ``seed`` a response depends
+    only on (seed, sample index, weights), not on which other requests share its batch.
+    """
+
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop: tuple[str, ...] = ()
+    n: int = 1
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        def bad(field: str, rule: str, value: object) -> ValueError:
+            return ValueError(f"SamplingParams.{field}: {rule} (got {value!r})")
+
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise bad("max_new_tokens", "must be an integer >= 1", self.max_new_tokens)
+        if not (isinstance(self.temperature, int | float) and math.isfinite(self.temperature)):
+            raise bad("temperature", "must be a finite number", self.temperature)
+        if self.temperature < 0:
+            raise bad("temperature", "must be >= 0 (0 means greedy)", self.temperature)
+        if not (isinstance(self.top_p, int | float) and 0 < self.top_p <= 1):
+            raise bad("top_p", "must be in (0, 1]", self.top_p)
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise bad("top_k", "must be an integer >= 0 (0 disables it)", self.top_k)
+        if not isinstance(self.stop, tuple) or not all(isinstance(s, str) and s for s in self.stop):
+            raise bad("stop", "must be a tuple of non-empty strings", self.stop)
+        if not isinstance(self.n, int) or self.n < 1:
+            raise bad("n", "must be an integer >= 1", self.n)
+        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
+            raise bad("seed", "must be None or an integer >= 0", self.seed)
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One prompt, already tokenized (chat templates are applied by the caller), and how to sample it."""
+
+    prompt_id: str
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams = SamplingParams()
+
+    def __post_init__(self) -> None:
+        if not self.prompt_token_ids:
+            raise ValueError(f"GenerationRequest[{self.prompt_id!r}].prompt_token_ids: must not be empty")
+
+
+@dataclass(frozen=True)
+class GenerationOutput:
+    """One sampled response.
+
+    ``logprobs[i]`` is the log-probability of ``response_token_ids[i]`` under the policy of
+    ``policy_version``, computed as ``log_softmax(logits / temperature)`` (``temperature = 1`` for
+    greedy requests), before top-k/top-p filtering. The learner must compute its log-probs the same
+    way, dividing by the same temperature, for importance ratios to be 1 on-policy.
+    ``response_token_ids`` includes the token that ended the response (the end-of-sequence token, or
+    the token that completed a stop string). ``text`` is the decoded response without special tokens;
+    when a stop string ended it, ``text`` ends with that stop string (it is included) and anything
+    the last token decoded to after it is cut off. ``seconds`` is the wall time of the batch that
+    produced this response.
+    """
+
+    prompt_id: str
+    sample_index: int
+    prompt_token_ids: tuple[int, ...]
+    response_token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: FinishReason
+    text: str
+    policy_version: int
+    seconds: float
+
+
+@runtime_checkable
+class GenerationBackend(Protocol):
+    """A policy copy that samples responses and accepts new weights between batches."""
+
+    @property
+    def version(self) -> int:
+        """The policy version of the weights currently loaded."""
+        ...
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer that decodes responses (a transformers tokenizer)."""
+        ...
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> Iterator[GenerationOutput]:
+        """Sample ``params.n`` responses per request; yield each as soon as it (or its batch) is done."""
+        ...
+
+    def load_weights(self, state_dict: Mapping[str, Tensor], version: int) -> None:
+        """Replace every weight in place and set ``version``; validate everything before changing anything."""
+        ...
+
+
+# Backend name -> "module:attribute" of a callable (model, tokenizer, **kw) -> GenerationBackend.
+BACKENDS: dict[str, str] = {
+    "hf": "decentralized_verl.backends.hf:HFBackend",
+}
+
+
+def register_backend(name: str, target: str) -> None:
+    """Make ``make_backend(name, ...)`` build ``target`` (``"package.module:Factory"``), imported lazily."""
+    if ":" not in target:
+        raise ValueError(f"backend {name!r}: target must look like 'package.module:Factory' (got {target!r})")
+    BACKENDS[name] = target
+
+
+def make_backend(name: str, model: Any, tokenizer: Any, **kw: Any) -> GenerationBackend:
+    """Build the generation backend the spec names, importing its engine only now."""
+    try:
+        target = BACKENDS[name]
+    except KeyError:
+        known = ", ".join(sorted(BACKENDS))
+        raise ValueError(f"generation backend {name!r} is unknown (known: {known})") from None
+    module_name, _, attribute = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ImportError(
+            f"generation backend {name!r} is not installed ({module_name} failed to import: {exc}); "
+            f"install the extra that provides it, e.g. `pip install 'decentralized-verl[{name}]'`"
+        ) from exc
+    factory = getattr(module, attribute)
+    return factory(model, tokenizer, **kw)

@@ -1,0 +1,67 @@
+"""User reward functions named `module:function` in the job spec.
+
+The function is imported once per process and cached. Its signature:
+
+    def my_reward(completion: str, reference, prompt: str | None = None, **options) -> float | RewardResult
+
+It may return a float (or bool/int) or a RewardResult. If it raises, returns something else, or returns
+a non-finite number, the sample scores 0.0 with the reason, so a bug in it never stops training.
+Options it does not accept are not passed (only those named in its signature, unless it takes **kwargs).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from decentralized_verl.rewards.names import CALLABLE_PATTERN
+from decentralized_verl.rewards.result import RewardResult, coerce, zero
+
+
+@functools.lru_cache(maxsize=64)
+def load_callable(spec: str) -> Callable[..., Any]:
+    """Import `module:function` (cached). Raises ValueError with the spec in the message when it fails."""
+    if not CALLABLE_PATTERN.match(spec):
+        raise ValueError(f"reward type {spec!r} is not 'module:function'")
+    module_name, func_name = spec.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        why = f"{type(exc).__name__}: {exc}"
+        raise ValueError(f"reward {spec!r}: cannot import {module_name}: {why}") from None
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise ValueError(f"reward {spec!r}: {module_name} has no callable {func_name}")
+    return func
+
+
+def call_custom(
+    spec: str, completion: Any, reference: Any, prompt: str | None, options: dict[str, Any]
+) -> RewardResult:
+    """Call the user function for one sample; never raises."""
+    try:
+        func = load_callable(spec)
+    except ValueError as exc:
+        return zero(str(exc))
+    kwargs = _accepted(func, {"prompt": prompt, **options})
+    try:
+        value = func(completion, reference, **kwargs)
+    except Exception as exc:
+        return zero(f"reward {spec} raised {type(exc).__name__}: {exc}"[:300])
+    return coerce(value, f"reward {spec}")
+
+
+def _accepted(func: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    try:
+        params = inspect.signature(func).parameters
+    except (TypeError, ValueError):
+        return kwargs
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k in params}
+
+
+__all__ = ["RewardResult", "call_custom", "load_callable"]

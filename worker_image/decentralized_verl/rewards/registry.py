@@ -1,0 +1,40 @@
+"""Reward types by name: one dict the spec validates against and `score` dispatches through.
+
+Importing this module imports no torch, transformers or sympy (those load lazily inside the functions),
+so the operator can validate manifests with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from decentralized_verl.rewards.code_reward import code_reward
+from decentralized_verl.rewards.math_rewards import boxed_reward, think_answer_tags_reward
+from decentralized_verl.rewards.names import BUILTIN_REWARD_TYPES, is_known_reward_type
+from decentralized_verl.rewards.result import RewardResult
+from decentralized_verl.rewards.reward_model import reward_model_reward
+
+RewardFn = Callable[..., RewardResult]
+"""fn(completion: str, reference, *, prompt=None, **options) -> RewardResult"""
+
+REWARD_TYPES: dict[str, RewardFn] = {}
+
+
+def reward_type(name: str) -> Callable[[RewardFn], RewardFn]:
+    """Register a built-in reward function under `name` (also listed in names.BUILTIN_REWARD_TYPES)."""
+
+    def register(fn: RewardFn) -> RewardFn:
+        REWARD_TYPES[name] = fn
+        return fn
+
+    return register
+
+
+reward_type("boxed")(boxed_reward)
+reward_type("think_answer_tags")(think_answer_tags_reward)
+reward_type("code")(code_reward)
+reward_type("reward_model")(reward_model_reward)
+
+assert set(REWARD_TYPES) == set(BUILTIN_REWARD_TYPES), "names.BUILTIN_REWARD_TYPES is out of date"
+
+__all__ = ["REWARD_TYPES", "RewardFn", "is_known_reward_type", "reward_type"]

@@ -1,0 +1,49 @@
+"""The value every reward function returns: a score plus the reason a person can read in rollout logs."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    """A scalar reward and why it was given.
+
+    `reason` is short and stable ("correct", "wrong answer", "no \\boxed{} answer found") so rollout logs
+    can be grouped by it; `details` carries extras (extracted answer, per-test outcomes).
+    """
+
+    score: float
+    reason: str
+    details: Mapping[str, Any] | None = field(default=None, compare=False)
+
+
+def zero(reason: str, **details: Any) -> RewardResult:
+    """Score 0.0: the answer to every bad input, so a reward never raises into training."""
+    return RewardResult(0.0, reason, details or None)
+
+
+def coerce(value: Any, source: str) -> RewardResult:
+    """Turn what a user function returned (float, int, bool, RewardResult) into a RewardResult.
+
+    Anything else, or a non-finite number, scores 0 with a reason naming `source`.
+    """
+    if isinstance(value, RewardResult):
+        if _finite(value.score):
+            return RewardResult(float(value.score), value.reason, value.details)
+        return zero(f"{source} returned a non-finite score ({value.score!r})")
+    if isinstance(value, bool | int | float):
+        if _finite(value):
+            return RewardResult(float(value), f"{source} returned {float(value)!r}")
+        return zero(f"{source} returned a non-finite score ({value!r})")
+    return zero(f"{source} returned {type(value).__name__} {value!r:.80}, expected float or RewardResult")
+
+
+def _finite(value: Any) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError, OverflowError):
+        return False

@@ -1,0 +1,265 @@
+"""The weight-transfer codec: a state dict <-> versioned, hashed chunks of safetensors bytes.
+
+Pure (no sockets, no gRPC): the learner encodes once and the transport streams the chunks to any number
+of rollout workers; each receiver feeds them to a ``WeightAssembler`` in whatever order they arrive.
+
+Trust model: the ``BundleHeader`` (version, chunk count, sizes, whole-bundle sha256) comes first from
+the learner; every chunk is checked against its own sha256 on arrival (so a corrupted chunk is named
+and can be re-requested) and the joined bytes against the header's sha256 at the end.
+
+Tied weights and other aliases: safetensors refuses tensors that share storage. A tensor that is the
+exact same view as an earlier one (e.g. ``lm_head.weight`` tied to ``model.embed_tokens.weight``) is
+sent once and recorded as an alias in the safetensors metadata; the decoder puts the *same* tensor
+object back under the alias name. Tensors that share storage without being the same view (slices of a
+fused buffer) are cloned and sent separately.
+
+Wire dtype: ``dtype="bfloat16"`` (the default) casts floating tensors to bf16, halving the bytes; the
+receiver casts back to its model's dtypes with ``cast_like``. Integer and bool tensors keep their dtype.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from safetensors.torch import load as safetensors_load
+from safetensors.torch import save as safetensors_save
+from torch import Tensor
+
+from decentralized_verl.errors import WireError
+
+WIRE_DTYPES: dict[str, torch.dtype] = {
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+}
+# Below gRPC's default 4 MiB message limit with room for the message's other fields.
+DEFAULT_CHUNK_BYTES = 2 * 1024 * 1024
+_VERSION_KEY = "dverl.version"
+_ALIASES_KEY = "dverl.aliases"
+
+
+def sha256_hex(data: bytes | memoryview) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True)
+class WeightChunk:
+    """Bytes ``[index * chunk_bytes, ...)`` of one bundle, with their own sha256."""
+
+    version: int
+    index: int
+    data: bytes
+    sha256: str
+
+
+@dataclass(frozen=True)
+class BundleHeader:
+    """What a receiver needs before the first chunk: enough to size, order and verify the rest."""
+
+    version: int
+    num_chunks: int
+    total_bytes: int
+    chunk_bytes: int
+    sha256: str
+    dtype: str | None
+
+    def chunk_size(self, index: int) -> int:
+        """Exact length chunk ``index`` must have (all are ``chunk_bytes`` but the last)."""
+        if index < self.num_chunks - 1:
+            return self.chunk_bytes
+        return self.total_bytes - self.chunk_bytes * (self.num_chunks - 1)
+
+
+@dataclass(frozen=True)
+class WeightBundle:
+    """A whole encoded state dict: its header and every chunk in order."""
+
+    header: BundleHeader
+    chunks: tuple[WeightChunk, ...]
+
+    @property
+    def version(self) -> int:
+        return self.header.version
+
+    def payload(self) -> bytes:
+        return b"".join(c.data for c in self.chunks)
+
+
+def _wire_tensors(state_dict: Mapping[str, Tensor], dtype: torch.dtype | None) -> tuple[dict, dict[str, str]]:
+    """CPU, contiguous, storage-owning tensors to serialize, and alias name -> sent name."""
+    views: dict[tuple, str] = {}
+    aliases: dict[str, str] = {}
+    tensors: dict[str, Tensor] = {}
+    seen_storage: set[int] = set()
+    for name, tensor in state_dict.items():
+        if not isinstance(name, str) or not isinstance(tensor, Tensor):
+            raise TypeError(
+                f"state_dict[{name!r}]: expected a str name and a tensor (got {type(tensor).__name__})"
+            )
+        view = (
+            tensor.device,
+            tensor.untyped_storage().data_ptr(),
+            tensor.storage_offset(),
+            tuple(tensor.shape),
+            tensor.stride(),
+            tensor.dtype,
+        )
+        if tensor.numel() > 0 and view in views:
+            aliases[name] = views[view]
+            continue
+        views[view] = name
+        out = tensor.detach()
+        if dtype is not None and out.is_floating_point():
+            out = out.to(dtype)
+        out = out.to("cpu").contiguous()
+        storage = out.untyped_storage()
+        if storage.data_ptr() in seen_storage or storage.nbytes() != out.numel() * out.element_size():
+            out = out.clone()
+        seen_storage.add(out.untyped_storage().data_ptr())
+        tensors[name] = out
+    return tensors, aliases
+
+
+def encode_state_dict(
+    state_dict: Mapping[str, Tensor],
+    version: int,
+    *,
+    dtype: str | None = "bfloat16",
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> WeightBundle:
+    """Serialize ``state_dict`` as safetensors bytes tagged with ``version`` and cut it into chunks.
+
+    ``dtype`` is the wire dtype for floating tensors (``None`` keeps each tensor's own dtype).
+    """
+    if not isinstance(version, int) or version < 0:
+        raise ValueError(f"version: must be an integer >= 0 (got {version!r})")
+    if chunk_bytes < 1:
+        raise ValueError(f"chunk_bytes: must be >= 1 (got {chunk_bytes})")
+    if dtype is not None and dtype not in WIRE_DTYPES:
+        raise ValueError(f"dtype: must be one of {sorted(WIRE_DTYPES)} or None (got {dtype!r})")
+    tensors, aliases = _wire_tensors(state_dict, WIRE_DTYPES[dtype] if dtype else None)
+    metadata = {"format": "pt", _VERSION_KEY: str(version), _ALIASES_KEY: json.dumps(aliases, sort_keys=True)}
+    blob = safetensors_save(tensors, metadata=metadata)
+    view = memoryview(blob)
+    chunks = tuple(
+        WeightChunk(version, i, bytes(part), sha256_hex(part))
+        for i, part in enumerate(
+            view[start : start + chunk_bytes] for start in range(0, len(blob), chunk_bytes)
+        )
+    )
+    header = BundleHeader(version, len(chunks), len(blob), chunk_bytes, sha256_hex(blob), dtype)
+    return WeightBundle(header, chunks)
+
+
+def _safetensors_metadata(blob: bytes) -> dict[str, str]:
+    """The ``__metadata__`` of a safetensors blob (8-byte little-endian header length, then JSON)."""
+    try:
+        (length,) = struct.unpack("<Q", blob[:8])
+        header = json.loads(blob[8 : 8 + length])
+    except (struct.error, ValueError) as exc:
+        raise WireError("weights.payload", f"not a safetensors blob ({exc})") from None
+    metadata = header.get("__metadata__") if isinstance(header, dict) else None
+    return metadata if isinstance(metadata, dict) else {}
+
+
+def decode_state_dict(blob: bytes, version: int | None = None) -> dict[str, Tensor]:
+    """Tensors from an encoded bundle's bytes; aliases come back as the same tensor object.
+
+    With ``version`` given, a blob tagged with another version is rejected.
+    """
+    metadata = _safetensors_metadata(blob)
+    tagged = metadata.get(_VERSION_KEY)
+    if version is not None and tagged != str(version):
+        raise WireError(
+            "weights.version", f"payload is tagged version {tagged} but version {version} was expected"
+        )
+    try:
+        tensors = safetensors_load(blob)
+    except Exception as exc:  # safetensors raises its own error types for malformed payloads
+        raise WireError("weights.payload", f"cannot be decoded as safetensors ({exc})") from None
+    try:
+        aliases = json.loads(metadata.get(_ALIASES_KEY, "{}"))
+    except ValueError:
+        raise WireError("weights.aliases", "metadata is not valid JSON") from None
+    for alias, target in aliases.items():
+        if target not in tensors:
+            raise WireError("weights.aliases", f"{alias!r} points at {target!r}, which is not in the payload")
+        tensors[alias] = tensors[target]
+    return tensors
+
+
+class WeightAssembler:
+    """Collects one bundle's chunks, in any order, verifying each; ``finish`` returns the state dict.
+
+    Errors are ``WireError`` naming the chunk: wrong version, index out of range, a second copy of an
+    index (a resend is an error: the receiver starts a new assembler rather than guessing), wrong
+    length, or a sha256 mismatch. A rejected chunk leaves the assembler as it was, so it can be resent.
+    """
+
+    def __init__(self, header: BundleHeader) -> None:
+        if header.num_chunks < 1 or header.chunk_bytes < 1 or header.total_bytes < 1:
+            raise WireError("weights.header", "num_chunks, chunk_bytes and total_bytes must be >= 1")
+        n, size, total = header.num_chunks, header.chunk_bytes, header.total_bytes
+        if not size * (n - 1) < total <= size * n:
+            raise WireError("weights.header", f"{n} chunks of {size} bytes cannot hold exactly {total} bytes")
+        self.header = header
+        self._chunks: dict[int, bytes] = {}
+
+    @property
+    def missing(self) -> list[int]:
+        return [i for i in range(self.header.num_chunks) if i not in self._chunks]
+
+    @property
+    def complete(self) -> bool:
+        return len(self._chunks) == self.header.num_chunks
+
+    def add(self, chunk: WeightChunk) -> bool:
+        """Accept one chunk after checking it; return whether the bundle is now complete."""
+        where = f"weights.chunk[{chunk.index}]"
+        if chunk.version != self.header.version:
+            raise WireError(
+                where, f"is for version {chunk.version} but this bundle is version {self.header.version}"
+            )
+        if not 0 <= chunk.index < self.header.num_chunks:
+            raise WireError(where, f"index out of range (the bundle has {self.header.num_chunks} chunks)")
+        if chunk.index in self._chunks:
+            raise WireError(where, "received twice")
+        expected = self.header.chunk_size(chunk.index)
+        if len(chunk.data) != expected:
+            raise WireError(where, f"has {len(chunk.data)} bytes, expected {expected}")
+        if sha256_hex(chunk.data) != chunk.sha256:
+            raise WireError(where, "sha256 mismatch (corrupted in transit)")
+        self._chunks[chunk.index] = chunk.data
+        return self.complete
+
+    def finish(self) -> dict[str, Tensor]:
+        """Join, verify the whole-bundle sha256 and decode; the tensors are in the wire dtype."""
+        if not self.complete:
+            raise WireError("weights.chunks", f"missing chunk(s) {self.missing} of {self.header.num_chunks}")
+        blob = b"".join(self._chunks[i] for i in range(self.header.num_chunks))
+        if sha256_hex(blob) != self.header.sha256:
+            raise WireError("weights.sha256", "the assembled bundle does not match the header's sha256")
+        return decode_state_dict(blob, self.header.version)
+
+
+def cast_like(state_dict: Mapping[str, Tensor], reference: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """Cast each floating tensor to the dtype of the same name in ``reference`` (e.g. ``model.state_dict()``).
+
+    Aliases stay aliases (one cast per distinct tensor); names absent from ``reference`` pass unchanged
+    so that the loader, not this helper, reports them.
+    """
+    done: dict[int, Tensor] = {}
+    out: dict[str, Tensor] = {}
+    for name, tensor in state_dict.items():
+        if id(tensor) in done:
+            out[name] = done[id(tensor)]
+            continue
+        ref = reference.get(name)
+        cast = tensor.to(ref.dtype) if ref is not None and tensor.is_floating_point() else tensor
+        done[id(tensor)] = out[name] = cast
+    return out
