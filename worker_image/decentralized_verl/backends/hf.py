@@ -329,6 +329,17 @@ class HFBackend:
                 target.copy_(source)
             self._version = version
 
+    def mark_version(self, version: int) -> None:
+        """The weights were changed in place by their owner (a learner sharing this model); only relabel.
+
+        Colocated rollout (roles.rollout.replicas 0) generates with the learner's own model object, so
+        a new policy version needs no copy at all.
+        """
+        if not isinstance(version, int) or version < 0:
+            raise ValueError(f"version: must be an integer >= 0 (got {version!r})")
+        with self._lock:
+            self._version = version
+
 
 def plan_weight_copy(model: torch.nn.Module, state_dict: Mapping[str, Tensor]) -> list[tuple[Tensor, Tensor]]:
     """Validate ``state_dict`` against ``model`` and return (destination, source) pairs to copy.

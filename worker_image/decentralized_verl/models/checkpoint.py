@@ -1,0 +1,141 @@
+"""Hugging Face-format checkpoints (safetensors) that any stage, worker or user tool can load.
+
+A checkpoint is written to a temporary sibling folder and renamed into place, so a crash never
+leaves a half-written folder under a `checkpoint-N` name and `latest_checkpoint` can trust any it sees.
+LoRA models store the base weights unmerged plus `adapter/`, so training can resume on the adapters.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+from decentralized_verl.errors import ModelError
+from decentralized_verl.models.lora import is_lora
+
+TRAINER_STATE = "trainer_state.json"
+OPTIMIZER_STATE = "optimizer.pt"
+ADAPTER_DIR = "adapter"
+_STEP_DIR = re.compile(r"^checkpoint-(\d+)$")
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    model: torch.nn.Module
+    tokenizer: Any
+    extra_state: dict[str, Any] = field(default_factory=dict)
+    optimizer_state: dict[str, Any] | None = None
+
+
+def checkpoint_dir(root: str | Path, step: int) -> Path:
+    return Path(root) / f"checkpoint-{step}"
+
+
+def save_checkpoint(
+    path: str | Path,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    extra_state: dict[str, Any] | None = None,
+    optimizer_state: dict[str, Any] | None = None,
+) -> Path:
+    """Write model (safetensors), tokenizer, `trainer_state.json` and optionally `optimizer.pt` atomically.
+
+    An existing folder at `path` is replaced only after the new one is complete.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".tmp-{target.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        if is_lora(model):
+            model.save_pretrained(tmp / ADAPTER_DIR)
+            copy.deepcopy(model).unload().save_pretrained(tmp)
+        else:
+            model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / TRAINER_STATE).write_text(json.dumps(extra_state or {}, indent=2, sort_keys=True) + "\n")
+        if optimizer_state is not None:
+            torch.save(optimizer_state, tmp / OPTIMIZER_STATE)
+        old = None
+        if target.exists():
+            old = target.parent / f".old-{target.name}-{uuid.uuid4().hex[:8]}"
+            os.rename(target, old)
+        os.rename(tmp, target)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def checkpoint_head(path: str | Path) -> str:
+    """'sequence_classification' or 'causal_lm', read from the saved config's architectures."""
+    config = AutoConfig.from_pretrained(path)
+    names = config.architectures or []
+    return (
+        "sequence_classification"
+        if any(n.endswith("ForSequenceClassification") for n in names)
+        else "causal_lm"
+    )
+
+
+def load_checkpoint(
+    path: str | Path,
+    *,
+    head: str | None = None,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    merge_lora: bool = False,
+    padding_side: str = "left",
+) -> Checkpoint:
+    """Load what `save_checkpoint` wrote; `head` defaults to the saved architecture.
+
+    With an `adapter/` folder the adapters are re-attached (trainable) unless `merge_lora`, which folds
+    them into the weights, as the next stage wants a plain model.
+    """
+    folder = Path(path)
+    if not (folder / "config.json").is_file():
+        raise ModelError(f"checkpoint {str(folder)!r}: no config.json (not a checkpoint folder)")
+    head = head or checkpoint_head(folder)
+    classes = {
+        "causal_lm": AutoModelForCausalLM,
+        "sequence_classification": AutoModelForSequenceClassification,
+    }
+    if head not in classes:
+        raise ModelError(f"checkpoint head must be one of {sorted(classes)} (got {head!r})")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.padding_side = padding_side
+    kwargs: dict[str, Any] = {} if dtype is None else {"dtype": dtype}
+    model = classes[head].from_pretrained(folder, **kwargs)
+    if (folder / ADAPTER_DIR).is_dir():
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, folder / ADAPTER_DIR, is_trainable=not merge_lora)
+        if merge_lora:
+            model = model.merge_and_unload()
+    state_file = folder / TRAINER_STATE
+    extra = json.loads(state_file.read_text()) if state_file.is_file() else {}
+    opt_file = folder / OPTIMIZER_STATE
+    optimizer_state = (
+        torch.load(opt_file, map_location="cpu", weights_only=True) if opt_file.is_file() else None
+    )
+    return Checkpoint(folder, model.to(device), tokenizer, extra, optimizer_state)
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    """The `checkpoint-N` folder with the largest N under `root` (temporary folders are ignored)."""
+    base = Path(root)
+    if not base.is_dir():
+        return None
+    steps = [(int(m.group(1)), p) for p in base.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
+    return max(steps)[1] if steps else None

@@ -1,0 +1,56 @@
+"""LoRA through `peft`: only the adapters train and only they need to travel between workers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from decentralized_verl.errors import ModelError
+
+
+def is_lora(model: torch.nn.Module) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:
+        return False
+    return isinstance(model, PeftModel)
+
+
+def apply_lora(
+    model: torch.nn.Module,
+    lora: Any,
+    *,
+    field: str = "spec.model.lora",
+    modules_to_save: list[str] | None = None,
+) -> torch.nn.Module:
+    """Wrap `model` with fresh LoRA adapters (B = 0, so outputs are unchanged until training).
+
+    `modules_to_save` stay fully trainable (a reward model's new `score` head must learn too).
+    """
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise ModelError(f"{field}: LoRA needs the 'peft' package (pip install peft)") from None
+    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    missing = sorted(set(lora.target_modules) - names)
+    if missing:
+        raise ModelError(f"{field}.targetModules: no module named {missing} in the model")
+    config = LoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        target_modules=list(lora.target_modules),
+        lora_dropout=getattr(lora, "dropout", 0.0),
+        bias="none",
+        modules_to_save=modules_to_save,
+    )
+    return get_peft_model(model, config)
+
+
+def trainable_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """What a learner must ship after a step: the adapter weights for LoRA, the full weights otherwise."""
+    if is_lora(model):
+        from peft import get_peft_model_state_dict
+
+        return {k: v.detach() for k, v in get_peft_model_state_dict(model).items()}
+    return {k: v.detach() for k, v in model.state_dict().items()}
