@@ -82,6 +82,88 @@ def _plan(parser: argparse.ArgumentParser) -> Command:
     return run
 
 
+# ----------------------------------------------------------------------------------------------- run
+@command("run", "run a job on this machine: every worker as a local process on 127.0.0.1")
+def _run(parser: argparse.ArgumentParser) -> Command:
+    parser.add_argument("file", metavar="JOB.yaml")
+    parser.add_argument("--output", "-o", default=None, help="run folder (default runs/<job name>)")
+    parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+
+    def run(args: argparse.Namespace) -> int:
+        from decentralized_verl.launch.run import main_run
+
+        return main_run(args.file, args.output, args.resume)
+
+    return run
+
+
+# -------------------------------------------------------------------------------------------- worker
+@command("worker", "serve one role of a job (what pods, `dverl run` and volunteers start)")
+def _worker(parser: argparse.ArgumentParser) -> Command:
+    parser.add_argument(
+        "--role", required=True, choices=["rollout", "learner", "critic", "reward", "reference"]
+    )
+    parser.add_argument("--index", type=int, default=0)
+    parser.add_argument(
+        "--config", required=True, help="the job manifest (the ConfigMap's job.yaml in a pod)"
+    )
+    parser.add_argument("--job", default=None, help="job name (informational; the config names the job)")
+    parser.add_argument("--port", type=int, default=50051)
+    parser.add_argument("--output", default=None, help="learner: run folder for metrics and checkpoints")
+    parser.add_argument("--resume", action="store_true", help="learner: continue from the newest checkpoint")
+
+    def run(args: argparse.Namespace) -> int:
+        from decentralized_verl.roles.worker import main_worker
+
+        return main_worker(args.config, args.role, args.index, args.port, args.output, args.resume)
+
+    return run
+
+
+# --------------------------------------------------------------------------------------------- train
+@command("train", "run the SFT, reward-model and RL stages on one machine (seed 001's pipeline)")
+def _train(parser: argparse.ArgumentParser) -> Command:
+    parser.add_argument("--stage", required=True, choices=["sft", "reward", "rlhf", "all"])
+    parser.add_argument("--config", required=True, metavar="FILE.yaml")
+
+    def run(args: argparse.Namespace) -> int:
+        from decentralized_verl.stages.runner import run_stage
+
+        result = run_stage(args.stage, args.config)
+        print(result.summary() if hasattr(result, "summary") else result)
+        return 0
+
+    return run
+
+
+# ---------------------------------------------------------------------------------------------- plot
+@command("plot", "write PNG curves (reward, KL, length, accuracy, throughput) from a run folder")
+def _plot(parser: argparse.ArgumentParser) -> Command:
+    parser.add_argument("run_dir", metavar="RUN_DIR")
+
+    def run(args: argparse.Namespace) -> int:
+        from decentralized_verl.plotting import plot_run
+
+        for path in plot_run(args.run_dir):
+            print(path)
+        return 0
+
+    return run
+
+
+# ------------------------------------------------------------------------------------------ operator
+@command("operator", "run the Kubernetes operator (what the Helm chart's Deployment starts)")
+def _operator(parser: argparse.ArgumentParser) -> Command:
+    parser.add_argument("operator_args", nargs=argparse.REMAINDER, help="see `dverl operator --help`")
+
+    def run(args: argparse.Namespace) -> int:
+        from dverl_operator.main import main as operator_main
+
+        return operator_main(args.operator_args)
+
+    return run
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dverl", description="Decentralized veRL: RL fine-tuning of LLMs")
     from decentralized_verl import __version__
@@ -94,6 +176,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["operator"]:
+        # The operator owns its flags (and its --help); hand them over untouched.
+        from dverl_operator.main import main as operator_main
+
+        return operator_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return int(args._run(args) or 0)

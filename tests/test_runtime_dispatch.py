@@ -1,0 +1,94 @@
+"""Dispatch: throughput-weighted shares, re-dispatch after failures, every item answered exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from decentralized_verl.roles.dispatch import Dispatcher, NoWorkersLeft, split_by_weight
+from decentralized_verl.roles.interfaces import Sampling, WorkerFailure
+from decentralized_verl.roles.samples import Prompt, Sample
+
+
+class FakeRollout:
+    """An in-process rollout worker with a speed, optional failure after k items, optional garbage."""
+
+    def __init__(
+        self, worker_id: str, delay: float = 0.0, fail_after: int | None = None, garbage: bool = False
+    ):
+        self.worker_id = worker_id
+        self.delay = delay
+        self.fail_after = fail_after
+        self.garbage = garbage
+        self.calls: list[int] = []
+
+    async def generate(self, items, sampling, version):
+        self.calls.append(len(items))
+        for n, (prompt, index) in enumerate(items):
+            if self.fail_after is not None and n >= self.fail_after:
+                raise WorkerFailure(self.worker_id, "connection reset")
+            await asyncio.sleep(self.delay)
+            key_prompt = Prompt("not-asked", 0, (1,), "x") if self.garbage else prompt
+            yield Sample(
+                key_prompt, index, (5, 6, 7), (-0.1, -0.2, -0.3), "stop", "abc", version, self.worker_id
+            )
+
+    async def close(self):
+        pass
+
+
+def items(n_prompts: int, n: int):
+    return [(Prompt(f"p{i}", i, (1, 2), f"q{i}"), k) for i in range(n_prompts) for k in range(n)]
+
+
+@pytest.mark.parametrize(
+    ("n", "weights", "expected"),
+    [
+        (10, [1, 1], [5, 5]),
+        (10, [3, 1], [8, 2]),
+        (7, [1, 1, 1], [3, 2, 2]),
+        (2, [100, 1, 1], [2, 0, 0]),
+        (3, [100, 1, 1], [1, 1, 1]),
+    ],
+)
+def test_split_by_weight(n, weights, expected):
+    counts = split_by_weight(n, weights)
+    assert sum(counts) == n
+    assert sorted(counts, reverse=True) == sorted(expected, reverse=True)
+
+
+async def test_every_item_once_and_slow_worker_gets_less_after_measuring():
+    fast, slow = FakeRollout("fast", delay=0.001), FakeRollout("slow", delay=0.02)
+    dispatcher = Dispatcher([fast, slow])
+    work = items(8, 4)
+    samples, report = await dispatcher.run(work, Sampling(max_new_tokens=4), version=3)
+    assert [s.key for s in samples] == [(p.prompt_id, k) for p, k in work]
+    assert report.assigned == {"fast": 16, "slow": 16}
+    samples, report = await dispatcher.run(work, Sampling(max_new_tokens=4), version=3)
+    assert len({s.key for s in samples}) == len(work)
+    assert report.assigned["fast"] > 3 * report.assigned["slow"]
+    assert all(s.policy_version == 3 for s in samples)
+
+
+async def test_failed_worker_items_are_redispatched_exactly_once():
+    broken = FakeRollout("broken", fail_after=3)
+    good = FakeRollout("good")
+    dispatcher = Dispatcher([broken, good])
+    work = items(5, 4)
+    samples, report = await dispatcher.run(work, Sampling(max_new_tokens=4), version=0)
+    keys = [s.key for s in samples]
+    assert sorted(keys) == sorted((p.prompt_id, k) for p, k in work)
+    assert len(keys) == len(set(keys))
+    assert report.redispatched == 10 - 3
+    assert any("connection reset" in f for f in report.failures)
+    by_worker = {}
+    for s in samples:
+        by_worker[s.worker_id] = by_worker.get(s.worker_id, 0) + 1
+    assert by_worker == {"broken": 3, "good": 17}
+
+
+async def test_garbage_answers_fail_the_worker_and_all_workers_failing_raises():
+    dispatcher = Dispatcher([FakeRollout("liar", garbage=True)])
+    with pytest.raises(NoWorkersLeft, match="liar: answered an item it was not given"):
+        await dispatcher.run(items(2, 2), Sampling(max_new_tokens=4), version=0)

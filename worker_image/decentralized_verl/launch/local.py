@@ -1,0 +1,156 @@
+"""Run a plan as local processes on 127.0.0.1: the second executor of a plan (the operator is the first).
+
+Every worker gets a free port, its environment from `plan.worker_env`, and a log file. Children die
+with their parent (PR_SET_PDEATHSIG) and are stopped as process groups, so no worker outlives a run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from decentralized_verl.plan import Plan, PlannedWorker, worker_env
+
+_PR_SET_PDEATHSIG = 1
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+@dataclass
+class LocalWorker:
+    worker: PlannedWorker
+    port: int
+    log_path: Path
+    process: subprocess.Popen | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+class LocalCluster:
+    """The plan's workers as child processes of this one."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        config_path: Path,
+        output_dir: Path,
+        extra_env: dict[str, str] | None = None,
+        extra_args: dict[str, list[str]] | None = None,
+    ) -> None:
+        self.plan = plan
+        self.config_path = config_path
+        self.output_dir = output_dir
+        self.extra_env = extra_env or {}
+        self.extra_args = extra_args or {}
+        logs = output_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        self.workers = {w.name: LocalWorker(w, free_port(), logs / f"{w.name}.log") for w in plan.workers}
+        self.dist_port = free_port()
+
+    def addresses(self) -> dict[str, str]:
+        out = {name: lw.address for name, lw in self.workers.items()}
+        learners = self.plan.by_role("learner")
+        if learners:
+            out[f"{learners[0].name}/dist"] = f"127.0.0.1:{self.dist_port}"
+        return out
+
+    def env_for(self, lw: LocalWorker) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(worker_env(self.plan, lw.worker, self.addresses()))
+        env.update(self.extra_env)
+        learners = self.plan.by_role("learner")
+        if learners and lw.worker.role != "learner":
+            env["DVERL_LEARNER_ADDR"] = self.workers[learners[0].name].address
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 2) // max(1, len(self.workers)))))
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    def command_for(self, lw: LocalWorker) -> list[str]:
+        command = lw.worker.command(str(self.config_path), lw.port)
+        assert command[0] == "dverl"
+        args = [sys.executable, "-m", "decentralized_verl.cli", *command[1:]]
+        return [*args, "--output", str(self.output_dir), *self.extra_args.get(lw.worker.role, [])]
+
+    def start(self, roles: tuple[str, ...] | None = None) -> None:
+        for lw in self.workers.values():
+            if roles is not None and lw.worker.role not in roles:
+                continue
+            log_file = lw.log_path.open("ab")
+            lw.process = subprocess.Popen(
+                self.command_for(lw),
+                env=self.env_for(lw),
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+            log_file.close()
+
+    def by_role(self, role: str) -> list[LocalWorker]:
+        return [lw for lw in self.workers.values() if lw.worker.role == role]
+
+    def failed(self) -> list[LocalWorker]:
+        return [
+            lw
+            for lw in self.workers.values()
+            if lw.process is not None and lw.process.poll() not in (None, 0)
+        ]
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        lw = self.workers[name]
+        if lw.process is not None and lw.process.poll() is None:
+            os.killpg(lw.process.pid, sig)
+
+    def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM every process group, then SIGKILL what is left after `grace` seconds."""
+        running = [lw for lw in self.workers.values() if lw.alive()]
+        for lw in running:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(lw.process.pid, signal.SIGTERM)  # type: ignore[union-attr]
+        deadline = time.monotonic() + grace
+        for lw in running:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                lw.process.wait(timeout=max(0.0, deadline - time.monotonic()))  # type: ignore[union-attr]
+        for lw in running:
+            if lw.alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(lw.process.pid, signal.SIGKILL)  # type: ignore[union-attr]
+                lw.process.wait()  # type: ignore[union-attr]
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,178 @@
+"""`dverl run JOB.yaml`: validate, plan, start every worker locally, show progress, stop everything.
+
+The learner (rank 0) drives training and writes metrics.jsonl, checkpoints and summary.json into the
+output folder; this process only supervises: it polls the coordinator's Status RPC for the progress
+bar, notices a dead worker, and on Ctrl-C or the end stops every process it started.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from decentralized_verl.errors import DverlError
+from decentralized_verl.launch.local import LocalCluster
+from decentralized_verl.manifest import load_job
+from decentralized_verl.plan import plan_job
+from decentralized_verl.spec import with_defaults
+
+
+class RunFailed(DverlError):
+    pass
+
+
+def absolute_paths(spec: dict[str, Any], base: Path) -> dict[str, Any]:
+    """Relative file paths in a manifest mean "next to the manifest"; workers get them absolute."""
+
+    def fix(section: dict[str, Any] | None, key: str) -> None:
+        if section and isinstance(section.get(key), str) and not Path(section[key]).is_absolute():
+            candidate = base / section[key]
+            # A model "path" that is not next to the manifest may be relative to the cwd; keep it then.
+            if key != "path" or candidate.exists():
+                section[key] = str(candidate.resolve())
+
+    data = spec.get("data", {})
+    fix(data, "train")
+    fix(data, "eval")
+    fix(spec.get("model"), "path")
+    fix(data.get("rewardModel"), "path")
+    for role in (spec.get("roles") or {}).values():
+        if isinstance(role, dict):
+            fix(role.get("model"), "path")
+    return spec
+
+
+def write_config(job, manifest: Path, output: Path) -> Path:
+    """The job as workers read it: full spec with defaults, relative paths made absolute."""
+    output.mkdir(parents=True, exist_ok=True)
+    document = {
+        "apiVersion": "dverl.io/v1alpha1",
+        "kind": "RLHFJob",
+        "metadata": {
+            "name": job.metadata.name,
+            "annotations": {"dverl.io/base-dir": str(manifest.parent.resolve())},
+        },
+        "spec": absolute_paths(with_defaults(job.spec), manifest.parent.resolve()),
+    }
+    path = output / "job.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+def _status(address: str) -> dict[str, Any] | None:
+    import grpc
+
+    from decentralized_verl.proto import dverl_pb2, dverl_pb2_grpc
+
+    try:
+        with grpc.insecure_channel(address) as channel:
+            reply = dverl_pb2_grpc.CoordinatorStub(channel).Status(dverl_pb2.StatusRequest(), timeout=2)
+    except grpc.RpcError:
+        return None
+    return {
+        "step": reply.step,
+        "total": reply.total_steps,
+        "phase": reply.phase,
+        "reward": reply.reward_mean,
+        "kl": reply.kl,
+        "tok_s": reply.tokens_per_second,
+    }
+
+
+def run_job(
+    manifest: str | Path,
+    output: str | Path | None = None,
+    resume: bool = False,
+    progress: bool = True,
+    timeout: float | None = None,
+) -> dict[str, Any]:
+    """Run a job to the end on this machine; returns the summary the learner wrote."""
+    manifest = Path(manifest)
+    job = load_job(manifest)
+    output = Path(output) if output else Path("runs") / job.metadata.name
+    config = write_config(job, manifest, output)
+    plan = plan_job(job.spec, job.metadata.name)
+    (output / "summary.json").unlink(missing_ok=True)
+    extra_args = {"learner": ["--resume"]} if resume else {}
+    cluster = LocalCluster(plan, config, output, extra_args=extra_args)
+    learner = cluster.by_role("learner")[0]
+    bar = None
+    previous = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        cluster.start()
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(
+                total=job.spec.training.steps or 0, desc=job.metadata.name, unit="step", dynamic_ncols=True
+            )
+        started = time.monotonic()
+        while learner.alive():
+            failed = cluster.failed()
+            if failed:
+                worst = failed[0]
+                raise RunFailed(
+                    f"worker {worst.worker.name} exited with code {worst.process.returncode}; "
+                    f"last lines of {worst.log_path}:\n{worst.log_tail()}"
+                )
+            if timeout is not None and time.monotonic() - started > timeout:
+                raise RunFailed(f"run exceeded {timeout:.0f} s; see {output / 'logs'}")
+            if bar is not None:
+                status = _status(learner.address)
+                if status is not None:
+                    if status["total"] and bar.total != status["total"]:
+                        bar.total = status["total"]
+                    bar.n = status["step"]
+                    bar.set_postfix(
+                        phase=status["phase"],
+                        reward=f"{status['reward']:.3f}",
+                        kl=f"{status['kl']:.4f}",
+                        tok_s=f"{status['tok_s']:.0f}",
+                        refresh=False,
+                    )
+                    bar.refresh()
+            time.sleep(0.5)
+        code = learner.process.returncode if learner.process else 1
+        if code != 0:
+            raise RunFailed(
+                f"learner exited with code {code}; last lines of {learner.log_path}:\n{learner.log_tail()}"
+            )
+    finally:
+        if bar is not None:
+            bar.close()
+        cluster.stop()
+        signal.signal(signal.SIGTERM, previous)
+    summary_path = output / "summary.json"
+    if not summary_path.exists():
+        raise RunFailed(f"learner finished without writing {summary_path}")
+    return json.loads(summary_path.read_text())
+
+
+def format_summary(summary: dict[str, Any], output: Path) -> str:
+    def pct(value: float | None) -> str:
+        return "n/a" if value is None else f"{100 * value:.1f}%"
+
+    return (
+        f"done: {summary['steps']} steps in {summary['seconds']:.0f} s; "
+        f"reward {summary['reward_first']:.3f} -> {summary['reward_last']:.3f}; "
+        f"eval accuracy {pct(summary.get('eval_accuracy_before'))} -> "
+        f"{pct(summary.get('eval_accuracy_after'))}\n"
+        f"metrics: {output / 'metrics.jsonl'}  (plot: dverl plot {output})"
+        + (f"\ncheckpoint: {summary['last_checkpoint']}" if summary.get("last_checkpoint") else "")
+    )
+
+
+def main_run(manifest: str, output: str | None, resume: bool) -> int:
+    out = Path(output) if output else None
+    job_name = load_job(manifest).metadata.name
+    out = out or Path("runs") / job_name
+    summary = run_job(manifest, out, resume=resume, progress=sys.stderr.isatty())
+    print(format_summary(summary, out))
+    return 0

@@ -1,0 +1,57 @@
+"""`dverl plot RUN_DIR`: PNG curves from metrics.jsonl, where people look (next to the metrics)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from decentralized_verl.errors import DataError
+from decentralized_verl.roles.progress import read_metrics
+
+PANELS = (
+    ("reward_mean", "reward (mean per step)"),
+    ("kl", "KL to reference"),
+    ("response_length_mean", "response length (tokens)"),
+    ("eval_accuracy", "eval accuracy"),
+    ("tokens_per_second", "rollout tokens/s"),
+    ("step_seconds", "seconds per step"),
+)
+
+
+def plot_run(run_dir: str | Path) -> list[Path]:
+    """One PNG per metric found, plus an overview grid; returns the written paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder = Path(run_dir)
+    records = read_metrics(folder / "metrics.jsonl")
+    if not records:
+        raise DataError(f"{folder / 'metrics.jsonl'}: no metrics to plot (has the run made a step?)")
+    out_dir = folder / "plots"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    present = [(key, title) for key, title in PANELS if any(r.get(key) is not None for r in records)]
+    written: list[Path] = []
+    fig, axes = plt.subplots(len(present), 1, figsize=(7, 2.4 * len(present)), sharex=True, squeeze=False)
+    for ax, (key, title) in zip(axes[:, 0], present, strict=True):
+        points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
+        xs, ys = zip(*points, strict=True)
+        ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, linewidth=1.2)
+        ax.set_ylabel(title, fontsize=8)
+        ax.grid(alpha=0.3)
+        single, single_ax = plt.subplots(figsize=(6, 3.5))
+        single_ax.plot(xs, ys, marker="o" if len(xs) < 30 else None)
+        single_ax.set_xlabel("step")
+        single_ax.set_title(title)
+        single_ax.grid(alpha=0.3)
+        path = out_dir / f"{key}.png"
+        single.tight_layout()
+        single.savefig(path, dpi=100)
+        plt.close(single)
+        written.append(path)
+    axes[-1, 0].set_xlabel("step")
+    fig.tight_layout()
+    overview = out_dir / "overview.png"
+    fig.savefig(overview, dpi=100)
+    plt.close(fig)
+    return [overview, *written]

@@ -1,0 +1,285 @@
+"""The learner process: rank 0 coordinates and serves Status/Weights; other ranks follow in lock-step.
+
+Roles with replicas 0 are built here, in-process, behind the same client protocols as remote ones.
+Rendezvous comes from the environment torchrun would set (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from decentralized_verl.models.checkpoint import checkpoint_dir, latest_checkpoint, save_checkpoint
+from decentralized_verl.models.loading import load_model_and_tokenizer
+from decentralized_verl.roles.coordinator import Coordinator, LoopParts
+from decentralized_verl.roles.dispatch import GPU_PRIORS, Dispatcher
+from decentralized_verl.roles.progress import MetricsLog, ProgressState
+from decentralized_verl.roles.prompts import prepare_prompts
+from decentralized_verl.roles.trainer import PolicyTrainer, rollout_state_dict
+from decentralized_verl.spec import JobSpec
+
+log = logging.getLogger(__name__)
+
+
+def _addresses(role: str) -> list[str]:
+    raw = os.environ.get(f"DVERL_{role.upper()}_ADDRS", "")
+    return [a for a in raw.split(",") if a]
+
+
+def _pools(role: str) -> list[str]:
+    return os.environ.get(f"DVERL_{role.upper()}_POOLS", "").split(",")
+
+
+def _host() -> str:
+    """127.0.0.1 for `dverl run`; pods listen on every interface (DVERL_BIND_HOST=0.0.0.0)."""
+    return os.environ.get("DVERL_BIND_HOST", "127.0.0.1")
+
+
+def _init_distributed(world: int, rank: int) -> None:
+    if world > 1 and not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world)
+
+
+def checkpoint_root(spec: JobSpec, output: Path) -> Path:
+    configured = spec.training.checkpoint.dir
+    if configured is None:
+        return output / "checkpoints"
+    path = Path(configured)
+    return path if path.is_absolute() else output / path
+
+
+def _restore(trainer: PolicyTrainer, folder: Path) -> dict[str, Any]:
+    """Load weights, optimizer and loop state saved by `_save` (same process layout)."""
+    from safetensors.torch import load_file
+
+    files = sorted(folder.glob("*.safetensors"))
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update(load_file(str(file)))
+    missing, unexpected = trainer.model.load_state_dict(state, strict=False)
+    real_missing = [k for k in missing if not k.endswith("lm_head.weight")]
+    if real_missing or unexpected:
+        raise RuntimeError(f"checkpoint {folder}: missing {real_missing[:3]}, unexpected {unexpected[:3]}")
+    optimizer_file = folder / "optimizer.pt"
+    if optimizer_file.exists():
+        saved = torch.load(optimizer_file, weights_only=False)
+        trainer.optimizer.load_state_dict(saved["optimizer"])
+        trainer.scheduler.load_state_dict(saved["scheduler"])
+    return json.loads((folder / "trainer_state.json").read_text())
+
+
+async def run_learner(
+    spec: JobSpec, job: str, *, port: int, output: Path, base_dir: Path | None, resume: bool
+) -> int:
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", str(spec.roles.learner.replicas)))
+    torch.manual_seed(spec.training.seed)
+    _init_distributed(world, rank)
+    model, tokenizer = load_model_and_tokenizer(spec.model)
+    trainer = PolicyTrainer(model, spec, distributed=world > 1)
+    if rank != 0:
+        return _follow(trainer)
+    return await _coordinate(
+        spec, job, trainer, tokenizer, port=port, output=output, base_dir=base_dir, resume=resume
+    )
+
+
+def _follow(trainer: PolicyTrainer) -> int:
+    """Ranks > 0: receive a shard, update (DDP averages gradients with rank 0), until told to stop."""
+    while True:
+        box: list[Any] = [None]
+        dist.scatter_object_list(box, None, src=0)
+        if box[0] is None:
+            break
+        trainer.update(box[0])
+    dist.destroy_process_group()
+    return 0
+
+
+def _scatter(shards: list[Any]) -> Any:
+    box: list[Any] = [None]
+    dist.scatter_object_list(box, shards, src=0)
+    return box[0]
+
+
+async def _coordinate(
+    spec: JobSpec,
+    job: str,
+    trainer: PolicyTrainer,
+    tokenizer,
+    *,
+    port: int,
+    output: Path,
+    base_dir: Path | None,
+    resume: bool,
+) -> int:
+    from decentralized_verl.backends.base import make_backend
+    from decentralized_verl.roles import local, scoring
+    from decentralized_verl.roles.rollout import RolloutWorker
+    from decentralized_verl.roles.servicers import HealthServicer, serve
+    from decentralized_verl.roles.status_service import CoordinatorServicer
+    from decentralized_verl.transport import clients
+    from decentralized_verl.transport.weight_service import WeightPublisher, WeightsServicer
+
+    model = trainer.model
+    progress = ProgressState()
+    # Native dtype on the wire keeps rollout and learner log-probs identical; bf16 models send bf16.
+    publisher = WeightPublisher(dtype=None)
+    health = HealthServicer(role="learner", worker_id=f"{job}-learner-0")
+    server = await serve(
+        port, CoordinatorServicer(progress), WeightsServicer(publisher), health, host=_host()
+    )
+    world = spec.roles.learner.replicas
+    try:
+        prompts = prepare_prompts(spec, tokenizer, spec.data.train, base_dir)
+        eval_prompts = (
+            prepare_prompts(spec, tokenizer, spec.data.eval, base_dir, limit=spec.data.eval_samples)
+            if spec.data.eval
+            else []
+        )
+        from decentralized_verl.data import PromptSampler
+
+        sampler = PromptSampler(len(prompts), spec.training.batch_size * world, seed=spec.training.seed)
+        start_step = start_version = 0
+        ckpt_root = checkpoint_root(spec, output)
+        if resume:
+            folder = latest_checkpoint(ckpt_root)
+            if folder is not None:
+                state = _restore(trainer, folder)
+                sampler.load_state(state["sampler"])
+                start_step, start_version = int(state["step"]), int(state["policy_version"])
+                progress.last_checkpoint = str(folder)
+                log.info("resumed from %s at step %d", folder, start_step)
+
+        # Serving roles: remote workers when planned, else in this process behind the same protocol.
+        remote_rollouts = _addresses("rollout")
+        if remote_rollouts:
+            for address in remote_rollouts:
+                await clients.wait_ready(address, timeout=900)
+            rollout_clients = [
+                clients.GrpcRolloutClient(address, worker_id=f"{job}-rollout-{i}")
+                for i, address in enumerate(remote_rollouts)
+            ]
+            priors = {
+                f"{job}-rollout-{i}": GPU_PRIORS.get(pool, 1.0) for i, pool in enumerate(_pools("rollout"))
+            }
+            publisher.publish(rollout_state_dict(model), start_version)
+
+            def publish(version: int) -> None:
+                publisher.publish(rollout_state_dict(model), version)
+        else:
+            backend = make_backend(
+                spec.roles.rollout.backend, model, tokenizer, version=start_version, seed=spec.training.seed
+            )
+            rollout_clients = [local.LocalRolloutClient(RolloutWorker(backend, f"{job}-learner-0/rollout"))]
+            priors = {}
+
+            def publish(version: int) -> None:
+                backend.mark_version(version)  # the colocated backend shares the learner's weights
+
+        reward = await _reward_client(spec, clients, local, scoring)
+        reference = None
+        if spec.roles.reference is not None:
+            if _addresses("reference"):
+                await clients.wait_ready(_addresses("reference")[0], timeout=900)
+                reference = clients.GrpcReferenceClient(_addresses("reference")[0])
+            else:
+                frozen = copy.deepcopy(model).eval()
+                for p in frozen.parameters():
+                    p.requires_grad_(False)
+                reference = local.LocalReferenceClient(
+                    scoring.ReferenceWorker(
+                        frozen,
+                        trainer.settings.temperature,
+                        pad_token_id=tokenizer.pad_token_id,
+                        microbatch_size=(spec.training.microbatch_size or 8)
+                        * spec.algorithm.samples_per_prompt,
+                    )
+                )
+        critic = None
+        if spec.roles.critic is not None:
+            if _addresses("critic"):
+                await clients.wait_ready(_addresses("critic")[0], timeout=900)
+                critic = clients.GrpcCriticClient(_addresses("critic")[0])
+            else:
+                critic = local.LocalCriticClient(scoring.CriticWorker.from_spec(spec))
+
+        def checkpoint(step: int, state: dict[str, Any]) -> str:
+            folder = checkpoint_dir(ckpt_root, step)
+            save_checkpoint(
+                folder,
+                model,
+                tokenizer,
+                extra_state=state,
+                optimizer_state={
+                    "optimizer": trainer.optimizer.state_dict(),
+                    "scheduler": trainer.scheduler.state_dict(),
+                },
+            )
+            _prune(ckpt_root, spec.training.checkpoint.keep)
+            return str(folder)
+
+        metrics = MetricsLog(output / "metrics.jsonl", list(spec.training.logging))
+        parts = LoopParts(
+            spec=spec,
+            trainer=trainer,
+            dispatcher=Dispatcher(rollout_clients, priors),
+            reward=reward,
+            reference=reference,
+            critic=critic,
+            prompts=prompts,
+            eval_prompts=eval_prompts,
+            sampler=sampler,
+            pad_token_id=tokenizer.pad_token_id,
+            publish=publish,
+            scatter=_scatter if world > 1 else None,
+            checkpoint=checkpoint if spec.training.checkpoint.every else None,
+            progress=progress,
+            metrics=metrics,
+        )
+        health.set_ready(True)
+        coordinator = Coordinator(parts, start_step=start_step, start_version=start_version)
+        summary = await coordinator.run()
+        metrics.close()
+        (output / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        log.info("summary: %s", summary)
+        for client in rollout_clients:
+            await client.close()
+        return 0
+    finally:
+        if world > 1 and dist.is_initialized():
+            _scatter([None] * world)
+            dist.destroy_process_group()
+        await server.stop(grace=1.0)
+
+
+async def _reward_client(spec: JobSpec, clients, local, scoring):
+    addresses = _addresses("reward")
+    if addresses:
+        await clients.wait_ready(addresses[0], timeout=900)
+        return clients.GrpcRewardClient(addresses[0])
+    return local.LocalRewardClient(scoring.RewardWorker.from_spec(spec))
+
+
+def _prune(root: Path, keep: int) -> None:
+    import shutil
+
+    folders = sorted(
+        (p for p in root.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()),
+        key=lambda p: int(p.name.split("-")[-1]),
+    )
+    for old in folders[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def run(spec: JobSpec, job: str, *, port: int, output: Path, base_dir: Path | None, resume: bool) -> int:
+    return asyncio.run(run_learner(spec, job, port=port, output=output, base_dir=base_dir, resume=resume))

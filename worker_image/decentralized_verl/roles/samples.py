@@ -1,0 +1,166 @@
+"""What flows through one training step, and how a list of samples becomes padded tensors.
+
+Layout (veRL's): prompts are LEFT-padded to a common length P and responses RIGHT-padded to R, so the
+response tokens of every row sit in columns P..P+R-1 and every per-token quantity is a [B, R] tensor
+with one response mask. Pure: no I/O, no model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt of a step, tokenized once by the coordinator."""
+
+    prompt_id: str
+    group: int
+    """Index of the prompt within the step; samples of one prompt share it (GRPO/RLOO groups)."""
+    token_ids: tuple[int, ...]
+    text: str
+    ground_truth: str = ""
+    """The reference answer, or the code tests as JSON."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One completion of a prompt, filled in as it moves through the step."""
+
+    prompt: Prompt
+    sample_index: int
+    response_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: str
+    text: str
+    policy_version: int
+    worker_id: str = ""
+    score: float | None = None
+    score_reason: str = ""
+    ref_logprobs: tuple[float, ...] | None = None
+    values: tuple[float, ...] | None = None
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """Identity of a sample in a step: a prompt and its sample index, answered exactly once."""
+        return (self.prompt.prompt_id, self.sample_index)
+
+    def with_(self, **changes: object) -> Sample:
+        return replace(self, **changes)
+
+
+@dataclass
+class TrainBatch:
+    """Padded tensors for a list of samples (see the module docstring for the layout)."""
+
+    input_ids: torch.Tensor  # [B, P+R]
+    attention_mask: torch.Tensor  # [B, P+R]
+    position_ids: torch.Tensor  # [B, P+R]
+    response_mask: torch.Tensor  # [B, R] float 0/1
+    old_logprobs: torch.Tensor  # [B, R]
+    scores: torch.Tensor  # [B]
+    group_index: torch.Tensor  # [B] long
+    truncated: torch.Tensor  # [B] bool
+    response_lengths: torch.Tensor  # [B] long
+    prompt_length: int
+    ref_logprobs: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None  # [B, R], set by the coordinator before the update
+    returns: torch.Tensor | None = None  # [B, R], the critic's targets
+
+    @property
+    def size(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def select(self, index: torch.Tensor) -> TrainBatch:
+        """Rows `index` (a long tensor) of every tensor, for mini/micro-batches."""
+        picked = {
+            name: (value[index] if hasattr(value, "shape") and value.dim() > 0 else value)
+            for name, value in vars(self).items()
+            if name != "prompt_length"
+        }
+        return TrainBatch(prompt_length=self.prompt_length, **picked)
+
+
+def _pad_rows(rows: list[tuple[float, ...] | tuple[int, ...]], width: int, value: float, dtype, left: bool):
+    import torch
+
+    out = torch.full((len(rows), width), value, dtype=dtype)
+    for i, row in enumerate(rows):
+        if not row:
+            continue
+        tensor = torch.tensor(row, dtype=dtype)
+        if left:
+            out[i, width - len(row) :] = tensor
+        else:
+            out[i, : len(row)] = tensor
+    return out
+
+
+def collate(samples: list[Sample], pad_token_id: int) -> TrainBatch:
+    """Stack samples into the left-prompt / right-response layout."""
+    import torch
+
+    if not samples:
+        raise ValueError("collate: no samples")
+    prompts = [s.prompt.token_ids for s in samples]
+    responses = [s.response_ids for s in samples]
+    width_p = max(len(p) for p in prompts)
+    width_r = max(1, max(len(r) for r in responses))
+    prompt_ids = _pad_rows(prompts, width_p, pad_token_id, torch.long, left=True)
+    response_ids = _pad_rows(responses, width_r, pad_token_id, torch.long, left=False)
+    prompt_mask = _pad_rows([(1,) * len(p) for p in prompts], width_p, 0, torch.long, left=True)
+    response_mask = _pad_rows([(1,) * len(r) for r in responses], width_r, 0, torch.long, left=False)
+    attention = torch.cat([prompt_mask, response_mask], dim=1)
+    positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
+    lengths = torch.tensor([len(r) for r in responses], dtype=torch.long)
+
+    def per_token(name: str) -> torch.Tensor | None:
+        rows = [getattr(s, name) for s in samples]
+        if any(row is None for row in rows):
+            return None
+        return _pad_rows(rows, width_r, 0.0, torch.float32, left=False)
+
+    return TrainBatch(
+        input_ids=torch.cat([prompt_ids, response_ids], dim=1),
+        attention_mask=attention,
+        position_ids=positions,
+        response_mask=response_mask.float(),
+        old_logprobs=per_token("logprobs"),
+        scores=torch.tensor([float(s.score or 0.0) for s in samples], dtype=torch.float32),
+        group_index=torch.tensor([s.prompt.group for s in samples], dtype=torch.long),
+        truncated=torch.tensor([s.finish_reason == "length" for s in samples], dtype=torch.bool),
+        response_lengths=lengths,
+        prompt_length=width_p,
+        ref_logprobs=per_token("ref_logprobs"),
+        values=per_token("values"),
+    )
+
+
+def response_logits(model, batch: TrainBatch, temperature: float = 1.0) -> torch.Tensor:
+    """Logits predicting each response token ([B, R, V]), divided by the sampling temperature."""
+    out = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        use_cache=False,
+    )
+    p = batch.prompt_length
+    r = batch.response_mask.shape[1]
+    logits = out.logits[:, p - 1 : p - 1 + r, :].float()
+    return logits / temperature if temperature and temperature != 1.0 else logits
+
+
+def token_logprobs(logits: torch.Tensor, batch: TrainBatch) -> torch.Tensor:
+    """log p(response token) from response logits, zero at padding."""
+    import torch
+
+    p = batch.prompt_length
+    targets = batch.input_ids[:, p : p + logits.shape[1]]
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return logp * batch.response_mask

@@ -1,0 +1,78 @@
+"""`dverl worker --role ROLE`: one process of a job, in a pod, under `dverl run`, or on a volunteer.
+
+Reads the job config (the ConfigMap's job.yaml or `dverl run`'s copy), builds the role and serves it
+over gRPC until SIGTERM. The learner role runs the training loop instead (roles/learner.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from pathlib import Path
+
+from decentralized_verl.manifest import load_job
+from decentralized_verl.spec import JobSpec
+
+log = logging.getLogger(__name__)
+
+
+def base_dir_of(config: Path, annotations: dict | None) -> Path:
+    """Where relative data paths resolve: the manifest's folder `dverl run` recorded, else the config's."""
+    recorded = (annotations or {}).get("dverl.io/base-dir")
+    return Path(recorded) if recorded else config.parent
+
+
+async def serve_role(spec: JobSpec, job: str, role: str, index: int, port: int, base_dir: Path) -> int:
+    from decentralized_verl.backends.base import make_backend
+    from decentralized_verl.models.loading import load_model_and_tokenizer
+    from decentralized_verl.roles import scoring, servicers
+    from decentralized_verl.roles.rollout import RolloutWorker
+    from decentralized_verl.transport.weight_service import GrpcWeightSource
+
+    worker_id = f"{job}-{role}-{index}"
+    if role == "rollout":
+        model, tokenizer = load_model_and_tokenizer(spec.model)
+        backend = make_backend(spec.roles.rollout.backend, model, tokenizer, seed=spec.training.seed + index)
+        learner = os.environ.get("DVERL_LEARNER_ADDR")
+        source = GrpcWeightSource(learner) if learner else None
+        handler = servicers.RolloutServicer(
+            RolloutWorker(backend, worker_id, source, backend_name=spec.roles.rollout.backend)
+        )
+    elif role == "reference":
+        handler = servicers.ReferenceServicer(scoring.ReferenceWorker.from_spec(spec, worker_id=worker_id))
+    elif role == "critic":
+        handler = servicers.CriticServicer(scoring.CriticWorker.from_spec(spec, worker_id=worker_id))
+    elif role == "reward":
+        handler = servicers.RewardServicer(scoring.RewardWorker.from_spec(spec))
+    else:
+        raise ValueError(f"unknown role {role!r}")
+    health = servicers.HealthServicer(role=role, worker_id=worker_id, ready=True)
+    host = os.environ.get("DVERL_BIND_HOST", "127.0.0.1")
+    server = await servicers.serve(port, handler, health, host=host)
+    try:
+        log.info("%s ready on port %d", worker_id, port)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        return 0
+    finally:
+        await server.stop(grace=2.0)
+
+
+def main_worker(config: str, role: str, index: int, port: int, output: str | None, resume: bool) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    path = Path(config)
+    job = load_job(path)
+    base = base_dir_of(
+        path, job.metadata.model_extra.get("annotations") if job.metadata.model_extra else None
+    )
+    if role == "learner":
+        from decentralized_verl.roles.learner import run
+
+        out = Path(output) if output else Path("runs") / job.metadata.name
+        return run(job.spec, job.metadata.name, port=port, output=out, base_dir=base, resume=resume)
+    return asyncio.run(serve_role(job.spec, job.metadata.name, role, index, port, base))

@@ -1,0 +1,341 @@
+"""Weights from the learner to rollout workers: a publisher that keeps the newest encoded versions,
+the gRPC `Weights` service that streams them, and the pullers rollout workers use.
+
+The learner encodes a version once (`transport.weights` codec: safetensors bytes cut into hashed chunks)
+and any number of workers fetch it. Only the newest `keep` versions are held: a worker that missed
+versions fetches the latest, never the ones in between. A receiver verifies every chunk against the
+manifest as it arrives and the whole blob at the end, so a corrupted transfer is rejected before any
+weight changes; a broken stream is resumed once from the next missing chunk.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+
+import grpc
+from torch import Tensor
+
+from decentralized_verl.errors import WireError
+from decentralized_verl.proto import dverl_pb2 as pb
+from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc
+from decentralized_verl.transport import messages as m
+from decentralized_verl.transport.grpc_options import channel_options
+from decentralized_verl.transport.weights import (
+    DEFAULT_CHUNK_BYTES,
+    BundleHeader,
+    WeightAssembler,
+    WeightBundle,
+    WeightChunk,
+    encode_state_dict,
+)
+
+log = logging.getLogger(__name__)
+
+NATIVE_DTYPE = "native"
+"""The manifest's dtype when tensors travel in their own dtypes (the codec's dtype=None)."""
+
+
+def header_of(manifest: m.WeightManifest) -> BundleHeader:
+    """The codec's header for a (validated) wire manifest."""
+    dtype = None if manifest.dtype == NATIVE_DTYPE else manifest.dtype
+    return BundleHeader(
+        version=manifest.version,
+        num_chunks=len(manifest.chunk_sha256),
+        total_bytes=manifest.total_bytes,
+        chunk_bytes=manifest.chunk_bytes,
+        sha256=manifest.sha256,
+        dtype=dtype,
+    )
+
+
+def manifest_of(bundle: WeightBundle, *, is_adapter: bool = False) -> m.WeightManifest:
+    h = bundle.header
+    return m.WeightManifest(
+        version=h.version,
+        total_bytes=h.total_bytes,
+        sha256=h.sha256,
+        chunk_sha256=tuple(c.sha256 for c in bundle.chunks),
+        chunk_bytes=h.chunk_bytes,
+        format="safetensors",
+        dtype=h.dtype or NATIVE_DTYPE,
+        is_adapter=is_adapter,
+    )
+
+
+@dataclass(frozen=True)
+class Published:
+    """One held version: its manifest and its chunks (immutable, shared by every concurrent stream)."""
+
+    manifest: m.WeightManifest
+    bundle: WeightBundle
+
+
+class WeightPublisher:
+    """Learner side: encode each new version once and hold the newest `keep` for fetching.
+
+    `dtype` is the wire dtype of floating tensors ("bfloat16" halves the bytes; None keeps the model's
+    own dtype, bit-exact). `is_adapter` marks LoRA-only state dicts in the manifest. Thread-safe:
+    `publish` runs on the learner's thread while the gRPC service reads from the event loop.
+    """
+
+    def __init__(
+        self,
+        *,
+        dtype: str | None = "bfloat16",
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        keep: int = 2,
+        is_adapter: bool = False,
+    ) -> None:
+        if keep < 1:
+            raise ValueError(f"keep: must be >= 1 (got {keep})")
+        self.dtype = dtype
+        self.chunk_bytes = chunk_bytes
+        self.keep = keep
+        self.is_adapter = is_adapter
+        self._held: dict[int, Published] = {}
+        self._changed = threading.Condition()
+
+    def publish(self, state_dict: Mapping[str, Tensor], version: int) -> m.WeightManifest:
+        """Encode `state_dict` as `version` (must be newer than every held version) and hold it."""
+        bundle = encode_state_dict(state_dict, version, dtype=self.dtype, chunk_bytes=self.chunk_bytes)
+        manifest = manifest_of(bundle, is_adapter=self.is_adapter)
+        self.store(Published(manifest, bundle))
+        return manifest
+
+    def store(self, published: Published) -> None:
+        """Hold an already encoded (or received and verified) version; the oldest beyond `keep` go."""
+        version = published.manifest.version
+        with self._changed:
+            latest = self.latest_version
+            if latest is not None and version <= latest:
+                raise ValueError(f"version {version} is not newer than the latest published {latest}")
+            self._held[version] = published
+            for old in sorted(self._held)[: -self.keep]:
+                del self._held[old]
+            self._changed.notify_all()
+
+    @property
+    def latest_version(self) -> int | None:
+        return max(self._held) if self._held else None
+
+    @property
+    def versions(self) -> list[int]:
+        return sorted(self._held)
+
+    def get(self, version: int | None = None) -> Published | None:
+        """The held version `version`, or the newest when None; None when not held."""
+        held = dict(self._held)
+        if not held:
+            return None
+        return held.get(max(held) if version is None else version)
+
+    def wait_for(self, min_version: int, timeout: float) -> Published | None:
+        """Block until a version >= min_version is held (the newest is returned), or None at timeout."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                latest = self.get()
+                if latest is not None and latest.manifest.version >= min_version:
+                    return latest
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._changed.wait(left)
+
+
+# ------------------------------------------------------------------------------------------ service
+
+
+class WeightsServicer(pb_grpc.WeightsServicer):
+    """Serves a publisher's versions: GetManifest (a version or the latest), Fetch (chunks from an index),
+    and Push (a peer hands over a whole version, verified before it is held; for fan-out relays)."""
+
+    def __init__(self, publisher: WeightPublisher) -> None:
+        self.publisher = publisher
+
+    async def GetManifest(self, request: pb.ManifestRequest, context: grpc.aio.ServicerContext):
+        held = self.publisher.get(None if request.latest else request.version)
+        if held is None:
+            what = "no version published yet" if request.latest else f"version {request.version} is not held"
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"{what} (held: {self.publisher.versions})")
+        return m.manifest_to_proto(held.manifest)
+
+    async def Fetch(self, request: pb.FetchRequest, context: grpc.aio.ServicerContext) -> AsyncIterator:
+        held = self.publisher.get(request.version)
+        if held is None:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"version {request.version} is not held (held: {self.publisher.versions})",
+            )
+        chunks = held.bundle.chunks
+        if request.from_chunk >= len(chunks):
+            await context.abort(
+                grpc.StatusCode.OUT_OF_RANGE, f"from_chunk {request.from_chunk} >= {len(chunks)} chunks"
+            )
+        for chunk in chunks[request.from_chunk :]:
+            yield self.chunk_message(held, chunk, first=chunk.index == request.from_chunk)
+
+    @staticmethod
+    def chunk_message(held: Published, chunk: WeightChunk, *, first: bool) -> pb.WeightChunk:
+        return m.chunk_to_proto(
+            m.WeightChunk(
+                version=chunk.version,
+                index=chunk.index,
+                total=len(held.bundle.chunks),
+                data=chunk.data,
+                sha256=chunk.sha256,
+                manifest=held.manifest if first else None,
+            )
+        )
+
+    async def Push(self, request_iterator, context: grpc.aio.ServicerContext) -> pb.PushAck:
+        manifest: m.WeightManifest | None = None
+        assembler: WeightAssembler | None = None
+        received = 0
+        chunks: dict[int, WeightChunk] = {}
+        try:
+            async for msg in request_iterator:
+                if manifest is None:
+                    if not msg.HasField("manifest"):
+                        raise WireError("chunk[0].manifest", "the first pushed chunk must carry the manifest")
+                    manifest = m.manifest_from_proto(msg.manifest, "chunk[0].manifest")
+                    assembler = WeightAssembler(header_of(manifest))
+                checked = m.chunk_from_proto(msg, manifest, f"chunk[{received}]")
+                chunk = WeightChunk(checked.version, checked.index, checked.data, checked.sha256)
+                assembler.add(chunk)
+                chunks[chunk.index] = chunk
+                received += 1
+            if manifest is None or assembler is None:
+                raise WireError("chunks", "the push carried no chunks")
+            assembler.finish()  # whole-blob hash and a decodable payload, before anything is held
+            bundle = WeightBundle(assembler.header, tuple(chunks[i] for i in range(len(chunks))))
+            self.publisher.store(Published(manifest, bundle))
+        except (WireError, ValueError) as exc:
+            version = manifest.version if manifest is not None else 0
+            return pb.PushAck(ok=False, version=version, chunks_received=received, reason=str(exc))
+        return pb.PushAck(ok=True, version=manifest.version, chunks_received=received)
+
+
+# ------------------------------------------------------------------------------------------ pullers
+
+
+def _assemble_local(held: Published) -> dict[str, Tensor]:
+    assembler = WeightAssembler(header_of(held.manifest))
+    for chunk in held.bundle.chunks:
+        assembler.add(chunk)
+    return assembler.finish()
+
+
+class LocalWeightSource:
+    """In-process puller (colocated rollout): same codec and checks, no sockets."""
+
+    def __init__(self, publisher: WeightPublisher, *, wait_s: float = 60.0) -> None:
+        self.publisher = publisher
+        self.wait_s = wait_s
+
+    def fetch_latest(self, min_version: int) -> tuple[int, dict[str, Tensor]]:
+        held = self.publisher.wait_for(min_version, self.wait_s)
+        if held is None:
+            raise WireError(
+                "weights.version",
+                f"no version >= {min_version} published within {self.wait_s:g}s "
+                f"(held: {self.publisher.versions})",
+            )
+        return held.manifest.version, _assemble_local(held)
+
+
+class GrpcWeightSource:
+    """Rollout side: pulls the newest version from a `Weights` service, verifying every byte.
+
+    Blocking (rollout workers call it from their generation thread). Waits up to `wait_s` for a version
+    >= the requested one to be published; a broken or corrupted stream is retried once, resuming from
+    the first missing chunk; a second failure raises `WireError` and the caller's weights stay as they were.
+    """
+
+    def __init__(
+        self, address: str, *, wait_s: float = 60.0, timeout_s: float = 300.0, poll_s: float = 0.2
+    ) -> None:
+        self.address = address
+        self.wait_s = wait_s
+        self.timeout_s = timeout_s
+        self.poll_s = poll_s
+        self._channel = grpc.insecure_channel(address, options=channel_options())
+        self._stub = pb_grpc.WeightsStub(self._channel)
+        self.fetch_calls: list[tuple[int, int]] = []
+        """(version, from_chunk) of every Fetch started, for logs and tests."""
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def latest_manifest(self) -> m.WeightManifest | None:
+        try:
+            msg = self._stub.GetManifest(pb.ManifestRequest(latest=True), timeout=self.timeout_s)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                return None
+            raise WireError(
+                "weights", f"GetManifest from {self.address} failed: {_rpc_reason(exc)}"
+            ) from None
+        return m.manifest_from_proto(msg)
+
+    def fetch_latest(self, min_version: int) -> tuple[int, dict[str, Tensor]]:
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            manifest = self.latest_manifest()
+            if manifest is not None and manifest.version >= min_version:
+                break
+            if time.monotonic() >= deadline:
+                held = "none" if manifest is None else str(manifest.version)
+                raise WireError(
+                    "weights.version",
+                    f"{self.address} has no version >= {min_version} after {self.wait_s:g}s (latest: {held})",
+                )
+            time.sleep(self.poll_s)
+        return manifest.version, self.fetch(manifest)
+
+    def fetch(self, manifest: m.WeightManifest) -> dict[str, Tensor]:
+        """Every chunk of `manifest`'s version, verified, then decoded (tensors in the wire dtype)."""
+        assembler = WeightAssembler(header_of(manifest))
+        failures: list[str] = []
+        while not assembler.complete:
+            start = assembler.missing[0]
+            self.fetch_calls.append((manifest.version, start))
+            try:
+                stream = self._stub.Fetch(
+                    pb.FetchRequest(version=manifest.version, from_chunk=start), timeout=self.timeout_s
+                )
+                for msg in stream:
+                    path = f"weights[v{manifest.version}].chunk[{msg.index}]"
+                    checked = m.chunk_from_proto(msg, manifest, path)
+                    if checked.index not in assembler.missing:
+                        continue
+                    assembler.add(WeightChunk(checked.version, checked.index, checked.data, checked.sha256))
+                if not assembler.complete:
+                    raise WireError("weights.chunks", f"stream ended with chunks {assembler.missing} missing")
+            except grpc.RpcError as exc:
+                failures.append(f"stream from chunk {start} broke: {_rpc_reason(exc)}")
+            except WireError as exc:
+                failures.append(str(exc))
+            if failures and not assembler.complete:
+                if len(failures) > 1:
+                    raise WireError(
+                        f"weights[v{manifest.version}]",
+                        f"fetch from {self.address} failed twice: {'; '.join(failures)}",
+                    )
+                log.warning(
+                    "weights v%d: %s; resuming from chunk %d",
+                    manifest.version,
+                    failures[-1],
+                    assembler.missing[0],
+                )
+        return assembler.finish()
+
+
+def _rpc_reason(exc: grpc.RpcError) -> str:
+    code = exc.code() if hasattr(exc, "code") else None
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    return f"{code.name if code else 'UNKNOWN'}: {details}"
