@@ -42,6 +42,7 @@ class LocalWorker:
     port: int
     log_path: Path
     process: subprocess.Popen | None = None
+    restarts: int = 0
 
     @property
     def address(self) -> str:
@@ -92,7 +93,8 @@ class LocalCluster:
         learners = self.plan.by_role("learner")
         if learners and lw.worker.role != "learner":
             env["DVERL_LEARNER_ADDR"] = self.workers[learners[0].name].address
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 2) // max(1, len(self.workers)))))
+        # On-policy phases alternate (rollout, then update), so each worker may use every core.
+        env.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 2))
         env["PYTHONUNBUFFERED"] = "1"
         return env
 
@@ -106,7 +108,18 @@ class LocalCluster:
         for lw in self.workers.values():
             if roles is not None and lw.worker.role not in roles:
                 continue
-            log_file = lw.log_path.open("ab")
+            self._spawn(lw)
+
+    def restart(self, name: str) -> None:
+        """Start a worker again on its old port (the coordinator re-dispatches to it once it serves)."""
+        lw = self.workers[name]
+        if lw.alive():
+            return
+        lw.restarts += 1
+        self._spawn(lw)
+
+    def _spawn(self, lw: LocalWorker) -> None:
+        with lw.log_path.open("ab") as log_file:
             lw.process = subprocess.Popen(
                 self.command_for(lw),
                 env=self.env_for(lw),
@@ -116,7 +129,6 @@ class LocalCluster:
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
-            log_file.close()
 
     def by_role(self, role: str) -> list[LocalWorker]:
         return [lw for lw in self.workers.values() if lw.worker.role == role]

@@ -8,6 +8,7 @@ bar, notices a dead worker, and on Ctrl-C or the end stops every process it star
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import sys
 import time
@@ -21,6 +22,8 @@ from decentralized_verl.launch.local import LocalCluster
 from decentralized_verl.manifest import load_job
 from decentralized_verl.plan import plan_job
 from decentralized_verl.spec import with_defaults
+
+log = logging.getLogger(__name__)
 
 
 class RunFailed(DverlError):
@@ -115,13 +118,21 @@ def run_job(
             )
         started = time.monotonic()
         while learner.alive():
-            failed = cluster.failed()
-            if failed:
-                worst = failed[0]
-                raise RunFailed(
-                    f"worker {worst.worker.name} exited with code {worst.process.returncode}; "
-                    f"last lines of {worst.log_path}:\n{worst.log_tail()}"
+            for dead in cluster.failed():
+                # Like the operator: a serving worker that dies is started again, up to backoffLimit;
+                # meanwhile the coordinator re-dispatches its work to the others.
+                if dead.worker.role == "learner":
+                    break
+                if dead.restarts >= job.spec.backoff_limit:
+                    raise RunFailed(
+                        f"worker {dead.worker.name} exited with code {dead.process.returncode} "
+                        f"{dead.restarts + 1} times (backoffLimit {job.spec.backoff_limit}); "
+                        f"last lines of {dead.log_path}:\n{dead.log_tail()}"
+                    )
+                log.warning(
+                    "worker %s exited with code %s; restarting", dead.worker.name, dead.process.returncode
                 )
+                cluster.restart(dead.worker.name)
             if timeout is not None and time.monotonic() - started > timeout:
                 raise RunFailed(f"run exceeded {timeout:.0f} s; see {output / 'logs'}")
             if bar is not None:

@@ -101,8 +101,26 @@ def _follow(trainer: PolicyTrainer) -> int:
         if box[0] is None:
             break
         trainer.update(box[0])
+    _gather_digests(trainer.model)
     dist.destroy_process_group()
     return 0
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """sha256 of every parameter's bytes: replicas that stayed in lock-step have equal digests."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, param in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(param.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _gather_digests(model: torch.nn.Module) -> list[str]:
+    digests: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(digests, weights_digest(model))
+    return digests
 
 
 def _scatter(shards: list[Any]) -> Any:
@@ -132,6 +150,7 @@ async def _coordinate(
 
     model = trainer.model
     progress = ProgressState()
+    stopped_followers = False
     # Native dtype on the wire keeps rollout and learner log-probs identical; bf16 models send bf16.
     publisher = WeightPublisher(dtype=None)
     health = HealthServicer(role="learner", worker_id=f"{job}-learner-0")
@@ -148,7 +167,9 @@ async def _coordinate(
         )
         from decentralized_verl.data import PromptSampler
 
-        sampler = PromptSampler(len(prompts), spec.training.batch_size * world, seed=spec.training.seed)
+        sampler = PromptSampler(
+            len(prompts), spec.training.batch_size * world, seed=spec.training.seed, drop_last=True
+        )
         start_step = start_version = 0
         ckpt_root = checkpoint_root(spec, output)
         if resume:
@@ -250,6 +271,12 @@ async def _coordinate(
         coordinator = Coordinator(parts, start_step=start_step, start_version=start_version)
         summary = await coordinator.run()
         metrics.close()
+        if world > 1:
+            _scatter([None] * world)
+            summary["replica_digests"] = _gather_digests(model)
+            if len(set(summary["replica_digests"])) != 1:
+                log.error("learner replicas diverged: %s", summary["replica_digests"])
+        stopped_followers = True
         (output / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
         log.info("summary: %s", summary)
         for client in rollout_clients:
@@ -257,7 +284,9 @@ async def _coordinate(
         return 0
     finally:
         if world > 1 and dist.is_initialized():
-            _scatter([None] * world)
+            if not stopped_followers:
+                _scatter([None] * world)
+                _gather_digests(model)
             dist.destroy_process_group()
         await server.stop(grace=1.0)
 

@@ -1,0 +1,218 @@
+"""Pure: a job's plan -> the Kubernetes objects it needs (ConfigMap, headless Service, one Pod per worker).
+
+Nothing here talks to an API server. Every object carries the job's labels and an ownerReference to the
+RLHFJob, so deleting the job cascades to its children through the garbage collector. Each pod carries a
+hash of the fields that cannot change in place (image, command, resources, placement, learner rendezvous);
+a pod whose hash differs from the desired one is replaced, anything else is left alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from decentralized_verl.plan import CONFIG_PATH, Plan, PlannedWorker, worker_env
+from decentralized_verl.spec import API_GROUP, API_VERSION, KIND, JobSpec, with_defaults
+
+LABEL_JOB = f"{API_GROUP}/job"
+LABEL_ROLE = f"{API_GROUP}/role"
+LABEL_POOL = f"{API_GROUP}/pool"
+LABEL_INDEX = f"{API_GROUP}/index"
+ANNOTATION_TEMPLATE_HASH = f"{API_GROUP}/template-hash"
+ANNOTATION_CONFIG_HASH = f"{API_GROUP}/config-hash"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "dverl-operator"}
+CONFIG_KEY = "job.yaml"
+WORKERS_KEY = "workers.yaml"
+DEFAULT_POOL = "default"
+GPU_RESOURCE = "nvidia.com/gpu"
+CONTAINER_NAME = "worker"
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The RLHFJob the children belong to (what ownerReferences and addresses need)."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    def reference(self) -> dict[str, Any]:
+        return {
+            "apiVersion": f"{API_GROUP}/{API_VERSION}",
+            "kind": KIND,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+@dataclass(frozen=True)
+class Children:
+    config_map: dict[str, Any]
+    service: dict[str, Any]
+    pods: dict[str, dict[str, Any]]
+    """Keyed by pod name, in plan order (learners first)."""
+
+
+def service_name(job: str) -> str:
+    return f"{job}-workers"
+
+
+def config_map_name(job: str) -> str:
+    return f"{job}-config"
+
+
+def job_labels(job: str) -> dict[str, str]:
+    return {LABEL_JOB: job, **MANAGED_BY}
+
+
+def worker_address(owner: Owner, worker: PlannedWorker) -> str:
+    """`<pod>.<job>-workers.<ns>.svc:<port>`: stable DNS through the headless Service."""
+    port = worker.ports.get("grpc")
+    return f"{worker.name}.{service_name(owner.name)}.{owner.namespace}.svc:{port}"
+
+
+def addresses(owner: Owner, plan: Plan) -> dict[str, str]:
+    return {worker.name: worker_address(owner, worker) for worker in plan.workers}
+
+
+def content_hash(value: Any) -> str:
+    """A short stable hash of JSON-able data (sorted keys), for change detection."""
+    blob = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _metadata(owner: Owner, name: str, labels: Mapping[str, str]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": owner.namespace,
+        "labels": dict(labels),
+        "ownerReferences": [owner.reference()],
+    }
+
+
+def config_map(owner: Owner, spec: JobSpec, plan: Plan) -> dict[str, Any]:
+    """The rendered job config the workers mount at CONFIG_PATH, plus every worker's address."""
+    data = {
+        CONFIG_KEY: yaml.safe_dump(with_defaults(spec), sort_keys=False),
+        WORKERS_KEY: yaml.safe_dump(
+            {
+                w.name: {"role": w.role, "index": w.index, "address": worker_address(owner, w)}
+                for w in plan.workers
+            },
+            sort_keys=False,
+        ),
+    }
+    meta = _metadata(owner, config_map_name(owner.name), job_labels(owner.name))
+    meta["annotations"] = {ANNOTATION_CONFIG_HASH: content_hash(data)}
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
+
+
+def service(owner: Owner, plan: Plan) -> dict[str, Any]:
+    """Headless Service: gives each pod the DNS name `<pod>.<job>-workers.<ns>.svc`."""
+    ports: dict[str, int] = {}
+    for worker in plan.workers:
+        for port_name, number in worker.ports.items():
+            name = "dht" if worker.role == "dht" else port_name
+            ports.setdefault(name, number)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(owner, service_name(owner.name), job_labels(owner.name)),
+        "spec": {
+            "clusterIP": "None",
+            # Rendezvous (torch.distributed, gRPC dial) happens before readiness: publish early.
+            "publishNotReadyAddresses": True,
+            "selector": {LABEL_JOB: owner.name},
+            "ports": [
+                {"name": name, "port": number, "targetPort": number, "protocol": "TCP"}
+                for name, number in sorted(ports.items())
+            ],
+        },
+    }
+
+
+def _resources(worker: PlannedWorker) -> dict[str, dict[str, str]]:
+    amounts: dict[str, str] = {}
+    if worker.cpu:
+        amounts["cpu"] = worker.cpu
+    if worker.memory:
+        amounts["memory"] = worker.memory
+    if worker.gpus:
+        amounts[GPU_RESOURCE] = str(worker.gpus)
+    if not amounts:
+        return {}
+    # Requests equal limits: GPUs must, and it keeps training pods in the Guaranteed QoS class.
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+# Env a learner's rendezvous depends on: changing any of it means the learner gang must restart.
+_RENDEZVOUS_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
+
+
+def pod(
+    owner: Owner, spec: JobSpec, plan: Plan, worker: PlannedWorker, image: str, addrs: Mapping[str, str]
+) -> dict[str, Any]:
+    """One worker pod: placement from its node pool, GPUs, the plan's command and environment."""
+    env = worker_env(plan, worker, addrs)
+    env["DVERL_CONFIG"] = CONFIG_PATH
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": image,
+        "command": worker.command(CONFIG_PATH),
+        "env": [{"name": key, "value": value} for key, value in sorted(env.items())],
+        "ports": [
+            {"name": name, "containerPort": number, "protocol": "TCP"}
+            for name, number in sorted(worker.ports.items())
+        ],
+        "volumeMounts": [{"name": "config", "mountPath": CONFIG_PATH.rsplit("/", 1)[0], "readOnly": True}],
+        "readinessProbe": {"tcpSocket": {"port": worker.ports["grpc"]}, "periodSeconds": 5},
+    }
+    resources = _resources(worker)
+    if resources:
+        container["resources"] = resources
+    pod_spec: dict[str, Any] = {
+        "hostname": worker.name,
+        "subdomain": service_name(owner.name),
+        # The operator restarts workers itself, so it can count restarts and apply backoff per role.
+        "restartPolicy": "Never",
+        "containers": [container],
+        "volumes": [{"name": "config", "configMap": {"name": config_map_name(owner.name)}}],
+    }
+    if worker.node_selector:
+        pod_spec["nodeSelector"] = dict(worker.node_selector)
+    if worker.tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in worker.tolerations]
+    if spec.scheduler_name:
+        pod_spec["schedulerName"] = spec.scheduler_name
+    labels = {
+        **job_labels(owner.name),
+        LABEL_ROLE: worker.role,
+        LABEL_POOL: worker.pool or DEFAULT_POOL,
+        LABEL_INDEX: str(worker.index),
+    }
+    if worker.gpu_type:
+        labels[f"{API_GROUP}/gpu-type"] = worker.gpu_type
+    template = {
+        "image": image,
+        "command": container["command"],
+        "resources": resources,
+        "placement": [pod_spec.get("nodeSelector"), pod_spec.get("tolerations"), spec.scheduler_name],
+        "rendezvous": {key: env.get(key) for key in _RENDEZVOUS_ENV},
+    }
+    meta = _metadata(owner, worker.name, labels)
+    meta["annotations"] = {**spec.pod_annotations, ANNOTATION_TEMPLATE_HASH: content_hash(template)}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+
+
+def for_job(owner: Owner, spec: JobSpec, plan: Plan, image: str) -> Children:
+    """Everything the job should have in the cluster, given its (valid) spec and plan."""
+    addrs = addresses(owner, plan)
+    pods = {w.name: pod(owner, spec, plan, w, image, addrs) for w in plan.workers}
+    return Children(config_map=config_map(owner, spec, plan), service=service(owner, plan), pods=pods)

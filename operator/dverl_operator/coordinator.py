@@ -1,0 +1,71 @@
+"""Poll the job coordinator's Status RPC (learner rank 0) for progress the operator writes to `.status`.
+
+In a cluster the coordinator is `<job>-learner-0.<job>-workers.<ns>.svc:50051`; the address template can
+be overridden (flag or DVERL_COORDINATOR_ADDRESS_TEMPLATE) for tests and for clusters with other DNS.
+An unreachable coordinator is not an error: a job that is still starting has none yet.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+
+from decentralized_verl.plan import GRPC_PORT
+from decentralized_verl.proto import dverl_pb2, dverl_pb2_grpc
+from dverl_operator.status import Progress
+
+DEFAULT_TEMPLATE = "{job}-learner-0.{job}-workers.{namespace}.svc:" + str(GRPC_PORT)
+ENV_TEMPLATE = "DVERL_COORDINATOR_ADDRESS_TEMPLATE"
+log = logging.getLogger(__name__)
+
+
+def progress_from_reply(reply: dverl_pb2.JobStatus) -> Progress:
+    """The wire message -> the operator's Progress (unset optionals stay None)."""
+    return Progress(
+        step=int(reply.step),
+        total_steps=int(reply.total_steps),
+        state=reply.state,
+        reward=float(reply.reward_mean) if reply.step else None,
+        kl=float(reply.kl) if reply.step else None,
+        policy_version=int(reply.policy_version),
+        tokens_per_second=float(reply.tokens_per_second) if reply.step else None,
+        last_checkpoint=reply.last_checkpoint or None,
+        eval_accuracy=float(reply.eval_accuracy) if reply.HasField("eval_accuracy") else None,
+        volunteers=int(reply.volunteers),
+    )
+
+
+class CoordinatorClient:
+    """One cached gRPC channel per coordinator address; `progress` never raises for a dead peer."""
+
+    def __init__(self, template: str = DEFAULT_TEMPLATE, timeout: float = 2.0) -> None:
+        self.template = template
+        self.timeout = timeout
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def address(self, job: str, namespace: str) -> str:
+        return self.template.format(job=job, namespace=namespace)
+
+    async def progress(self, job: str, namespace: str) -> Progress | None:
+        address = self.address(job, namespace)
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = grpc.aio.insecure_channel(address)
+        stub = dverl_pb2_grpc.CoordinatorStub(channel)
+        try:
+            reply = await stub.Status(dverl_pb2.StatusRequest(), timeout=self.timeout)
+        except grpc.aio.AioRpcError as exc:
+            log.debug("coordinator %s unreachable: %s", address, exc.code().name)
+            return None
+        return progress_from_reply(reply)
+
+    async def forget(self, job: str, namespace: str) -> None:
+        channel = self._channels.pop(self.address(job, namespace), None)
+        if channel is not None and not any(c is channel for c in self._channels.values()):
+            await channel.close()
+
+    async def close(self) -> None:
+        channels, self._channels = self._channels, {}
+        for channel in {id(c): c for c in channels.values()}.values():
+            await channel.close()

@@ -1,0 +1,256 @@
+"""kopf handlers, kept thin: one daemon per RLHFJob runs the level-based reconcile loop.
+
+Each pass reads the job and its children from the API, asks the pure `reconcile.decide` what to do,
+applies that, and writes `.status` through the status subresource only when it changed. Pod and job
+watch events merely wake the job's loop early; a resync interval catches anything a watch missed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import kopf
+
+from decentralized_verl.spec import API_GROUP, API_VERSION, KIND, PLURAL
+from dverl_operator import children as kids
+from dverl_operator import reconcile
+from dverl_operator import status as st
+from dverl_operator.cluster import ApiError, Cluster, gather_limited
+from dverl_operator.coordinator import CoordinatorClient
+from dverl_operator.metrics import Metrics
+
+log = logging.getLogger(__name__)
+DEBOUNCE_SECONDS = 0.2
+
+
+@dataclass
+class Wakeups:
+    """One asyncio.Event per job: watch events set it, the job's loop waits on it."""
+
+    events: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
+
+    def get(self, namespace: str, name: str) -> asyncio.Event:
+        return self.events.setdefault((namespace, name), asyncio.Event())
+
+    def wake(self, namespace: str, name: str) -> None:
+        event = self.events.get((namespace, name))
+        if event is not None:
+            event.set()
+
+    def forget(self, namespace: str, name: str) -> None:
+        self.events.pop((namespace, name), None)
+
+
+@dataclass
+class Runtime:
+    """What the handlers share (passed to kopf as `memo`)."""
+
+    cluster: Cluster
+    settings: reconcile.Settings
+    coordinator: CoordinatorClient
+    metrics: Metrics
+    status_interval: float = 5.0
+    max_concurrent: int = 16
+    """Passes running at once across all jobs (controller-runtime's MaxConcurrentReconciles)."""
+    wakeups: Wakeups = field(default_factory=Wakeups)
+    _progress: dict[tuple[str, str], tuple[float, st.Progress | None]] = field(default_factory=dict)
+    _spec_seen: dict[tuple[str, str], str] = field(default_factory=dict)
+    first_reconciled: dict[tuple[str, str], float] = field(default_factory=dict)
+    _slots: asyncio.Semaphore | None = None
+
+    async def reconcile_when_free(self, namespace: str, name: str) -> float:
+        """A pass, once one of `max_concurrent` slots is free: many jobs never flood the API server."""
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.max_concurrent)
+        async with self._slots:
+            return await self.reconcile_once(namespace, name)
+
+    async def observe(self, namespace: str, name: str) -> reconcile.Observed | None:
+        job = await self.cluster.get("RLHFJob", namespace, name)
+        if job is None:
+            return None
+        pods, config_map, service = await asyncio.gather(
+            self.cluster.list("Pod", namespace, {kids.LABEL_JOB: name}),
+            self.cluster.get("ConfigMap", namespace, kids.config_map_name(name)),
+            self.cluster.get("Service", namespace, kids.service_name(name)),
+        )
+        pods_by_name = {p["metadata"]["name"]: p for p in pods}
+        progress = await self._poll(namespace, name, pods_by_name)
+        return reconcile.Observed(
+            job=job,
+            pods=pods_by_name,
+            config_map=config_map,
+            service=service,
+            progress=progress,
+            now=time.time(),
+        )
+
+    async def _poll(self, namespace: str, name: str, pods: Mapping[str, Any]) -> st.Progress | None:
+        """The coordinator's progress, at most every status_interval; only once learner 0 runs."""
+        learner0 = pods.get(f"{name}-learner-0")
+        if learner0 is None or st.pod_phase(learner0) != "Running":
+            return self._progress.get((namespace, name), (0.0, None))[1]
+        key = (namespace, name)
+        polled_at, last = self._progress.get(key, (0.0, None))
+        if time.monotonic() - polled_at < self.status_interval:
+            return last
+        progress = await self.coordinator.progress(name, namespace)
+        progress = progress if progress is not None else last
+        self._progress[key] = (time.monotonic(), progress)
+        return progress
+
+    async def apply(self, observed: reconcile.Observed, actions: reconcile.Actions) -> None:
+        job = observed.job
+        namespace, name = job["metadata"].get("namespace") or "default", job["metadata"]["name"]
+        await gather_limited(
+            [self.cluster.patch(kind, namespace, obj, patch) for kind, obj, patch in actions.patch]
+        )
+        await gather_limited([self.cluster.delete(kind, namespace, obj) for kind, obj in actions.delete])
+        created = await gather_limited([self.cluster.create(o["kind"], namespace, o) for o in actions.create])
+        if actions.create and not all(created):
+            log.info("some children already existed", extra={"job": name, "namespace": namespace})
+        for kind, reason, message in actions.events:
+            await self.event(job, kind, reason, message)
+        patch = st.merge_patch(job.get("status") or {}, actions.status)
+        if patch:
+            await self.cluster.patch("RLHFJob", namespace, name, {"status": patch}, subresource="status")
+
+    async def event(self, job: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
+        """A core/v1 Event on the RLHFJob, so `kubectl describe rlhfjob` explains what happened."""
+        meta = job["metadata"]
+        namespace = meta.get("namespace") or "default"
+        now = st.timestamp(time.time())
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:12]}", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": f"{API_GROUP}/{API_VERSION}",
+                "kind": KIND,
+                "name": meta["name"],
+                "namespace": namespace,
+                "uid": meta.get("uid", ""),
+            },
+            "type": kind,
+            "reason": reason,
+            "message": message[:1024],
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+            "source": {"component": "dverl-operator"},
+            "reportingComponent": "dverl-operator",
+        }
+        try:
+            await self.cluster.create("Event", namespace, body)
+        except ApiError as exc:  # events are best effort
+            log.warning("could not post event: %s", exc)
+
+    async def reconcile_once(self, namespace: str, name: str) -> float:
+        """One level-based pass; returns how long to wait before the next one."""
+        started = time.monotonic()
+        try:
+            observed = await self.observe(namespace, name)
+            if observed is None:
+                return self.settings.resync_seconds
+            actions = reconcile.decide(observed, self.settings)
+            await self.apply(observed, actions)
+        except (TimeoutError, ApiError, OSError, aiohttp.ClientError) as exc:
+            self.metrics.errors.labels(kind=type(exc).__name__).inc()
+            self.metrics.reconciles.labels(result="error").inc()
+            log.warning("reconcile failed: %s", exc, extra={"job": name, "namespace": namespace})
+            return min(2.0, self.settings.resync_seconds)
+        except Exception as exc:  # a bug must not silence the job's loop: log it and try again later
+            self.metrics.errors.labels(kind=type(exc).__name__).inc()
+            self.metrics.reconciles.labels(result="error").inc()
+            log.exception("reconcile crashed", extra={"job": name, "namespace": namespace})
+            return self.settings.resync_seconds
+        finally:
+            self.metrics.latency.observe(time.monotonic() - started)
+        self.metrics.reconciles.labels(result="ok").inc()
+        self.metrics.job_phase(namespace, name, actions.status.get("phase"))
+        self.first_reconciled.setdefault((namespace, name), time.time())
+        if actions.create or actions.delete or actions.patch:
+            log.info(
+                "reconciled: %s",
+                actions.summary(),
+                extra={"job": name, "namespace": namespace, "phase": actions.status.get("phase")},
+            )
+        wait = self.settings.resync_seconds
+        if actions.requeue_after is not None:
+            wait = min(wait, max(actions.requeue_after, 0.05))
+        if actions.create or actions.delete:
+            wait = min(wait, 0.5)  # look again soon: confirm what was applied
+        if self._progress.get((namespace, name)) is not None:
+            wait = min(wait, self.status_interval)  # a coordinator is running: keep progress fresh
+        return wait
+
+    def spec_changed(self, namespace: str, name: str, body: Mapping[str, Any]) -> bool:
+        digest = json.dumps(
+            [body.get("spec"), (body.get("metadata") or {}).get("deletionTimestamp")],
+            sort_keys=True,
+            default=str,
+        )
+        key = (namespace, name)
+        changed = self._spec_seen.get(key) != digest
+        self._spec_seen[key] = digest
+        return changed
+
+    async def forget(self, namespace: str, name: str) -> None:
+        self.wakeups.forget(namespace, name)
+        self._progress.pop((namespace, name), None)
+        self._spec_seen.pop((namespace, name), None)
+        self.metrics.job_phase(namespace, name, None)
+        await self.coordinator.forget(name, namespace)
+
+
+def build_registry() -> kopf.OperatorRegistry:
+    """A fresh registry with the operator's handlers (no global state: tests run several operators)."""
+    registry = kopf.OperatorRegistry()
+
+    @kopf.daemon(API_GROUP, API_VERSION, PLURAL, registry=registry, cancellation_timeout=2.0)
+    async def run_job(
+        name: str, namespace: str, stopped: kopf.DaemonStopped, memo: kopf.Memo, **_: Any
+    ) -> None:
+        runtime: Runtime = memo.runtime
+        wake = runtime.wakeups.get(namespace, name)
+        stop = asyncio.ensure_future(stopped.wait())
+        try:
+            while not stopped:
+                wake.clear()
+                delay = await runtime.reconcile_when_free(namespace, name)
+                if stopped:
+                    break
+                # Let a burst of watch events (a pass creates several pods) coalesce into one pass.
+                await asyncio.sleep(min(DEBOUNCE_SECONDS, delay))
+                waiter = asyncio.ensure_future(wake.wait())
+                try:
+                    await asyncio.wait({waiter, stop}, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    waiter.cancel()
+        finally:
+            stop.cancel()
+            await runtime.forget(namespace, name)
+
+    @kopf.on.event(API_GROUP, API_VERSION, PLURAL, registry=registry)
+    async def job_event(name: str, namespace: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        runtime: Runtime = memo.runtime
+        if runtime.spec_changed(namespace, name, body):
+            runtime.wakeups.wake(namespace, name)
+
+    @kopf.on.event("", "v1", "pods", labels={kids.LABEL_JOB: kopf.PRESENT}, registry=registry)
+    async def pod_event(labels: Mapping[str, str], namespace: str, memo: kopf.Memo, **_: Any) -> None:
+        memo.runtime.wakeups.wake(namespace, labels[kids.LABEL_JOB])
+
+    @kopf.on.login(registry=registry)
+    def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
+        return memo.runtime.cluster.info
+
+    return registry

