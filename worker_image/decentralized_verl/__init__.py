@@ -1,3 +1,23 @@
 """Decentralized veRL: RL fine-tuning runtime (workers, volunteers and `dverl run`)."""
 
 __version__ = "0.1.0"
+
+_API = {
+    "Algorithm",
+    "AlgorithmConfig",
+    "DecentralizedConfig",
+    "DecentralizedTrainer",
+    "ModelConfig",
+    "NetworkConfig",
+    "TrainingConfig",
+}
+
+
+def __getattr__(name: str):
+    """Seed 000's API (`from decentralized_verl import DecentralizedTrainer`), imported on first use so
+    that importing the package stays light for the operator."""
+    if name in _API:
+        from decentralized_verl import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'decentralized_verl' has no attribute {name!r}")

@@ -7,7 +7,6 @@ Rendezvous comes from the environment torchrun would set (MASTER_ADDR, MASTER_PO
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import logging
 import os
@@ -20,22 +19,13 @@ import torch.distributed as dist
 from decentralized_verl.models.checkpoint import checkpoint_dir, latest_checkpoint, save_checkpoint
 from decentralized_verl.models.loading import load_model_and_tokenizer
 from decentralized_verl.roles.coordinator import Coordinator, LoopParts
-from decentralized_verl.roles.dispatch import GPU_PRIORS, Dispatcher
+from decentralized_verl.roles.dispatch import Dispatcher
 from decentralized_verl.roles.progress import MetricsLog, ProgressState
 from decentralized_verl.roles.prompts import prepare_prompts
-from decentralized_verl.roles.trainer import PolicyTrainer, rollout_state_dict
+from decentralized_verl.roles.trainer import PolicyTrainer
 from decentralized_verl.spec import JobSpec
 
 log = logging.getLogger(__name__)
-
-
-def _addresses(role: str) -> list[str]:
-    raw = os.environ.get(f"DVERL_{role.upper()}_ADDRS", "")
-    return [a for a in raw.split(",") if a]
-
-
-def _pools(role: str) -> list[str]:
-    return os.environ.get(f"DVERL_{role.upper()}_POOLS", "").split(",")
 
 
 def _host() -> str:
@@ -140,12 +130,9 @@ async def _coordinate(
     base_dir: Path | None,
     resume: bool,
 ) -> int:
-    from decentralized_verl.backends.base import make_backend
-    from decentralized_verl.roles import local, scoring
-    from decentralized_verl.roles.rollout import RolloutWorker
     from decentralized_verl.roles.servicers import HealthServicer, serve
     from decentralized_verl.roles.status_service import CoordinatorServicer
-    from decentralized_verl.transport import clients
+    from decentralized_verl.roles.wiring import connect_roles
     from decentralized_verl.transport.weight_service import WeightPublisher, WeightsServicer
 
     model = trainer.model
@@ -158,6 +145,7 @@ async def _coordinate(
         port, CoordinatorServicer(progress), WeightsServicer(publisher), health, host=_host()
     )
     world = spec.roles.learner.replicas
+    volunteers = None  # issue 7: the VolunteerHub, when volunteers are enabled
     try:
         prompts = prepare_prompts(spec, tokenizer, spec.data.train, base_dir)
         eval_prompts = (
@@ -182,57 +170,15 @@ async def _coordinate(
                 log.info("resumed from %s at step %d", folder, start_step)
 
         # Serving roles: remote workers when planned, else in this process behind the same protocol.
-        remote_rollouts = _addresses("rollout")
-        if remote_rollouts:
-            for address in remote_rollouts:
-                await clients.wait_ready(address, timeout=900)
-            rollout_clients = [
-                clients.GrpcRolloutClient(address, worker_id=f"{job}-rollout-{i}")
-                for i, address in enumerate(remote_rollouts)
-            ]
-            priors = {
-                f"{job}-rollout-{i}": GPU_PRIORS.get(pool, 1.0) for i, pool in enumerate(_pools("rollout"))
-            }
-            publisher.publish(rollout_state_dict(model), start_version)
-
-            def publish(version: int) -> None:
-                publisher.publish(rollout_state_dict(model), version)
-        else:
-            backend = make_backend(
-                spec.roles.rollout.backend, model, tokenizer, version=start_version, seed=spec.training.seed
-            )
-            rollout_clients = [local.LocalRolloutClient(RolloutWorker(backend, f"{job}-learner-0/rollout"))]
-            priors = {}
-
-            def publish(version: int) -> None:
-                backend.mark_version(version)  # the colocated backend shares the learner's weights
-
-        reward = await _reward_client(spec, clients, local, scoring)
-        reference = None
-        if spec.roles.reference is not None:
-            if _addresses("reference"):
-                await clients.wait_ready(_addresses("reference")[0], timeout=900)
-                reference = clients.GrpcReferenceClient(_addresses("reference")[0])
-            else:
-                frozen = copy.deepcopy(model).eval()
-                for p in frozen.parameters():
-                    p.requires_grad_(False)
-                reference = local.LocalReferenceClient(
-                    scoring.ReferenceWorker(
-                        frozen,
-                        trainer.settings.temperature,
-                        pad_token_id=tokenizer.pad_token_id,
-                        microbatch_size=(spec.training.microbatch_size or 8)
-                        * spec.algorithm.samples_per_prompt,
-                    )
-                )
-        critic = None
-        if spec.roles.critic is not None:
-            if _addresses("critic"):
-                await clients.wait_ready(_addresses("critic")[0], timeout=900)
-                critic = clients.GrpcCriticClient(_addresses("critic")[0])
-            else:
-                critic = local.LocalCriticClient(scoring.CriticWorker.from_spec(spec))
+        roles = await connect_roles(
+            spec,
+            job,
+            model,
+            tokenizer,
+            temperature=trainer.settings.temperature,
+            publisher=publisher,
+            start_version=start_version,
+        )
 
         def checkpoint(step: int, state: dict[str, Any]) -> str:
             folder = checkpoint_dir(ckpt_root, step)
@@ -250,18 +196,36 @@ async def _coordinate(
             return str(folder)
 
         metrics = MetricsLog(output / "metrics.jsonl", list(spec.training.logging))
+        dispatcher = Dispatcher(roles.rollout, roles.priors)
+        # --- volunteers over Hivemind (issue 7): peers found in the job's DHT join this dispatcher ---
+        if spec.volunteers.enabled and os.environ.get("DVERL_DHT_ADDR"):
+            from decentralized_verl.volunteers.discovery import start_volunteer_discovery
+
+            volunteers = await start_volunteer_discovery(
+                spec,
+                job,
+                dispatcher,
+                model=model,
+                publisher=publisher,
+                progress=progress,
+                temperature=trainer.settings.temperature,
+                pad_token_id=tokenizer.pad_token_id,
+                start_version=start_version,
+            )
+            roles.publish = volunteers.wrap_publish(roles.publish, model)
+        # --- end volunteers ---
         parts = LoopParts(
             spec=spec,
             trainer=trainer,
-            dispatcher=Dispatcher(rollout_clients, priors),
-            reward=reward,
-            reference=reference,
-            critic=critic,
+            dispatcher=dispatcher,
+            reward=roles.reward,
+            reference=roles.reference,
+            critic=roles.critic,
             prompts=prompts,
             eval_prompts=eval_prompts,
             sampler=sampler,
             pad_token_id=tokenizer.pad_token_id,
-            publish=publish,
+            publish=roles.publish,
             scatter=_scatter if world > 1 else None,
             checkpoint=checkpoint if spec.training.checkpoint.every else None,
             progress=progress,
@@ -279,7 +243,7 @@ async def _coordinate(
         stopped_followers = True
         (output / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
         log.info("summary: %s", summary)
-        for client in rollout_clients:
+        for client in roles.rollout:
             await client.close()
         return 0
     finally:
@@ -288,15 +252,9 @@ async def _coordinate(
                 _scatter([None] * world)
                 _gather_digests(model)
             dist.destroy_process_group()
+        if volunteers is not None:  # issue 7
+            await volunteers.close(output)
         await server.stop(grace=1.0)
-
-
-async def _reward_client(spec: JobSpec, clients, local, scoring):
-    addresses = _addresses("reward")
-    if addresses:
-        await clients.wait_ready(addresses[0], timeout=900)
-        return clients.GrpcRewardClient(addresses[0])
-    return local.LocalRewardClient(scoring.RewardWorker.from_spec(spec))
 
 
 def _prune(root: Path, keep: int) -> None:

@@ -1,0 +1,415 @@
+"""Weight sync learner -> N rollout workers on loopback: our gRPC paths vs a raw TCP copy of the same bytes.
+
+    python benchmarks/weight_sync.py            # ~270 MB (SmolLM2-135M in bf16), N = 1 2 4, 3 repeats
+    python benchmarks/weight_sync.py --mb 64 --repeats 5 --chunk-mb 8
+    python benchmarks/weight_sync.py --smoke    # 2 MB, one repeat: what the test suite runs
+
+The payload is a SmolLM2-135M-shaped state dict of random bf16 tensors (embedding 49152x576, then
+decoder layers until --mb is reached), encoded once with the project's codec (safetensors bytes, bf16
+on the wire, hashed chunks). Each receiver is a separate process; the learner is this process.
+
+Methods (each delivers the whole payload into every receiver's memory):
+- raw socket:       the learner writes N copies of the bytes over N TCP sockets (threads); receivers
+                    recv_into a buffer. No hashing, no framing: the limit for one sender.
+- raw socket chain: the learner writes one copy to receiver 1, which forwards every piece it reads to
+                    receiver 2, and so on: the limit for a relay chain.
+- grpc fetch:       every receiver Fetches the version from the learner concurrently (the simple path).
+- grpc chain:       `WeightRelay.fan_out` along a chain (learner -> r1 -> r2 -> ...), chunks pipelined.
+- grpc tree:        the same along a binary tree (learner -> r1, r2; r1 -> r3, r4).
+The gRPC methods verify every chunk's sha256 and the whole bundle's sha256 before a receiver holds the
+version (decoding into tensors, which a rollout worker does when it loads them, is not timed).
+
+Reported per method and N: median wall time over --repeats runs (from the first byte sent to the
+last receiver holding the version), sync rate = payload / wall (how fast every worker gets the new
+weights), aggregate = N * payload / wall, the median of per-receiver rates (payload / that receiver's
+own finish time), and the ratio of the sync rate to the raw-socket figure for the same N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import multiprocessing as mp
+import os
+import platform
+import shlex
+import socket
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+BF16_BYTES = 2
+VOCAB, HIDDEN, INTER, HEADS_KV = 49152, 576, 1536, 3 * 64  # SmolLM2-135M: 30 layers, 9 heads, 3 kv heads
+
+
+def smollm2_like_state(total_mb: float, seed: int = 0):
+    """Random bf16 tensors named and shaped like SmolLM2-135M, truncated/extended to ~total_mb."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    budget = int(total_mb * 1e6) // BF16_BYTES
+    embed_rows = min(VOCAB, max(1, budget // HIDDEN))
+    state = {"model.embed_tokens.weight": torch.randn(embed_rows, HIDDEN, generator=gen).to(torch.bfloat16)}
+    budget -= embed_rows * HIDDEN
+    layer = {
+        "self_attn.q_proj.weight": (HIDDEN, HIDDEN),
+        "self_attn.k_proj.weight": (HEADS_KV, HIDDEN),
+        "self_attn.v_proj.weight": (HEADS_KV, HIDDEN),
+        "self_attn.o_proj.weight": (HIDDEN, HIDDEN),
+        "mlp.gate_proj.weight": (INTER, HIDDEN),
+        "mlp.up_proj.weight": (INTER, HIDDEN),
+        "mlp.down_proj.weight": (HIDDEN, INTER),
+        "input_layernorm.weight": (HIDDEN,),
+        "post_attention_layernorm.weight": (HIDDEN,),
+    }
+    i = 0
+    while budget > 0:
+        for name, shape in layer.items():
+            numel = 1
+            for d in shape:
+                numel *= d
+            if numel > budget and len(shape) > 1:  # the last layer is partial: fill the budget exactly
+                shape = (max(1, budget // shape[1]), shape[1])
+                numel = shape[0] * shape[1]
+            state[f"model.layers.{i}.{name}"] = torch.randn(*shape, generator=gen).to(torch.bfloat16)
+            budget -= numel
+            if budget <= 0:
+                break
+        i += 1
+    state["model.norm.weight"] = torch.ones(HIDDEN, dtype=torch.bfloat16)
+    return state
+
+
+# ------------------------------------------------------------------------------------------ receivers
+
+
+def _receiver(conn, grpc_options: list[tuple[str, int]]) -> None:
+    """A receiver process: obeys (command, *args) messages from the driver until ("stop",)."""
+    from decentralized_verl.transport.fanout import WeightRelay, serve_relay
+    from decentralized_verl.transport.weight_service import WeightPublisher
+
+    stored_at: dict[int, float] = {}
+
+    class TimedRelay(WeightRelay):
+        def _store(self, published, raws) -> None:
+            super()._store(published, raws)
+            stored_at[published.manifest.version] = time.monotonic()
+
+    relay = TimedRelay(WeightPublisher(keep=1), grpc_options=grpc_options)
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    server = asyncio.run_coroutine_threadsafe(serve_relay(relay), loop).result()
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    conn.send((server.port, listener.getsockname()[1]))
+    buffer = bytearray()
+    while True:
+        cmd, *args = conn.recv()
+        if cmd == "stop":
+            break
+        if cmd == "raw":  # receive `size` bytes from whoever connects, forwarding to `next_port` if set
+            size, piece, next_port = args
+            if len(buffer) != size:
+                buffer = bytearray(size)
+            out = socket.create_connection(("127.0.0.1", next_port)) if next_port else None
+            sock, _ = listener.accept()
+            view, got = memoryview(buffer), 0
+            while got < size:
+                n = sock.recv_into(view[got : got + piece])
+                if n == 0:
+                    raise ConnectionError(f"sender closed after {got} of {size} bytes")
+                if out is not None:
+                    out.sendall(view[got : got + n])
+                got += n
+            done = time.monotonic()
+            sock.close()
+            if out is not None:
+                out.close()
+            conn.send(done)
+        elif cmd == "fetch":
+            address, version = args
+            asyncio.run_coroutine_threadsafe(relay.catch_up(address, version), loop).result()
+            conn.send(time.monotonic())
+        elif cmd == "stored_at":
+            conn.send(stored_at.get(args[0]))
+        elif cmd == "cpu":
+            conn.send(time.process_time())
+    asyncio.run_coroutine_threadsafe(server.stop(None), loop).result()
+
+
+@dataclass
+class Receiver:
+    process: mp.Process
+    conn: object
+    grpc_address: str
+    raw_port: int
+
+
+def start_receivers(n: int, grpc_options: list[tuple[str, int]]) -> list[Receiver]:
+    ctx = mp.get_context("spawn")  # a clean process: no inherited gRPC state
+    out = []
+    for _ in range(n):
+        parent, child = ctx.Pipe()
+        p = ctx.Process(target=_receiver, args=(child, grpc_options), daemon=True)
+        p.start()
+        grpc_port, raw_port = parent.recv()
+        out.append(Receiver(p, parent, f"127.0.0.1:{grpc_port}", raw_port))
+    return out
+
+
+def receiver_cpu(receivers: list[Receiver]) -> float:
+    """CPU seconds (all threads, user + system) the receiver processes have used so far, summed."""
+    for r in receivers:
+        r.conn.send(("cpu",))
+    return sum(r.conn.recv() for r in receivers)
+
+
+def stop_receivers(receivers: list[Receiver]) -> None:
+    for r in receivers:
+        r.conn.send(("stop",))
+    for r in receivers:
+        r.process.join(10)
+        if r.process.is_alive():
+            r.process.kill()
+
+
+# ------------------------------------------------------------------------------------------ methods
+
+
+def run_raw(payload: bytes, receivers: list[Receiver], piece: int, chain: bool) -> tuple[float, list[float]]:
+    """Wall time and per-receiver finish times of a raw TCP copy (N copies, or one copy relayed)."""
+    size = len(payload)
+    order = list(reversed(receivers)) if chain else receivers
+    for i, r in enumerate(order):  # the last of a chain first, so each forwards to a listening peer
+        nxt = order[i - 1].raw_port if chain and i > 0 else None
+        r.conn.send(("raw", size, piece, nxt))
+    targets = receivers[:1] if chain else receivers
+    socks = [socket.create_connection(("127.0.0.1", r.raw_port)) for r in targets]
+    time.sleep(0.05)  # let every receiver reach accept/connect before the clock starts
+    view = memoryview(payload)
+
+    def send(sock: socket.socket) -> None:
+        for start in range(0, size, piece):
+            sock.sendall(view[start : start + piece])
+        sock.close()
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=send, args=(s,)) for s in socks]
+    for t in threads:
+        t.start()
+    finished = [r.conn.recv() for r in receivers]
+    for t in threads:
+        t.join()
+    return max(finished) - t0, [f - t0 for f in finished]
+
+
+class Learner:
+    """The learner's WeightRelay served from a background event loop in this process."""
+
+    def __init__(self, chunk_bytes: int, grpc_options: list[tuple[str, int]]) -> None:
+        from decentralized_verl.transport.fanout import WeightRelay, serve_relay
+        from decentralized_verl.transport.weight_service import WeightPublisher
+
+        publisher = WeightPublisher(dtype="bfloat16", chunk_bytes=chunk_bytes, keep=1)
+        self.relay = WeightRelay(publisher, grpc_options=grpc_options)
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        self.server = self.call(serve_relay(self.relay))
+        self.address = f"127.0.0.1:{self.server.port}"
+
+    def call(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def stop(self) -> None:
+        self.call(self.server.stop(None))
+        self.call(self.relay.close())
+
+
+def run_grpc(
+    learner: Learner, version: int, receivers: list[Receiver], mode: str
+) -> tuple[float, list[float]]:
+    from decentralized_verl.transport.fanout import OK, plan_chain, plan_tree
+
+    if mode == "fetch":
+        t0 = time.monotonic()
+        for r in receivers:
+            r.conn.send(("fetch", learner.address, version))
+        finished = [r.conn.recv() for r in receivers]
+    else:
+        addresses = [r.grpc_address for r in receivers]
+        route = plan_chain(addresses) if mode == "chain" else plan_tree(addresses, 2)
+        t0 = time.monotonic()
+        results = learner.call(learner.relay.fan_out(version, route))
+        bad = {a: why for a, why in results.items() if why != OK}
+        if bad:
+            raise RuntimeError(f"fan-out failed: {bad}")
+        finished = []
+        for r in receivers:
+            r.conn.send(("stored_at", version))
+            finished.append(r.conn.recv())
+    return max(finished) - t0, [f - t0 for f in finished]
+
+
+# ------------------------------------------------------------------------------------------ report
+
+
+def machine_info() -> list[str]:
+    import grpc
+    import torch
+
+    cpu = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return [
+        f"- machine: {platform.platform()}, CPU {cpu}, {os.cpu_count()} cores ({usable} usable)",
+        f"- python {platform.python_version()}, torch {torch.__version__}, grpcio {grpc.__version__}",
+        f"- load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
+    ]
+
+
+def micro_costs(mb: int = 64) -> str:
+    """Single-thread costs per byte on this machine: what each receiver pays besides the socket."""
+    from decentralized_verl.proto import dverl_pb2 as pb
+
+    data = os.urandom(4 << 20)
+    n = max(1, mb // 4)
+
+    def rate(fn) -> float:
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return n * len(data) / (time.perf_counter() - t) / 1e9
+
+    raw = pb.WeightChunk(data=data).SerializeToString()
+    return (
+        "- per-byte costs here (single thread, 4 MiB pieces): "
+        f"sha256 {rate(lambda: hashlib.sha256(data)):.2f} GB/s, "
+        f"protobuf serialize {rate(lambda: pb.WeightChunk(data=data).SerializeToString()):.2f} GB/s, "
+        f"parse+read {rate(lambda: pb.WeightChunk.FromString(raw).data):.2f} GB/s, "
+        f"memcpy {rate(lambda: bytearray(data)):.2f} GB/s"
+    )
+
+
+def table(rows: list[dict]) -> str:
+    lines = [
+        "| method | receivers | median wall s | sync GB/s (payload/wall) | aggregate GB/s | "
+        "per-receiver GB/s (median) | vs raw socket | CPU s sender / receivers | runs (s) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    raw = {r["n"]: r["sync"] for r in rows if r["method"] == "raw socket"}
+    for r in rows:
+        ratio = r["sync"] / raw[r["n"]] if raw.get(r["n"]) else float("nan")
+        lines.append(
+            f"| {r['method']} | {r['n']} | {r['wall']:.3f} | {r['sync']:.2f} | {r['sync'] * r['n']:.2f} | "
+            f"{r['per']:.2f} | {ratio:.0%} | {r['cpu'][0]:.2f} / {r['cpu'][1]:.2f} | "
+            f"{', '.join(f'{w:.3f}' for w in r['walls'])} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--mb", type=float, default=270.0, help="payload size in MB (default ~SmolLM2-135M bf16)"
+    )
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--receivers", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--chunk-mb", type=float, default=4.0, help="chunk (gRPC message) size in MiB")
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=["raw socket", "raw socket chain", "grpc fetch", "grpc chain", "grpc tree"],
+    )
+    parser.add_argument(
+        "--grpc-option",
+        action="append",
+        default=[],
+        metavar="NAME=INT",
+        help="extra gRPC channel/server option for every node, e.g. grpc.http2.max_frame_size=16777215",
+    )
+    parser.add_argument("--smoke", action="store_true", help="2 MB, 256 KiB chunks, one repeat")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.mb, args.repeats, args.chunk_mb = 2.0, 1, 0.25
+    chunk_bytes = int(args.chunk_mb * 1024 * 1024)
+    grpc_options = [(k, int(v)) for k, v in (o.split("=", 1) for o in args.grpc_option)]
+
+    from decentralized_verl.transport.weights import encode_state_dict
+
+    state = smollm2_like_state(args.mb)
+    learner = Learner(chunk_bytes, grpc_options)
+    version = 0
+    payload_bytes = encode_state_dict(state, 0, dtype="bfloat16", chunk_bytes=chunk_bytes).payload()
+    size = len(payload_bytes)
+    print(
+        f"payload: {size / 1e6:.1f} MB in {-(-size // chunk_bytes)} chunks of {chunk_bytes / 2**20:g} MiB",
+        flush=True,
+    )
+    rows: list[dict] = []
+    info = machine_info()
+    try:
+        pool = start_receivers(max(args.receivers), grpc_options)  # the first n of them serve each N
+        try:
+            for n in args.receivers:
+                receivers = pool[:n]
+                for method in args.methods:
+                    walls: list[float] = []
+                    pers: list[float] = []
+                    cpu_sender = cpu_receivers = 0.0
+                    for _ in range(args.repeats):
+                        if not method.startswith("raw"):
+                            version += 1
+                            learner.relay.publish(state, version)  # encoding is not part of the sync
+                        cpu0 = time.process_time(), receiver_cpu(receivers)
+                        if method.startswith("raw"):
+                            wall, each = run_raw(
+                                payload_bytes, receivers, chunk_bytes, chain=method.endswith("chain")
+                            )
+                        else:
+                            wall, each = run_grpc(learner, version, receivers, method.split()[-1])
+                        cpu_sender += time.process_time() - cpu0[0]
+                        cpu_receivers += receiver_cpu(receivers) - cpu0[1]
+                        walls.append(wall)
+                        pers.append(statistics.median(size / t / 1e9 for t in each))
+                    wall = statistics.median(walls)
+                    rows.append(
+                        dict(
+                            method=method,
+                            n=n,
+                            wall=wall,
+                            sync=size / wall / 1e9,
+                            per=statistics.median(pers),
+                            cpu=(cpu_sender / args.repeats, cpu_receivers / args.repeats),
+                            walls=walls,
+                        )
+                    )
+                    print(f"  {method} x{n}: median {wall:.3f}s", file=sys.stderr, flush=True)
+        finally:
+            stop_receivers(pool)
+    finally:
+        learner.stop()
+    print()
+    command = shlex.join(["python", "benchmarks/weight_sync.py", *(sys.argv[1:] if argv is None else argv)])
+    print(f"Command: `{command}`")
+    print()
+    print("\n".join(info))
+    print(f"- load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(
+        f"- payload {size / 1e6:.1f} MB, chunks {chunk_bytes / 2**20:g} MiB, median of {args.repeats} run(s)"
+    )
+    print(micro_costs(8 if args.smoke else 64))
+    print()
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,341 @@
+"""Weight fan-out through a relay chain/tree over real gRPC servers on 127.0.0.1, each receiver in its own
+thread with its own event loop: identical hash-verified state dicts everywhere, bf16 and adapter-only
+bundles, a chunk corrupted at a relay rejected by its child, a dead child skipped (its children still
+served) and caught up later by Fetch, and the benchmark's smoke mode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+grpc = pytest.importorskip("grpc")
+
+from decentralized_verl.errors import WireError  # noqa: E402
+from decentralized_verl.proto import dverl_pb2 as pb  # noqa: E402
+from decentralized_verl.transport.fanout import (  # noqa: E402
+    OK,
+    Hop,
+    WeightRelay,
+    plan_chain,
+    plan_tree,
+    route_from_json,
+    route_to_json,
+    serve_relay,
+)
+from decentralized_verl.transport.weight_service import (  # noqa: E402
+    GrpcWeightSource,
+    LocalWeightSource,
+    WeightPublisher,
+)
+
+torch.set_num_threads(1)
+REPO = Path(__file__).resolve().parents[1]
+CHUNK = 4096
+
+
+def model_state(seed: int = 0) -> dict[str, torch.Tensor]:
+    """A small float32 'model' of ~40 KB: a dozen chunks of CHUNK bytes in bf16."""
+    gen = torch.Generator().manual_seed(seed)
+    embed = torch.randn(64, 32, generator=gen)
+    return {
+        "model.embed_tokens.weight": embed,
+        "model.layers.0.self_attn.q_proj.weight": torch.randn(32, 32, generator=gen),
+        "model.layers.0.mlp.up_proj.weight": torch.randn(96, 32, generator=gen),
+        "model.norm.weight": torch.rand(32, generator=gen) + 0.5,
+        "lm_head.weight": embed,  # tied
+        "steps": torch.tensor([3, 4], dtype=torch.int64),
+    }
+
+
+class RelayThread:
+    """A `WeightRelay` served from its own thread and event loop, like a separate rollout worker."""
+
+    def __init__(self, relay: WeightRelay | None = None, port: int = 0) -> None:
+        self.relay = relay or WeightRelay(WeightPublisher(chunk_bytes=CHUNK))
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.server = self.call(serve_relay(self.relay, port))
+        self.address = f"127.0.0.1:{self.server.port}"
+
+    def call(self, coro, timeout: float = 60.0):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self) -> None:
+        self.call(self.server.stop(None))
+        self.call(self.relay.close())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+    def state(self) -> tuple[int, dict[str, torch.Tensor]]:
+        return LocalWeightSource(self.relay.publisher, wait_s=0).fetch_latest(0)
+
+
+@pytest.fixture()
+def nodes():
+    started: list[RelayThread] = []
+
+    def start(relay: WeightRelay | None = None, port: int = 0) -> RelayThread:
+        node = RelayThread(relay, port)
+        started.append(node)
+        return node
+
+    yield start
+    for node in started:
+        node.stop()
+
+
+def learner(nodes, *, dtype="bfloat16", is_adapter=False, state=None, version=1) -> RelayThread:
+    node = nodes(WeightRelay(WeightPublisher(dtype=dtype, chunk_bytes=CHUNK, is_adapter=is_adapter)))
+    node.relay.publish(state if state is not None else model_state(), version)
+    return node
+
+
+def bf16(state):
+    return {k: t.to(torch.bfloat16) if t.is_floating_point() else t for k, t in state.items()}
+
+
+def assert_same(got: dict, want: dict) -> None:
+    assert got.keys() == want.keys()
+    for k in want:
+        assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]), k
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------------------------------ pure
+
+
+def test_plans_are_the_expected_shapes():
+    assert plan_chain([]) == ()
+    assert plan_chain(["a", "b", "c"]) == (Hop("a", (Hop("b", (Hop("c"),)),)),)
+    tree = plan_tree(["a", "b", "c", "d", "e"], 2)
+    # root -> a, b ; a -> c, d ; b -> e
+    assert tree == (Hop("a", (Hop("c"), Hop("d"))), Hop("b", (Hop("e"),)))
+    assert plan_tree(["a", "b", "c"], 1) == plan_chain(["a", "b", "c"])
+    assert sorted(a for h in tree for a in h.addresses()) == ["a", "b", "c", "d", "e"]
+    with pytest.raises(ValueError, match="fanout"):
+        plan_tree(["a"], 0)
+
+
+def test_route_json_round_trip_and_bad_routes():
+    tree = plan_tree([f"127.0.0.1:{p}" for p in range(7)], 3)
+    assert route_from_json(route_to_json(tree)) == tree
+    for bad, where in [
+        ("not json", "not valid JSON"),
+        ('{"a": 1}', "list of hops"),
+        ('[["", []]]', "non-empty address"),
+        ('[["a", "b"]]', "children"),
+        ('[["a", [["b"]]]]', "[0].children[0]"),
+    ]:
+        with pytest.raises(WireError, match=where.replace("[", r"\[").replace("]", r"\]")):
+            route_from_json(bad)
+
+
+# ------------------------------------------------------------------------------------------ fan-out
+
+
+@pytest.mark.parametrize("fanout", [1, 2], ids=["chain", "tree"])
+def test_fan_out_to_three_receivers_delivers_identical_verified_state(nodes, fanout):
+    source = learner(nodes)
+    receivers = [nodes() for _ in range(3)]
+    route = plan_tree([r.address for r in receivers], fanout)
+    results = source.call(source.relay.fan_out(1, route))
+    assert results == {r.address: OK for r in receivers}
+
+    want_sha = source.relay.publisher.get(1).manifest.sha256
+    want = bf16(model_state())
+    for r in receivers:
+        assert r.relay.pushes_received == 1  # one push each: nobody got the version twice
+        held = r.relay.publisher.get(1)
+        assert held.manifest.sha256 == want_sha and held.manifest.dtype == "bfloat16"
+        version, state = r.state()
+        assert version == 1
+        assert_same(state, want)  # bf16 on the wire: exactly the bf16 cast of the learner's weights
+        assert state["lm_head.weight"] is state["model.embed_tokens.weight"]  # tied stays tied
+
+    # every receiver serves Fetch like the learner: a plain GrpcWeightSource pulls from the last relay
+    puller = GrpcWeightSource(receivers[-1].address, wait_s=1)
+    try:
+        version, state = puller.fetch_latest(1)
+        assert version == 1
+        assert_same(state, want)
+        # a resumed Fetch (from chunk 3) starts with a message that carries the manifest
+        stub_msgs = list(puller._stub.Fetch(pb.FetchRequest(version=1, from_chunk=3)))
+        assert stub_msgs[0].index == 3 and stub_msgs[0].HasField("manifest")
+        assert [msg.index for msg in stub_msgs] == list(
+            range(3, len(source.relay.publisher.get(1).bundle.chunks))
+        )
+    finally:
+        puller.close()
+
+
+def test_native_dtype_is_bit_exact_and_a_newer_version_replaces_the_old(nodes):
+    source = learner(nodes, dtype=None)
+    a, b = nodes(), nodes()
+    route = plan_chain([a.address, b.address])
+    assert source.call(source.relay.fan_out(None, route)) == {a.address: OK, b.address: OK}
+    assert_same(b.state()[1], model_state())
+    source.relay.publish(model_state(seed=5), 2)
+    assert source.call(source.relay.fan_out(None, route)) == {a.address: OK, b.address: OK}
+    version, state = b.state()
+    assert version == 2 and b.relay.publisher.versions == [1, 2]
+    assert_same(state, model_state(seed=5))
+
+
+def test_lora_adapter_only_bundle_in_bf16(nodes):
+    gen = torch.Generator().manual_seed(3)
+    adapter = {
+        f"base_model.model.model.layers.{i}.self_attn.{p}_proj.lora_{ab}.weight": torch.randn(
+            (4, 32) if ab == "A" else (32, 4), generator=gen
+        )
+        for i in range(2)
+        for p in ("q", "v")
+        for ab in ("A", "B")
+    }
+    source = learner(nodes, is_adapter=True, state=adapter)
+    receivers = [nodes(), nodes()]
+    results = source.call(source.relay.fan_out(1, plan_tree([r.address for r in receivers], 2)))
+    assert set(results.values()) == {OK}
+    params = sum(t.numel() for t in adapter.values())
+    for r in receivers:
+        manifest = r.relay.publisher.get(1).manifest
+        assert manifest.is_adapter and manifest.dtype == "bfloat16"
+        # only the adapter travels: 2 bytes a parameter plus the safetensors header
+        assert 2 * params < manifest.total_bytes < 2 * params + 4096
+        _, state = r.state()
+        assert_same(state, bf16(adapter))
+
+
+class TamperingRelay(WeightRelay):
+    """A relay whose link to one child flips a byte of one chunk after verifying it (bad RAM, a bug)."""
+
+    def __init__(self, victim: str) -> None:
+        super().__init__(WeightPublisher(chunk_bytes=CHUNK))
+        self.victim = victim
+
+    def forward(self, hop: Hop, index: int, raw: bytes) -> bytes:
+        if hop.address != self.victim or index != 2:
+            return raw
+        msg = pb.WeightChunk.FromString(raw)
+        data = bytearray(msg.data)
+        data[0] ^= 0xFF
+        msg.data = bytes(data)  # the sha256 field still claims the original bytes
+        return msg.SerializeToString()
+
+
+def test_corrupted_chunk_at_a_relay_is_rejected_by_its_child_and_the_rest_are_served(nodes):
+    source = learner(nodes)
+    r2_port = free_port()
+    r1 = nodes(TamperingRelay(victim=f"127.0.0.1:{r2_port}"))
+    r2 = nodes(port=r2_port)
+    r3 = nodes()
+    results = source.call(source.relay.fan_out(1, plan_chain([r1.address, r2.address, r3.address])))
+    assert results[r1.address] == OK
+    assert results[r2.address].startswith("failed") and "sha256" in results[r2.address]
+    assert results[r3.address] == OK  # r1 adopted r3 when r2 rejected the push
+    assert r2.relay.publisher.latest_version is None  # nothing partial or corrupt is held
+    assert_same(r3.state()[1], bf16(model_state()))
+
+    # r2 catches up later by Fetch from its parent (Fetch is not tampered with)
+    assert r2.call(r2.relay.catch_up(r1.address, 1)) == 1
+    assert_same(r2.state()[1], bf16(model_state()))
+
+
+def test_dead_child_is_skipped_and_catches_up_by_fetch_later(nodes):
+    source = learner(nodes)
+    r1, r3 = nodes(), nodes()
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens there
+    results = source.call(source.relay.fan_out(1, plan_chain([r1.address, dead, r3.address])))
+    assert results[r1.address] == OK and results[r3.address] == OK
+    assert results[dead].startswith("failed: UNAVAILABLE")
+    assert_same(r3.state()[1], bf16(model_state()))
+
+    revived = nodes(port=int(dead.rsplit(":", 1)[1]))
+    assert revived.relay.publisher.latest_version is None
+    assert revived.call(revived.relay.catch_up(r1.address, 1)) == 1
+    assert revived.relay.publisher.get(1).manifest.sha256 == source.relay.publisher.get(1).manifest.sha256
+    assert_same(revived.state()[1], bf16(model_state()))
+    # catching up again is a no-op; waiting for a version nobody has is a clear error
+    assert revived.call(revived.relay.catch_up(r1.address, 1)) == 1
+    with pytest.raises(WireError, match="no version >= 2"):
+        revived.call(revived.relay.catch_up(r1.address, 2, wait_s=0.2))
+
+
+def test_concurrent_fetch_baseline_and_bad_pushes(nodes):
+    source = learner(nodes)
+    receivers = [nodes() for _ in range(3)]
+
+    futures = [
+        asyncio.run_coroutine_threadsafe(r.relay.catch_up(source.address, 1), r.loop) for r in receivers
+    ]
+    assert [f.result(30) for f in futures] == [1, 1, 1]
+    for r in receivers:
+        assert_same(r.state()[1], bf16(model_state()))
+
+    # a push without a manifest, and one whose whole-bundle hash is wrong, are refused and hold nothing
+    target = nodes()
+    held = source.relay.publisher.get(1)
+    raws = list(source.relay.wire(held))
+
+    async def push(messages):
+        ch = grpc.aio.insecure_channel(target.address)
+        call = ch.stream_unary("/dverl.v1.Weights/Push", lambda b: b, pb.PushAck.FromString)
+        try:
+            return await call(iter(messages))
+        finally:
+            await ch.close()
+
+    no_manifest = pb.WeightChunk.FromString(raws[0])
+    no_manifest.ClearField("manifest")
+    ack = source.call(push([no_manifest.SerializeToString(), *raws[1:]]))
+    assert not ack.ok and "manifest" in ack.reason
+
+    forged = pb.WeightChunk.FromString(raws[0])
+    forged.manifest.sha256 = "0" * 64  # every chunk still matches its hash; the whole does not
+    ack = source.call(push([forged.SerializeToString(), *raws[1:]]))
+    assert not ack.ok and "sha256" in ack.reason
+    assert target.relay.publisher.latest_version is None
+
+    ack = source.call(push(raws[:-1]))  # a truncated push
+    assert not ack.ok and "missing" in ack.reason
+    ack = source.call(push(raws))
+    assert ack.ok and ack.chunks_received == len(raws) and target.relay.publisher.latest_version == 1
+
+
+def test_fan_out_of_a_version_not_held_is_an_error(nodes):
+    source = learner(nodes)
+    with pytest.raises(WireError, match="version 7 is not held"):
+        source.call(source.relay.fan_out(7, ()))
+
+
+# ------------------------------------------------------------------------------------------ benchmark
+
+
+def test_benchmark_smoke_prints_the_table():
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "weight_sync.py"), "--smoke"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "| method" in out and "weight_sync.py --smoke" in out
+    for method in ("raw socket", "raw socket chain", "grpc fetch", "grpc chain"):
+        assert f"| {method} |" in out, method
+    for n in (1, 2, 4):
+        assert f"| {n} |" in out

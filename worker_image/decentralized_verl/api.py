@@ -1,0 +1,215 @@
+"""Seed 000's Python API as a thin facade over the runtime: it builds a JobSpec and runs the same
+Coordinator, trainer and role clients that `dverl run` uses, with every role colocated in this process.
+
+    config = DecentralizedConfig(model=ModelConfig(model_name_or_path="/models/x", dtype="bfloat16"))
+    trainer = DecentralizedTrainer(config=config, actor_model=model, tokenizer=tokenizer, reward_fn=fn)
+    await trainer.train(prompts, num_epochs=3)
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from decentralized_verl.manifest import parse_spec
+
+
+class Algorithm(enum.StrEnum):
+    PPO = "ppo"
+    GRPO = "grpo"
+    DAPO = "dapo"
+    RLOO = "rloo"
+    REINFORCE_PP = "reinforce_plus_plus"
+    REINFORCE_PP_BASELINE = "reinforce_plus_plus_baseline"
+
+
+@dataclass
+class NetworkConfig:
+    """Where the job's DHT is (volunteers); empty initial_peers trains on this machine only."""
+
+    initial_peers: list[str] = field(default_factory=list)
+    dht_port: int = 31337
+    gossip_fanout: int = 6
+    heartbeat_interval: float = 10.0
+
+
+@dataclass
+class ModelConfig:
+    model_name_or_path: str = ""
+    dtype: str = "float32"
+    use_lora: bool = False
+    lora_rank: int = 16
+
+
+@dataclass
+class TrainingConfig:
+    algorithm: Algorithm = Algorithm.GRPO
+    actor_lr: float = 1e-6
+    critic_lr: float = 1e-5
+    train_batch_size: int = 8
+    rollout_batch_size: int = 8
+    max_grad_norm: float = 1.0
+    samples_per_prompt: int = 4
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    seed: int = 0
+
+
+@dataclass
+class AlgorithmConfig:
+    reward_type: str = "boxed"
+    reward_model_name: str | None = None
+    gamma: float = 1.0
+    lam: float = 0.95
+    kl_coef: float = 0.0
+    clip_range: float = 0.2
+
+
+@dataclass
+class DecentralizedConfig:
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+
+    def job_spec(self, train_file: str, steps: int) -> Any:
+        """The RLHFJob spec this configuration means (validated like any manifest)."""
+        t, a = self.training, self.algorithm
+        algorithm = Algorithm(t.algorithm).value
+        spec: dict[str, Any] = {
+            "model": {"path": self.model.model_name_or_path or "in-memory", "dtype": self.model.dtype},
+            "algorithm": {
+                "name": algorithm,
+                "samplesPerPrompt": t.samples_per_prompt,
+                "clipLow": a.clip_range,
+                "klCoef": a.kl_coef,
+                "gamma": a.gamma,
+                "lam": a.lam,
+            },
+            "data": {
+                "train": train_file,
+                "rewardType": a.reward_type,
+                "maxNewTokens": t.max_new_tokens,
+                "temperature": t.temperature,
+            },
+            "roles": {
+                "rollout": {"replicas": 0, "batchSize": t.train_batch_size},
+                "learner": {"replicas": 1},
+            },
+            "training": {
+                "steps": steps,
+                "batchSize": t.train_batch_size,
+                "learningRate": t.actor_lr,
+                "criticLearningRate": t.critic_lr,
+                "maxGradNorm": t.max_grad_norm,
+                "seed": t.seed,
+            },
+        }
+        if self.model.use_lora:
+            spec["model"]["lora"] = {"rank": self.model.lora_rank, "alpha": 2.0 * self.model.lora_rank}
+        if algorithm == "ppo":
+            spec["roles"]["critic"] = {"replicas": 0}
+        if a.kl_coef > 0:
+            spec["roles"]["reference"] = {"replicas": 0}
+        if a.reward_model_name:
+            spec["data"]["rewardType"] = "reward_model"
+            spec["data"]["rewardModel"] = {"path": a.reward_model_name}
+        return parse_spec(spec)
+
+
+class _CallableReward:
+    """Adapts `reward_fn(prompt, completion) -> float` to the RewardClient protocol."""
+
+    def __init__(self, fn: Callable[[str, str], float]) -> None:
+        self.fn = fn
+
+    async def score(self, samples, reward_type: str) -> list[tuple[float, str]]:
+        out = []
+        for sample in samples:
+            try:
+                out.append((float(self.fn(sample.prompt.text, sample.text)), "reward_fn"))
+            except Exception as exc:  # a user's function failing must not stop training
+                out.append((0.0, f"reward_fn raised {exc!r}"))
+        return out
+
+
+class DecentralizedTrainer:
+    """Train `actor_model` in this process with the runtime's coordinator; returns per-step metrics."""
+
+    def __init__(
+        self,
+        config: DecentralizedConfig,
+        actor_model: Any,
+        tokenizer: Any,
+        reward_fn: Callable[[str, str], float] | None = None,
+        output_dir: str | Path | None = None,
+    ) -> None:
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        tokenizer.padding_side = "left"
+        self.config = config
+        self.model = actor_model
+        self.tokenizer = tokenizer
+        self.reward_fn = reward_fn
+        self.output_dir = Path(output_dir) if output_dir else Path(tempfile.mkdtemp(prefix="dverl-api-"))
+        self.history: list[dict[str, Any]] = []
+
+    async def train(
+        self, prompts: Sequence[str] | Sequence[dict[str, str]], num_epochs: int = 1
+    ) -> list[dict[str, Any]]:
+        """`prompts`: strings, or dicts with `prompt` and optional `answer` for verifiable rewards."""
+        from decentralized_verl.data import PromptSampler
+        from decentralized_verl.roles.coordinator import Coordinator, LoopParts
+        from decentralized_verl.roles.dispatch import Dispatcher
+        from decentralized_verl.roles.progress import MetricsLog
+        from decentralized_verl.roles.prompts import prepare_prompts
+        from decentralized_verl.roles.trainer import PolicyTrainer
+        from decentralized_verl.roles.wiring import connect_roles
+
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        train_file = self.output_dir / "prompts.jsonl"
+        with train_file.open("w") as handle:
+            for item in prompts:
+                record = {"prompt": item} if isinstance(item, str) else dict(item)
+                handle.write(json.dumps(record) + "\n")
+        batch = self.config.training.train_batch_size
+        steps = max(1, len(prompts) // batch) * num_epochs
+        spec = self.config.job_spec(str(train_file), steps)
+        trainer = PolicyTrainer(self.model, spec)
+        roles = await connect_roles(
+            spec,
+            "api",
+            self.model,
+            self.tokenizer,
+            temperature=trainer.settings.temperature,
+            publisher=None,
+            addresses=lambda role: [],
+            reward_override=_CallableReward(self.reward_fn) if self.reward_fn else None,
+        )
+        prepared = prepare_prompts(spec, self.tokenizer, str(train_file), None)
+        metrics = MetricsLog(self.output_dir / "metrics.jsonl")
+        parts = LoopParts(
+            spec=spec,
+            trainer=trainer,
+            dispatcher=Dispatcher(roles.rollout),
+            reward=roles.reward,
+            reference=roles.reference,
+            critic=roles.critic,
+            prompts=prepared,
+            eval_prompts=[],
+            sampler=PromptSampler(len(prepared), batch, seed=spec.training.seed, drop_last=True),
+            pad_token_id=self.tokenizer.pad_token_id,
+            publish=roles.publish,
+            metrics=metrics,
+            on_step=self.history.append,
+        )
+        try:
+            await Coordinator(parts).run()
+        finally:
+            metrics.close()
+        return self.history

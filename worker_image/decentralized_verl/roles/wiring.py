@@ -1,0 +1,123 @@
+"""Connect the coordinator to every serving role: remote workers where the plan put them, else in-process.
+
+One function for the learner process and the Python API facade, so a colocated role and a remote one are
+reached through the same protocol and built in one place.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from decentralized_verl.roles.dispatch import GPU_PRIORS
+from decentralized_verl.roles.interfaces import CriticClient, ReferenceClient, RewardClient, RolloutClient
+from decentralized_verl.spec import JobSpec
+
+
+def env_addresses(role: str) -> list[str]:
+    """`host:port` list the plan gave this process for a role (DVERL_<ROLE>_ADDRS)."""
+    raw = os.environ.get(f"DVERL_{role.upper()}_ADDRS", "")
+    return [a for a in raw.split(",") if a]
+
+
+def env_pools(role: str) -> list[str]:
+    return os.environ.get(f"DVERL_{role.upper()}_POOLS", "").split(",")
+
+
+@dataclass
+class RoleClients:
+    rollout: list[RolloutClient]
+    priors: dict[str, float]
+    publish: Callable[[int], None]
+    """Make policy version v available to the rollout side."""
+    reward: RewardClient
+    reference: ReferenceClient | None
+    critic: CriticClient | None
+
+
+async def connect_roles(
+    spec: JobSpec,
+    job: str,
+    model: Any,
+    tokenizer: Any,
+    *,
+    temperature: float,
+    publisher: Any | None,
+    start_version: int = 0,
+    addresses: Callable[[str], list[str]] = env_addresses,
+    reward_override: RewardClient | None = None,
+    ready_timeout: float = 900.0,
+) -> RoleClients:
+    from decentralized_verl.backends.base import make_backend
+    from decentralized_verl.roles import local, scoring
+    from decentralized_verl.roles.rollout import RolloutWorker
+    from decentralized_verl.roles.trainer import rollout_state_dict
+    from decentralized_verl.transport import clients
+
+    async def first_ready(role: str) -> str | None:
+        found = addresses(role)
+        for address in found:
+            await clients.wait_ready(address, timeout=ready_timeout)
+        return found[0] if found else None
+
+    remote = addresses("rollout")
+    if remote and publisher is not None:
+        for address in remote:
+            await clients.wait_ready(address, timeout=ready_timeout)
+        rollout: list[RolloutClient] = [
+            clients.GrpcRolloutClient(address, worker_id=f"{job}-rollout-{i}")
+            for i, address in enumerate(remote)
+        ]
+        priors = {
+            f"{job}-rollout-{i}": GPU_PRIORS.get(pool, 1.0) for i, pool in enumerate(env_pools("rollout"))
+        }
+        publisher.publish(rollout_state_dict(model), start_version)
+
+        def publish(version: int) -> None:
+            publisher.publish(rollout_state_dict(model), version)
+
+    else:
+        backend = make_backend(
+            spec.roles.rollout.backend, model, tokenizer, version=start_version, seed=spec.training.seed
+        )
+        rollout = [local.LocalRolloutClient(RolloutWorker(backend, f"{job}-learner-0/rollout"))]
+        priors = {}
+
+        def publish(version: int) -> None:
+            backend.mark_version(version)  # the colocated backend shares the learner's weights
+
+    reward = reward_override
+    if reward is None:
+        address = await first_ready("reward")
+        reward = (
+            clients.GrpcRewardClient(address)
+            if address
+            else local.LocalRewardClient(scoring.RewardWorker.from_spec(spec))
+        )
+    reference = None
+    if spec.roles.reference is not None:
+        address = await first_ready("reference")
+        if address:
+            reference = clients.GrpcReferenceClient(address)
+        else:
+            frozen = copy.deepcopy(model).eval()
+            for param in frozen.parameters():
+                param.requires_grad_(False)
+            size = (spec.training.microbatch_size or 8) * spec.algorithm.samples_per_prompt
+            reference = local.LocalReferenceClient(
+                scoring.ReferenceWorker(
+                    frozen, temperature, pad_token_id=tokenizer.pad_token_id, microbatch_size=size
+                )
+            )
+    critic = None
+    if spec.roles.critic is not None:
+        address = await first_ready("critic")
+        critic = (
+            clients.GrpcCriticClient(address)
+            if address
+            else local.LocalCriticClient(scoring.CriticWorker.from_spec(spec))
+        )
+    return RoleClients(rollout, priors, publish, reward, reference, critic)

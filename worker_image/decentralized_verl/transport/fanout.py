@@ -1,0 +1,585 @@
+"""Weight fan-out learner -> N rollout workers without the learner sending N copies: a relay tree.
+
+The learner sends one copy down a chain or tree of relays (rollout workers). A relay verifies chunk k
+against the manifest, hands it to its children's Push streams and is already receiving chunk k+1, so a
+version reaches every worker in about ``size / bandwidth + depth * chunk latency`` instead of
+``N * size / bandwidth``.
+
+The route travels with the data: the sender puts the subtree below each child in the Push call's
+metadata (``dverl-fanout-route``), so relays need no configuration beyond their own address. Each
+relay answers in its trailing metadata (``dverl-fanout-result``) with the outcome for every node of its
+subtree, so the learner learns who holds the version.
+
+Failure rules:
+- every chunk is hash-checked (against the manifest) before it is forwarded, and the whole-bundle
+  sha256 is checked before a relay holds the version; a bad chunk ends the push at that relay, and its
+  children's streams are cancelled so they hold nothing partial;
+- a child that cannot be reached, breaks, or rejects the data is skipped: its parent adopts the child's
+  own children (replaying the chunks already sent), so one broken worker never cuts off the others.
+  The skipped worker catches up later with `WeightRelay.catch_up` (a Fetch from its parent).
+
+Speed: messages travel as the serialized bytes they arrived in (identity serializers), so a relay
+parses each chunk once, to verify it, and never re-encodes it; hashing runs in worker threads
+(``hashlib`` releases the GIL) so the event loop keeps streams moving.
+
+A `WeightRelay` holds a `WeightPublisher`, so it serves GetManifest/Fetch exactly like the learner's
+`WeightsServicer` (a `GrpcWeightSource` can pull from any relay) and a colocated rollout worker can
+read its weights through `LocalWeightSource(relay.publisher)`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+from collections.abc import AsyncIterator, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import grpc
+
+from decentralized_verl.errors import WireError
+from decentralized_verl.proto import dverl_pb2 as pb
+from decentralized_verl.transport import messages as m
+from decentralized_verl.transport.grpc_options import channel_options, server_options
+from decentralized_verl.transport.weight_service import (
+    Published,
+    WeightPublisher,
+    WeightsServicer,
+    header_of,
+)
+from decentralized_verl.transport.weights import WeightBundle, WeightChunk
+
+log = logging.getLogger(__name__)
+
+SERVICE = "dverl.v1.Weights"
+ROUTE_KEY = "dverl-fanout-route"
+RESULT_KEY = "dverl-fanout-result"
+OK = "ok"
+FANOUT_CHUNK_BYTES = 4 * 1024 * 1024
+"""Chunk size worth using for fan-out: fewer, larger gRPC messages amortize per-message overhead."""
+_REASON_CHARS = 200  # keeps trailing metadata well under gRPC's 8 KiB default limit
+
+
+def _identity(raw: bytes) -> bytes:
+    return raw
+
+
+# ------------------------------------------------------------------------------------------ routes
+
+
+@dataclass(frozen=True)
+class Hop:
+    """One receiver of a fan-out and the subtree it forwards to."""
+
+    address: str
+    children: tuple[Hop, ...] = ()
+
+    def addresses(self) -> list[str]:
+        return [self.address, *(a for c in self.children for a in c.addresses())]
+
+
+def plan_chain(addresses: Sequence[str]) -> tuple[Hop, ...]:
+    """A chain: the sender feeds the first address, each receiver the next (depth N, one copy per link)."""
+    hop: Hop | None = None
+    for address in reversed(addresses):
+        hop = Hop(address, () if hop is None else (hop,))
+    return () if hop is None else (hop,)
+
+
+def plan_tree(addresses: Sequence[str], fanout: int) -> tuple[Hop, ...]:
+    """A breadth-first ``fanout``-ary tree: the sender feeds the first ``fanout`` addresses, node i feeds
+    nodes ``fanout*(i+1) .. fanout*(i+1)+fanout-1``. Depth ~ log_fanout(N); each node sends ``fanout``
+    copies. ``fanout=1`` is `plan_chain`."""
+    if fanout < 1:
+        raise ValueError(f"fanout: must be >= 1 (got {fanout})")
+    addresses = list(addresses)
+
+    def build(i: int) -> Hop:
+        kids = range(fanout * (i + 1), min(fanout * (i + 1) + fanout, len(addresses)))
+        return Hop(addresses[i], tuple(build(k) for k in kids))
+
+    return tuple(build(i) for i in range(min(fanout, len(addresses))))
+
+
+def route_to_json(hops: Iterable[Hop]) -> str:
+    def enc(h: Hop) -> list:
+        return [h.address, [enc(c) for c in h.children]]
+
+    return json.dumps([enc(h) for h in hops], separators=(",", ":"))
+
+
+def route_from_json(text: str) -> tuple[Hop, ...]:
+    """Parse a route from metadata; anything malformed is a `WireError` naming the route."""
+
+    def dec(node: object, path: str) -> Hop:
+        if not (isinstance(node, list) and len(node) == 2 and isinstance(node[0], str) and node[0]):
+            raise WireError(path, "must be [address, [children...]] with a non-empty address")
+        if not isinstance(node[1], list):
+            raise WireError(f"{path}.children", "must be a list")
+        return Hop(node[0], tuple(dec(c, f"{path}.children[{i}]") for i, c in enumerate(node[1])))
+
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        raise WireError(ROUTE_KEY, "is not valid JSON") from None
+    if not isinstance(raw, list):
+        raise WireError(ROUTE_KEY, "must be a list of hops")
+    return tuple(dec(node, f"{ROUTE_KEY}[{i}]") for i, node in enumerate(raw))
+
+
+def _metadata_value(metadata: Iterable | None, key: str) -> str | None:
+    for k, v in metadata or ():
+        if k == key:
+            return v.decode() if isinstance(v, bytes) else v
+    return None
+
+
+# ------------------------------------------------------------------------------------------ verifying
+
+
+def _checked_chunk(msg: pb.WeightChunk, manifest: m.WeightManifest, path: str) -> WeightChunk:
+    """The checks of `messages.chunk_from_proto`, reading ``msg.data`` once: with upb every read of a
+    bytes field is a fresh copy, which at multi-MiB chunks costs as much as a sha256 pass."""
+    data = msg.data
+    if msg.version != manifest.version:
+        raise WireError(f"{path}.version", f"got {msg.version}, expected {manifest.version}")
+    n = len(manifest.chunk_sha256)
+    if msg.total != n:
+        raise WireError(f"{path}.total", f"got {msg.total}, the manifest has {n} chunks")
+    if msg.index >= n:
+        raise WireError(f"{path}.index", f"{msg.index} is outside [0, {n})")
+    size = manifest.chunk_size(msg.index)
+    if len(data) != size:
+        raise WireError(f"{path}.data", f"{len(data)} bytes, chunk {msg.index} must have {size}")
+    digest = hashlib.sha256(data).hexdigest()
+    if msg.sha256 != digest:
+        raise WireError(f"{path}.sha256", f"does not match the data (data hashes to {digest[:12]}...)")
+    if digest != manifest.chunk_sha256[msg.index]:
+        raise WireError(f"{path}.sha256", f"does not match the manifest's chunk_sha256[{msg.index}]")
+    if msg.HasField("manifest") and m.manifest_from_proto(msg.manifest, f"{path}.manifest") != manifest:
+        raise WireError(f"{path}.manifest", "differs from the manifest this transfer started with")
+    return WeightChunk(msg.version, msg.index, data, digest)
+
+
+class BundleBuilder:
+    """Verifies a version's chunks as they arrive, each hashed once against the manifest, while a
+    second thread hashes the whole bundle in order; `finish` checks that hash and returns the version.
+
+    Unlike `WeightAssembler.finish` it does not decode the tensors: relays only hold and forward bytes,
+    and the rollout worker decodes (through `LocalWeightSource`) when it loads them.
+    """
+
+    def __init__(self, manifest: m.WeightManifest) -> None:
+        self.manifest = manifest
+        self.header = header_of(manifest)
+        self.chunks: dict[int, WeightChunk] = {}
+        self._whole = hashlib.sha256()
+        self._next = 0  # the next index the whole-bundle hash needs
+        self._hasher = ThreadPoolExecutor(1, thread_name_prefix="bundle-sha256")
+        self._pending: list[Future] = []
+
+    @property
+    def complete(self) -> bool:
+        return len(self.chunks) == len(self.manifest.chunk_sha256)
+
+    @property
+    def missing(self) -> list[int]:
+        return [i for i in range(len(self.manifest.chunk_sha256)) if i not in self.chunks]
+
+    def add(self, msg: pb.WeightChunk, path: str = "chunk") -> WeightChunk:
+        """Check one parsed message (place, size, its own and the manifest's sha256) and keep it."""
+        chunk = _checked_chunk(msg, self.manifest, f"{path}[{msg.index}]")
+        if chunk.index in self.chunks:
+            raise WireError(f"{path}[{chunk.index}]", "received twice")
+        self.chunks[chunk.index] = chunk
+        while self._next in self.chunks:
+            self._pending.append(self._hasher.submit(self._whole.update, self.chunks[self._next].data))
+            self._next += 1
+        return chunk
+
+    def finish(self) -> Published:
+        """The verified version, once every chunk is in and the whole-bundle sha256 matches."""
+        try:
+            if not self.complete:
+                raise WireError("weights.chunks", f"missing chunk(s) {self.missing}")
+            for f in self._pending:
+                f.result()
+            if self._whole.hexdigest() != self.manifest.sha256:
+                raise WireError("weights.sha256", "the assembled bundle does not match the manifest's sha256")
+        finally:
+            self.close()
+        chunks = tuple(self.chunks[i] for i in range(len(self.chunks)))
+        return Published(self.manifest, WeightBundle(self.header, chunks))
+
+    def close(self) -> None:
+        self._hasher.shutdown(wait=False, cancel_futures=True)
+
+
+def wire_messages(held: Published) -> tuple[bytes, ...]:
+    """Every chunk of a version as serialized `WeightChunk` messages; the first carries the manifest."""
+    return tuple(
+        WeightsServicer.chunk_message(held, c, first=c.index == 0).SerializeToString()
+        for c in held.bundle.chunks
+    )
+
+
+# ------------------------------------------------------------------------------------------ fan-out
+
+
+class _Downstream:
+    """One Push stream to a child, fed with verified serialized chunks as the session gets them."""
+
+    def __init__(self, session: _Session, hop: Hop) -> None:
+        self.session = session
+        self.hop = hop
+        self.queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        for raw in session.backlog:
+            self.queue.put_nowait(raw)
+        if session.sealed:
+            self.queue.put_nowait(None)
+        self.call = None
+        self.task = asyncio.ensure_future(self._run())
+
+    async def _requests(self) -> AsyncIterator[bytes]:
+        index = 0
+        while (raw := await self.queue.get()) is not None:
+            yield self.session.relay.forward(self.hop, index, raw)
+            index += 1
+
+    async def _run(self) -> dict[str, str]:
+        relay = self.session.relay
+        push = relay.channel(self.hop.address).stream_unary(
+            f"/{SERVICE}/Push", request_serializer=_identity, response_deserializer=pb.PushAck.FromString
+        )
+        self.call = push(
+            self._requests(),
+            metadata=((ROUTE_KEY, route_to_json(self.hop.children)),),
+            timeout=relay.timeout_s,
+        )
+        try:
+            ack = await self.call
+            subtree = _metadata_value(await self.call.trailing_metadata(), RESULT_KEY)
+        except grpc.aio.AioRpcError as exc:
+            reason = f"{exc.code().name}: {exc.details()}"
+            ack, subtree = pb.PushAck(ok=False, reason=reason), None
+        except asyncio.CancelledError:
+            return {a: "cancelled" for a in self.hop.addresses()}
+        results = {}
+        if subtree:
+            try:
+                results = {str(k): str(v) for k, v in json.loads(subtree).items()}
+            except (ValueError, AttributeError):
+                results = {}
+        results[self.hop.address] = OK if ack.ok else f"failed: {ack.reason}"[:_REASON_CHARS]
+        if not ack.ok:
+            log.warning("fan-out: %s skipped (%s); adopting its children", self.hop.address, ack.reason)
+            for child in self.hop.children:  # skip the broken node: its parent feeds its children
+                if results.get(child.address) != OK:
+                    self.session.open(child)
+        return results
+
+    def cancel(self) -> None:
+        self.task.cancel()
+        if self.call is not None:
+            self.call.cancel()
+
+
+@dataclass
+class _Session:
+    """One version flowing through this node: the chunks verified so far and the children fed with them."""
+
+    relay: WeightRelay
+    backlog: list[bytes] = field(default_factory=list)
+    downstreams: list[_Downstream] = field(default_factory=list)
+    sealed: bool = False
+
+    def open(self, hop: Hop) -> None:
+        self.downstreams.append(_Downstream(self, hop))
+
+    def send(self, raw: bytes) -> None:
+        self.backlog.append(raw)
+        for d in self.downstreams:
+            d.queue.put_nowait(raw)
+
+    async def finish(self) -> dict[str, str]:
+        """Seal the stream and wait for every child (and every adopted grandchild) to answer."""
+        self.sealed = True
+        for d in self.downstreams:
+            d.queue.put_nowait(None)
+        results: dict[str, str] = {}
+        seen = 0
+        while seen < len(self.downstreams):  # adoption may open more while we wait
+            d = self.downstreams[seen]
+            for address, outcome in (await d.task).items():
+                if results.get(address) != OK:
+                    results[address] = outcome
+            seen += 1
+        return results
+
+    def abort(self, hops: Iterable[Hop], reason: str) -> dict[str, str]:
+        for d in self.downstreams:
+            d.cancel()
+        return {a: f"not sent: {reason}"[:_REASON_CHARS] for h in hops for a in h.addresses()}
+
+
+class WeightRelay:
+    """A node of the weight fan-out: the learner (root) or a rollout worker (relay and leaf).
+
+    It holds versions in `publisher` (serving GetManifest/Fetch like `WeightsServicer`), receives Push
+    streams and forwards each verified chunk to the children named in the call's route. Use
+    `add_to_server` on a grpc.aio server (instead of `WeightsServicer`) or `serve_relay`.
+    """
+
+    def __init__(
+        self,
+        publisher: WeightPublisher | None = None,
+        *,
+        timeout_s: float = 300.0,
+        verify_threads: int = 2,
+        grpc_options: Sequence[tuple[str, int]] = (),
+    ) -> None:
+        self.publisher = publisher or WeightPublisher(chunk_bytes=FANOUT_CHUNK_BYTES)
+        self.timeout_s = timeout_s
+        self.grpc_options = tuple(grpc_options)
+        """Extra gRPC options for this node's channels and server, after the project's defaults."""
+        self._servicer = WeightsServicer(self.publisher)
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._wire: dict[tuple[int, str], tuple[bytes, ...]] = {}
+        self._verify = ThreadPoolExecutor(verify_threads, thread_name_prefix="relay-verify")
+        self.pushes_received = 0
+
+    # ----------------------------------------------------------------- plumbing
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        if address not in self._channels:
+            self._channels[address] = grpc.aio.insecure_channel(
+                address, options=[*channel_options(), *self.grpc_options]
+            )
+        return self._channels[address]
+
+    async def close(self) -> None:
+        for ch in self._channels.values():
+            await ch.close()
+        self._channels.clear()
+        self._verify.shutdown(wait=False, cancel_futures=True)
+
+    def add_to_server(self, server: grpc.aio.Server) -> None:
+        handlers = {
+            "GetManifest": grpc.unary_unary_rpc_method_handler(
+                self._servicer.GetManifest,
+                request_deserializer=pb.ManifestRequest.FromString,
+                response_serializer=pb.WeightManifest.SerializeToString,
+            ),
+            "Fetch": grpc.unary_stream_rpc_method_handler(
+                self._fetch, request_deserializer=pb.FetchRequest.FromString, response_serializer=_identity
+            ),
+            "Push": grpc.stream_unary_rpc_method_handler(
+                self._push, request_deserializer=_identity, response_serializer=pb.PushAck.SerializeToString
+            ),
+        }
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+
+    def forward(self, hop: Hop, index: int, raw: bytes) -> bytes:
+        """The bytes sent to ``hop`` for the index-th message of a push (a hook: tests corrupt here)."""
+        return raw
+
+    def wire(self, held: Published) -> tuple[bytes, ...]:
+        """The serialized messages of a held version, built once and shared by every stream."""
+        key = (held.manifest.version, held.manifest.sha256)
+        if key not in self._wire:
+            self._wire[key] = wire_messages(held)
+        self._remember(key, self._wire[key])
+        return self._wire[key]
+
+    def _remember(self, key: tuple[int, str], raws: tuple[bytes, ...]) -> None:
+        self._wire[key] = raws
+        held = set(self.publisher.versions)
+        for old in [k for k in self._wire if k[0] not in held]:
+            del self._wire[old]
+
+    def publish(self, state_dict, version: int) -> m.WeightManifest:
+        """Learner side: encode, hold and pre-serialize a version (so no stream pays for it)."""
+        manifest = self.publisher.publish(state_dict, version)
+        self.wire(self.publisher.get(version))
+        return manifest
+
+    def _store(self, published: Published, raws: Sequence[bytes]) -> None:
+        """Hold a verified version; one already held with the same bytes is fine (caught up earlier)."""
+        held = self.publisher.get(published.manifest.version)
+        if held is not None and held.manifest.sha256 == published.manifest.sha256:
+            return
+        self.publisher.store(published)
+        self._remember((published.manifest.version, published.manifest.sha256), tuple(raws))
+
+    # ----------------------------------------------------------------- sending
+
+    async def fan_out(self, version: int | None, route: Sequence[Hop]) -> dict[str, str]:
+        """Send a held version (the newest when None) down ``route``; returns address -> "ok" or why not,
+        for every node of the route (a skipped node is reported, the nodes below it are still served)."""
+        held = self.publisher.get(version)
+        if held is None:
+            raise WireError(
+                "weights.version", f"version {version} is not held (held: {self.publisher.versions})"
+            )
+        raws = await asyncio.get_running_loop().run_in_executor(self._verify, self.wire, held)
+        session = _Session(self)
+        for hop in route:
+            session.open(hop)
+        for raw in raws:
+            session.send(raw)
+        return await session.finish()
+
+    # ----------------------------------------------------------------- serving
+
+    async def _fetch(
+        self, request: pb.FetchRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
+        held = self.publisher.get(request.version)
+        if held is None:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"version {request.version} is not held (held: {self.publisher.versions})",
+            )
+        raws = self.wire(held)
+        if request.from_chunk >= len(raws):
+            await context.abort(
+                grpc.StatusCode.OUT_OF_RANGE, f"from_chunk {request.from_chunk} >= {len(raws)} chunks"
+            )
+        if request.from_chunk > 0:  # a resumed stream's first message carries the manifest too
+            first = held.bundle.chunks[request.from_chunk]
+            yield WeightsServicer.chunk_message(held, first, first=True).SerializeToString()
+        for raw in raws[request.from_chunk + (request.from_chunk > 0) :]:
+            yield raw
+
+    async def _push(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> pb.PushAck:
+        self.pushes_received += 1
+        loop = asyncio.get_running_loop()
+        session = _Session(self)
+        builder: BundleBuilder | None = None
+        received = 0
+        route: tuple[Hop, ...] = ()
+        version = 0
+        try:
+            route = route_from_json(_metadata_value(context.invocation_metadata(), ROUTE_KEY) or "[]")
+            for hop in route:
+                session.open(hop)
+            async for raw in requests:
+                msg = pb.WeightChunk.FromString(raw)
+                if builder is None:
+                    if not msg.HasField("manifest"):
+                        raise WireError("chunk[0].manifest", "the first pushed chunk must carry the manifest")
+                    builder = BundleBuilder(m.manifest_from_proto(msg.manifest, "chunk[0].manifest"))
+                    version = builder.manifest.version
+                await loop.run_in_executor(self._verify, builder.add, msg)
+                received += 1
+                session.send(raw)  # verified: on to the children while the next chunk arrives
+            if builder is None:
+                raise WireError("chunks", "the push carried no chunks")
+            published = await loop.run_in_executor(self._verify, builder.finish)
+            self._store(published, session.backlog)
+        except (WireError, ValueError) as exc:
+            if builder is not None:
+                builder.close()
+            results = session.abort(route, str(exc))
+            context.set_trailing_metadata(((RESULT_KEY, json.dumps(results)),))
+            return pb.PushAck(ok=False, version=version, chunks_received=received, reason=str(exc))
+        except asyncio.CancelledError:  # our sender went away: nothing partial is held or passed on
+            session.abort(route, "cancelled")
+            raise
+        results = await session.finish()
+        context.set_trailing_metadata(((RESULT_KEY, json.dumps(results)),))
+        return pb.PushAck(ok=True, version=version, chunks_received=received)
+
+    # ----------------------------------------------------------------- catching up
+
+    async def catch_up(
+        self, parent: str, min_version: int = 0, *, wait_s: float = 0.0, poll_s: float = 0.1
+    ) -> int:
+        """Fetch the newest version (>= min_version) from ``parent`` and hold it; returns its version.
+
+        For a node that was skipped by a fan-out, or any receiver in the plain pull mode. Every chunk is
+        verified as it arrives; a broken stream is resumed once from the first missing chunk.
+        """
+        channel = self.channel(parent)
+        get_manifest = channel.unary_unary(
+            f"/{SERVICE}/GetManifest",
+            request_serializer=pb.ManifestRequest.SerializeToString,
+            response_deserializer=pb.WeightManifest.FromString,
+        )
+        fetch = channel.unary_stream(
+            f"/{SERVICE}/Fetch",
+            request_serializer=pb.FetchRequest.SerializeToString,
+            response_deserializer=_identity,
+        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            try:
+                manifest = m.manifest_from_proto(
+                    await get_manifest(pb.ManifestRequest(latest=True), timeout=self.timeout_s)
+                )
+                if manifest.version >= min_version:
+                    break
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.NOT_FOUND:
+                    raise WireError("weights", f"GetManifest from {parent} failed: {exc.details()}") from None
+            if loop.time() >= deadline:
+                raise WireError(
+                    "weights.version", f"{parent} has no version >= {min_version} after {wait_s:g}s"
+                )
+            await asyncio.sleep(poll_s)
+        held = self.publisher.get(manifest.version)
+        if held is not None and held.manifest.sha256 == manifest.sha256:
+            return manifest.version
+        builder = BundleBuilder(manifest)
+        raws: dict[int, bytes] = {}
+        failures: list[str] = []
+        try:
+            while not builder.complete:
+                start = builder.missing[0]
+                try:
+                    async for raw in fetch(
+                        pb.FetchRequest(version=manifest.version, from_chunk=start), timeout=self.timeout_s
+                    ):
+                        msg = pb.WeightChunk.FromString(raw)
+                        if msg.index in builder.chunks:
+                            continue
+                        await loop.run_in_executor(self._verify, builder.add, msg)
+                        raws[msg.index] = raw
+                    if not builder.complete:
+                        raise WireError(
+                            "weights.chunks", f"stream ended with chunks {builder.missing} missing"
+                        )
+                except grpc.aio.AioRpcError as exc:
+                    failures.append(f"stream from chunk {start} broke: {exc.code().name}: {exc.details()}")
+                except WireError as exc:
+                    failures.append(str(exc))
+                if failures and not builder.complete and len(failures) > 1:
+                    raise WireError(
+                        f"weights[v{manifest.version}]",
+                        f"fetch from {parent} failed twice: {'; '.join(failures)}",
+                    )
+            published = await loop.run_in_executor(self._verify, builder.finish)
+        finally:
+            builder.close()
+        ordered = [raws[i] for i in range(len(raws))]
+        if ordered and not pb.WeightChunk.FromString(ordered[0]).HasField("manifest"):
+            ordered[0] = WeightsServicer.chunk_message(
+                published, published.bundle.chunks[0], first=True
+            ).SerializeToString()
+        self._store(published, ordered)
+        return manifest.version
+
+
+async def serve_relay(relay: WeightRelay, port: int = 0, host: str = "127.0.0.1") -> grpc.aio.Server:
+    """A grpc.aio server with only ``relay``'s Weights service; its port is ``server.port``."""
+    server = grpc.aio.server(options=[*server_options(), *relay.grpc_options])
+    relay.add_to_server(server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot bind {host}:{port}")
+    server.port = bound  # type: ignore[attr-defined]
+    await server.start()
+    return server
