@@ -101,11 +101,32 @@ def _run(parser: argparse.ArgumentParser) -> Command:
 @command("worker", "serve one role of a job (what pods, `dverl run` and volunteers start)")
 def _worker(parser: argparse.ArgumentParser) -> Command:
     parser.add_argument(
-        "--role", required=True, choices=["rollout", "learner", "critic", "reward", "reference"]
+        "--role", required=True, choices=["rollout", "learner", "critic", "reward", "reference", "actor"]
     )
     parser.add_argument("--index", type=int, default=0)
+    parser.add_argument("--config", default=None, help="the job manifest (the ConfigMap's job.yaml in a pod)")
+    # Volunteers (issue 7): no --config; join a running job through its DHT instead.
     parser.add_argument(
-        "--config", required=True, help="the job manifest (the ConfigMap's job.yaml in a pod)"
+        "--initial-peers",
+        nargs="+",
+        default=None,
+        metavar="MADDR",
+        help="volunteer: the job's DHT bootstrap peer(s), /ip4/.../tcp/P/p2p/...",
+    )
+    parser.add_argument("--token", default=None, help="volunteer: the join token (`dverl token`)")
+    parser.add_argument("--model", default=None, help="volunteer: local model folder (same architecture)")
+    parser.add_argument("--host-maddrs", nargs="+", default=None, metavar="MADDR")
+    parser.add_argument("--announce-maddrs", nargs="+", default=None, metavar="MADDR")
+    parser.add_argument(
+        "--client-mode",
+        action="store_true",
+        help="volunteer behind NAT: reach out only, accept no DHT requests",
+    )
+    parser.add_argument("--no-relay", action="store_true", help="volunteer: disable libp2p circuit relays")
+    parser.add_argument(
+        "--use-auto-relay",
+        action="store_true",
+        help="volunteer behind NAT: be reachable through public relays",
     )
     parser.add_argument("--job", default=None, help="job name (informational; the config names the job)")
     parser.add_argument("--port", type=int, default=50051)
@@ -113,9 +134,88 @@ def _worker(parser: argparse.ArgumentParser) -> Command:
     parser.add_argument("--resume", action="store_true", help="learner: continue from the newest checkpoint")
 
     def run(args: argparse.Namespace) -> int:
+        if args.initial_peers:  # issue 7: a volunteer outside the cluster
+            from decentralized_verl.volunteers.worker import VolunteerOptions, main_volunteer
+
+            if not args.token or not args.job:
+                parser.error("a volunteer needs --job NAME and --token TOKEN (from `dverl token`)")
+            return main_volunteer(
+                VolunteerOptions(
+                    initial_peers=tuple(args.initial_peers),
+                    job=args.job,
+                    token=args.token,
+                    role=args.role,
+                    model=args.model,
+                    port=args.port if args.port != 50051 else 0,
+                    host_maddrs=tuple(args.host_maddrs or ()),
+                    announce_maddrs=tuple(args.announce_maddrs or ()),
+                    client_mode=args.client_mode,
+                    use_relay=not args.no_relay,
+                    use_auto_relay=args.use_auto_relay,
+                )
+            )
+        if args.config is None:
+            parser.error("--config is required (or --initial-peers ... to join as a volunteer)")
         from decentralized_verl.roles.worker import main_worker
 
         return main_worker(args.config, args.role, args.index, args.port, args.output, args.resume)
+
+    return run
+
+
+# ----------------------------------------------------------------------------------------------- dht
+@command("dht", "run a Hivemind DHT bootstrap peer and print the --initial-peers line others use")
+def _dht(parser: argparse.ArgumentParser) -> Command:
+    parser.add_argument("--port", type=int, default=31337)
+    parser.add_argument("--job", default=None, help="derive the peer id from the job name (the plan sets it)")
+    parser.add_argument(
+        "--host-maddrs",
+        nargs="+",
+        default=None,
+        metavar="MADDR",
+        help="listen addresses (default /ip4/0.0.0.0/tcp/PORT)",
+    )
+    parser.add_argument(
+        "--announce-maddrs",
+        nargs="+",
+        default=None,
+        metavar="MADDR",
+        help="addresses others should dial (a public IP, a Service's address)",
+    )
+    parser.add_argument("--initial-peers", nargs="+", default=(), metavar="MADDR")
+
+    def run(args: argparse.Namespace) -> int:
+        import logging
+
+        from decentralized_verl.volunteers.dht import run_bootstrap
+
+        logging.basicConfig(level=logging.WARNING)
+        return run_bootstrap(
+            args.port,
+            job=args.job,
+            host_maddrs=args.host_maddrs or (),
+            announce_maddrs=args.announce_maddrs or (),
+            initial_peers=args.initial_peers,
+        )
+
+    return run
+
+
+# --------------------------------------------------------------------------------------------- token
+@command("token", "issue a volunteer join token for a job, signed with the job's secret")
+def _token(parser: argparse.ArgumentParser) -> Command:
+    parser.add_argument("--job", required=True)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--secret-file", default=None, help="file holding the job secret (>= 16 bytes)")
+    source.add_argument("--secret-env", default=None, help="environment variable holding the job secret")
+    parser.add_argument("--ttl", type=float, default=24 * 3600.0, help="seconds the token stays valid")
+
+    def run(args: argparse.Namespace) -> int:
+        from decentralized_verl.volunteers.tokens import issue_token, load_secret
+
+        secret = load_secret(secret_file=args.secret_file, secret_env=args.secret_env)
+        print(issue_token(secret, args.job, args.ttl))
+        return 0
 
     return run
 
@@ -130,7 +230,14 @@ def _train(parser: argparse.ArgumentParser) -> Command:
         from decentralized_verl.stages.runner import run_stage
 
         result = run_stage(args.stage, args.config)
-        print(result.summary() if hasattr(result, "summary") else result)
+        for stage in result.stages or [result]:
+            metrics = ", ".join(
+                f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in stage.metrics.items()
+            )
+            print(
+                f"stage {stage.stage}: {metrics}"
+                + (f"; checkpoint {stage.checkpoint}" if stage.checkpoint else "")
+            )
         return 0
 
     return run
