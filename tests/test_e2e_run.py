@@ -181,3 +181,26 @@ def test_resume_continues_from_the_checkpoint(tmp_path: Path) -> None:
     state = json.loads((tmp_path / "run" / "ckpt" / "checkpoint-6" / "trainer_state.json").read_text())
     # 55 toy prompts, 16 a step, drop_last: 3 steps an epoch, so step 6 ends epoch 1 exactly.
     assert state["step"] == 6 and state["sampler"] == {"epoch": 2, "offset": 0}
+
+
+def test_async_rl_overlaps_rollout_with_bounded_staleness(tmp_path: Path) -> None:
+    job = manifest(
+        tmp_path,
+        "async-e2e",
+        **{"training.maxStaleness": 1, "training.steps": 8, "training.evalEvery": 0},
+    )
+    run_job(job, tmp_path / "run", progress=False, timeout=600)
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(1, 9))
+    staleness = [r["staleness"] for r in records]
+    # Step 1 and 2 were both generated with version 0; from then on each batch is one version behind.
+    assert staleness[0] == 0 and max(staleness) == 1 and all(0 <= s <= 1 for s in staleness)
+    assert all(r["stale_dropped"] == 0 and r["samples"] == r["unique_samples"] == 128 for r in records)
+
+
+def test_shipped_tiny_grpo_example_learns(tmp_path: Path) -> None:
+    """`dverl run examples/tiny-grpo.yaml` as README shows it: reward and eval accuracy rise."""
+    summary = run_job(ROOT / "examples" / "tiny-grpo.yaml", tmp_path / "run", progress=False, timeout=1200)
+    assert summary["steps"] == 200
+    assert summary["reward_last"] > summary["reward_first"] + 0.15, summary
+    assert summary["eval_accuracy_after"] > summary["eval_accuracy_before"], summary

@@ -358,3 +358,30 @@ def test_operator_without_credentials_exits_2(tmp_path):
     result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
     assert result.returncode == 2
     assert "no Kubernetes credentials" in result.stderr
+
+
+def test_learner_pods_resume_and_mount_the_checkpoint_pvc() -> None:
+    from decentralized_verl.manifest import parse_spec
+    from decentralized_verl.plan import plan_job
+    from dverl_operator.children import Owner, for_job
+
+    spec = parse_spec(
+        {
+            "model": {"tiny": {}},
+            "algorithm": {"name": "grpo", "samplesPerPrompt": 2},
+            "data": {"train": "/data/train.jsonl"},
+            "training": {
+                "batchSize": 8,
+                "checkpoint": {"every": 10, "dir": "/ckpt", "persistentVolumeClaim": "runs"},
+            },
+        }
+    )
+    children = for_job(Owner("job", "ns", "uid-1"), spec, plan_job(spec, "job"), "img")
+    learner = children.pods["job-learner-0"]["spec"]
+    rollout = children.pods["job-rollout-0"]["spec"]
+    assert learner["containers"][0]["command"][-1] == "--resume"
+    assert {"name": "checkpoints", "mountPath": "/ckpt"} in learner["containers"][0]["volumeMounts"]
+    assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "runs"}} in learner["volumes"]
+    assert {"name": "DVERL_OUTPUT", "value": "/ckpt"} in learner["containers"][0]["env"]
+    assert "--resume" not in rollout["containers"][0]["command"]
+    assert all(v["name"] != "checkpoints" for v in rollout["volumes"])

@@ -12,7 +12,9 @@ from decentralized_verl.errors import ManifestError
 from decentralized_verl.manifest import load_job, parse_job, summary
 from decentralized_verl.spec import JobSpec, with_defaults
 
-EXAMPLES = sorted((Path(__file__).parents[1] / "examples").glob("*.yaml"))
+EXAMPLES = sorted(
+    p for p in (Path(__file__).parents[1] / "examples").glob("*.yaml") if "kind: RLHFJob" in p.read_text()
+)
 
 BASE = {
     "apiVersion": "dverl.io/v1alpha1",

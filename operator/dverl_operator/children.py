@@ -162,16 +162,33 @@ def pod(
     """One worker pod: placement from its node pool, GPUs, the plan's command and environment."""
     env = worker_env(plan, worker, addrs)
     env["DVERL_CONFIG"] = CONFIG_PATH
+    command = worker.command(CONFIG_PATH)
+    checkpoint = spec.training.checkpoint
+    mounts = [{"name": "config", "mountPath": CONFIG_PATH.rsplit("/", 1)[0], "readOnly": True}]
+    volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": config_map_name(owner.name)}}]
+    if worker.role == "learner":
+        # A restarted learner gang continues from the newest checkpoint (a no-op when there is none).
+        command = [*command, "--resume"]
+        if checkpoint.persistent_volume_claim and checkpoint.dir:
+            # User data: mounted, never created or deleted by the operator.
+            mounts.append({"name": "checkpoints", "mountPath": checkpoint.dir})
+            volumes.append(
+                {
+                    "name": "checkpoints",
+                    "persistentVolumeClaim": {"claimName": checkpoint.persistent_volume_claim},
+                }
+            )
+            env["DVERL_OUTPUT"] = checkpoint.dir
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": image,
-        "command": worker.command(CONFIG_PATH),
+        "command": command,
         "env": [{"name": key, "value": value} for key, value in sorted(env.items())],
         "ports": [
             {"name": name, "containerPort": number, "protocol": "TCP"}
             for name, number in sorted(worker.ports.items())
         ],
-        "volumeMounts": [{"name": "config", "mountPath": CONFIG_PATH.rsplit("/", 1)[0], "readOnly": True}],
+        "volumeMounts": mounts,
         "readinessProbe": {"tcpSocket": {"port": worker.ports["grpc"]}, "periodSeconds": 5},
     }
     resources = _resources(worker)
@@ -183,7 +200,7 @@ def pod(
         # The operator restarts workers itself, so it can count restarts and apply backoff per role.
         "restartPolicy": "Never",
         "containers": [container],
-        "volumes": [{"name": "config", "configMap": {"name": config_map_name(owner.name)}}],
+        "volumes": volumes,
     }
     if worker.node_selector:
         pod_spec["nodeSelector"] = dict(worker.node_selector)

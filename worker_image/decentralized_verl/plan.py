@@ -143,9 +143,11 @@ def worker_env(plan: Plan, worker: PlannedWorker, addresses: Mapping[str, str]) 
     }
     if worker.pool:
         env["DVERL_POOL"] = worker.pool
-    if worker.role != "learner":
-        return env
     learners = plan.by_role("learner")
+    if worker.role != "learner":
+        if learners:  # where rollout workers pull new weights from (the coordinator's Weights service)
+            env["DVERL_LEARNER_ADDR"] = addresses[learners[0].name]
+        return env
     master = addresses[learners[0].name]
     master_host = master.rsplit(":", 1)[0]
     env.update(

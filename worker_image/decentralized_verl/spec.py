@@ -239,6 +239,10 @@ class CheckpointSpec(SpecModel):
     every: NonNegativeInt = 0
     dir: str | None = Field(default=None, description="Checkpoint root; a PVC mount path in a cluster")
     keep: PositiveInt = 2
+    persistent_volume_claim: str | None = Field(
+        default=None,
+        description="Existing PVC mounted at `dir` in learner pods (never created or deleted by operator)",
+    )
 
 
 class TrainingSpec(SpecModel):
@@ -409,6 +413,8 @@ def cross_field_problems(spec: JobSpec) -> list[Problem]:
         add("training.epochs", "set either training.steps or training.epochs, not both")
     if training.checkpoint.every > 0 and not training.checkpoint.dir:
         add("training.checkpoint.dir", "required when checkpoint.every > 0")
+    if training.checkpoint.persistent_volume_claim and not (training.checkpoint.dir or "").startswith("/"):
+        add("training.checkpoint.dir", "must be an absolute path (the PVC's mount point) when a PVC is set")
     if training.eval_every > 0 and not spec.data.eval:
         add("data.eval", "required when training.evalEvery > 0")
     if spec.volunteers.enabled and spec.volunteers.token_secret_ref is None:

@@ -313,8 +313,8 @@ class HFBackend:
 
     # ---------------------------------------------------------------- weights
 
-    def load_weights(self, state_dict: Mapping[str, Tensor], version: int) -> None:
-        """Copy ``state_dict`` into the model in place and set ``version``.
+    def load_weights(self, state_dict: Mapping[str, Tensor], version: int, *, partial: bool = False) -> None:
+        """Copy ``state_dict`` into the model in place and set ``version`` (``partial``: plan_weight_copy).
 
         Every tensor is checked first (names, shapes, dtypes; a missing or unexpected name is an error)
         and only then copied, so a bad state dict changes nothing. Tied weights (one tensor under two
@@ -323,7 +323,7 @@ class HFBackend:
         """
         if not isinstance(version, int) or version < 0:
             raise ValueError(f"version: must be an integer >= 0 (got {version!r})")
-        plan = plan_weight_copy(self.model, state_dict)
+        plan = plan_weight_copy(self.model, state_dict, partial=partial)
         with self._lock, torch.no_grad():
             for target, source in plan:
                 target.copy_(source)
@@ -341,10 +341,14 @@ class HFBackend:
             self._version = version
 
 
-def plan_weight_copy(model: torch.nn.Module, state_dict: Mapping[str, Tensor]) -> list[tuple[Tensor, Tensor]]:
+def plan_weight_copy(
+    model: torch.nn.Module, state_dict: Mapping[str, Tensor], *, partial: bool = False
+) -> list[tuple[Tensor, Tensor]]:
     """Validate ``state_dict`` against ``model`` and return (destination, source) pairs to copy.
 
     Raises ``WireError`` naming the first bad tensor (in the model's own order, then unexpected names).
+    ``partial`` accepts a subset of the model's tensors (a LoRA job's adapter-only update); every tensor
+    that is given must still match by name, shape and dtype.
     """
     own = model.state_dict(keep_vars=True)
     groups: dict[int, list[str]] = {}  # one entry per distinct tensor, listing all its names
@@ -354,6 +358,8 @@ def plan_weight_copy(model: torch.nn.Module, state_dict: Mapping[str, Tensor]) -
     for names in groups.values():
         target = own[names[0]]
         given = [n for n in names if n in state_dict]
+        if not given and partial:
+            continue
         if not given:
             alias = f" (or its tied alias {', '.join(names[1:])})" if len(names) > 1 else ""
             raise WireError(f"weights[{names[0]!r}]", f"missing from the state dict{alias}")

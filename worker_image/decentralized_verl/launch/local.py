@@ -90,9 +90,6 @@ class LocalCluster:
         env = dict(os.environ)
         env.update(worker_env(self.plan, lw.worker, self.addresses()))
         env.update(self.extra_env)
-        learners = self.plan.by_role("learner")
-        if learners and lw.worker.role != "learner":
-            env["DVERL_LEARNER_ADDR"] = self.workers[learners[0].name].address
         # On-policy phases alternate (rollout, then update), so each worker may use every core.
         env.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 2))
         env["PYTHONUNBUFFERED"] = "1"

@@ -12,6 +12,7 @@ import logging
 import math
 import statistics
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +49,20 @@ class LoopParts:
     progress: ProgressState = field(default_factory=ProgressState)
     metrics: MetricsLog | None = None
     on_step: Callable[[dict[str, Any]], None] | None = None
+    async_capable: bool = False
+    """True when rollout runs outside the learner, so generation may overlap the update (maxStaleness)."""
+
+
+@dataclass
+class Generated:
+    """One batch's rollout and rewards, possibly produced ahead of the step that learns on it."""
+
+    items: list[tuple[Prompt, int]]
+    samples: list[Sample]
+    report: Any
+    version: int
+    timings: dict[str, float]
+    started: float
 
 
 class Coordinator:
@@ -59,6 +74,12 @@ class Coordinator:
         self.version = start_version
         self.total_steps = self._total_steps()
         self.eval_history: list[tuple[int, float]] = []
+        self._last_step_end: float | None = None
+        self.max_staleness = parts.spec.training.max_staleness if parts.async_capable else 0
+        if parts.spec.training.max_staleness and not parts.async_capable:
+            log.warning(
+                "training.maxStaleness needs rollout workers of their own (replicas >= 1); running on-policy"
+            )
 
     def _total_steps(self) -> int:
         training = self.spec.training
@@ -105,11 +126,9 @@ class Coordinator:
         return {"eval_accuracy": accuracy, "eval_reward_mean": statistics.fmean(values)}
 
     # ---------------------------------------------------------------------------------------- step
-    async def run_step(self) -> dict[str, Any]:
-        spec, parts, timings = self.spec, self.p, {}
-        started = time.perf_counter()
-        n = spec.algorithm.samples_per_prompt
-        indices = parts.sampler.next_global_batch()
+    def next_items(self) -> list[tuple[Prompt, int]]:
+        """The next prompt batch as (prompt, sample index) work items, groups numbered from 0."""
+        parts, n = self.p, self.spec.algorithm.samples_per_prompt
         prompts = [
             Prompt(
                 parts.prompts[i].prompt_id,
@@ -118,22 +137,44 @@ class Coordinator:
                 parts.prompts[i].text,
                 parts.prompts[i].ground_truth,
             )
-            for group, i in enumerate(indices)
+            for group, i in enumerate(parts.sampler.next_global_batch())
         ]
-        items = [(prompt, k) for prompt in prompts for k in range(n)]
+        return [(prompt, k) for prompt in prompts for k in range(n)]
 
-        done = self._phase("rollout", timings)
-        samples, report = await parts.dispatcher.run(items, self.sampling(), self.version)
-        done()
-
-        done = self._phase("reward", timings)
-        scores = await parts.reward.score(samples, spec.data.reward_type)
+    async def generate(self, items: list[tuple[Prompt, int]]) -> Generated:
+        """Rollout and rewards for one batch, with the policy version current at launch."""
+        timings: dict[str, float] = {}
+        started = time.perf_counter()
+        version = self.version
+        samples, report = await self.p.dispatcher.run(items, self.sampling(), version)
+        timings["rollout"] = time.perf_counter() - started
+        mark = time.perf_counter()
+        scores = await self.p.reward.score(samples, self.spec.data.reward_type)
         samples = [
             s.with_(score=score, score_reason=reason)
             for s, (score, reason) in zip(samples, scores, strict=True)
         ]
-        done()
-        rewards = [float(s.score or 0.0) for s in samples]
+        timings["reward"] = time.perf_counter() - mark
+        return Generated(items, samples, report, version, timings, started)
+
+    async def run_step(self, generated: Generated | None = None) -> dict[str, Any]:
+        """One step: rollout (unless already generated ahead, async RL), then learn on it."""
+        if generated is None:
+            self.p.progress.phase = "rollout"
+            generated = await self.generate(self.next_items())
+        return await self.learn(generated)
+
+    async def learn(self, generated: Generated) -> dict[str, Any]:
+        parts = self.p
+        timings = dict(generated.timings)
+        started = generated.started
+        items, report = generated.items, generated.report
+        # Samples older than maxStaleness versions are dropped; fresher off-policy ones are importance-
+        # corrected by the PPO ratio against their behaviour log-probs (the rollout's own).
+        fresh = [s for s in generated.samples if s.policy_version >= self.version - self.max_staleness]
+        stale_dropped = len(generated.samples) - len(fresh)
+        samples = fresh
+        rewards = [float(s.score or 0.0) for s in generated.samples]
 
         kept, filter_metrics = select_samples(samples, self.settings)
         kept = self._even_for_learners(kept)
@@ -168,23 +209,28 @@ class Coordinator:
         done()
         self.step += 1
 
-        lengths = [len(s.response_ids) for s in samples]
-        elapsed = time.perf_counter() - started
+        lengths = [len(s.response_ids) for s in generated.samples]
+        now = time.perf_counter()
+        elapsed = now - max(started, self._last_step_end or started)  # wall time this step added
+        self._last_step_end = now
         record: dict[str, Any] = {
             "step": self.step,
             "policy_version": self.version,
             "reward_mean": statistics.fmean(rewards),
             "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
             "response_length_mean": statistics.fmean(lengths),
-            "truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples),
+            "truncated_frac": sum(s.finish_reason == "length" for s in generated.samples)
+            / len(generated.samples),
             "tokens": report.tokens,
             "tokens_per_second": report.tokens / max(report.seconds, 1e-9),
             "step_seconds": elapsed,
             "redispatched": report.redispatched,
             "worker_failures": len(report.failures),
-            "samples": len(samples),
+            "samples": len(generated.samples),
             "expected_samples": len(items),
-            "unique_samples": len({s.key for s in samples}),
+            "stale_dropped": stale_dropped,
+            "staleness": self.version - 1 - generated.version,
+            "unique_samples": len({s.key for s in generated.samples}),
             "duplicates_dropped": report.duplicates_dropped,
             **{f"time_{k}": v for k, v in timings.items()},
             **filter_metrics,
@@ -255,13 +301,23 @@ class Coordinator:
         first_rewards: list[float] = []
         last_rewards: list[float] = []
         started = time.perf_counter()
+        ahead: deque[asyncio.Task[Generated]] = deque()
+        launched = self.step
         try:
             while self.step < self.total_steps:
-                record = await self.run_step()
+                # Keep up to maxStaleness batches generating while this one trains (async RL);
+                # with 0 the next rollout starts only after the new weights are out (on-policy).
+                while launched < self.total_steps and len(ahead) < 1 + self.max_staleness:
+                    ahead.append(asyncio.create_task(self.generate(self.next_items())))
+                    launched += 1
+                progress.phase = "rollout"
+                record = await self.learn(await ahead.popleft())
                 first_rewards.append(record["reward_mean"])
                 last_rewards.append(record["reward_mean"])
         except BaseException:
             progress.state = "Failed"
+            for task in ahead:
+                task.cancel()
             raise
         after = await self.evaluate() if self.p.eval_prompts else {}
         window = max(1, min(5, len(first_rewards) // 3 or 1))

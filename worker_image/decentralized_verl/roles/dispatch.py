@@ -112,6 +112,7 @@ class Dispatcher:
         expected = {(p.prompt_id, i) for p, i in items}
         rounds = 0
         while pending:
+            healthy = [wid for wid in healthy if wid in self.clients]
             if not healthy or rounds >= self.max_rounds:
                 raise NoWorkersLeft(
                     f"{len(pending)} items unanswered after {rounds} rounds; failures: {report.failures}"
@@ -120,6 +121,8 @@ class Dispatcher:
             counts = split_by_weight(len(pending), self._weights(healthy))
             shares: list[tuple[str, list[WorkItem]]] = []
             offset = 0
+            # Capture the clients now: discovery may remove a volunteer while this round runs.
+            clients = {wid: self.clients[wid] for wid in healthy}
             for wid, count in zip(healthy, counts, strict=True):
                 if count:
                     shares.append((wid, pending[offset : offset + count]))
@@ -127,7 +130,7 @@ class Dispatcher:
                 offset += count
             outcomes = await asyncio.gather(
                 *(
-                    self._one(wid, share, sampling, version, results, expected, report)
+                    self._one(clients[wid], share, sampling, version, results, expected, report)
                     for wid, share in shares
                 )
             )
@@ -144,7 +147,7 @@ class Dispatcher:
 
     async def _one(
         self,
-        wid: str,
+        client: RolloutClient,
         share: list[WorkItem],
         sampling: Sampling,
         version: int,
@@ -153,7 +156,8 @@ class Dispatcher:
         report: DispatchReport,
     ) -> bool:
         """Run one worker's share; returns True when the worker failed."""
-        client, stats = self.clients[wid], self.stats[wid]
+        wid = client.worker_id
+        stats = self.stats.setdefault(wid, WorkerStats(tokens_per_second=1.0))
         started = time.perf_counter()
         tokens = 0
         wanted = {(p.prompt_id, i) for p, i in share}

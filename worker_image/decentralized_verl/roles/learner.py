@@ -23,6 +23,7 @@ from decentralized_verl.roles.dispatch import Dispatcher
 from decentralized_verl.roles.progress import MetricsLog, ProgressState
 from decentralized_verl.roles.prompts import prepare_prompts
 from decentralized_verl.roles.trainer import PolicyTrainer
+from decentralized_verl.roles.wiring import bind_host
 from decentralized_verl.spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 
 def _host() -> str:
     """127.0.0.1 for `dverl run`; pods listen on every interface (DVERL_BIND_HOST=0.0.0.0)."""
-    return os.environ.get("DVERL_BIND_HOST", "127.0.0.1")
+    return bind_host()
 
 
 def _init_distributed(world: int, rank: int) -> None:
@@ -139,7 +140,7 @@ async def _coordinate(
     progress = ProgressState()
     stopped_followers = False
     # Native dtype on the wire keeps rollout and learner log-probs identical; bf16 models send bf16.
-    publisher = WeightPublisher(dtype=None)
+    publisher = WeightPublisher(dtype=None, is_adapter=spec.model.lora is not None)
     health = HealthServicer(role="learner", worker_id=f"{job}-learner-0")
     server = await serve(
         port, CoordinatorServicer(progress), WeightsServicer(publisher), health, host=_host()
@@ -230,6 +231,7 @@ async def _coordinate(
             checkpoint=checkpoint if spec.training.checkpoint.every else None,
             progress=progress,
             metrics=metrics,
+            async_capable=roles.remote_rollout,
         )
         health.set_ready(True)
         coordinator = Coordinator(parts, start_step=start_step, start_version=start_version)

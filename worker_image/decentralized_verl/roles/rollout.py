@@ -116,9 +116,14 @@ class RolloutWorker:
     def _load_weights(self, state_dict: Mapping[str, Tensor], version: int) -> None:
         model = getattr(self.backend, "model", None)
         if model is not None:
+            from decentralized_verl.models.lora import is_lora
             from decentralized_verl.transport.weights import cast_like
 
             state_dict = cast_like(state_dict, model.state_dict())
+            if is_lora(model):  # LoRA jobs ship only the adapter; the frozen base stays as loaded
+                self.backend.load_weights(state_dict, version, partial=True)
+                self.weight_loads += 1
+                return
         self.backend.load_weights(state_dict, version)
         self.weight_loads += 1
 

@@ -132,10 +132,10 @@ class PolicyTrainer:
 
 
 def rollout_state_dict(model: nn.Module) -> dict[str, Any]:
-    """The weights rollout workers need, detached (adapter-only for LoRA models)."""
-    try:
-        from decentralized_verl.models import trainable_state_dict
+    """The weights rollout workers need, detached: for a LoRA model only the trainable adapter tensors,
+    under the same names the rollout side's own LoRA model uses (its state_dict keys)."""
+    from decentralized_verl.models.lora import is_lora
 
-        return {k: v.detach() for k, v in trainable_state_dict(model).items()}
-    except ImportError:
-        return {k: v.detach() for k, v in model.state_dict().items()}
+    if is_lora(model):
+        return {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
+    return {k: v.detach() for k, v in model.state_dict().items()}

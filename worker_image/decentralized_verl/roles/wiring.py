@@ -17,6 +17,13 @@ from decentralized_verl.roles.interfaces import CriticClient, ReferenceClient, R
 from decentralized_verl.spec import JobSpec
 
 
+def bind_host() -> str:
+    """Where servers listen: DVERL_BIND_HOST, else every interface inside a pod (Kubernetes sets
+    KUBERNETES_SERVICE_HOST there) and loopback for `dverl run`."""
+    default = "0.0.0.0" if "KUBERNETES_SERVICE_HOST" in os.environ else "127.0.0.1"
+    return os.environ.get("DVERL_BIND_HOST", default)
+
+
 def env_addresses(role: str) -> list[str]:
     """`host:port` list the plan gave this process for a role (DVERL_<ROLE>_ADDRS)."""
     raw = os.environ.get(f"DVERL_{role.upper()}_ADDRS", "")
@@ -36,6 +43,8 @@ class RoleClients:
     reward: RewardClient
     reference: ReferenceClient | None
     critic: CriticClient | None
+    remote_rollout: bool = False
+    """Rollout runs in processes of its own, so generation may overlap the update (async RL)."""
 
 
 async def connect_roles(
@@ -120,4 +129,5 @@ async def connect_roles(
             if address
             else local.LocalCriticClient(scoring.CriticWorker.from_spec(spec))
         )
-    return RoleClients(rollout, priors, publish, reward, reference, critic)
+    remote_rollout = bool(remote) and publisher is not None
+    return RoleClients(rollout, priors, publish, reward, reference, critic, remote_rollout)

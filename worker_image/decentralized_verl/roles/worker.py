@@ -13,6 +13,7 @@ import signal
 from pathlib import Path
 
 from decentralized_verl.manifest import load_job
+from decentralized_verl.roles.wiring import bind_host
 from decentralized_verl.spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ async def serve_role(spec: JobSpec, job: str, role: str, index: int, port: int, 
     else:
         raise ValueError(f"unknown role {role!r}")
     health = servicers.HealthServicer(role=role, worker_id=worker_id, ready=True)
-    host = os.environ.get("DVERL_BIND_HOST", "127.0.0.1")
+    host = bind_host()
     server = await servicers.serve(port, handler, health, host=host)
     try:
         log.info("%s ready on port %d", worker_id, port)
@@ -63,16 +64,29 @@ async def serve_role(spec: JobSpec, job: str, role: str, index: int, port: int, 
         await server.stop(grace=2.0)
 
 
-def main_worker(config: str, role: str, index: int, port: int, output: str | None, resume: bool) -> int:
+def load_worker_config(path: Path, job_name: str | None) -> tuple[JobSpec, str, Path]:
+    """A whole RLHFJob manifest (`dverl run`) or the bare spec the operator's ConfigMap holds."""
+    from decentralized_verl.errors import ManifestError, Problem
+    from decentralized_verl.manifest import load_yaml_text, parse_spec
+
+    document = load_yaml_text(path.read_text(encoding="utf-8"), str(path))
+    if isinstance(document, dict) and "kind" in document:
+        job = load_job(path)
+        extra = job.metadata.model_extra or {}
+        return job.spec, job.metadata.name, base_dir_of(path, extra.get("annotations"))
+    if not job_name:
+        raise ManifestError([Problem("--job", "required when the config is a bare spec")], str(path))
+    return parse_spec(document, str(path)), job_name, path.parent
+
+
+def main_worker(
+    config: str, role: str, index: int, port: int, output: str | None, resume: bool, job: str | None = None
+) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    path = Path(config)
-    job = load_job(path)
-    base = base_dir_of(
-        path, job.metadata.model_extra.get("annotations") if job.metadata.model_extra else None
-    )
+    spec, name, base = load_worker_config(Path(config), job)
     if role == "learner":
         from decentralized_verl.roles.learner import run
 
-        out = Path(output) if output else Path("runs") / job.metadata.name
-        return run(job.spec, job.metadata.name, port=port, output=out, base_dir=base, resume=resume)
-    return asyncio.run(serve_role(job.spec, job.metadata.name, role, index, port, base))
+        out = Path(output or os.environ.get("DVERL_OUTPUT") or Path("runs") / name)
+        return run(spec, name, port=port, output=out, base_dir=base, resume=resume)
+    return asyncio.run(serve_role(spec, name, role, index, port, base))
