@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 
@@ -103,6 +104,26 @@ class RolloutServicer(pb_grpc.RolloutServicer):
         )
 
 
+async def _per_token(
+    request: pb.SequenceBatch,
+    context: grpc.aio.ServicerContext,
+    limits: m.WireLimits,
+    compute: Any,
+    what: str,
+    worker_id: str,
+) -> pb.TokenValuesBatch:
+    """Validate a SequenceBatch, run `compute(samples)` off the event loop, answer per-token numbers."""
+    try:
+        batch = m.sequence_batch_from_proto(request, limits)
+    except WireError as exc:
+        await _invalid(context, exc)
+    try:
+        values = await asyncio.to_thread(compute, samples_from_pairs(batch.items))
+    except Exception as exc:
+        await _failed(context, what, exc)
+    return m.token_values_to_proto(m.TokenValues(tuple(values), batch.policy_version, worker_id))
+
+
 class ReferenceServicer(pb_grpc.ReferenceServicer):
     def __init__(self, worker: ReferenceWorker, limits: m.WireLimits | None = None) -> None:
         self.worker = worker
@@ -111,16 +132,8 @@ class ReferenceServicer(pb_grpc.ReferenceServicer):
     async def LogProbs(
         self, request: pb.SequenceBatch, context: grpc.aio.ServicerContext
     ) -> pb.TokenValuesBatch:
-        try:
-            batch = m.sequence_batch_from_proto(request, self.limits)
-        except WireError as exc:
-            await _invalid(context, exc)
-        try:
-            values = await asyncio.to_thread(self.worker.logprobs, samples_from_pairs(batch.items))
-        except Exception as exc:
-            await _failed(context, "reference log-probs", exc)
-        return m.token_values_to_proto(
-            m.TokenValues(tuple(values), batch.policy_version, self.worker.worker_id)
+        return await _per_token(
+            request, context, self.limits, self.worker.logprobs, "reference log-probs", self.worker.worker_id
         )
 
 
@@ -132,16 +145,8 @@ class CriticServicer(pb_grpc.CriticServicer):
     async def Values(
         self, request: pb.SequenceBatch, context: grpc.aio.ServicerContext
     ) -> pb.TokenValuesBatch:
-        try:
-            batch = m.sequence_batch_from_proto(request, self.limits)
-        except WireError as exc:
-            await _invalid(context, exc)
-        try:
-            values = await asyncio.to_thread(self.worker.values, samples_from_pairs(batch.items))
-        except Exception as exc:
-            await _failed(context, "critic values", exc)
-        return m.token_values_to_proto(
-            m.TokenValues(tuple(values), batch.policy_version, self.worker.worker_id)
+        return await _per_token(
+            request, context, self.limits, self.worker.values, "critic values", self.worker.worker_id
         )
 
     async def Train(
