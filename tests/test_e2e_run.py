@@ -198,6 +198,7 @@ def test_async_rl_overlaps_rollout_with_bounded_staleness(tmp_path: Path) -> Non
     assert all(r["stale_dropped"] == 0 and r["samples"] == r["unique_samples"] == 128 for r in records)
 
 
+@pytest.mark.timeout(1800)
 def test_shipped_tiny_grpo_example_learns(tmp_path: Path) -> None:
     """`dverl run examples/tiny-grpo.yaml` as README shows it: reward and eval accuracy rise."""
     summary = run_job(ROOT / "examples" / "tiny-grpo.yaml", tmp_path / "run", progress=False, timeout=1200)
