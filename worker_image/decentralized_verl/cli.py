@@ -129,11 +129,69 @@ def _worker(parser: argparse.ArgumentParser) -> Command:
         help="volunteer behind NAT: be reachable through public relays",
     )
     parser.add_argument("--job", default=None, help="job name (informational; the config names the job)")
+    # Volunteer learners (issue 7): gradient averaging with hivemind.Optimizer.
+    learner = parser.add_argument_group("volunteer learner (--role learner --initial-peers ...)")
+    learner.add_argument(
+        "--data", default=None, help="jsonl/json of {prompt, completion} (or {text}) records"
+    )
+    learner.add_argument("--peers", type=int, default=2, help="learners to wait for before the first step")
+    learner.add_argument("--steps", type=int, default=1, help="optimizer steps (each averages all peers)")
+    learner.add_argument("--shard", type=int, default=0, help="this learner's shard of --data")
+    learner.add_argument("--num-shards", type=int, default=1)
+    learner.add_argument("--batch-size", type=int, default=4)
+    learner.add_argument("--learning-rate", type=float, default=0.1)
+    learner.add_argument("--digest-out", default=None, help="write the parameters' sha256 (and .safetensors)")
     parser.add_argument("--port", type=int, default=50051)
     parser.add_argument("--output", default=None, help="learner: run folder for metrics and checkpoints")
     parser.add_argument("--resume", action="store_true", help="learner: continue from the newest checkpoint")
 
     def run(args: argparse.Namespace) -> int:
+        if args.initial_peers and args.role == "learner":  # issue 7: a volunteer learner (hivemind)
+            from decentralized_verl.volunteers.learner import LearnerOptions, main_learner
+
+            if not args.model or not args.data:
+                parser.error("a volunteer learner needs --model PATH and --data FILE")
+            return main_learner(
+                LearnerOptions(
+                    initial_peers=tuple(args.initial_peers),
+                    model=args.model,
+                    data=args.data,
+                    job=args.job or "quickstart",
+                    peers=args.peers,
+                    steps=args.steps,
+                    shard=args.shard,
+                    num_shards=args.num_shards,
+                    batch_size=args.batch_size,
+                    learning_rate=args.learning_rate,
+                    digest_out=args.digest_out,
+                    port=args.port if args.port != 50051 else 0,
+                    host_maddrs=tuple(args.host_maddrs or ()),
+                    announce_maddrs=tuple(args.announce_maddrs or ()),
+                    client_mode=args.client_mode,
+                )
+            )
+        if args.initial_peers and not args.token:  # issue 7: seed 000's open quick-start worker
+            from decentralized_verl.volunteers.open_worker import OpenWorkerOptions, main_open_worker
+
+            if not args.model:
+                parser.error(
+                    "a volunteer needs --job NAME --token TOKEN (a token-checked job) "
+                    "or --model PATH (the open quick-start job, trusted networks only)"
+                )
+            return main_open_worker(
+                OpenWorkerOptions(
+                    initial_peers=tuple(args.initial_peers),
+                    model=args.model,
+                    role=args.role,
+                    job=args.job or "quickstart",
+                    port=args.port if args.port != 50051 else 0,
+                    host_maddrs=tuple(args.host_maddrs or ()),
+                    announce_maddrs=tuple(args.announce_maddrs or ()),
+                    client_mode=args.client_mode,
+                    use_relay=not args.no_relay,
+                    use_auto_relay=args.use_auto_relay,
+                )
+            )
         if args.initial_peers:  # issue 7: a volunteer outside the cluster
             from decentralized_verl.volunteers.worker import VolunteerOptions, main_volunteer
 
@@ -158,7 +216,7 @@ def _worker(parser: argparse.ArgumentParser) -> Command:
             parser.error("--config is required (or --initial-peers ... to join as a volunteer)")
         from decentralized_verl.roles.worker import main_worker
 
-        return main_worker(args.config, args.role, args.index, args.port, args.output, args.resume)
+        return main_worker(args.config, args.role, args.index, args.port, args.output, args.resume, args.job)
 
     return run
 
@@ -221,12 +279,66 @@ def _token(parser: argparse.ArgumentParser) -> Command:
 
 
 # --------------------------------------------------------------------------------------------- train
-@command("train", "run the SFT, reward-model and RL stages on one machine (seed 001's pipeline)")
+@command("train", "run the SFT, reward-model and RL stages on one machine, or seed 000's DHT quick start")
 def _train(parser: argparse.ArgumentParser) -> Command:
-    parser.add_argument("--stage", required=True, choices=["sft", "reward", "rlhf", "all"])
-    parser.add_argument("--config", required=True, metavar="FILE.yaml")
+    parser.add_argument("--stage", default=None, choices=["sft", "reward", "rlhf", "all"])
+    parser.add_argument("--config", default=None, metavar="FILE.yaml")
+    # Seed 000's quick start (issue 7): train with the actor/critic workers found through the DHT.
+    quick = parser.add_argument_group("quick start over the DHT (--initial-peers ...)")
+    quick.add_argument("--initial-peers", nargs="+", default=None, metavar="MADDR")
+    quick.add_argument(
+        "--model", default=None, help="local model folder (default: the one the actor announced)"
+    )
+    quick.add_argument("--prompts-file", default=None, help="a JSON list of prompt strings, or a data file")
+    quick.add_argument(
+        "--algorithm", default="ppo", choices=["ppo", "grpo", "dapo", "rloo", "reinforce_plus_plus"]
+    )
+    quick.add_argument("--num-epochs", type=int, default=1)
+    quick.add_argument("--job", default=None, help="open job name the workers announced under (quickstart)")
+    quick.add_argument("--batch-size", type=int, default=8, help="prompts per step")
+    quick.add_argument("--samples-per-prompt", type=int, default=None)
+    quick.add_argument("--max-new-tokens", type=int, default=32)
+    quick.add_argument("--learning-rate", type=float, default=1e-5)
+    quick.add_argument(
+        "--reward-type", default=None, help="boxed | think_answer_tags | code | module:function"
+    )
+    quick.add_argument("--reward-model", default=None, help="local reward-model folder")
+    quick.add_argument(
+        "--verify-fraction", type=float, default=0.05, help="share of actor samples re-checked"
+    )
+    quick.add_argument("--wait-workers", type=float, default=120.0, help="seconds to wait for workers")
+    quick.add_argument("--output", default=None, help="run folder (default runs/<job>)")
+    quick.add_argument("--port", type=int, default=0, help="this peer's P2P port")
 
     def run(args: argparse.Namespace) -> int:
+        if args.initial_peers:
+            from decentralized_verl.volunteers.quickstart import QuickstartOptions, main_quickstart
+            from decentralized_verl.volunteers.rewards import QUICKSTART_REWARD
+
+            if not args.prompts_file:
+                parser.error("--initial-peers: give --prompts-file prompts.json")
+            return main_quickstart(
+                QuickstartOptions(
+                    initial_peers=tuple(args.initial_peers),
+                    prompts_file=args.prompts_file,
+                    algorithm=args.algorithm,
+                    num_epochs=args.num_epochs,
+                    model=args.model,
+                    job=args.job or "quickstart",
+                    batch_size=args.batch_size,
+                    samples_per_prompt=args.samples_per_prompt,
+                    max_new_tokens=args.max_new_tokens,
+                    reward_type=args.reward_type or QUICKSTART_REWARD,
+                    reward_model=args.reward_model,
+                    learning_rate=args.learning_rate,
+                    verify_fraction=args.verify_fraction,
+                    wait_workers_s=args.wait_workers,
+                    output=args.output,
+                    port=args.port,
+                )
+            )
+        if args.stage is None or args.config is None:
+            parser.error("give --stage and --config (or --initial-peers ... for the DHT quick start)")
         from decentralized_verl.stages.runner import run_stage
 
         result = run_stage(args.stage, args.config)

@@ -1,0 +1,337 @@
+"""Volunteers end to end: a bootstrap peer, a coordinator (learner) and volunteers as separate processes
+on 127.0.0.1, talking only through the Hivemind DHT and P2P streams.
+
+Run as a script (`python tests/test_volunteers_e2e.py MODE ...`) this file is also a volunteer that can
+misbehave on purpose: `slow` (to be killed mid-task) or `cheat` (alters log-probs or tokens).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).parents[1]
+TOY = ROOT / "examples" / "data" / "toy"
+SECRET = "volunteer-e2e-secret-0123456789"
+
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def manifest(tmp_path: Path, name: str, steps: int = 3, verify: float = 1.0) -> Path:
+    spec = {
+        "model": {
+            "tiny": {
+                "hiddenSize": 32,
+                "numLayers": 1,
+                "numHeads": 2,
+                "intermediateSize": 64,
+                "maxPositions": 128,
+            }
+        },
+        "algorithm": {"name": "grpo", "samplesPerPrompt": 4},
+        "data": {
+            "train": str(TOY / "train.jsonl"),
+            "rewardType": "decentralized_verl.rewards.toy:first_number",
+            "maxPromptTokens": 64,
+            "maxNewTokens": 6,
+        },
+        "roles": {"rollout": {"replicas": 0}, "learner": {"replicas": 1}},
+        "training": {"steps": steps, "batchSize": 4, "learningRate": 1.0e-3},
+        "volunteers": {
+            "enabled": True,
+            "verifyFraction": verify,
+            "tokenSecretRef": {"name": f"{name}-join", "key": "secret"},
+        },
+    }
+    doc = {"apiVersion": "dverl.io/v1alpha1", "kind": "RLHFJob", "metadata": {"name": name}, "spec": spec}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+class Procs:
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp = tmp_path
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, cmd: list[str], extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+        log = (self.tmp / f"{name}.log").open("w")
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env={**env(), **(extra_env or {})}, cwd=self.tmp
+        )
+        self.procs[name] = proc
+        return proc
+
+    def log(self, name: str) -> str:
+        return (self.tmp / f"{name}.log").read_text()
+
+    def wait_for(self, name: str, pattern: str, timeout: float = 90.0) -> re.Match:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = re.search(pattern, self.log(name))
+            if found:
+                return found
+            if self.procs[name].poll() is not None:
+                break
+            learner = self.procs.get("learner")
+            if learner is not None and learner.poll() not in (None, 0):
+                raise AssertionError(f"learner died:\n{self.log('learner')[-3000:]}")
+            time.sleep(0.2)
+        raise AssertionError(f"{name}: no {pattern!r} in log:\n{self.log(name)[-3000:]}")
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def procs(tmp_path: Path):
+    p = Procs(tmp_path)
+    yield p
+    p.close()
+
+
+def token(job: str, ttl: float = 3600) -> str:
+    from decentralized_verl.volunteers.tokens import issue_token
+
+    return issue_token(SECRET.encode(), job, ttl)
+
+
+def start_job(procs: Procs, tmp_path: Path, job: str, volunteers: int, **kw) -> tuple[str, Path]:
+    """Bootstrap + coordinator; returns the --initial-peers address and the run folder."""
+    port = free_port()
+    procs.start(
+        "dht", ["dverl-dht", "--port", str(port), "--job", job, "--host-maddrs", f"/ip4/127.0.0.1/tcp/{port}"]
+    )
+    maddr = procs.wait_for("dht", r"--initial-peers (\S+)").group(1)
+    out = tmp_path / "run"
+    procs.start(
+        "learner",
+        [
+            "dverl",
+            "worker",
+            "--role",
+            "learner",
+            "--config",
+            str(manifest(tmp_path, job, **kw)),
+            "--port",
+            str(free_port()),
+            "--output",
+            str(out),
+        ],
+        {
+            "DVERL_DHT_ADDR": f"127.0.0.1:{port}",
+            "DVERL_JOIN_SECRET": SECRET,
+            "DVERL_WAIT_VOLUNTEERS": f"{volunteers}:180",
+            "DVERL_VOLUNTEER_POLL_S": "0.5",
+        },
+    )
+    return maddr, out
+
+
+def volunteer_cmd(maddr: str, job: str, tok: str, mode: str | None = None, *args: str) -> list[str]:
+    if mode is None:
+        return [
+            "dverl-worker",
+            "--initial-peers",
+            maddr,
+            "--job",
+            job,
+            "--token",
+            tok,
+            "--role",
+            "rollout",
+            "--host-maddrs",
+            "/ip4/127.0.0.1/tcp/0",
+        ]
+    return [sys.executable, __file__, mode, maddr, job, tok, *args]
+
+
+def finish(procs: Procs, out: Path, timeout: float = 240) -> tuple[list[dict], dict]:
+    try:
+        assert procs.procs["learner"].wait(timeout) == 0, procs.log("learner")[-4000:]
+    except subprocess.TimeoutExpired:
+        raise AssertionError(procs.log("learner")[-4000:]) from None
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return records, json.loads((out / "volunteers.json").read_text())
+
+
+def test_two_volunteers_train_and_every_prompt_is_answered_once(procs: Procs, tmp_path: Path) -> None:
+    job = "vol-e2e"
+    maddr, out = start_job(procs, tmp_path, job, volunteers=2)
+    tok = token(job)
+    for i in range(2):
+        procs.start(f"vol{i}", volunteer_cmd(maddr, job, tok))
+    for i in range(2):
+        joined = procs.wait_for(f"vol{i}", r"joined job vol-e2e as rollout: weights v0 \((\d+) bytes\)", 180)
+        assert int(joined.group(1)) > 10_000  # the tiny model's weights really came over P2P
+    records, report = finish(procs, out)
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert all(r["samples"] == r["expected_samples"] == r["unique_samples"] == 16 for r in records)
+    assert all(r["redispatched"] == 0 and r["worker_failures"] == 0 for r in records)
+    assert len(report["admitted"]) == 2 and not report["blocked"]
+    served = {pid: s["accepted"] for pid, s in report["samples"].items()}
+    assert len(served) == 2 and all(n > 0 for n in served.values()), served
+    assert report["verified_samples"] == sum(served.values())  # verifyFraction 1.0: all honest, all pass
+    for i in range(2):
+        procs.procs[f"vol{i}"].send_signal(signal.SIGTERM)
+        procs.procs[f"vol{i}"].wait(30)
+        assert re.search(r"served (\d+) samples", procs.log(f"vol{i}"))
+
+
+def test_killed_volunteer_work_is_redispatched(procs: Procs, tmp_path: Path) -> None:
+    job = "vol-kill"
+    maddr, out = start_job(procs, tmp_path, job, volunteers=2, steps=2)
+    tok = token(job)
+    procs.start("honest", volunteer_cmd(maddr, job, tok))
+    procs.start("slow", volunteer_cmd(maddr, job, tok, "slow"))
+    procs.wait_for("slow", r"request \w+: \d+ items", 240)  # mid-task: it sleeps before each result
+    procs.procs["slow"].kill()
+    records, report = finish(procs, out)
+    assert [r["step"] for r in records] == [1, 2]
+    assert all(r["samples"] == r["expected_samples"] == r["unique_samples"] == 16 for r in records)
+    assert records[0]["redispatched"] > 0 and records[0]["worker_failures"] == 1
+    kinds = {(e["kind"]) for e in report["events"]}
+    assert "Failed" in kinds and not report["blocked"]
+
+
+def test_dishonest_volunteer_is_caught_and_blocked(procs: Procs, tmp_path: Path) -> None:
+    job = "vol-cheat"
+    maddr, out = start_job(procs, tmp_path, job, volunteers=2, steps=2)
+    tok = token(job)
+    procs.start("honest", volunteer_cmd(maddr, job, tok))
+    procs.start("cheat", volunteer_cmd(maddr, job, tok, "cheat", "logprobs", "0.5"))
+    cheat_peer = procs.wait_for("cheat", r"volunteer (\S+) joined", 180).group(1)
+    records, report = finish(procs, out)
+    assert all(r["samples"] == r["expected_samples"] == r["unique_samples"] == 16 for r in records)
+    assert list(report["blocked"]) == [cheat_peer]
+    assert "verification failed" in report["blocked"][cheat_peer]
+    assert report["samples"][cheat_peer]["accepted"] == 0  # nothing it sent reached training
+    assert records[0]["redispatched"] > 0
+
+
+def test_volunteer_without_valid_token_gets_no_work(procs: Procs, tmp_path: Path) -> None:
+    from decentralized_verl.volunteers.tokens import issue_token
+
+    job = "vol-token"
+    maddr, out = start_job(procs, tmp_path, job, volunteers=1, steps=2)
+    good = token(job)
+    tampered = good[:-4] + ("AAAA" if not good.endswith("AAAA") else "BBBB")
+    expired = issue_token(SECRET.encode(), job, 1, now=time.time() - 100)
+    procs.start("tampered", volunteer_cmd(maddr, job, tampered))
+    procs.start("rogue", volunteer_cmd(maddr, job, good, "rogue"))  # announces without joining
+    procs.start("honest", volunteer_cmd(maddr, job, good))
+    assert procs.procs["tampered"].wait(180) == 2
+    assert "refused to let this peer join: bad signature" in procs.log("tampered")
+    procs.start("expired", volunteer_cmd(maddr, job, expired))
+    assert procs.procs["expired"].wait(60) == 2
+    assert "expired" in procs.log("expired")
+    records, report = finish(procs, out)
+    assert all(r["samples"] == r["unique_samples"] == 16 for r in records)
+    assert len(report["admitted"]) == 1
+    refused = [e for e in report["events"] if e["kind"] == "JoinRefused"]
+    assert refused and "bad signature" in refused[0]["reason"]
+    procs.wait_for("rogue", r"rogue announced", 30)
+    procs.procs["rogue"].send_signal(signal.SIGTERM)
+    procs.procs["rogue"].wait(30)
+    assert "rogue got 0 requests" in procs.log("rogue")
+
+
+# ------------------------------------------------------------------------- misbehaving volunteers
+def _misbehave(mode: str, maddr: str, job: str, tok: str, *args: str) -> int:
+    import asyncio
+    import dataclasses
+    import logging
+
+    from decentralized_verl.volunteers.worker import VolunteerOptions, run_volunteer
+
+    logging.basicConfig(level=logging.INFO)
+
+    def configure(endpoint) -> None:
+        if mode == "slow":
+            endpoint.delay_s = 2.0
+        elif mode == "cheat":
+            what, fraction = args[0], float(args[1])
+            counter = {"n": 0}
+
+            def transform(c):
+                counter["n"] += 1
+                if (counter["n"] * fraction) % 1.0 >= fraction and fraction < 1.0:
+                    return c
+                if what == "logprobs":
+                    return dataclasses.replace(c, logprobs=tuple(x * 0.5 for x in c.logprobs))
+                ids = tuple((t + 1) % 64 for t in c.response_token_ids)
+                return dataclasses.replace(c, response_token_ids=ids)
+
+            endpoint.transform = transform
+
+    if mode == "rogue":
+        return asyncio.run(_rogue(maddr, job))
+    options = VolunteerOptions((maddr,), job, tok, host_maddrs=("/ip4/127.0.0.1/tcp/0",))
+    return asyncio.run(run_volunteer(options, configure=configure))
+
+
+async def _rogue(maddr: str, job: str) -> int:
+    """A peer that skips the join and only writes a DHT record plus a Generate handler."""
+    import asyncio
+
+    from decentralized_verl.proto import dverl_pb2 as pb
+    from decentralized_verl.volunteers import p2p as wire
+    from decentralized_verl.volunteers.announce import Heartbeat, VolunteerRecord
+    from decentralized_verl.volunteers.dht import PeerOptions, start_dht
+
+    dht = start_dht(PeerOptions(initial_peers=(maddr,), host_maddrs=("/ip4/127.0.0.1/tcp/0",)))
+    p2p = await dht.replicate_p2p()
+    me = dht.peer_id.to_base58()
+    calls = {"n": 0}
+
+    async def generate(request, context):
+        calls["n"] += 1
+        if False:
+            yield pb.GenerateResult()
+
+    await p2p.add_protobuf_handler(wire.GENERATE, generate, pb.GenerateRequest, stream_output=True)
+    heartbeat = Heartbeat(
+        dht, job, lambda exp: VolunteerRecord(me, "rollout", "cuda:H100", 1e6, 0, exp), interval=1.0, ttl=10.0
+    )
+    await heartbeat.beat()
+    heartbeat.start()
+    print("rogue announced", flush=True)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    await heartbeat.stop()
+    print(f"rogue got {calls['n']} requests", flush=True)
+    dht.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_misbehave(*sys.argv[1:]))

@@ -1,0 +1,158 @@
+"""A volunteer's record in the job's DHT key: who it is, what it serves, how fast, which policy it holds.
+
+Records are sub-keys (the peer id) of one key per job, each with an expiry; a heartbeat re-stores the
+record before it lapses, so a volunteer that vanishes drops out of discovery within one TTL. The DHT is
+writable by anyone: a record is a *claim*. The coordinator dispatches only to peers that proved their
+join token to it over an authenticated stream (see discovery.py); the record says how to weight them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+log = logging.getLogger(__name__)
+
+ROLES = ("rollout", "reward", "reference", "critic", "learner", "actor")
+DEFAULT_TTL = 30.0
+
+
+def job_key(job: str) -> str:
+    return f"dverl/{job}/volunteers"
+
+
+@dataclass(frozen=True)
+class VolunteerRecord:
+    peer_id: str
+    role: str
+    hardware: str
+    tokens_per_second: float
+    policy_version: int
+    expires_at: float
+    started_at: float = 0.0
+    model: str = ""
+    maddrs: tuple[str, ...] = ()
+    """Where the peer listens (no /p2p/ suffix): the trainer dials these before its first stream, since
+    libp2p's own routing may not know a peer that only talked to the bootstrap."""
+    """Open quick-start workers: the local model folder they serve (a trainer without --model uses it)."""
+
+    def to_value(self) -> dict:
+        value = asdict(self)
+        value["maddrs"] = list(self.maddrs)
+        return value
+
+    @classmethod
+    def from_value(cls, peer_id: str, value: object) -> VolunteerRecord:
+        """Parse a record read from the DHT; raises ValueError naming the bad field."""
+        if not isinstance(value, dict):
+            raise ValueError(f"record of {peer_id}: not a mapping ({type(value).__name__})")
+        try:
+            record = cls(
+                peer_id=str(value["peer_id"]),
+                role=str(value["role"]),
+                hardware=str(value["hardware"])[:200],
+                tokens_per_second=float(value["tokens_per_second"]),
+                policy_version=int(value["policy_version"]),
+                expires_at=float(value["expires_at"]),
+                started_at=float(value.get("started_at", 0.0)),
+                model=str(value.get("model", ""))[:1000],
+                maddrs=tuple(str(a)[:200] for a in list(value.get("maddrs", ()))[:16]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"record of {peer_id}: {type(exc).__name__}: {exc}") from None
+        if record.peer_id != peer_id:
+            raise ValueError(f"record of {peer_id}: names another peer ({record.peer_id})")
+        if record.role not in ROLES:
+            raise ValueError(f"record of {peer_id}: unknown role {record.role!r}")
+        if not math.isfinite(record.tokens_per_second) or record.tokens_per_second < 0:
+            raise ValueError(f"record of {peer_id}: tokens_per_second {record.tokens_per_second}")
+        return record
+
+
+def hardware_summary() -> str:
+    """`cuda:NVIDIA H100 80GB x1` or `cpu:16 cores`: what the dispatcher's prior is read from."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return f"cuda:{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}"
+    except ImportError:
+        pass
+    import os
+
+    return f"cpu:{os.cpu_count()} cores"
+
+
+async def store_record(dht, job: str, record: VolunteerRecord) -> bool:
+    future = dht.store(
+        job_key(job), record.to_value(), record.expires_at, subkey=record.peer_id, return_future=True
+    )
+    return bool(await future)
+
+
+async def read_records(dht, job: str, *, now: float | None = None) -> tuple[list[VolunteerRecord], list[str]]:
+    """Live records under the job's key, and a line per malformed one (logged by the caller)."""
+    found = await dht.get(job_key(job), latest=True, return_future=True)
+    current = time.time() if now is None else now
+    records: list[VolunteerRecord] = []
+    problems: list[str] = []
+    if found is None or not isinstance(found.value, dict):
+        return records, problems
+    for subkey, item in found.value.items():
+        try:
+            record = VolunteerRecord.from_value(str(subkey), item.value)
+        except ValueError as exc:
+            problems.append(str(exc))
+            continue
+        if record.expires_at > current:
+            records.append(record)
+    return records, problems
+
+
+class Heartbeat:
+    """Re-store a volunteer's record every `interval` seconds with a fresh expiry (interval < ttl)."""
+
+    def __init__(
+        self,
+        dht,
+        job: str,
+        make_record: Callable[[float], VolunteerRecord],
+        *,
+        interval: float = 5.0,
+        ttl: float = DEFAULT_TTL,
+    ) -> None:
+        if interval >= ttl:
+            raise ValueError(f"heartbeat interval {interval:g}s must be shorter than the ttl {ttl:g}s")
+        self.dht, self.job, self.make_record = dht, job, make_record
+        self.interval, self.ttl = interval, ttl
+        self.beats = 0
+        self._task: asyncio.Task | None = None
+
+    async def beat(self) -> VolunteerRecord:
+        record = self.make_record(time.time() + self.ttl)
+        if not await store_record(self.dht, self.job, record):
+            log.warning("DHT did not accept the announcement (will retry in %.0fs)", self.interval)
+        self.beats += 1
+        return record
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.beat()
+            except Exception:  # a transient DHT error must not kill the volunteer
+                log.exception("heartbeat failed")
+            await asyncio.sleep(self.interval)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="volunteer-heartbeat")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task

@@ -1,0 +1,366 @@
+"""Coordinator side: admit volunteers by token, find them in the DHT, hand them to the Dispatcher.
+
+The hub runs in the learner process next to the training loop:
+- `admit` (the P2P Join handler) verifies the join token for this job and remembers the caller's
+  authenticated peer id; a blocked peer, a wrong role or a full job is refused with a reason.
+- every `poll_s` it reads the job's DHT key: an admitted, unblocked peer with a live record becomes a
+  `VolunteerRolloutClient` in the dispatcher; a record that lapsed (the volunteer vanished) removes it.
+  A peer whose stream failed is left out until it heartbeats again.
+- a peer caught by verification is blocked for the job: removed, refused on re-join, logged as an event.
+The number of active volunteers is written to `ProgressState.volunteers` (Status RPC -> `.status`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from decentralized_verl.roles.dispatch import GPU_PRIORS
+from decentralized_verl.transport import messages as m
+from decentralized_verl.volunteers.announce import VolunteerRecord, read_records
+from decentralized_verl.volunteers.tokens import TokenError, verify_token
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_ROLES = ("rollout", "actor")
+"""Roles a volunteer can serve to this coordinator today (`actor` is seed 000's name for rollout)."""
+
+
+def hardware_prior(hardware: str) -> float:
+    """The dispatcher's starting weight from an announced GPU name (measured throughput replaces it)."""
+    text = hardware.lower().replace(" ", "")
+    for name, prior in sorted(GPU_PRIORS.items(), key=lambda kv: -len(kv[0])):
+        if name in text:
+            return prior
+    return 1.0
+
+
+@dataclass
+class PeerState:
+    admitted_at: float
+    role: str
+    failed_record_expiry: float = 0.0
+    """Expiry of the record seen when its stream failed: only a newer heartbeat re-adds the peer."""
+    samples_accepted: int = 0
+    samples_rejected: int = 0
+
+
+@dataclass
+class VolunteerEvent:
+    time: float
+    kind: str  # Joined, JoinRefused, Added, Removed, Failed, Blocked
+    peer_id: str
+    reason: str = ""
+
+
+@dataclass
+class HubConfig:
+    job: str
+    secret: bytes
+    roles: tuple[str, ...] = ("rollout",)
+    max_volunteers: int = 64
+    poll_s: float = 2.0
+    deadline_s: float = 300.0
+    limits: m.WireLimits = field(default_factory=m.WireLimits)
+    open: bool = False
+    """The quick-start job (open_worker.py): every announced actor is used without a token; trusted
+    networks only. Verification and blocking still apply."""
+
+
+class VolunteerHub:
+    def __init__(
+        self,
+        config: HubConfig,
+        dispatcher,
+        *,
+        p2p=None,
+        dht=None,
+        publisher=None,
+        verifier=None,
+        progress=None,
+    ) -> None:
+        self.config = config
+        self.dispatcher = dispatcher
+        self.p2p = p2p
+        self.dht = dht
+        self.publisher = publisher
+        self.verifier = verifier
+        self.progress = progress
+        self.peers: dict[str, PeerState] = {}
+        self.blocked: dict[str, str] = {}
+        self.clients: dict[str, Any] = {}
+        self.events: list[VolunteerEvent] = []
+        self._all_clients: dict[str, Any] = {}
+        self._last_expiry: dict[str, float] = {}
+        self._task: asyncio.Task | None = None
+        self._closers: list[Callable[[], Any]] = []
+
+    # ------------------------------------------------------------------------------------ trust
+    def _event(self, kind: str, peer_id: str, reason: str = "") -> None:
+        self.events.append(VolunteerEvent(time.time(), kind, peer_id, reason))
+        level = logging.WARNING if kind in ("Blocked", "JoinRefused", "Failed") else logging.INFO
+        log.log(level, "volunteer event %s: peer %s %s", kind, peer_id, reason)
+
+    def admit(self, request: m.JoinRequest, caller: str) -> m.JoinReply:
+        def refuse(reason: str) -> m.JoinReply:
+            self._event("JoinRefused", caller, reason)
+            return m.JoinReply(False, reason=reason)
+
+        if caller in self.blocked:
+            return refuse(f"peer is blocked for job {self.config.job}: {self.blocked[caller]}")
+        try:
+            verify_token(self.config.secret, request.token, self.config.job)
+        except TokenError as exc:
+            return refuse(exc.reason)
+        if request.job != self.config.job:
+            return refuse(f"this coordinator runs job {self.config.job!r}, not {request.job!r}")
+        role = "rollout" if request.role == "actor" else request.role
+        if role not in self.config.roles or role not in SUPPORTED_ROLES:
+            return refuse(
+                f"role {request.role!r} is not open to volunteers here (open: {list(self.config.roles)})"
+            )
+        active = sum(1 for p in self.peers if p not in self.blocked)
+        if caller not in self.peers and active >= self.config.max_volunteers:
+            return refuse(f"the job already has {active} volunteers (maxVolunteers)")
+        self.peers.setdefault(caller, PeerState(time.time(), role))
+        self._event("Joined", caller, f"role={role} hardware={request.hardware!r}")
+        version = self.publisher.latest_version if self.publisher is not None else 0
+        own = self.p2p.peer_id.to_base58() if self.p2p is not None else "coordinator"
+        return m.JoinReply(True, peer_id=caller, policy_version=version or 0, weights_address=own)
+
+    def is_admitted(self, peer_id: str) -> bool:
+        if self.config.open:
+            return peer_id not in self.blocked
+        return peer_id in self.peers and peer_id not in self.blocked
+
+    def on_failure(self, peer_id: str, reason: str, dishonest: bool) -> None:
+        if dishonest:
+            self.block(peer_id, reason)
+            return
+        self._event("Failed", peer_id, reason)
+        client = self.clients.pop(peer_id, None)
+        if client is not None:
+            self.dispatcher.remove(client.worker_id)
+        state = self.peers.get(peer_id)
+        if state is not None:
+            state.failed_record_expiry = self._last_expiry.get(peer_id, time.time())
+        self._update_progress()
+
+    def block(self, peer_id: str, reason: str) -> None:
+        if peer_id in self.blocked:
+            return
+        self.blocked[peer_id] = reason
+        self._event("Blocked", peer_id, reason)
+        client = self.clients.pop(peer_id, None)
+        if client is not None:
+            self.dispatcher.remove(client.worker_id)
+        self._update_progress()
+
+    # ------------------------------------------------------------------------------- discovery
+    def make_client(self, record: VolunteerRecord):
+        from decentralized_verl.volunteers.client import VolunteerRolloutClient
+
+        return VolunteerRolloutClient(
+            self.p2p,
+            record.peer_id,
+            limits=self.config.limits,
+            deadline_s=self.config.deadline_s,
+            verifier=self.verifier,
+            on_failure=self.on_failure,
+        )
+
+    def apply_records(self, records: list[VolunteerRecord]) -> None:
+        """Pure-ish core of a poll: reconcile dispatcher clients with live, admitted records."""
+        self._last_expiry = {r.peer_id: r.expires_at for r in records}
+        live = {
+            r.peer_id: r
+            for r in records
+            if self.is_admitted(r.peer_id) and ("rollout" if r.role == "actor" else r.role) == "rollout"
+        }
+        for peer_id, record in live.items():
+            state = self.peers.setdefault(peer_id, PeerState(time.time(), "rollout"))
+            if peer_id in self.clients or record.expires_at <= state.failed_record_expiry:
+                continue
+            client = self.make_client(record)
+            self.clients[peer_id] = client
+            self._all_clients[peer_id] = client
+            self.dispatcher.add(client, prior=hardware_prior(record.hardware))
+            self._event("Added", peer_id, f"{record.hardware}, {record.tokens_per_second:.1f} tok/s")
+        for peer_id in [p for p in self.clients if p not in live]:
+            client = self.clients.pop(peer_id)
+            self.dispatcher.remove(client.worker_id)
+            self._event("Removed", peer_id, "record expired")
+        self._update_progress()
+
+    def _update_progress(self) -> None:
+        if self.progress is not None:
+            self.progress.volunteers = len(self.clients)
+
+    async def poll_once(self) -> None:
+        from decentralized_verl.volunteers.p2p import connect
+
+        records, problems = await read_records(self.dht, self.config.job)
+        for problem in problems:
+            log.debug("ignoring DHT record: %s", problem)
+        for record in records:
+            if (
+                record.peer_id not in self.clients
+                and self.is_admitted(record.peer_id)
+                and self.p2p is not None
+            ):
+                await connect(self.p2p, record.peer_id, record.maddrs)
+        self.apply_records(records)
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.poll_once()
+            except Exception:
+                log.exception("volunteer discovery poll failed")
+            await asyncio.sleep(self.config.poll_s)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="volunteer-discovery")
+
+    async def wait_for(self, count: int, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        while len(self.clients) < count and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        return len(self.clients)
+
+    def wrap_publish(self, publish: Callable[[int], None], model) -> Callable[[int], None]:
+        """Make sure every version also reaches the publisher volunteers pull from."""
+        from decentralized_verl.roles.trainer import rollout_state_dict
+
+        def wrapped(version: int) -> None:
+            publish(version)
+            if self.publisher.latest_version != version:
+                self.publisher.publish(rollout_state_dict(model), version)
+
+        return wrapped
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "active": sorted(self.clients),
+            "admitted": sorted(self.peers),
+            "blocked": dict(self.blocked),
+            "samples": {
+                pid: {"accepted": c.accepted, "rejected": c.rejected} for pid, c in self._all_clients.items()
+            },
+            "verified_samples": getattr(self.verifier, "checked", 0),
+            "rejected_batches": getattr(self.verifier, "rejected_batches", 0),
+            "events": [vars(e) for e in self.events],
+        }
+
+    async def close(self, output: Path | None = None) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if output is not None:
+            output.mkdir(parents=True, exist_ok=True)
+            (output / "volunteers.json").write_text(json.dumps(self.report(), indent=2) + "\n")
+        for close in self._closers:
+            try:
+                result = close()
+                if asyncio.iscoroutine(result):
+                    await result
+            except Exception:
+                log.exception("closing volunteer transport")
+
+
+def job_secret() -> bytes:
+    """The join secret: DVERL_JOIN_SECRET_FILE (a mounted Secret) or DVERL_JOIN_SECRET."""
+    from decentralized_verl.volunteers.tokens import load_secret
+
+    if os.environ.get("DVERL_JOIN_SECRET_FILE"):
+        return load_secret(secret_file=os.environ["DVERL_JOIN_SECRET_FILE"])
+    return load_secret(secret_env="DVERL_JOIN_SECRET")
+
+
+async def start_volunteer_discovery(
+    spec,
+    job: str,
+    dispatcher,
+    *,
+    model,
+    publisher,
+    progress,
+    temperature: float,
+    pad_token_id: int,
+    start_version: int = 0,
+    dht_addr: str | None = None,
+) -> VolunteerHub:
+    """Join the job's DHT as the coordinator, serve join/spec/weights over P2P and start discovery.
+
+    Env: DVERL_DHT_ADDR (bootstrap host:port), DVERL_JOIN_SECRET(_FILE), DVERL_BIND_HOST,
+    DVERL_P2P_ANNOUNCE (comma-separated multiaddrs others should dial), DVERL_WAIT_VOLUNTEERS=N[:SECONDS]
+    (start training only once N volunteers are active, for tests and benchmarks).
+    """
+    from decentralized_verl.roles.trainer import rollout_state_dict
+    from decentralized_verl.volunteers.dht import PeerOptions, start_dht
+    from decentralized_verl.volunteers.identity import bootstrap_maddr, coordinator_seed, write_identity
+    from decentralized_verl.volunteers.p2p import CoordinatorEndpoints
+    from decentralized_verl.volunteers.verify import DEFAULT_ATOL, PublishedPolicy, Verifier
+
+    secret = job_secret()
+    addr = dht_addr or os.environ["DVERL_DHT_ADDR"]
+    host = os.environ.get("DVERL_BIND_HOST", "127.0.0.1")
+    identity = write_identity(coordinator_seed(secret, job), Path(tempfile.mkdtemp(prefix="dverl-coord-")))
+    announce = tuple(a for a in os.environ.get("DVERL_P2P_ANNOUNCE", "").split(",") if a)
+    options = PeerOptions(
+        initial_peers=(bootstrap_maddr(addr, job),),
+        host_maddrs=(f"/ip4/{host}/tcp/0",),
+        announce_maddrs=announce,
+        identity_path=str(identity),
+    )
+    dht = await asyncio.to_thread(start_dht, options)
+    p2p = await dht.replicate_p2p()
+    if publisher.latest_version is None:
+        publisher.publish(rollout_state_dict(model), start_version)
+    volunteers = spec.volunteers
+    verifier = None
+    if volunteers.verify_fraction > 0:
+        dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+        policy = PublishedPolicy(copy.deepcopy(model), publisher, temperature, pad_token_id)
+        atol = float(os.environ.get("DVERL_VERIFY_ATOL", DEFAULT_ATOL.get(dtype, 0.25)))
+        verifier = Verifier(policy, fraction=volunteers.verify_fraction, atol=atol, seed=spec.training.seed)
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    config = HubConfig(
+        job=job,
+        secret=secret,
+        roles=tuple(volunteers.roles),
+        max_volunteers=volunteers.max_volunteers,
+        poll_s=float(os.environ.get("DVERL_VOLUNTEER_POLL_S", "2.0")),
+        limits=m.WireLimits(vocab_size=vocab),
+    )
+    hub = VolunteerHub(
+        config, dispatcher, p2p=p2p, dht=dht, publisher=publisher, verifier=verifier, progress=progress
+    )
+    endpoints = CoordinatorEndpoints(
+        p2p,
+        admit=hub.admit,
+        is_admitted=hub.is_admitted,
+        publisher=publisher,
+        spec_json=spec.model_dump_json(by_alias=True, exclude_none=True),
+    )
+    await endpoints.register()
+    hub._closers.append(dht.shutdown)
+    hub.start()
+    log.info("volunteer discovery for job %s: coordinator peer %s, bootstrap %s", job, dht.peer_id, addr)
+    wait = os.environ.get("DVERL_WAIT_VOLUNTEERS")
+    if wait:
+        count, _, seconds = wait.partition(":")
+        got = await hub.wait_for(int(count), float(seconds or 300))
+        log.info("%d volunteers active before training starts", got)
+    return hub

@@ -1,0 +1,218 @@
+"""Seed 000's quick-start worker: `dverl-worker --initial-peers MADDR --model PATH --role actor|critic`.
+
+Trust model (the "open" job): no join token. The worker announces itself under the open job's DHT key
+(`dverl/<job>/volunteers`, job `quickstart` unless `--job` names another) and serves any trainer that
+calls it. That is for networks where every peer is trusted (a lab, one person's machines); on an open
+network use the token-checked path (`dverl worker --job NAME --token TOKEN`, worker.py), which only
+serves the coordinator named in the token. The trainer side still validates every answer (shapes,
+versions, NaNs) and re-checks a fraction of an actor's log-probs (`dverl-train --verify-fraction`).
+
+- actor (= rollout): loads PATH (tokenizer and architecture), then pulls the trainer's weights over
+  P2P (chunks, hash-checked) before its first batch and after every update; it follows one trainer at
+  a time and re-binds to another one only after `rebind_after_s` without requests.
+- critic: a value model built from PATH, trained in place by the trainer's Train calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from decentralized_verl.errors import VolunteerError
+
+log = logging.getLogger(__name__)
+
+OPEN_JOB = "quickstart"
+OPEN_ROLES = ("actor", "rollout", "critic")
+
+
+@dataclass(frozen=True)
+class OpenWorkerOptions:
+    initial_peers: tuple[str, ...]
+    model: str
+    role: str = "actor"
+    job: str = OPEN_JOB
+    port: int = 0
+    host_maddrs: tuple[str, ...] = ()
+    announce_maddrs: tuple[str, ...] = ()
+    client_mode: bool = False
+    use_relay: bool = True
+    use_auto_relay: bool = False
+    heartbeat_s: float = 5.0
+    ttl_s: float = 20.0
+    rebind_after_s: float = 60.0
+
+
+class CallerBinding:
+    """Which trainer an open actor follows: the first caller, until it has been idle `idle_s`."""
+
+    def __init__(self, idle_s: float) -> None:
+        self.idle_s = idle_s
+        self.bound: str | None = None
+        self.last_seen = 0.0
+
+    def accept(self, caller: str, now: float) -> bool:
+        """True when `caller` becomes a newly bound trainer (its weights must be loaded)."""
+        if self.bound == caller:
+            self.last_seen = now
+            return False
+        if self.bound is not None and now - self.last_seen < self.idle_s:
+            from decentralized_verl.volunteers.p2p import Unauthorized
+
+            raise Unauthorized(
+                f"busy: serving trainer {self.bound} (free again {self.idle_s:g}s after its last request)"
+            )
+        rebound = self.bound is not None
+        self.bound, self.last_seen = caller, now
+        return rebound
+
+
+def _model_spec(path: str):
+    from decentralized_verl.spec import ModelSpec
+
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise VolunteerError(
+            f"--model: {path!r} is not a local model folder (config.json, tokenizer, weights)"
+        )
+    return ModelSpec(path=str(folder.resolve()))
+
+
+async def _serve_actor(p2p, me: str, options: OpenWorkerOptions):
+    from decentralized_verl.backends.base import make_backend
+    from decentralized_verl.models.loading import load_model_and_tokenizer
+    from decentralized_verl.roles.rollout import RolloutWorker
+    from decentralized_verl.transport import messages as m
+    from decentralized_verl.volunteers import p2p as wire
+
+    model, tokenizer = await asyncio.to_thread(load_model_and_tokenizer, _model_spec(options.model))
+    backend = make_backend("hf", model, tokenizer, seed=0, version=-1)
+    source = wire.P2PWeightSource(p2p, "", asyncio.get_running_loop())
+    worker = RolloutWorker(backend, f"actor-{me[-8:]}", source, backend_name="hf")
+    binding = CallerBinding(options.rebind_after_s)
+
+    async def follow(caller: str) -> None:
+        rebound = binding.accept(caller, time.monotonic())
+        source.coordinator = caller
+        if rebound:  # another trainer: its versions mean other weights, load its newest now
+            version, state = await source.fetch_latest_async(0)
+            await asyncio.to_thread(worker.load_weights, state, version)
+
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    endpoint = wire.RolloutEndpoint(
+        p2p, worker, coordinator=None, limits=m.WireLimits(vocab_size=vocab), on_caller=follow
+    )
+    await endpoint.register()
+
+    def stats() -> tuple[float, int, str]:
+        return (
+            float(worker.tokens_per_second),
+            int(worker.version),
+            (
+                f"served {endpoint.samples} samples in {endpoint.requests} requests, "
+                f"received {source.bytes_received} weight bytes"
+            ),
+        )
+
+    return stats
+
+
+async def _serve_critic(p2p, me: str, options: OpenWorkerOptions):
+    from decentralized_verl.roles.scoring import CriticWorker
+    from decentralized_verl.roles.value_model import build_value_model
+    from decentralized_verl.transport import messages as m
+    from decentralized_verl.volunteers.critic import CriticEndpoint
+
+    critic, tokenizer = await asyncio.to_thread(build_value_model, _model_spec(options.model))
+    worker = CriticWorker(critic, None, pad_token_id=tokenizer.pad_token_id, worker_id=f"critic-{me[-8:]}")
+    endpoint = CriticEndpoint(p2p, worker, coordinator=None, limits=m.WireLimits(vocab_size=len(tokenizer)))
+    await endpoint.register()
+
+    def stats() -> tuple[float, int, str]:
+        return (
+            0.0,
+            int(worker.version),
+            (f"served {endpoint.values_requests} values requests and {endpoint.train_steps} train steps"),
+        )
+
+    return stats
+
+
+async def run_open_worker(options: OpenWorkerOptions, *, stop: asyncio.Event | None = None) -> int:
+    """Join the DHT, serve the role, announce it with a heartbeat; run until `stop` or a signal."""
+    from decentralized_verl.volunteers import p2p as wire
+    from decentralized_verl.volunteers.announce import Heartbeat, VolunteerRecord, hardware_summary
+    from decentralized_verl.volunteers.dht import PeerOptions, start_dht
+
+    if options.role not in OPEN_ROLES:
+        raise VolunteerError(
+            f"--role {options.role}: an open quick-start worker serves actor or critic "
+            "(reward and reference run inside the trainer)"
+        )
+    role = "actor" if options.role == "rollout" else options.role
+    began = time.perf_counter()
+    peer_options = PeerOptions(
+        initial_peers=options.initial_peers,
+        host_maddrs=options.host_maddrs or (f"/ip4/0.0.0.0/tcp/{options.port}",),
+        announce_maddrs=options.announce_maddrs,
+        client_mode=options.client_mode,
+        use_relay=options.use_relay,
+        use_auto_relay=options.use_auto_relay,
+    )
+    dht = await asyncio.to_thread(start_dht, peer_options)
+    heartbeat = None
+    try:
+        p2p = await dht.replicate_p2p()
+        me = dht.peer_id.to_base58()
+        serve = _serve_actor if role == "actor" else _serve_critic
+        stats = await serve(p2p, me, options)
+        hardware = hardware_summary()
+        started = time.time()
+        model_path = str(Path(options.model).expanduser().resolve())
+        maddrs = wire.listen_maddrs(dht)
+
+        def record(expires_at: float) -> VolunteerRecord:
+            tokens_per_second, version, _ = stats()
+            return VolunteerRecord(
+                peer_id=me,
+                role=role,
+                hardware=hardware,
+                tokens_per_second=tokens_per_second,
+                policy_version=version,
+                expires_at=expires_at,
+                started_at=started,
+                model=model_path,
+                maddrs=maddrs,
+            )
+
+        heartbeat = Heartbeat(dht, options.job, record, interval=options.heartbeat_s, ttl=options.ttl_s)
+        await heartbeat.beat()
+        heartbeat.start()
+        print(
+            f"worker {me} serves {role} for open job {options.job!r} (model {model_path}), ready in "
+            f"{time.perf_counter() - began:.2f}s; open mode: any trainer on this DHT may use it "
+            "(trusted networks only)",
+            flush=True,
+        )
+        stop = stop or asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        print(f"worker {me} ({role}) {stats()[2]}", flush=True)
+        return 0
+    finally:
+        if heartbeat is not None:
+            await heartbeat.stop()
+        dht.shutdown()
+
+
+def main_open_worker(options: OpenWorkerOptions) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return asyncio.run(run_open_worker(options))

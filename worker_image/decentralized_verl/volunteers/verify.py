@@ -1,0 +1,170 @@
+"""Re-checking untrusted results on the trusted side.
+
+A volunteer's claimed log-probs must be what the policy of the claimed version assigns to the claimed
+tokens (recomputed here with the same forward pass the learner trains with); a verifiable reward is
+recomputed by the trusted reward function. A configurable fraction of every volunteer batch is checked;
+one mismatch beyond tolerance rejects the whole batch (it is re-dispatched) and blocks the peer.
+Altered tokens are caught too: their claimed log-probs were computed for other tokens.
+Wrong versions, shapes and NaNs never get here (`transport.messages.completion_from_proto`).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from decentralized_verl.roles.samples import Sample
+
+DEFAULT_ATOL = {"float32": 0.02, "float16": 0.1, "bfloat16": 0.25}
+"""Largest |claimed - recomputed| per token accepted: incremental decoding and a full forward differ by
+rounding only (~1e-5 in float32); a forged value differs by far more."""
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    key: tuple[str, int]
+    what: str
+
+    def __str__(self) -> str:
+        return f"{self.key[0]}#{self.key[1]}: {self.what}"
+
+
+def choose_for_check(n: int, fraction: float, rng: random.Random) -> list[int]:
+    """Indices to re-check: ceil(fraction * n) of n, at random (at least one when fraction > 0)."""
+    if n <= 0 or fraction <= 0:
+        return []
+    k = min(n, max(1, math.ceil(fraction * n - 1e-9)))
+    return sorted(rng.sample(range(n), k))
+
+
+def compare_logprobs(
+    key: tuple[str, int], claimed: Sequence[float], recomputed: Sequence[float], atol: float
+) -> Mismatch | None:
+    if len(claimed) != len(recomputed):
+        return Mismatch(key, f"{len(claimed)} log-probs for {len(recomputed)} tokens")
+    worst, where = 0.0, -1
+    for i, (a, b) in enumerate(zip(claimed, recomputed, strict=True)):
+        diff = abs(a - b) if math.isfinite(a) else math.inf
+        if diff > worst:
+            worst, where = diff, i
+    if worst > atol:
+        return Mismatch(
+            key,
+            f"log-prob of token {where} is {claimed[where]:.4f}, recomputed {recomputed[where]:.4f} "
+            f"(|diff| {worst:.4f} > {atol:g})",
+        )
+    return None
+
+
+def compare_scores(
+    keys: Sequence[tuple[str, int]], claimed: Sequence[float], recomputed: Sequence[float], atol: float = 1e-6
+) -> list[Mismatch]:
+    """For reward volunteers: claimed scores against the trusted reward function's."""
+    return [
+        Mismatch(k, f"score {a:g}, recomputed {b:g}")
+        for k, a, b in zip(keys, claimed, recomputed, strict=True)
+        if not (math.isfinite(a) and abs(a - b) <= atol)
+    ]
+
+
+def model_logprobs(
+    model, samples: Sequence[Sample], temperature: float, pad_token_id: int, microbatch: int = 8
+) -> list[tuple[float, ...]]:
+    """log p(response token | prefix) under `model` for each sample, in the learner's layout."""
+    import torch
+
+    from decentralized_verl.roles.samples import collate, response_logits, token_logprobs
+
+    out: list[tuple[float, ...]] = []
+    with torch.no_grad():
+        for start in range(0, len(samples), microbatch):
+            mb = list(samples[start : start + microbatch])
+            batch = collate(mb, pad_token_id)
+            logp = token_logprobs(response_logits(model, batch, temperature), batch)
+            out.extend(tuple(logp[i, : len(s.response_ids)].tolist()) for i, s in enumerate(mb))
+    return out
+
+
+class PublishedPolicy:
+    """The policy of any version the learner still publishes, in a private model copy.
+
+    Verification runs while the colocated rollout generates and never touches the learner's model; the
+    copy is loaded from the publisher's (hash-checked) bundle of exactly the claimed version.
+    """
+
+    def __init__(self, model, publisher, temperature: float, pad_token_id: int) -> None:
+        self.model = model.eval()
+        for param in self.model.parameters():
+            param.requires_grad_(False)
+        self.publisher = publisher
+        self.temperature = temperature
+        self.pad_token_id = pad_token_id
+        self.version: int | None = None
+        self._lock = threading.Lock()
+
+    def _load(self, version: int) -> None:
+        from decentralized_verl.transport.weight_service import _assemble_local
+        from decentralized_verl.transport.weights import cast_like
+
+        held = self.publisher.get(version)
+        if held is None:
+            raise LookupError(f"policy version {version} is no longer held (held: {self.publisher.versions})")
+        state = cast_like(_assemble_local(held), self.model.state_dict())
+        self.model.load_state_dict(state, strict=False)
+        self.version = version
+
+    def logprobs(self, samples: Sequence[Sample], version: int) -> list[tuple[float, ...]]:
+        with self._lock:
+            if self.version != version:
+                self._load(version)
+            return model_logprobs(self.model, samples, self.temperature, self.pad_token_id)
+
+
+@dataclass
+class CheckResult:
+    checked: int
+    mismatches: list[Mismatch]
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatches
+
+
+class Verifier:
+    """Checks `fraction` of each batch against `policy` (anything with `logprobs(samples, version)`)."""
+
+    def __init__(self, policy, *, fraction: float, atol: float = 0.02, seed: int = 0) -> None:
+        if not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"verify fraction must be in [0, 1] (got {fraction})")
+        self.policy = policy
+        self.fraction = fraction
+        self.atol = atol
+        self._rng = random.Random(seed)
+        self._rng_lock = threading.Lock()
+        self.checked = 0
+        self.rejected_batches = 0
+
+    def check(self, samples: Sequence[Sample], version: int) -> CheckResult:
+        with self._rng_lock:
+            picked = choose_for_check(len(samples), self.fraction, self._rng)
+        if not picked:
+            return CheckResult(0, [])
+        chosen = [samples[i] for i in picked]
+        wrong = [
+            Mismatch(s.key, f"claims policy v{s.policy_version}, asked v{version}")
+            for s in chosen
+            if s.policy_version != version
+        ]
+        if not wrong:
+            recomputed = self.policy.logprobs(chosen, version)
+            for s, values in zip(chosen, recomputed, strict=True):
+                problem = compare_logprobs(s.key, s.logprobs, values, self.atol)
+                if problem is not None:
+                    wrong.append(problem)
+        self.checked += len(chosen)
+        if wrong:
+            self.rejected_batches += 1
+        return CheckResult(len(chosen), wrong)
