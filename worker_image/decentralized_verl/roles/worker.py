@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 from pathlib import Path
 
+from decentralized_verl.lifecycle import until_stopped
 from decentralized_verl.manifest import load_job
 from decentralized_verl.roles.wiring import bind_host
 from decentralized_verl.spec import JobSpec
@@ -54,11 +54,7 @@ async def serve_role(spec: JobSpec, job: str, role: str, index: int, port: int, 
     server = await servicers.serve(port, handler, health, host=host)
     try:
         log.info("%s ready on port %d", worker_id, port)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+        await until_stopped()
         return 0
     finally:
         await server.stop(grace=2.0)

@@ -16,14 +16,13 @@ versions, NaNs) and re-checks a fraction of an actor's log-probs (`dverl-train -
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from decentralized_verl.errors import VolunteerError
+from decentralized_verl.lifecycle import until_stopped
 
 log = logging.getLogger(__name__)
 
@@ -199,12 +198,7 @@ async def run_open_worker(options: OpenWorkerOptions, *, stop: asyncio.Event | N
             "(trusted networks only)",
             flush=True,
         )
-        stop = stop or asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+        await until_stopped(stop)
         print(f"worker {me} ({role}) {stats()[2]}", flush=True)
         return 0
     finally:

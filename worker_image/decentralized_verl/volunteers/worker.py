@@ -9,14 +9,13 @@ The volunteer never holds the job secret or any cluster credential; it runs unti
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from decentralized_verl.errors import VolunteerError
+from decentralized_verl.lifecycle import until_stopped
 
 log = logging.getLogger(__name__)
 
@@ -140,12 +139,7 @@ async def run_volunteer(
             f"({source.bytes_received} bytes) in {joined_s:.2f}s",
             flush=True,
         )
-        stop = stop or asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+        await until_stopped(stop)
         print(f"volunteer {me} served {endpoint.samples} samples in {endpoint.requests} requests", flush=True)
         return 0
     finally:
