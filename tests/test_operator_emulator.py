@@ -123,9 +123,10 @@ async def test_create_makes_configmap_service_and_pods(cluster):
     assert spec["restartPolicy"] == "Never"
     container = spec["containers"][0]
     assert container["image"] == WORKER_IMAGE  # DVERL_WORKER_IMAGE of the operator
+    # A restarted learner gang continues from its newest checkpoint, hence --resume.
     assert container["command"] == [
         "dverl", "worker", "--role", "learner", "--index", "1", "--config", "/etc/dverl/job.yaml",
-        "--job", "alpha", "--port", "50051",
+        "--job", "alpha", "--port", "50051", "--resume",
     ]  # fmt: skip
     env = env_of(learner1)
     assert env["MASTER_ADDR"] == "alpha-learner-0.alpha-workers.default.svc"

@@ -385,3 +385,28 @@ def test_learner_pods_resume_and_mount_the_checkpoint_pvc() -> None:
     assert {"name": "DVERL_OUTPUT", "value": "/ckpt"} in learner["containers"][0]["env"]
     assert "--resume" not in rollout["containers"][0]["command"]
     assert all(v["name"] != "checkpoints" for v in rollout["volumes"])
+
+
+def test_only_the_learner_gets_the_join_secret_from_the_named_secret() -> None:
+    from decentralized_verl.manifest import parse_spec
+    from decentralized_verl.plan import plan_job
+    from dverl_operator.children import Owner, for_job
+
+    spec = parse_spec(
+        {
+            "model": {"tiny": {}},
+            "algorithm": {"name": "grpo", "samplesPerPrompt": 2},
+            "data": {"train": "/data/train.jsonl"},
+            "training": {"batchSize": 8},
+            "volunteers": {"enabled": True, "tokenSecretRef": {"name": "job-join", "key": "secret"}},
+        }
+    )
+    children = for_job(Owner("job", "ns", "uid-1"), spec, plan_job(spec, "job"), "img")
+    learner_env = children.pods["job-learner-0"]["spec"]["containers"][0]["env"]
+    assert {
+        "name": "DVERL_JOIN_SECRET",
+        "valueFrom": {"secretKeyRef": {"name": "job-join", "key": "secret"}},
+    } in learner_env
+    for name, pod in children.pods.items():
+        if name != "job-learner-0":
+            assert all(e["name"] != "DVERL_JOIN_SECRET" for e in pod["spec"]["containers"][0]["env"]), name

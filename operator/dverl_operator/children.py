@@ -156,6 +156,15 @@ def _resources(worker: PlannedWorker) -> dict[str, dict[str, str]]:
 _RENDEZVOUS_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
 
 
+def _secret_env(spec: JobSpec, worker: PlannedWorker) -> list[dict[str, Any]]:
+    """The coordinator signs and checks volunteer join tokens with the job's secret, read from the Secret
+    the spec names; only the learner gets it, never a worker that volunteers could reach."""
+    ref = spec.volunteers.token_secret_ref
+    if worker.role != "learner" or not spec.volunteers.enabled or ref is None:
+        return []
+    return [{"name": "DVERL_JOIN_SECRET", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
+
+
 def pod(
     owner: Owner, spec: JobSpec, plan: Plan, worker: PlannedWorker, image: str, addrs: Mapping[str, str]
 ) -> dict[str, Any]:
@@ -183,7 +192,8 @@ def pod(
         "name": CONTAINER_NAME,
         "image": image,
         "command": command,
-        "env": [{"name": key, "value": value} for key, value in sorted(env.items())],
+        "env": [{"name": key, "value": value} for key, value in sorted(env.items())]
+        + _secret_env(spec, worker),
         "ports": [
             {"name": name, "containerPort": number, "protocol": "TCP"}
             for name, number in sorted(worker.ports.items())
