@@ -57,6 +57,13 @@ def _problems(level: str) -> list[tuple[str, int, int]]:
     return [(op, a, b) for a, b in sorted(pairs)]
 
 
+def is_small_sum(item: dict) -> bool:
+    """`a + b` with both operands in 1..20: the level where SmolLM2-135M has RL headroom on a CPU budget
+    (one-shot greedy ~0.66, T=1 ~0.46 per sample: most GRPO groups hold both right and wrong answers)."""
+    parts = item["messages"]["content"].removeprefix("What is ").removesuffix("?").split(" ")
+    return len(parts) == 3 and parts[1] == "+" and all(int(x) <= 20 for x in (parts[0], parts[2]))
+
+
 def arithmetic(rng: random.Random) -> tuple[list[dict], list[dict]]:
     train: list[dict] = []
     evals: list[dict] = []
@@ -388,6 +395,8 @@ def generate(out: Path, seed: int = 0) -> list[Path]:
     train, evals = arithmetic(random.Random(f"arithmetic:{seed}"))
     jsonl("arithmetic/train.jsonl", train)
     jsonl("arithmetic/eval.jsonl", evals)
+    jsonl("arithmetic/small_train.jsonl", [x for x in train if is_small_sum(x)])
+    jsonl("arithmetic/small_eval.jsonl", [x for x in evals if is_small_sum(x)])
     code_train, code_eval = code(random.Random(f"code:{seed}"))
     jsonl("code/train.jsonl", code_train)
     jsonl("code/eval.jsonl", code_eval)
