@@ -66,7 +66,16 @@ def manifest(tmp_path: Path, name: str, steps: int = 3, verify: float = 1.0) -> 
 
 
 def env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    """The console scripts (dverl, dverl-dht, dverl-worker) live beside this Python, whether or not the
+    venv is activated (CI runs `.venv/bin/python -m pytest` without activating it)."""
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    return {
+        **os.environ,
+        "PATH": path,
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
 
 
 class Procs:
