@@ -103,7 +103,13 @@ def config_map(owner: Owner, spec: JobSpec, plan: Plan) -> dict[str, Any]:
         CONFIG_KEY: yaml.safe_dump(with_defaults(spec), sort_keys=False),
         WORKERS_KEY: yaml.safe_dump(
             {
-                w.name: {"role": w.role, "index": w.index, "address": worker_address(owner, w)}
+                w.name: {
+                    "role": w.role,
+                    "index": w.index,
+                    "address": worker_address(owner, w),
+                    "pool": w.pool or DEFAULT_POOL,
+                    "gpuType": w.gpu_type or "",
+                }
                 for w in plan.workers
             },
             sort_keys=False,

@@ -147,6 +147,7 @@ async def _coordinate(
     )
     world = spec.roles.learner.replicas
     volunteers = None  # issue 7: the VolunteerHub, when volunteers are enabled
+    watcher = None  # follows workers.yaml when the operator scales rollout workers
     try:
         prompts = prepare_prompts(spec, tokenizer, spec.data.train, base_dir)
         eval_prompts = (
@@ -215,6 +216,12 @@ async def _coordinate(
             )
             roles.publish = volunteers.wrap_publish(roles.publish, model)
         # --- end volunteers ---
+        if roles.remote_rollout:
+            # Scaling adds or removes rollout pods while this process runs; follow the operator's list.
+            from decentralized_verl.roles.membership import start_watching
+            from decentralized_verl.roles.wiring import env_addresses
+
+            watcher = start_watching(job, dispatcher, env_addresses("rollout"))
         parts = LoopParts(
             spec=spec,
             trainer=trainer,
@@ -256,6 +263,8 @@ async def _coordinate(
             dist.destroy_process_group()
         if volunteers is not None:  # issue 7
             await volunteers.close(output)
+        if watcher is not None:
+            await watcher.close()
         await server.stop(grace=1.0)
 
 
