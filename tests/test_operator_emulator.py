@@ -45,7 +45,13 @@ async def cluster(tmp_path_factory):
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     async with Emulator(tmp) as emu:
-        op = Operator(emu, "op-a", env={"DVERL_COORDINATOR_ADDRESS_TEMPLATE": f"127.0.0.1:{port}"}).start()
+        env = {
+            "DVERL_COORDINATOR_ADDRESS_TEMPLATE": f"127.0.0.1:{port}",
+            # As the chart sets them with volunteers.gateway.enabled=true, serviceType=NodePort.
+            "DVERL_VOLUNTEER_GATEWAY": "true",
+            "DVERL_VOLUNTEER_SERVICE_TYPE": "NodePort",
+        }
+        op = Operator(emu, "op-a", env=env).start()
         try:
             yield emu, op, coordinator
         finally:
@@ -403,6 +409,75 @@ async def test_status_progress_from_coordinator(cluster):
     assert coordinator.calls >= 2
 
 
+# ------------------------------------------------------------------------------------ volunteers
+VOLUNTEERS = {"enabled": True, "tokenSecretRef": {"name": "join", "key": "secret"}}
+
+
+async def test_volunteer_job_gets_a_gateway_service_of_the_chart_type(cluster):
+    emu, _, _ = cluster
+    await emu.create_job("vol", tiny_spec(volunteers=VOLUNTEERS))
+    pods = await children_of(emu, "vol", 4)
+    assert pods["vol-dht-0"]["metadata"]["labels"]["dverl.io/role"] == "dht"
+    gateway = await wait_for(lambda: emu.get("services", "vol-volunteers"), timeout=30, what="gateway")
+    assert gateway["spec"]["type"] == "NodePort"
+    assert gateway["spec"]["selector"] == {"dverl.io/job": "vol", "dverl.io/role": "dht"}
+    assert gateway["spec"]["ports"] == [
+        {"name": "dht", "port": 31337, "targetPort": 31337, "protocol": "TCP"}
+    ]
+    assert gateway["metadata"]["ownerReferences"][0]["name"] == "vol"
+    # The API server assigns the node port; the operator reports where volunteers dial in.
+    ports = [{**gateway["spec"]["ports"][0], "nodePort": 30337}]
+    await emu.call(
+        "PATCH",
+        "api/v1/namespaces/default/services/vol-volunteers",
+        {"spec": {"ports": ports}},
+        content_type="application/merge-patch+json",
+    )
+    status = await status_of(
+        emu, "vol", lambda s: s.get("volunteerGateway"), "gateway address in status", timeout=30
+    )
+    assert status["volunteerGateway"] == "<any node>:30337"
+    # A job without volunteers gets none; turning volunteers off removes it.
+    await emu.patch_job_spec("vol", {"volunteers": {"enabled": False}})
+    await wait_for(lambda: _absent(emu, "services", "vol-volunteers"), timeout=30, what="gateway removed")
+
+
+async def _absent(emu, plural, name):
+    return await emu.get(plural, name) is None
+
+
+async def test_blocked_volunteers_are_counted_in_status_with_one_event_each(cluster):
+    emu, _, coordinator = cluster
+    blocked = [
+        dverl_pb2.BlockedPeer(peer_id="12D3KooWbad1", reason="log-prob mismatch on 2 of 4 re-checked items"),
+        dverl_pb2.BlockedPeer(peer_id="12D3KooWbad2", reason="token ids outside the vocabulary"),
+    ]
+    coordinator.reply = dverl_pb2.JobStatus(
+        step=3, total_steps=10, state="Running", volunteers=1, blocked_peers=blocked[:1]
+    )
+    await emu.create_job("blocky", tiny_spec(volunteers=VOLUNTEERS))
+    await children_of(emu, "blocky", 4)
+    await emu.run_all_pods("blocky")
+    await status_of(emu, "blocky", lambda s: s.get("blockedPeers") == 1, "one blocked peer")
+    coordinator.reply = dverl_pb2.JobStatus(step=4, total_steps=10, state="Running", blocked_peers=blocked)
+    await status_of(emu, "blocky", lambda s: s.get("blockedPeers") == 2, "two blocked peers")
+    # A restarted learner starts with an empty blocklist: the job-lifetime counter does not go down.
+    coordinator.reply = dverl_pb2.JobStatus(step=5, total_steps=10, state="Running")
+    await status_of(emu, "blocky", lambda s: s.get("step") == 5, "step 5")
+    await asyncio.sleep(1.0)  # a few more passes: no new events, no lower count
+    assert (await emu.job("blocky"))["status"]["blockedPeers"] == 2
+    events = [
+        e for e in await emu.events()
+        if e["involvedObject"]["name"] == "blocky" and e["reason"] == "VolunteerBlocked"
+    ]  # fmt: skip
+    messages = sorted(e["message"] for e in events)
+    assert messages == [
+        "peer 12D3KooWbad1 blocked: log-prob mismatch on 2 of 4 re-checked items",
+        "peer 12D3KooWbad2 blocked: token ids outside the vocabulary",
+    ]
+    assert all(e["type"] == "Warning" for e in events)
+
+
 async def test_metrics_endpoint_serves_counters(cluster):
     emu, op, _ = cluster
     await emu.create_job("counted", tiny_spec())
@@ -454,10 +529,19 @@ async def test_kubectl_get_rlhfjobs_shows_printer_columns(cluster, tmp_path):
     )  # fmt: skip
     assert custom.returncode == 0, custom.stderr
     head, row = custom.stdout.splitlines()
-    assert head.split() == ["PHASE", "STEP", "REWARD", "WORKERS", "VOLUNTEERS", "AGE"]
+    assert head.split() == ["PHASE", "STEP", "REWARD", "WORKERS", "VOLUNTEERS", "BLOCKED", "AGE"]
     status = (await emu.job("shown"))["status"]
+    cells = row.split()
+    if "reward" in status:  # kubectl prints 0.0 as 0
+        assert float(cells[2]) == status["reward"]
+        cells[2] = str(status["reward"])
     expected = [status["phase"], str(status.get("step", "<none>")), str(status.get("reward", "<none>"))]
-    assert row.split()[:5] == [*expected, "3/3", str(status.get("volunteers", "<none>"))]
+    assert cells[:6] == [
+        *expected,
+        "3/3",
+        str(status.get("volunteers", "<none>")),
+        str(status.get("blockedPeers", "<none>")),
+    ]
     assert row.split()[0] == "Running"
     table = await asyncio.to_thread(
         subprocess.run,

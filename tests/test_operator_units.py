@@ -410,3 +410,89 @@ def test_only_the_learner_gets_the_join_secret_from_the_named_secret() -> None:
     for name, pod in children.pods.items():
         if name != "job-learner-0":
             assert all(e["name"] != "DVERL_JOIN_SECRET" for e in pod["spec"]["containers"][0]["env"]), name
+
+
+# ------------------------------------------------------------------------------ volunteer gateway
+VOLUNTEERS = {"enabled": True, "tokenSecretRef": {"name": "join", "key": "secret"}}
+GATEWAY = reconcile.Settings(
+    default_image="img:1", volunteer_gateway=True, volunteer_service_type="LoadBalancer"
+)
+
+
+def test_gateway_only_for_volunteer_jobs_and_only_when_the_chart_enables_it():
+    vol = tiny_spec(volunteers=VOLUNTEERS)
+    created = {o["metadata"]["name"]: o for o in reconcile.decide(observed(vol), GATEWAY).create}
+    gateway = created["j-volunteers"]
+    assert gateway["spec"]["type"] == "LoadBalancer"
+    assert gateway["spec"]["selector"] == {"dverl.io/job": "j", "dverl.io/role": "dht"}
+    assert "j-volunteers" not in {
+        o["metadata"]["name"] for o in reconcile.decide(observed(vol), SETTINGS).create
+    }
+    plain = reconcile.decide(observed(tiny_spec()), GATEWAY)
+    assert "j-volunteers" not in {o["metadata"]["name"] for o in plain.create}
+
+
+def test_gateway_type_change_is_patched_and_a_gateway_without_volunteers_is_deleted():
+    vol = tiny_spec(volunteers=VOLUNTEERS)
+    have = kids.gateway_service(kids.Owner("j", "ns", "u-1"), plan_job(parse_spec(vol), "j"), "ClusterIP")
+    actions = reconcile.decide(reconcile.Observed(**{**vars(observed(vol)), "gateway": have}), GATEWAY)
+    patches = [p for p in actions.patch if p[1] == "j-volunteers"]
+    assert patches and patches[0][2]["spec"]["type"] == "LoadBalancer"
+    actions = reconcile.decide(
+        reconcile.Observed(**{**vars(observed(tiny_spec())), "gateway": have}), GATEWAY
+    )
+    assert ("Service", "j-volunteers") in actions.delete
+
+
+@pytest.mark.parametrize(
+    ("service", "address"),
+    [
+        ({"spec": {"type": "LoadBalancer", "ports": [{"port": 31337}]}}, None),  # no ingress yet
+        (
+            {
+                "spec": {"type": "LoadBalancer", "ports": [{"port": 31337}]},
+                "status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.7"}]}},
+            },
+            "203.0.113.7:31337",
+        ),
+        (
+            {
+                "spec": {"type": "LoadBalancer", "ports": [{"port": 31337}]},
+                "status": {"loadBalancer": {"ingress": [{"hostname": "lb.example"}]}},
+            },
+            "lb.example:31337",
+        ),
+        ({"spec": {"type": "NodePort", "ports": [{"port": 31337, "nodePort": 30001}]}}, "<any node>:30001"),
+        (
+            {"spec": {"type": "ClusterIP", "clusterIP": "10.0.0.9", "ports": [{"port": 31337}]}},
+            "10.0.0.9:31337",
+        ),
+        (None, None),
+    ],
+)
+def test_gateway_address_reported_where_volunteers_dial(service, address):
+    assert reconcile.gateway_address(service) == address
+
+
+def test_each_blocked_peer_gets_one_event_and_the_counter_never_drops():
+    vol = tiny_spec(volunteers=VOLUNTEERS)
+    two = st.Progress(step=2, state="Running", blocked_peers=(("p1", "bad log-probs"), ("p2", "NaN")))
+    actions = reconcile.decide(observed(vol, progress=two, status={"blockedPeers": 1}), SETTINGS)
+    assert actions.status["blockedPeers"] == 2
+    assert [e for e in actions.events if e[1] == "VolunteerBlocked"] == [
+        ("Warning", "VolunteerBlocked", "peer p2 blocked: NaN")
+    ]
+    restarted = st.Progress(step=3, state="Running")
+    actions = reconcile.decide(observed(vol, progress=restarted, status={"blockedPeers": 2}), SETTINGS)
+    assert actions.status["blockedPeers"] == 2 and not [
+        e for e in actions.events if e[1] == "VolunteerBlocked"
+    ]
+
+
+def test_operator_flags_take_the_chart_gateway_values_from_the_environment(monkeypatch):
+    monkeypatch.setenv("DVERL_VOLUNTEER_GATEWAY", "true")
+    monkeypatch.setenv("DVERL_VOLUNTEER_SERVICE_TYPE", "NodePort")
+    args = parser().parse_args(["--all-namespaces"])
+    assert args.volunteer_gateway == "true" and args.volunteer_service_type == "NodePort"
+    with pytest.raises(SystemExit):
+        parser().parse_args(["--volunteer-service-type", "ExternalName"])

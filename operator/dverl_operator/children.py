@@ -58,10 +58,16 @@ class Children:
     service: dict[str, Any]
     pods: dict[str, dict[str, Any]]
     """Keyed by pod name, in plan order (learners first)."""
+    gateway: dict[str, Any] | None = None
+    """The volunteer gateway Service (only for jobs with volunteers, when the chart enables gateways)."""
 
 
 def service_name(job: str) -> str:
     return f"{job}-workers"
+
+
+def gateway_name(job: str) -> str:
+    return f"{job}-volunteers"
 
 
 def config_map_name(job: str) -> str:
@@ -140,6 +146,25 @@ def service(owner: Owner, plan: Plan) -> dict[str, Any]:
                 {"name": name, "port": number, "targetPort": number, "protocol": "TCP"}
                 for name, number in sorted(ports.items())
             ],
+        },
+    }
+
+
+def gateway_service(owner: Owner, plan: Plan, service_type: str) -> dict[str, Any] | None:
+    """A Service of the chart's type in front of the job's DHT bootstrap peer, so volunteers outside the
+    cluster can reach it. Only that pod is selected: a volunteer never gets a route to any other worker."""
+    dht = plan.by_role("dht")
+    if not dht:
+        return None
+    port = dht[0].ports["grpc"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(owner, gateway_name(owner.name), {**job_labels(owner.name), LABEL_ROLE: "dht"}),
+        "spec": {
+            "type": service_type,
+            "selector": {LABEL_JOB: owner.name, LABEL_ROLE: "dht"},
+            "ports": [{"name": "dht", "port": port, "targetPort": port, "protocol": "TCP"}],
         },
     }
 
@@ -244,8 +269,14 @@ def pod(
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
 
 
-def for_job(owner: Owner, spec: JobSpec, plan: Plan, image: str) -> Children:
-    """Everything the job should have in the cluster, given its (valid) spec and plan."""
+def for_job(
+    owner: Owner, spec: JobSpec, plan: Plan, image: str, *, gateway_type: str | None = None
+) -> Children:
+    """Everything the job should have in the cluster, given its (valid) spec and plan; `gateway_type` is
+    the volunteer gateway's Service type, None when the chart does not expose gateways."""
     addrs = addresses(owner, plan)
     pods = {w.name: pod(owner, spec, plan, w, image, addrs) for w in plan.workers}
-    return Children(config_map=config_map(owner, spec, plan), service=service(owner, plan), pods=pods)
+    gateway = gateway_service(owner, plan, gateway_type) if gateway_type else None
+    return Children(
+        config_map=config_map(owner, spec, plan), service=service(owner, plan), pods=pods, gateway=gateway
+    )

@@ -33,6 +33,7 @@ def progress_from_reply(reply: dverl_pb2.JobStatus) -> Progress:
         last_checkpoint=reply.last_checkpoint or None,
         eval_accuracy=float(reply.eval_accuracy) if reply.HasField("eval_accuracy") else None,
         volunteers=int(reply.volunteers),
+        blocked_peers=tuple((p.peer_id, p.reason) for p in reply.blocked_peers),
     )
 
 

@@ -77,10 +77,11 @@ class Runtime:
         job = await self.cluster.get("RLHFJob", namespace, name)
         if job is None:
             return None
-        pods, config_map, service = await asyncio.gather(
+        pods, config_map, service, gateway = await asyncio.gather(
             self.cluster.list("Pod", namespace, {kids.LABEL_JOB: name}),
             self.cluster.get("ConfigMap", namespace, kids.config_map_name(name)),
             self.cluster.get("Service", namespace, kids.service_name(name)),
+            self.cluster.get("Service", namespace, kids.gateway_name(name)),
         )
         pods_by_name = {p["metadata"]["name"]: p for p in pods}
         progress = await self._poll(namespace, name, pods_by_name)
@@ -91,6 +92,7 @@ class Runtime:
             service=service,
             progress=progress,
             now=time.time(),
+            gateway=gateway,
         )
 
     async def _poll(self, namespace: str, name: str, pods: Mapping[str, Any]) -> st.Progress | None:

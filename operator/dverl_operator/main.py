@@ -90,6 +90,18 @@ def parser() -> argparse.ArgumentParser:
         default=os.environ.get(coordinator.ENV_TEMPLATE, coordinator.DEFAULT_TEMPLATE),
         help="where a job's coordinator listens; {job} and {namespace} are filled in",
     )
+    p.add_argument(
+        "--volunteer-gateway",
+        choices=("true", "false"),
+        default=os.environ.get("DVERL_VOLUNTEER_GATEWAY", "false").lower(),
+        help="give each job with volunteers enabled a Service for its DHT bootstrap peer",
+    )
+    p.add_argument(
+        "--volunteer-service-type",
+        choices=reconcile.GATEWAY_TYPES,
+        default=os.environ.get("DVERL_VOLUNTEER_SERVICE_TYPE", "LoadBalancer"),
+        help="Service type of that gateway (the chart's volunteers.gateway.serviceType)",
+    )
     p.add_argument("--identity", default=None, help="Lease holder identity (default: $POD_NAME)")
     p.add_argument(
         "--lease-namespace",
@@ -116,6 +128,8 @@ async def run(args: argparse.Namespace) -> int:
             backoff_base_seconds=args.backoff_base_seconds,
             backoff_max_seconds=args.backoff_max_seconds,
             resync_seconds=args.resync_seconds,
+            volunteer_gateway=args.volunteer_gateway == "true",
+            volunteer_service_type=args.volunteer_service_type,
         ),
         coordinator=coordinator.CoordinatorClient(args.coordinator_address_template),
         metrics=metrics.Metrics(),

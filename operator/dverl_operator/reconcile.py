@@ -35,6 +35,12 @@ class Settings:
     backoff_base_seconds: float = 10.0
     backoff_max_seconds: float = 300.0
     resync_seconds: float = 10.0
+    volunteer_gateway: bool = False
+    """Expose each volunteer job's DHT bootstrap peer outside the cluster (chart: volunteers.gateway)."""
+    volunteer_service_type: str = "LoadBalancer"
+
+
+GATEWAY_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,8 @@ class Observed:
     service: Mapping[str, Any] | None
     progress: st.Progress | None
     now: float
+    gateway: Mapping[str, Any] | None = None
+    """The volunteer gateway Service, when one exists."""
 
 
 @dataclass
@@ -121,6 +129,41 @@ def _invalid(observed: Observed, problems: list[Problem], status: dict[str, Any]
     return actions
 
 
+def _gateway(
+    have: Mapping[str, Any] | None, want: Mapping[str, Any] | None, name: str, actions: Actions
+) -> None:
+    """Create, retype or remove the volunteer gateway Service so it matches the job and the chart."""
+    if want is None:
+        if have is not None:
+            actions.delete.append(("Service", name))
+        return
+    if have is None:
+        actions.create.append(dict(want))
+        return
+    have_spec, want_spec = have.get("spec") or {}, want["spec"]
+    if have_spec.get("type") != want_spec["type"] or have_spec.get("ports") != want_spec["ports"]:
+        actions.patch.append(
+            ("Service", name, {"spec": {"type": want_spec["type"], "ports": want_spec["ports"]}})
+        )
+
+
+def gateway_address(gateway: Mapping[str, Any] | None) -> str | None:
+    """Where volunteers dial the job's DHT peer: the load balancer's address, else the node port."""
+    if gateway is None:
+        return None
+    spec = gateway.get("spec") or {}
+    ports = spec.get("ports") or [{}]
+    ingress = ((gateway.get("status") or {}).get("loadBalancer") or {}).get("ingress") or []
+    if spec.get("type") == "LoadBalancer" and ingress:
+        host = ingress[0].get("ip") or ingress[0].get("hostname")
+        return f"{host}:{ports[0].get('port')}"
+    if spec.get("type") == "NodePort" and ports[0].get("nodePort"):
+        return f"<any node>:{ports[0]['nodePort']}"
+    if spec.get("type") == "ClusterIP" and spec.get("clusterIP") not in (None, "", "None"):
+        return f"{spec['clusterIP']}:{ports[0].get('port')}"
+    return None
+
+
 def decide(observed: Observed, settings: Settings) -> Actions:
     """What the cluster must do for this job now. Pure; see the module docstring."""
     job = observed.job
@@ -177,7 +220,8 @@ def decide(observed: Observed, settings: Settings) -> Actions:
 
     plan = plan_job(effective, name)
     image = effective.image or settings.default_image
-    desired = kids.for_job(owner, effective, plan, image)
+    gateway_type = settings.volunteer_service_type if settings.volunteer_gateway else None
+    desired = kids.for_job(owner, effective, plan, image, gateway_type=gateway_type)
 
     # ConfigMap and Service: create when missing, patch when their content drifted.
     if observed.config_map is None:
@@ -205,6 +249,8 @@ def decide(observed: Observed, settings: Settings) -> Actions:
                 {"spec": {"ports": desired.service["spec"]["ports"]}},
             )
         )
+
+    _gateway(observed.gateway, desired.gateway, kids.gateway_name(name), actions)
 
     restarts: dict[str, int] = {
         role: int((counts or {}).get("restarts", 0)) for role, counts in (status.get("roles") or {}).items()
@@ -358,8 +404,17 @@ def decide(observed: Observed, settings: Settings) -> Actions:
     total = sum(r["desired"] for r in roles.values())
     new_status: dict[str, Any] = {**status, "roles": roles, "workers": st.workers_column(roles)}
     progress = observed.progress
+    address = gateway_address(observed.gateway) if desired.gateway is not None else None
+    if address:
+        new_status["volunteerGateway"] = address
+    else:
+        new_status.pop("volunteerGateway", None)
     if progress is not None:
         new_status.update(progress.fields())
+        already = int(status.get("blockedPeers") or 0)
+        for peer_id, reason in st.newly_blocked(already, progress):
+            actions.events.append(("Warning", "VolunteerBlocked", f"peer {peer_id} blocked: {reason}"))
+        new_status["blockedPeers"] = max(already, len(progress.blocked_peers))
     if spec.training.steps and not new_status.get("totalSteps"):
         new_status["totalSteps"] = spec.training.steps
     if restart_messages:

@@ -135,6 +135,8 @@ class Progress:
     last_checkpoint: str | None = None
     eval_accuracy: float | None = None
     volunteers: int = 0
+    blocked_peers: tuple[tuple[str, str], ...] = ()
+    """(peer id, reason) in blocking order."""
 
     def fields(self) -> dict[str, Any]:
         """The status fields (camelCase) this progress sets."""
@@ -154,6 +156,15 @@ class Progress:
             if value is not None:
                 out[key] = round(value, 6) if isinstance(value, float) else value
         return out
+
+
+def newly_blocked(previous_count: int, progress: Progress) -> list[tuple[str, str]]:
+    """Peers blocked since the count in `.status` was written (the coordinator lists them in order).
+
+    `.status.blockedPeers` is a job-lifetime counter: it never goes down, so a learner restart (whose
+    blocklist starts empty) does not make the operator announce the same peers twice.
+    """
+    return list(progress.blocked_peers[previous_count:])
 
 
 # ------------------------------------------------------------------------------------ merge patch

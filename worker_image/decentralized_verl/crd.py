@@ -72,6 +72,13 @@ PRINTER_COLUMNS = [
     {"name": "Reward", "type": "number", "jsonPath": ".status.reward"},
     {"name": "Workers", "type": "string", "jsonPath": ".status.workers", "description": "ready/desired"},
     {"name": "Volunteers", "type": "integer", "jsonPath": ".status.volunteers"},
+    {
+        "name": "Blocked",
+        "type": "integer",
+        "jsonPath": ".status.blockedPeers",
+        "description": "volunteers blocked by verification",
+        "priority": 1,
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

@@ -497,7 +497,12 @@ class JobStatus(SpecModel):
     roles: dict[str, RoleStatus] = Field(default_factory=dict)
     workers: str = Field(default="0/0", description="ready/desired workers, for the printer column")
     volunteers: NonNegativeInt = 0
-    blocked_peers: NonNegativeInt = 0
+    blocked_peers: NonNegativeInt = Field(
+        default=0, description="volunteers blocked for this job after failing verification (job lifetime)"
+    )
+    volunteer_gateway: str | None = Field(
+        default=None, description="host:port of the job's DHT bootstrap peer as volunteers outside reach it"
+    )
     step: NonNegativeInt = 0
     total_steps: NonNegativeInt = 0
     reward: float | None = None

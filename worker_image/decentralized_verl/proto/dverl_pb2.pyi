@@ -272,7 +272,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("step", "total_steps", "phase", "state", "reward_mean", "reward_std", "kl", "response_length_mean", "policy_version", "tokens_per_second", "phase_seconds", "last_checkpoint", "eval_accuracy", "volunteers")
+    __slots__ = ("step", "total_steps", "phase", "state", "reward_mean", "reward_std", "kl", "response_length_mean", "policy_version", "tokens_per_second", "phase_seconds", "last_checkpoint", "eval_accuracy", "volunteers", "blocked_peers")
     class PhaseSecondsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -294,6 +294,7 @@ class JobStatus(_message.Message):
     LAST_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     EVAL_ACCURACY_FIELD_NUMBER: _ClassVar[int]
     VOLUNTEERS_FIELD_NUMBER: _ClassVar[int]
+    BLOCKED_PEERS_FIELD_NUMBER: _ClassVar[int]
     step: int
     total_steps: int
     phase: str
@@ -308,7 +309,16 @@ class JobStatus(_message.Message):
     last_checkpoint: str
     eval_accuracy: float
     volunteers: int
-    def __init__(self, step: _Optional[int] = ..., total_steps: _Optional[int] = ..., phase: _Optional[str] = ..., state: _Optional[str] = ..., reward_mean: _Optional[float] = ..., reward_std: _Optional[float] = ..., kl: _Optional[float] = ..., response_length_mean: _Optional[float] = ..., policy_version: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., phase_seconds: _Optional[_Mapping[str, float]] = ..., last_checkpoint: _Optional[str] = ..., eval_accuracy: _Optional[float] = ..., volunteers: _Optional[int] = ...) -> None: ...
+    blocked_peers: _containers.RepeatedCompositeFieldContainer[BlockedPeer]
+    def __init__(self, step: _Optional[int] = ..., total_steps: _Optional[int] = ..., phase: _Optional[str] = ..., state: _Optional[str] = ..., reward_mean: _Optional[float] = ..., reward_std: _Optional[float] = ..., kl: _Optional[float] = ..., response_length_mean: _Optional[float] = ..., policy_version: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., phase_seconds: _Optional[_Mapping[str, float]] = ..., last_checkpoint: _Optional[str] = ..., eval_accuracy: _Optional[float] = ..., volunteers: _Optional[int] = ..., blocked_peers: _Optional[_Iterable[_Union[BlockedPeer, _Mapping]]] = ...) -> None: ...
+
+class BlockedPeer(_message.Message):
+    __slots__ = ("peer_id", "reason")
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    peer_id: str
+    reason: str
+    def __init__(self, peer_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
     __slots__ = ("job", "token", "role", "hardware", "tokens_per_second")

@@ -32,6 +32,8 @@ class ProgressState:
     last_checkpoint: str = ""
     eval_accuracy: float | None = None
     volunteers: int = 0
+    blocked_peers: dict[str, str] = field(default_factory=dict)
+    """peer id -> reason, in blocking order (the operator counts them and raises an Event for each)."""
     started: float = field(default_factory=time.time)
 
     def snapshot(self) -> dict[str, Any]:

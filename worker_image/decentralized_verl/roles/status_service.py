@@ -24,6 +24,7 @@ def status_message(progress: ProgressState) -> dverl_pb2.JobStatus:
             last_checkpoint=progress.last_checkpoint,
             eval_accuracy=progress.eval_accuracy,
             volunteers=progress.volunteers,
+            blocked_peers=tuple(progress.blocked_peers.items()),
         )
     )
 

@@ -842,6 +842,8 @@ class JobStatus:
     last_checkpoint: str = ""
     eval_accuracy: float | None = None
     volunteers: int = 0
+    blocked_peers: tuple[tuple[str, str], ...] = ()
+    """(peer id, reason) in blocking order."""
 
 
 def job_status_to_proto(s: JobStatus) -> pb.JobStatus:
@@ -859,6 +861,7 @@ def job_status_to_proto(s: JobStatus) -> pb.JobStatus:
         phase_seconds=dict(s.phase_seconds),
         last_checkpoint=s.last_checkpoint,
         volunteers=s.volunteers,
+        blocked_peers=[pb.BlockedPeer(peer_id=p, reason=r) for p, r in s.blocked_peers],
     )
     if s.eval_accuracy is not None:
         msg.eval_accuracy = s.eval_accuracy
@@ -879,6 +882,8 @@ def job_status_from_proto(msg: pb.JobStatus) -> JobStatus:
     accuracy = _optional(msg, "eval_accuracy")
     if accuracy is not None and not 0.0 <= accuracy <= 1.0:
         raise WireError("eval_accuracy", f"must be in [0, 1] (got {accuracy})")
+    for i, peer in enumerate(msg.blocked_peers):
+        _check_nonempty_text(peer.peer_id, f"blocked_peers[{i}].peer_id")
     return JobStatus(
         step=msg.step,
         total_steps=msg.total_steps,
@@ -894,6 +899,7 @@ def job_status_from_proto(msg: pb.JobStatus) -> JobStatus:
         last_checkpoint=msg.last_checkpoint,
         eval_accuracy=accuracy,
         volunteers=msg.volunteers,
+        blocked_peers=tuple((p.peer_id, p.reason) for p in msg.blocked_peers),
     )
 
 

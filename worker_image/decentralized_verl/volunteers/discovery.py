@@ -160,6 +160,8 @@ class VolunteerHub:
         if peer_id in self.blocked:
             return
         self.blocked[peer_id] = reason
+        if self.progress is not None:
+            self.progress.blocked_peers[peer_id] = reason  # the operator's counter and Event
         self._event("Blocked", peer_id, reason)
         client = self.clients.pop(peer_id, None)
         if client is not None:
