@@ -205,3 +205,66 @@ def test_shipped_tiny_grpo_example_learns(tmp_path: Path) -> None:
     assert summary["steps"] == 200
     assert summary["reward_last"] > summary["reward_first"] + 0.15, summary
     assert summary["eval_accuracy_after"] > summary["eval_accuracy_before"], summary
+
+
+def test_running_learner_follows_rollout_workers_added_and_removed(tmp_path: Path) -> None:
+    """What the operator does on scale, played locally: start a pod, rewrite workers.yaml, delete a pod.
+
+    The learner starts with one rollout worker; a second joins mid-run and later the first goes away
+    (killed as a deleted pod, then dropped from the file). No learner restart, no sample lost or doubled.
+    """
+    path = manifest(
+        tmp_path, "scale-e2e", **{"training.steps": 14, "training.evalEvery": 0, "data.maxNewTokens": 24}
+    )
+    job = load_job(path)
+    output = tmp_path / "run"
+    config = write_config(job, path, output)
+    workers_file = tmp_path / "workers.yaml"
+    plan = plan_job(job.spec, job.metadata.name)
+    cluster = LocalCluster(
+        plan,
+        config,
+        output,
+        extra_env={"DVERL_WORKERS_FILE": str(workers_file), "DVERL_WORKERS_POLL_S": "0.3"},
+    )
+    learner = cluster.by_role("learner")[0]
+    first, second = cluster.by_role("rollout")
+
+    def write(*members) -> None:
+        entries = {
+            lw.worker.name: {"role": "rollout", "index": lw.worker.index, "address": lw.address}
+            for lw in members
+        }
+        workers_file.write_text(yaml.safe_dump(entries))
+
+    write(first)
+    cluster.extra_env["DVERL_ROLLOUT_ADDRS"] = first.address  # the learner starts knowing one worker
+    added_at = removed_at = None
+    with cluster:
+        cluster.restart(first.worker.name)
+        cluster.restart(learner.worker.name)
+        deadline = time.monotonic() + 600
+        while learner.alive() and time.monotonic() < deadline:
+            status = _status(learner.address) or {}
+            step = status.get("step", 0)
+            if added_at is None and step >= 3:
+                cluster.restart(second.worker.name)  # the operator created the pod ...
+                write(first, second)  # ... and rewrote the ConfigMap
+                added_at = step
+            if added_at is not None and removed_at is None and step >= added_at + 5:
+                cluster.kill(first.worker.name, signal.SIGKILL)  # scaled down: pod deleted ...
+                write(second)  # ... and dropped from the file
+                removed_at = step
+            time.sleep(0.05)
+        assert learner.process.wait(timeout=60) == 0, learner.log_tail()
+    assert added_at is not None and removed_at is not None
+    records = read_metrics(output / "metrics.jsonl")
+    assert len(records) == 14
+    assert all(r["rollout_workers"] == 1 for r in records[:added_at])
+    assert any(r["rollout_workers"] == 2 for r in records[added_at : removed_at + 1]), [
+        r["rollout_workers"] for r in records
+    ]
+    assert records[-1]["rollout_workers"] == 1
+    for r in records:
+        assert r["samples"] == r["expected_samples"] == r["unique_samples"] == 128
+        assert r["duplicates_dropped"] == 0

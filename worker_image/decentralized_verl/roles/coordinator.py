@@ -226,6 +226,7 @@ class Coordinator:
             "step_seconds": elapsed,
             "redispatched": report.redispatched,
             "worker_failures": len(report.failures),
+            "rollout_workers": len(report.assigned),
             "samples": len(generated.samples),
             "expected_samples": len(items),
             "stale_dropped": stale_dropped,

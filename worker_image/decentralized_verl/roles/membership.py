@@ -197,7 +197,8 @@ def start_watching(job: str, dispatcher: Dispatcher, addresses: list[str]) -> Wo
     if path is None:
         return None
     known = {f"{job}-rollout-{i}": Member(f"{job}-rollout-{i}", a) for i, a in enumerate(addresses)}
-    watcher = WorkersFileWatcher(path, dispatcher, connect_when_ready, known=known)
+    interval = float(os.environ.get("DVERL_WORKERS_POLL_S", "5"))
+    watcher = WorkersFileWatcher(path, dispatcher, connect_when_ready, known=known, interval_s=interval)
     watcher.start()
     log.info("watching %s for rollout workers added or removed by scaling", path)
     return watcher
