@@ -1,0 +1,92 @@
+"""The coordinator's progress snapshot (what the operator writes to .status)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from decentralized_verl.transport.wire.common import (
+    WireError,
+    _check_finite,
+    _check_nonempty_text,
+    _optional,
+    pb,
+)
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """A snapshot of training progress, as the operator writes it into `.status`."""
+
+    step: int = 0
+    total_steps: int = 0
+    phase: str = ""
+    state: str = "Pending"
+    reward_mean: float = 0.0
+    reward_std: float = 0.0
+    kl: float = 0.0
+    response_length_mean: float = 0.0
+    policy_version: int = 0
+    tokens_per_second: float = 0.0
+    phase_seconds: tuple[tuple[str, float], ...] = ()
+    last_checkpoint: str = ""
+    eval_accuracy: float | None = None
+    volunteers: int = 0
+    blocked_peers: tuple[tuple[str, str], ...] = ()
+    """(peer id, reason) in blocking order."""
+
+
+def job_status_to_proto(s: JobStatus) -> pb.JobStatus:
+    msg = pb.JobStatus(
+        step=s.step,
+        total_steps=s.total_steps,
+        phase=s.phase,
+        state=s.state,
+        reward_mean=s.reward_mean,
+        reward_std=s.reward_std,
+        kl=s.kl,
+        response_length_mean=s.response_length_mean,
+        policy_version=s.policy_version,
+        tokens_per_second=s.tokens_per_second,
+        phase_seconds=dict(s.phase_seconds),
+        last_checkpoint=s.last_checkpoint,
+        volunteers=s.volunteers,
+        blocked_peers=[pb.BlockedPeer(peer_id=p, reason=r) for p, r in s.blocked_peers],
+    )
+    if s.eval_accuracy is not None:
+        msg.eval_accuracy = s.eval_accuracy
+    return msg
+
+
+def job_status_from_proto(msg: pb.JobStatus) -> JobStatus:
+    """Validate a Status reply: finite numbers, non-negative durations, accuracy in [0, 1]."""
+    _check_nonempty_text(msg.state, "state")
+    if msg.total_steps and msg.step > msg.total_steps:
+        raise WireError("step", f"{msg.step} exceeds total_steps {msg.total_steps}")
+    for name in ("reward_mean", "reward_std", "kl", "response_length_mean", "tokens_per_second"):
+        _check_finite(getattr(msg, name), name)
+    for name in ("reward_std", "response_length_mean", "tokens_per_second"):
+        _check_finite(getattr(msg, name), name, minimum=0.0)
+    for key in sorted(msg.phase_seconds):
+        _check_finite(msg.phase_seconds[key], f"phase_seconds[{key!r}]", minimum=0.0)
+    accuracy = _optional(msg, "eval_accuracy")
+    if accuracy is not None and not 0.0 <= accuracy <= 1.0:
+        raise WireError("eval_accuracy", f"must be in [0, 1] (got {accuracy})")
+    for i, peer in enumerate(msg.blocked_peers):
+        _check_nonempty_text(peer.peer_id, f"blocked_peers[{i}].peer_id")
+    return JobStatus(
+        step=msg.step,
+        total_steps=msg.total_steps,
+        phase=msg.phase,
+        state=msg.state,
+        reward_mean=msg.reward_mean,
+        reward_std=msg.reward_std,
+        kl=msg.kl,
+        response_length_mean=msg.response_length_mean,
+        policy_version=msg.policy_version,
+        tokens_per_second=msg.tokens_per_second,
+        phase_seconds=tuple(sorted(msg.phase_seconds.items())),
+        last_checkpoint=msg.last_checkpoint,
+        eval_accuracy=accuracy,
+        volunteers=msg.volunteers,
+        blocked_peers=tuple((p.peer_id, p.reason) for p in msg.blocked_peers),
+    )
