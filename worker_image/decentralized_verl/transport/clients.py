@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
@@ -19,9 +18,10 @@ from decentralized_verl.errors import WireError
 from decentralized_verl.proto import dverl_pb2 as pb
 from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc
 from decentralized_verl.roles.interfaces import Sampling, WorkerFailure, WorkItem
-from decentralized_verl.roles.samples import Prompt, Sample
+from decentralized_verl.roles.samples import Sample
 from decentralized_verl.transport import messages as m
 from decentralized_verl.transport.grpc_options import channel_options
+from decentralized_verl.transport.rollout_stream import BadResult, ResultStream, generate_request
 
 
 def _rpc_reason(exc: grpc.RpcError) -> str:
@@ -77,71 +77,30 @@ class GrpcRolloutClient(_GrpcClient):
     ) -> AsyncIterator[Sample]:
         if not items:
             return
-        prompts: dict[tuple[str, int], Prompt] = {}
-        wire_items = []
-        for prompt, sample_index in items:
-            prompts[(prompt.prompt_id, sample_index)] = prompt
-            wire_items.append(m.GenerateItem(prompt.prompt_id, sample_index, tuple(prompt.token_ids)))
-        request = m.GenerateBatch(
-            request_id=uuid.uuid4().hex,
-            policy_version=version,
-            sampling=m.SamplingParams(
-                max_new_tokens=sampling.max_new_tokens,
-                temperature=float(sampling.temperature),
-                top_p=float(sampling.top_p),
-                top_k=int(sampling.top_k),
-                stop=tuple(sampling.stop),
-                n=1,
-                seed=sampling.seed,
-            ),
-            items=tuple(wire_items),
+        request, prompts = generate_request(items, sampling, version)
+        stream = ResultStream(
+            request,
+            prompts,
+            self.worker_id,
+            self.limits,
+            expected_version=version,
+            max_staleness=self.max_staleness,
         )
         call = self._stub.Generate(m.generate_request_to_proto(request), timeout=self.deadline_s)
-        answered: dict[tuple[str, int], int] = {}
         try:
-            index = 0
             async for msg in call:
-                path = f"results[{index}]"
                 try:
-                    c = m.completion_from_proto(
-                        msg,
-                        limits=self.limits,
-                        request=request,
-                        expected_version=version,
-                        max_staleness=self.max_staleness,
-                        path=path,
-                    )
-                except WireError as exc:
-                    raise WorkerFailure(self.worker_id, f"bad result: {exc}") from None
-                if c.key in answered:
-                    raise WorkerFailure(
-                        self.worker_id,
-                        f"bad result: {path}: sample {c.sample_index} of prompt {c.prompt_id!r} "
-                        f"already answered by results[{answered[c.key]}]",
-                    )
-                answered[c.key] = index
-                index += 1
-                yield Sample(
-                    prompt=prompts[c.key],
-                    sample_index=c.sample_index,
-                    response_ids=c.response_token_ids,
-                    logprobs=c.logprobs,
-                    finish_reason=c.finish_reason,
-                    text=c.text,
-                    policy_version=c.policy_version,
-                    worker_id=self.worker_id,
-                    extra={"generation_seconds": c.generation_seconds},
-                )
+                    sample = stream.accept(msg)
+                except BadResult as exc:
+                    raise WorkerFailure(self.worker_id, str(exc)) from None
+                yield sample
+            stream.check_complete()
+        except BadResult as exc:
+            raise WorkerFailure(self.worker_id, str(exc)) from None
         except grpc.RpcError as exc:
             raise self.failure("Generate", exc) from None
         finally:
             call.cancel()  # no-op when the stream ended; stops the worker when the caller gave up early
-        missing = [k for k in request.expected_keys() if k not in answered]
-        if missing:
-            shown = ", ".join(f"{p}#{s}" for p, s in missing[:5]) + (" ..." if len(missing) > 5 else "")
-            raise WorkerFailure(
-                self.worker_id, f"stream ended with {len(missing)} samples unanswered: {shown}"
-            )
 
     async def info(self) -> m.WorkerInfo:
         try:

@@ -12,37 +12,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 
-from decentralized_verl.errors import WireError
 from decentralized_verl.proto import dverl_pb2 as pb
 from decentralized_verl.roles.interfaces import Sampling, WorkerFailure, WorkItem
 from decentralized_verl.roles.samples import Prompt, Sample
 from decentralized_verl.transport import messages as m
+from decentralized_verl.transport.rollout_stream import BadResult, ResultStream, generate_request
 from decentralized_verl.volunteers import p2p as wire
 
 log = logging.getLogger(__name__)
 
 FailureHook = Callable[[str, str, bool], None]
 """(peer_id, reason, dishonest): discovery drops or blocks the peer."""
-
-
-def _request(items: Sequence[WorkItem], sampling: Sampling, version: int) -> m.GenerateBatch:
-    return m.GenerateBatch(
-        request_id=uuid.uuid4().hex,
-        policy_version=version,
-        sampling=m.SamplingParams(
-            max_new_tokens=sampling.max_new_tokens,
-            temperature=float(sampling.temperature),
-            top_p=float(sampling.top_p),
-            top_k=int(sampling.top_k),
-            stop=tuple(sampling.stop),
-            n=1,
-            seed=sampling.seed,
-        ),
-        items=tuple(m.GenerateItem(p.prompt_id, i, tuple(p.token_ids)) for p, i in items),
-    )
 
 
 class VolunteerRolloutClient:
@@ -75,43 +57,28 @@ class VolunteerRolloutClient:
     async def _collect(
         self, request: m.GenerateBatch, prompts: dict[tuple[str, int], Prompt]
     ) -> list[Sample]:
-        samples: dict[tuple[str, int], Sample] = {}
-        stream = await self.p2p.iterate_protobuf_handler(
+        stream = ResultStream(request, prompts, self.worker_id, self.limits)
+        results = await self.p2p.iterate_protobuf_handler(
             wire.peer(self.peer_id), wire.GENERATE, m.generate_request_to_proto(request), pb.GenerateResult
         )
-        index = 0
-        async for msg in stream:
-            path = f"results[{index}]"
-            try:
-                c = m.completion_from_proto(msg, limits=self.limits, request=request, path=path)
-            except WireError as exc:
-                raise self._fail(f"bad result: {exc}", dishonest=True) from None
-            if c.key in samples:
-                raise self._fail(f"bad result: {path}: sample {c.key} answered twice", dishonest=True)
-            samples[c.key] = Sample(
-                prompt=prompts[c.key],
-                sample_index=c.sample_index,
-                response_ids=c.response_token_ids,
-                logprobs=c.logprobs,
-                finish_reason=c.finish_reason,
-                text=c.text,
-                policy_version=c.policy_version,
-                worker_id=self.worker_id,
-                extra={"generation_seconds": c.generation_seconds},
-            )
-            index += 1
-        missing = [k for k in request.expected_keys() if k not in samples]
-        if missing:
-            raise self._fail(f"stream ended with {len(missing)} samples unanswered")
-        return [samples[k] for k in request.expected_keys()]
+        samples: list[Sample] = []
+        try:
+            async for msg in results:
+                samples.append(stream.accept(msg))
+        except BadResult as exc:
+            raise self._fail(str(exc), dishonest=True) from None
+        try:
+            stream.check_complete()
+        except BadResult as exc:
+            raise self._fail(str(exc)) from None  # a dropped stream is not proof of dishonesty
+        return samples
 
     async def generate(
         self, items: Sequence[WorkItem], sampling: Sampling, version: int
     ) -> AsyncIterator[Sample]:
         if not items:
             return
-        request = _request(items, sampling, version)
-        prompts = {(p.prompt_id, i): p for p, i in items}
+        request, prompts = generate_request(items, sampling, version)
         started = time.perf_counter()
         try:
             async with asyncio.timeout(self.deadline_s):

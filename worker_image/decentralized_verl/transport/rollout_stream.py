@@ -1,0 +1,101 @@
+"""One rollout request and the rules for its streamed answers, shared by every transport.
+
+In-cluster workers answer over gRPC and volunteers over Hivemind P2P streams, but a coordinator must ask
+them the same way and hold their answers to the same rules: each result valid on its own (see
+`completion_from_proto`), no sample answered twice, none left out. Keeping those rules in one place means
+a volunteer can never get away with something an in-cluster worker could not.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from decentralized_verl.errors import WireError
+from decentralized_verl.proto import dverl_pb2 as pb
+from decentralized_verl.roles.interfaces import Sampling, WorkItem
+from decentralized_verl.roles.samples import Prompt, Sample
+from decentralized_verl.transport import messages as m
+
+Key = tuple[str, int]
+"""(prompt id, sample index)."""
+
+
+class BadResult(Exception):
+    """A worker's answer broke the contract; the message says which result and how."""
+
+
+def generate_request(
+    items: Sequence[WorkItem], sampling: Sampling, version: int
+) -> tuple[m.GenerateBatch, dict[Key, Prompt]]:
+    """The wire request for `items` at policy `version`, and the coordinator's prompts by key."""
+    prompts = {(p.prompt_id, i): p for p, i in items}
+    batch = m.GenerateBatch(
+        request_id=uuid.uuid4().hex,
+        policy_version=version,
+        sampling=m.SamplingParams(
+            max_new_tokens=sampling.max_new_tokens,
+            temperature=float(sampling.temperature),
+            top_p=float(sampling.top_p),
+            top_k=int(sampling.top_k),
+            stop=tuple(sampling.stop),
+            n=1,
+            seed=sampling.seed,
+        ),
+        items=tuple(m.GenerateItem(p.prompt_id, i, tuple(p.token_ids)) for p, i in items),
+    )
+    return batch, prompts
+
+
+@dataclass
+class ResultStream:
+    """Checks a request's results one by one as they arrive and turns them into Samples."""
+
+    request: m.GenerateBatch
+    prompts: dict[Key, Prompt]
+    worker_id: str
+    limits: m.WireLimits
+    expected_version: int | None = None
+    max_staleness: int = 0
+    answered: dict[Key, int] = field(default_factory=dict)
+    """Key -> index of the result that answered it."""
+
+    def accept(self, msg: pb.GenerateResult) -> Sample:
+        index = len(self.answered)
+        path = f"results[{index}]"
+        try:
+            c = m.completion_from_proto(
+                msg,
+                limits=self.limits,
+                request=self.request,
+                expected_version=self.expected_version,
+                max_staleness=self.max_staleness,
+                path=path,
+            )
+        except WireError as exc:
+            raise BadResult(f"bad result: {exc}") from None
+        if c.key in self.answered:
+            raise BadResult(
+                f"bad result: {path}: sample {c.sample_index} of prompt {c.prompt_id!r} "
+                f"already answered by results[{self.answered[c.key]}]"
+            )
+        self.answered[c.key] = index
+        return Sample(
+            prompt=self.prompts[c.key],
+            sample_index=c.sample_index,
+            response_ids=c.response_token_ids,
+            logprobs=c.logprobs,
+            finish_reason=c.finish_reason,
+            text=c.text,
+            policy_version=c.policy_version,
+            worker_id=self.worker_id,
+            extra={"generation_seconds": c.generation_seconds},
+        )
+
+    def check_complete(self) -> None:
+        """Raise BadResult naming the first few samples the stream left out."""
+        missing = [k for k in self.request.expected_keys() if k not in self.answered]
+        if missing:
+            shown = ", ".join(f"{p}#{s}" for p, s in missing[:5]) + (" ..." if len(missing) > 5 else "")
+            raise BadResult(f"stream ended with {len(missing)} samples unanswered: {shown}")
