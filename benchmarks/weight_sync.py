@@ -16,8 +16,9 @@ Methods (each delivers the whole payload into every receiver's memory):
 - grpc fetch:       every receiver Fetches the version from the learner concurrently (the simple path).
 - grpc chain:       `WeightRelay.fan_out` along a chain (learner -> r1 -> r2 -> ...), chunks pipelined.
 - grpc tree:        the same along a binary tree (learner -> r1, r2; r1 -> r3, r4).
-The gRPC methods verify every chunk's sha256 and the whole bundle's sha256 before a receiver holds the
-version (decoding into tensors, which a rollout worker does when it loads them, is not timed).
+The gRPC methods hash every chunk once (sha256, checked against the manifest, up to --verify-threads
+chunks at a time per receiver) and check the bundle digest over the chunk digests before a receiver
+holds the version (decoding into tensors, which a rollout worker does when it loads them, is not timed).
 
 Reported per method and N: median wall time over --repeats runs (from the first byte sent to the
 last receiver holding the version), sync rate = payload / wall (how fast every worker gets the new
@@ -86,7 +87,7 @@ def smollm2_like_state(total_mb: float, seed: int = 0):
 # ------------------------------------------------------------------------------------------ receivers
 
 
-def _receiver(conn, grpc_options: list[tuple[str, int]]) -> None:
+def _receiver(conn, grpc_options: list[tuple[str, int]], verify_threads: int) -> None:
     """A receiver process: obeys (command, *args) messages from the driver until ("stop",)."""
     from decentralized_verl.transport.fanout import WeightRelay, serve_relay
     from decentralized_verl.transport.weight_service import WeightPublisher
@@ -98,7 +99,7 @@ def _receiver(conn, grpc_options: list[tuple[str, int]]) -> None:
             super()._store(published, raws)
             stored_at[published.manifest.version] = time.monotonic()
 
-    relay = TimedRelay(WeightPublisher(keep=1), grpc_options=grpc_options)
+    relay = TimedRelay(WeightPublisher(keep=1), grpc_options=grpc_options, verify_threads=verify_threads)
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
     server = asyncio.run_coroutine_threadsafe(serve_relay(relay), loop).result()
@@ -149,12 +150,12 @@ class Receiver:
     raw_port: int
 
 
-def start_receivers(n: int, grpc_options: list[tuple[str, int]]) -> list[Receiver]:
+def start_receivers(n: int, grpc_options: list[tuple[str, int]], verify_threads: int) -> list[Receiver]:
     ctx = mp.get_context("spawn")  # a clean process: no inherited gRPC state
     out = []
     for _ in range(n):
         parent, child = ctx.Pipe()
-        p = ctx.Process(target=_receiver, args=(child, grpc_options), daemon=True)
+        p = ctx.Process(target=_receiver, args=(child, grpc_options, verify_threads), daemon=True)
         p.start()
         grpc_port, raw_port = parent.recv()
         out.append(Receiver(p, parent, f"127.0.0.1:{grpc_port}", raw_port))
@@ -335,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME=INT",
         help="extra gRPC channel/server option for every node, e.g. grpc.http2.max_frame_size=16777215",
     )
+    parser.add_argument(
+        "--verify-threads", type=int, default=2, help="chunks each receiver hashes at once (default 2)"
+    )
     parser.add_argument("--smoke", action="store_true", help="2 MB, 256 KiB chunks, one repeat")
     args = parser.parse_args(argv)
     if args.smoke:
@@ -356,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     info = machine_info()
     try:
-        pool = start_receivers(max(args.receivers), grpc_options)  # the first n of them serve each N
+        # the first n of them serve each N
+        pool = start_receivers(max(args.receivers), grpc_options, args.verify_threads)
         try:
             for n in args.receivers:
                 receivers = pool[:n]
@@ -403,7 +408,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(info))
     print(f"- load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(
-        f"- payload {size / 1e6:.1f} MB, chunks {chunk_bytes / 2**20:g} MiB, median of {args.repeats} run(s)"
+        f"- payload {size / 1e6:.1f} MB, chunks {chunk_bytes / 2**20:g} MiB, "
+        f"median of {args.repeats} run(s), {args.verify_threads} hashing thread(s) per receiver"
     )
     print(micro_costs(8 if args.smoke else 64))
     print()

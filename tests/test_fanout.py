@@ -20,11 +20,16 @@ grpc = pytest.importorskip("grpc")
 
 from decentralized_verl.errors import WireError  # noqa: E402
 from decentralized_verl.proto import dverl_pb2 as pb  # noqa: E402
+from decentralized_verl.transport import weight_service  # noqa: E402
 from decentralized_verl.transport.fanout import (  # noqa: E402
+    CHAIN_MAX_RECEIVERS,
     OK,
     Hop,
+    RelayWeightSource,
+    WeightFanout,
     WeightRelay,
     plan_chain,
+    plan_route,
     plan_tree,
     route_from_json,
     route_to_json,
@@ -128,6 +133,14 @@ def test_plans_are_the_expected_shapes():
     assert sorted(a for h in tree for a in h.addresses()) == ["a", "b", "c", "d", "e"]
     with pytest.raises(ValueError, match="fanout"):
         plan_tree(["a"], 0)
+
+
+def test_runtime_route_is_a_chain_for_a_few_workers_and_a_binary_tree_for_many():
+    few = [f"w{i}" for i in range(CHAIN_MAX_RECEIVERS)]
+    assert plan_route(few) == plan_chain(few)
+    many = [f"w{i}" for i in range(CHAIN_MAX_RECEIVERS + 1)]
+    assert plan_route(many) == plan_tree(many, 2)
+    assert plan_route([]) == ()
 
 
 def test_route_json_round_trip_and_bad_routes():
@@ -319,6 +332,112 @@ def test_fan_out_of_a_version_not_held_is_an_error(nodes):
     source = learner(nodes)
     with pytest.raises(WireError, match="version 7 is not held"):
         source.call(source.relay.fan_out(7, ()))
+
+
+class CountingHash:
+    """Stands in for the `hashlib` module in `weight_service`: counts the bytes sha256 is fed."""
+
+    def __init__(self) -> None:
+        import hashlib
+
+        self.real = hashlib
+        self.bytes = 0
+        self.lock = threading.Lock()
+
+    def sha256(self, data=b""):
+        with self.lock:
+            self.bytes += len(data)
+        return self.real.sha256(data)
+
+
+def test_each_receiver_hashes_every_byte_exactly_once(nodes, monkeypatch):
+    source = learner(nodes)
+    receivers = [nodes(WeightRelay(WeightPublisher(chunk_bytes=CHUNK), verify_threads=3)) for _ in range(2)]
+    total = source.relay.publisher.get(1).manifest.total_bytes
+    counter = CountingHash()
+    monkeypatch.setattr(weight_service, "hashlib", counter)
+    results = source.call(source.relay.fan_out(1, plan_chain([r.address for r in receivers])))
+    assert set(results.values()) == {OK}
+    assert counter.bytes == 2 * total  # two receivers, one pass each (was two passes each)
+    counter.bytes = 0
+    late = nodes()
+    assert late.call(late.relay.catch_up(receivers[1].address, 1)) == 1
+    assert counter.bytes == total
+    for r in [*receivers, late]:
+        assert_same(r.state()[1], bf16(model_state()))
+
+
+def test_parallel_verification_still_stops_at_a_corrupted_chunk(nodes):
+    """With 4 hashing threads, chunks after the bad one may already be verified; none is forwarded past
+    it and the receiver holds nothing."""
+    source = learner(nodes)
+    r2_port = free_port()
+    r1 = nodes(TamperingRelay(victim=f"127.0.0.1:{r2_port}"))
+    r2 = nodes(WeightRelay(WeightPublisher(chunk_bytes=CHUNK), verify_threads=4), port=r2_port)
+    r3 = nodes()
+    forwarded: list[int] = []
+    forward = r2.relay.forward
+
+    def spy(hop, index, raw):
+        forwarded.append(index)
+        return forward(hop, index, raw)
+
+    r2.relay.forward = spy
+    results = source.call(source.relay.fan_out(1, plan_chain([r1.address, r2.address, r3.address])))
+    assert results[r2.address].startswith("failed") and "chunk[2].sha256" in results[r2.address]
+    assert max(forwarded, default=-1) < 2  # chunks 0 and 1 at most went on to r3 before the failure
+    assert r2.relay.publisher.latest_version is None and r2.relay.receiving == {}
+    assert results[r3.address] == OK  # adopted by r1
+    assert_same(r3.state()[1], bf16(model_state()))
+
+
+def test_relay_weight_source_reads_pushes_and_pulls_what_it_missed(nodes):
+    source = learner(nodes)
+    worker = nodes()
+    puller = RelayWeightSource(worker.relay, source.address, worker.loop, wait_s=5, push_grace_s=0.1)
+    # nothing pushed yet: after the grace period it pulls from the learner, verified
+    version, state = puller.fetch_latest(1)
+    assert version == 1 and puller.pulls == 1
+    assert_same(state, bf16(model_state()))
+    # a pushed version is read from the relay, with no pull
+    source.relay.publish(model_state(seed=2), 2)
+    assert source.call(source.relay.fan_out(2, plan_chain([worker.address]))) == {worker.address: OK}
+    version, state = puller.fetch_latest(2)
+    assert version == 2 and puller.pulls == 1
+    assert_same(state, bf16(model_state(seed=2)))
+    # asking for a version nobody has is a clear error after wait_s
+    puller.wait_s = 0.3
+    with pytest.raises(WireError, match="no version >= 3"):
+        puller.fetch_latest(3)
+    with pytest.raises(RuntimeError, match="event loop"):  # it blocks: never on the relay's own loop
+        worker.call(_call_async(puller.fetch_latest, 2))
+
+
+async def _call_async(fn, *args):
+    return fn(*args)
+
+
+def test_weight_fanout_pushes_only_with_two_or_more_workers_and_survives_a_bad_route(nodes):
+    publisher = WeightPublisher(chunk_bytes=CHUNK)
+    home = nodes(WeightRelay(publisher))  # only for its event loop and Weights service
+    a, b = nodes(), nodes()
+    fanout = WeightFanout(publisher, [a.address])
+    assert not fanout.pushing
+    assert home.call(fanout.publish(model_state(), 1)) == {}  # held for pulls, not pushed
+    assert publisher.latest_version == 1 and a.relay.publisher.latest_version is None
+    fanout.add_receiver(b.address)
+    fanout.add_receiver(b.address)  # idempotent
+    assert fanout.pushing and fanout.route() == plan_chain([a.address, b.address])
+    results = fanout.publish_blocking(model_state(seed=4), 2, home.loop)
+    assert results == {a.address: OK, b.address: OK} == fanout.last_results
+    assert_same(b.state()[1], bf16(model_state(seed=4)))
+    fanout.remove_receiver(a.address)
+    assert not fanout.pushing
+    with pytest.raises(RuntimeError, match="own event loop"):
+        home.call(_call_async(fanout.publish_blocking, model_state(), 3, home.loop))
+    with pytest.raises(ValueError, match="min_receivers"):
+        WeightFanout(publisher, min_receivers=0)
+    home.call(fanout.close())
 
 
 # ------------------------------------------------------------------------------------------ benchmark

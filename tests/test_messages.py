@@ -692,3 +692,17 @@ def test_large_valid_result_is_checked_quickly() -> None:
     for _ in range(50):
         m.completion_from_proto(msg, limits=LIMITS, expected_version=7)
     assert time.perf_counter() - start < 2.0
+
+
+def test_newer_version_accepted_only_when_allowed() -> None:
+    """Async RL: a worker that fetched weights after the request may answer with a newer version."""
+    got = m.completion_from_proto(
+        _result(policy_version=9), limits=LIMITS, expected_version=7, max_staleness=1, allow_newer=True
+    )
+    assert got.policy_version == 9
+    with pytest.raises(WireError, match=r"policy_version: got 9, expected 7"):
+        m.completion_from_proto(_result(policy_version=9), limits=LIMITS, expected_version=7)
+    with pytest.raises(WireError, match=r"policy_version: got 5, expected >= 6"):
+        m.completion_from_proto(
+            _result(policy_version=5), limits=LIMITS, expected_version=7, max_staleness=1, allow_newer=True
+        )

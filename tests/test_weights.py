@@ -14,7 +14,9 @@ from decentralized_verl.errors import WireError  # noqa: E402
 from decentralized_verl.transport.weights import (  # noqa: E402
     WeightAssembler,
     WeightChunk,
+    bundle_sha256,
     cast_like,
+    decode_bundle,
     decode_state_dict,
     encode_state_dict,
 )
@@ -46,7 +48,12 @@ def test_float32_round_trip_is_exact_and_keeps_every_dtype():
     bundle = encode_state_dict(sd, version=4, dtype=None, chunk_bytes=512)
     assert bundle.version == 4 and bundle.header.num_chunks > 5
     assert all(len(c.data) == 512 for c in bundle.chunks[:-1]) and 0 < len(bundle.chunks[-1].data) <= 512
-    assert bundle.header.sha256 == hashlib.sha256(bundle.payload()).hexdigest()
+    # the bundle digest, worked out independently: sha256 of each slice of the payload, digests joined
+    payload = bundle.payload()
+    slices = [payload[i : i + 512] for i in range(0, len(payload), 512)]
+    assert [c.data for c in bundle.chunks] == slices
+    joined = b"".join(hashlib.sha256(piece).digest() for piece in slices)
+    assert bundle.header.sha256 == hashlib.sha256(joined).hexdigest()
     out = assemble(bundle)
     assert out.keys() == sd.keys()
     for name, tensor in sd.items():
@@ -226,3 +233,29 @@ def test_round_trip_into_the_hf_backend():
             target.copy_(source)
     for name, tensor in learner.state_dict().items():
         assert torch.equal(rollout.state_dict()[name], tensor), name
+
+
+def test_bundle_digest_hand_worked_and_bound_to_order():
+    a, b = hashlib.sha256(b"a").hexdigest(), hashlib.sha256(b"b").hexdigest()
+    want = hashlib.sha256(hashlib.sha256(b"a").digest() + hashlib.sha256(b"b").digest()).hexdigest()
+    assert bundle_sha256([a, b]) == want
+    assert bundle_sha256([b, a]) != want and bundle_sha256([a]) != want  # order and count matter
+    assert bundle_sha256([]) == hashlib.sha256(b"").hexdigest()
+
+
+def test_hashed_flag_skips_only_the_hash_and_decode_bundle_needs_no_assembler():
+    bundle = encode_state_dict(sample_state_dict(), version=3, dtype=None, chunk_bytes=256)
+    good = bundle.chunks[1]
+    data = bytes([good.data[0] ^ 1]) + good.data[1:]
+    # the caller hashed the (altered) bytes itself: they are not hashed again, and the bundle digest
+    # over the chunk digests still catches the substitution at finish
+    altered = dataclasses.replace(good, data=data, sha256=hashlib.sha256(data).hexdigest())
+    assembler = WeightAssembler(bundle.header)
+    for chunk in bundle.chunks:
+        assembler.add(altered if chunk.index == 1 else chunk, hashed=True)
+    with pytest.raises(WireError, match=r"weights\.sha256"):
+        assembler.finish()
+    with pytest.raises(WireError, match=r"weights\.chunk\[1\].*bytes"):  # sizes are still checked
+        WeightAssembler(bundle.header).add(dataclasses.replace(good, data=good.data[:-1]), hashed=True)
+    out = decode_bundle(bundle)
+    assert all(torch.equal(out[k], v) for k, v in sample_state_dict().items())

@@ -221,7 +221,13 @@ async def _coordinate(
             from decentralized_verl.roles.membership import start_watching
             from decentralized_verl.roles.wiring import env_addresses
 
-            watcher = start_watching(job, dispatcher, env_addresses("rollout"))
+            watcher = start_watching(
+                job,
+                dispatcher,
+                env_addresses("rollout"),
+                allow_newer=spec.training.max_staleness > 0,
+                weights=roles.weights,
+            )
         parts = LoopParts(
             spec=spec,
             trainer=trainer,
@@ -254,6 +260,8 @@ async def _coordinate(
         log.info("summary: %s", summary)
         for client in roles.rollout:
             await client.close()
+        if roles.weights is not None:
+            await roles.weights.close()
         return 0
     finally:
         if world > 1 and dist.is_initialized():

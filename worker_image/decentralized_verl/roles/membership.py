@@ -17,6 +17,7 @@ import os
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -100,6 +101,8 @@ class WorkersFileWatcher:
     known: dict[str, Member] = field(default_factory=dict)
     """Members the dispatcher already has (the ones the learner connected at start)."""
     interval_s: float = 5.0
+    on_change: Callable[[Member, bool], None] | None = None
+    """Told (member, joined) after each join or leave, e.g. to add the worker to the weight push route."""
     _last_text: str | None = None
     _task: asyncio.Task | None = None
 
@@ -126,7 +129,9 @@ class WorkersFileWatcher:
         for worker_id in removed:
             client = self.dispatcher.clients.get(worker_id)
             self.dispatcher.remove(worker_id)
-            self.known.pop(worker_id)
+            gone = self.known.pop(worker_id)
+            if self.on_change is not None:
+                self.on_change(gone, False)
             if client is not None:
                 await client.close()  # a dispatch still on it fails over to the other workers
         added: list[str] = []
@@ -139,7 +144,11 @@ class WorkersFileWatcher:
                 waiting.append(worker_id)
                 continue
             self.dispatcher.add(client, prior=member.prior)
+            if worker_id in self.known and self.on_change is not None:
+                self.on_change(self.known[worker_id], False)  # it moved: the old address leaves the route
             self.known[worker_id] = member
+            if self.on_change is not None:
+                self.on_change(member, True)
             added.append(worker_id)
         change = Change(tuple(added), removed, tuple(waiting))
         if change.added or change.removed:
@@ -178,7 +187,9 @@ def workers_file_path(environ: Mapping[str, str] = os.environ) -> Path | None:
     return None
 
 
-async def connect_when_ready(member: Member, timeout_s: float = 2.0) -> RolloutClient | None:
+async def connect_when_ready(
+    member: Member, timeout_s: float = 2.0, *, allow_newer: bool = False
+) -> RolloutClient | None:
     """The learner's `Connect`: a gRPC rollout client once the worker's Health answers ready."""
     from decentralized_verl.transport import clients
 
@@ -187,18 +198,36 @@ async def connect_when_ready(member: Member, timeout_s: float = 2.0) -> RolloutC
     except TimeoutError as exc:
         log.info("%s not ready yet: %s", member.worker_id, exc)
         return None
-    return clients.GrpcRolloutClient(member.address, worker_id=member.worker_id)
+    return clients.GrpcRolloutClient(member.address, worker_id=member.worker_id, allow_newer=allow_newer)
 
 
-def start_watching(job: str, dispatcher: Dispatcher, addresses: list[str]) -> WorkersFileWatcher | None:
+def start_watching(
+    job: str,
+    dispatcher: Dispatcher,
+    addresses: list[str],
+    *,
+    allow_newer: bool = False,
+    weights: Any | None = None,
+) -> WorkersFileWatcher | None:
     """Watch the mounted workers file, if there is one; `addresses` are the rollout workers already connected
-    (worker i is the pod `<job>-rollout-<i>`, as the plan names them)."""
+    (worker i is the pod `<job>-rollout-<i>`, as the plan names them). `weights` (a `WeightFanout`) gets
+    joining workers added to its push route and leaving ones removed."""
     path = workers_file_path()
     if path is None:
         return None
     known = {f"{job}-rollout-{i}": Member(f"{job}-rollout-{i}", a) for i, a in enumerate(addresses)}
     interval = float(os.environ.get("DVERL_WORKERS_POLL_S", "5"))
-    watcher = WorkersFileWatcher(path, dispatcher, connect_when_ready, known=known, interval_s=interval)
+
+    async def connect(member: Member) -> RolloutClient | None:
+        return await connect_when_ready(member, allow_newer=allow_newer)
+
+    def on_change(member: Member, joined: bool) -> None:
+        if weights is not None:
+            (weights.add_receiver if joined else weights.remove_receiver)(member.address)
+
+    watcher = WorkersFileWatcher(
+        path, dispatcher, connect, known=known, interval_s=interval, on_change=on_change
+    )
     watcher.start()
     log.info("watching %s for rollout workers added or removed by scaling", path)
     return watcher

@@ -2,10 +2,15 @@
 
 One function for the learner process and the Python API facade, so a colocated role and a remote one are
 reached through the same protocol and built in one place.
+
+Weights to remote rollout workers go through `transport.fanout.WeightFanout`: each version is held by
+the learner's publisher (served for pulls by the learner's Weights service) and, with two or more remote
+rollout workers, pushed down a chain of them, so the learner sends one copy instead of N.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import os
 from collections.abc import Callable
@@ -45,6 +50,9 @@ class RoleClients:
     critic: CriticClient | None
     remote_rollout: bool = False
     """Rollout runs in processes of its own, so generation may overlap the update (async RL)."""
+    weights: Any | None = None
+    """The `WeightFanout` feeding remote rollout workers (None when rollout is colocated): add a rollout
+    worker that joins at run time with `weights.add_receiver(address)`; close with `await weights.close()`."""
 
 
 async def connect_roles(
@@ -65,6 +73,7 @@ async def connect_roles(
     from decentralized_verl.roles.rollout import RolloutWorker
     from decentralized_verl.roles.trainer import rollout_state_dict
     from decentralized_verl.transport import clients
+    from decentralized_verl.transport.fanout import WeightFanout
 
     async def first_ready(role: str) -> str | None:
         found = addresses(role)
@@ -77,16 +86,20 @@ async def connect_roles(
         for address in remote:
             await clients.wait_ready(address, timeout=ready_timeout)
         rollout: list[RolloutClient] = [
-            clients.GrpcRolloutClient(address, worker_id=f"{job}-rollout-{i}")
+            clients.GrpcRolloutClient(
+                address, worker_id=f"{job}-rollout-{i}", allow_newer=spec.training.max_staleness > 0
+            )
             for i, address in enumerate(remote)
         ]
         priors = {
             f"{job}-rollout-{i}": GPU_PRIORS.get(pool, 1.0) for i, pool in enumerate(env_pools("rollout"))
         }
-        publisher.publish(rollout_state_dict(model), start_version)
+        weights = WeightFanout(publisher, remote)
+        await weights.publish(rollout_state_dict(model), start_version)
+        loop = asyncio.get_running_loop()
 
-        def publish(version: int) -> None:
-            publisher.publish(rollout_state_dict(model), version)
+        def publish(version: int) -> None:  # called from a worker thread (the coordinator's to_thread)
+            weights.publish_blocking(rollout_state_dict(model), version, loop)
 
     else:
         backend = make_backend(
@@ -94,6 +107,7 @@ async def connect_roles(
         )
         rollout = [local.LocalRolloutClient(RolloutWorker(backend, f"{job}-learner-0/rollout"))]
         priors = {}
+        weights = None
 
         def publish(version: int) -> None:
             backend.mark_version(version)  # the colocated backend shares the learner's weights
@@ -130,4 +144,4 @@ async def connect_roles(
             else local.LocalCriticClient(scoring.CriticWorker.from_spec(spec))
         )
     remote_rollout = bool(remote) and publisher is not None
-    return RoleClients(rollout, priors, publish, reward, reference, critic, remote_rollout)
+    return RoleClients(rollout, priors, publish, reward, reference, critic, remote_rollout, weights)

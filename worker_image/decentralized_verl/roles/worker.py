@@ -2,6 +2,10 @@
 
 Reads the job config (the ConfigMap's job.yaml or `dverl run`'s copy), builds the role and serves it
 over gRPC until SIGTERM. The learner role runs the training loop instead (roles/learner.py).
+
+A rollout worker also serves a weight relay (`transport.fanout.WeightRelay`) on the same port: the
+learner pushes each new version down a chain of rollout workers, each verifying and forwarding it, and
+a worker the push missed pulls from the learner (DVERL_LEARNER_ADDR) when it needs the version.
 """
 
 from __future__ import annotations
@@ -10,11 +14,15 @@ import asyncio
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from decentralized_verl.lifecycle import until_stopped
 from decentralized_verl.manifest import load_job
 from decentralized_verl.roles.wiring import bind_host
 from decentralized_verl.spec import JobSpec
+
+if TYPE_CHECKING:
+    from decentralized_verl.roles.rollout import RolloutWorker
 
 log = logging.getLogger(__name__)
 
@@ -30,18 +38,18 @@ async def serve_role(spec: JobSpec, job: str, role: str, index: int, port: int, 
     from decentralized_verl.models.loading import load_model_and_tokenizer
     from decentralized_verl.roles import scoring, servicers
     from decentralized_verl.roles.rollout import RolloutWorker
-    from decentralized_verl.transport.weight_service import GrpcWeightSource
 
     worker_id = f"{job}-{role}-{index}"
     if role == "rollout":
         model, tokenizer = load_model_and_tokenizer(spec.model)
         backend = make_backend(spec.roles.rollout.backend, model, tokenizer, seed=spec.training.seed + index)
-        learner = os.environ.get("DVERL_LEARNER_ADDR")
-        source = GrpcWeightSource(learner) if learner else None
-        handler = servicers.RolloutServicer(
-            RolloutWorker(backend, worker_id, source, backend_name=spec.roles.rollout.backend)
+        return await serve_rollout(
+            RolloutWorker(backend, worker_id, backend_name=spec.roles.rollout.backend),
+            port,
+            learner=os.environ.get("DVERL_LEARNER_ADDR"),
+            host=bind_host(),
         )
-    elif role == "reference":
+    if role == "reference":
         handler = servicers.ReferenceServicer(scoring.ReferenceWorker.from_spec(spec, worker_id=worker_id))
     elif role == "critic":
         handler = servicers.CriticServicer(scoring.CriticWorker.from_spec(spec, worker_id=worker_id))
@@ -58,6 +66,40 @@ async def serve_role(spec: JobSpec, job: str, role: str, index: int, port: int, 
         return 0
     finally:
         await server.stop(grace=2.0)
+
+
+async def serve_rollout(worker: RolloutWorker, port: int, *, learner: str | None, host: str) -> int:
+    """Serve a `RolloutWorker` and a weight relay on one port until stopped.
+
+    With a learner address the worker's weights come from the relay (versions the learner pushed)
+    or, when a push missed it, from a pull from the learner; without one it keeps its own weights.
+    """
+    from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc
+    from decentralized_verl.roles import servicers
+    from decentralized_verl.transport.fanout import RelayWeightSource, WeightRelay, serve_relay
+    from decentralized_verl.transport.weight_service import WeightPublisher
+
+    relay = WeightRelay(WeightPublisher(keep=1))  # a rollout worker only ever needs the newest version
+    if learner:
+        worker.weight_source = RelayWeightSource(relay, learner, asyncio.get_running_loop())
+    health = servicers.HealthServicer(role="rollout", worker_id=worker.worker_id, ready=True)
+    rollout = servicers.RolloutServicer(worker)
+    server = await serve_relay(
+        relay,
+        port,
+        host,
+        add=(
+            lambda s: pb_grpc.add_RolloutServicer_to_server(rollout, s),
+            lambda s: pb_grpc.add_HealthServicer_to_server(health, s),
+        ),
+    )
+    try:
+        log.info("%s ready on port %d (weight relay on the same port)", worker.worker_id, server.port)
+        await until_stopped()
+        return 0
+    finally:
+        await server.stop(grace=2.0)
+        await relay.close()
 
 
 def load_worker_config(path: Path, job_name: str | None) -> tuple[JobSpec, str, Path]:

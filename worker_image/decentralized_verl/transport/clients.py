@@ -66,11 +66,13 @@ class GrpcRolloutClient(_GrpcClient):
         deadline_s: float = 600.0,
         limits: m.WireLimits | None = None,
         max_staleness: int = 0,
+        allow_newer: bool = False,
     ) -> None:
         super().__init__(address, worker_id, deadline_s=deadline_s)
         self._stub = pb_grpc.RolloutStub(self._channel)
         self.limits = limits or m.WireLimits()
         self.max_staleness = max_staleness
+        self.allow_newer = allow_newer
 
     async def generate(
         self, items: Sequence[WorkItem], sampling: Sampling, version: int
@@ -85,6 +87,7 @@ class GrpcRolloutClient(_GrpcClient):
             self.limits,
             expected_version=version,
             max_staleness=self.max_staleness,
+            allow_newer=self.allow_newer,
         )
         call = self._stub.Generate(m.generate_request_to_proto(request), timeout=self.deadline_s)
         try:

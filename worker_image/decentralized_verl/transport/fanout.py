@@ -19,8 +19,14 @@ Failure rules:
   The skipped worker catches up later with `WeightRelay.catch_up` (a Fetch from its parent).
 
 Speed: messages travel as the serialized bytes they arrived in (identity serializers), so a relay
-parses each chunk once, to verify it, and never re-encodes it; hashing runs in worker threads
-(``hashlib`` releases the GIL) so the event loop keeps streams moving.
+parses each chunk once, to verify it, and never re-encodes it; each chunk is hashed exactly once (the
+bundle digest is a hash of the chunk digests, see `transport.weights`), in a worker thread (``hashlib``
+releases the GIL) so the event loop keeps streams moving.
+
+In the runtime: the learner's `WeightFanout` publishes each version and, with two or more remote
+rollout workers, pushes it down `plan_route` of them; every rollout worker serves a `WeightRelay` on its
+own gRPC port and reads its weights through `RelayWeightSource`, which falls back to pulling from the
+learner when a push did not reach it.
 
 A `WeightRelay` holds a `WeightPublisher`, so it serves GetManifest/Fetch exactly like the learner's
 `WeightsServicer` (a `GrpcWeightSource` can pull from any relay) and a colocated rollout worker can
@@ -30,12 +36,15 @@ read its weights through `LocalWeightSource(relay.publisher)`.
 from __future__ import annotations
 
 import asyncio
-import hashlib
+import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -44,12 +53,16 @@ from decentralized_verl.proto import dverl_pb2 as pb
 from decentralized_verl.transport import messages as m
 from decentralized_verl.transport.grpc_options import channel_options, server_options
 from decentralized_verl.transport.weight_service import (
+    BundleBuilder,
     Published,
     WeightPublisher,
     WeightsServicer,
-    header_of,
+    decode_held,
 )
-from decentralized_verl.transport.weights import WeightBundle, WeightChunk
+from decentralized_verl.transport.weights import WeightChunk
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +116,26 @@ def plan_tree(addresses: Sequence[str], fanout: int) -> tuple[Hop, ...]:
     return tuple(build(i) for i in range(min(fanout, len(addresses))))
 
 
+CHAIN_MAX_RECEIVERS = 8
+"""Up to this many receivers `plan_route` uses a chain, beyond it a binary tree."""
+
+
+def plan_route(addresses: Sequence[str]) -> tuple[Hop, ...]:
+    """The runtime's route: a chain for up to `CHAIN_MAX_RECEIVERS` receivers, a binary tree beyond.
+
+    Picked by N because the spec has no field for it. In a chain every node uploads exactly one copy
+    and the depth costs one chunk's transfer per hop (time ~ size/bandwidth + N * chunk/bandwidth); in a
+    binary tree inner nodes upload two copies (half the bandwidth each on a shared uplink) to cut the
+    depth to log2 N. With 4 MiB chunks a hop costs a few ms against hundreds of ms for a model, so for
+    the usual handful of rollout workers the chain is as fast or faster (the loopback benchmark agrees,
+    BENCHMARKS.md); with many workers the chain's N hops (and the longer repair after a failure) add up,
+    and the tree's log depth wins.
+    """
+    if len(addresses) <= CHAIN_MAX_RECEIVERS:
+        return plan_chain(addresses)
+    return plan_tree(addresses, 2)
+
+
 def route_to_json(hops: Iterable[Hop]) -> str:
     def enc(h: Hop) -> list:
         return [h.address, [enc(c) for c in h.children]]
@@ -136,85 +169,7 @@ def _metadata_value(metadata: Iterable | None, key: str) -> str | None:
     return None
 
 
-# ------------------------------------------------------------------------------------------ verifying
-
-
-def _checked_chunk(msg: pb.WeightChunk, manifest: m.WeightManifest, path: str) -> WeightChunk:
-    """The checks of `messages.chunk_from_proto`, reading ``msg.data`` once: with upb every read of a
-    bytes field is a fresh copy, which at multi-MiB chunks costs as much as a sha256 pass."""
-    data = msg.data
-    if msg.version != manifest.version:
-        raise WireError(f"{path}.version", f"got {msg.version}, expected {manifest.version}")
-    n = len(manifest.chunk_sha256)
-    if msg.total != n:
-        raise WireError(f"{path}.total", f"got {msg.total}, the manifest has {n} chunks")
-    if msg.index >= n:
-        raise WireError(f"{path}.index", f"{msg.index} is outside [0, {n})")
-    size = manifest.chunk_size(msg.index)
-    if len(data) != size:
-        raise WireError(f"{path}.data", f"{len(data)} bytes, chunk {msg.index} must have {size}")
-    digest = hashlib.sha256(data).hexdigest()
-    if msg.sha256 != digest:
-        raise WireError(f"{path}.sha256", f"does not match the data (data hashes to {digest[:12]}...)")
-    if digest != manifest.chunk_sha256[msg.index]:
-        raise WireError(f"{path}.sha256", f"does not match the manifest's chunk_sha256[{msg.index}]")
-    if msg.HasField("manifest") and m.manifest_from_proto(msg.manifest, f"{path}.manifest") != manifest:
-        raise WireError(f"{path}.manifest", "differs from the manifest this transfer started with")
-    return WeightChunk(msg.version, msg.index, data, digest)
-
-
-class BundleBuilder:
-    """Verifies a version's chunks as they arrive, each hashed once against the manifest, while a
-    second thread hashes the whole bundle in order; `finish` checks that hash and returns the version.
-
-    Unlike `WeightAssembler.finish` it does not decode the tensors: relays only hold and forward bytes,
-    and the rollout worker decodes (through `LocalWeightSource`) when it loads them.
-    """
-
-    def __init__(self, manifest: m.WeightManifest) -> None:
-        self.manifest = manifest
-        self.header = header_of(manifest)
-        self.chunks: dict[int, WeightChunk] = {}
-        self._whole = hashlib.sha256()
-        self._next = 0  # the next index the whole-bundle hash needs
-        self._hasher = ThreadPoolExecutor(1, thread_name_prefix="bundle-sha256")
-        self._pending: list[Future] = []
-
-    @property
-    def complete(self) -> bool:
-        return len(self.chunks) == len(self.manifest.chunk_sha256)
-
-    @property
-    def missing(self) -> list[int]:
-        return [i for i in range(len(self.manifest.chunk_sha256)) if i not in self.chunks]
-
-    def add(self, msg: pb.WeightChunk, path: str = "chunk") -> WeightChunk:
-        """Check one parsed message (place, size, its own and the manifest's sha256) and keep it."""
-        chunk = _checked_chunk(msg, self.manifest, f"{path}[{msg.index}]")
-        if chunk.index in self.chunks:
-            raise WireError(f"{path}[{chunk.index}]", "received twice")
-        self.chunks[chunk.index] = chunk
-        while self._next in self.chunks:
-            self._pending.append(self._hasher.submit(self._whole.update, self.chunks[self._next].data))
-            self._next += 1
-        return chunk
-
-    def finish(self) -> Published:
-        """The verified version, once every chunk is in and the whole-bundle sha256 matches."""
-        try:
-            if not self.complete:
-                raise WireError("weights.chunks", f"missing chunk(s) {self.missing}")
-            for f in self._pending:
-                f.result()
-            if self._whole.hexdigest() != self.manifest.sha256:
-                raise WireError("weights.sha256", "the assembled bundle does not match the manifest's sha256")
-        finally:
-            self.close()
-        chunks = tuple(self.chunks[i] for i in range(len(self.chunks)))
-        return Published(self.manifest, WeightBundle(self.header, chunks))
-
-    def close(self) -> None:
-        self._hasher.shutdown(wait=False, cancel_futures=True)
+# ------------------------------------------------------------------------------------------ sending
 
 
 def wire_messages(held: Published) -> tuple[bytes, ...]:
@@ -347,8 +302,13 @@ class WeightRelay:
         self._servicer = WeightsServicer(self.publisher)
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._wire: dict[tuple[int, str], tuple[bytes, ...]] = {}
+        if verify_threads < 1:
+            raise ValueError(f"verify_threads: must be >= 1 (got {verify_threads})")
         self._verify = ThreadPoolExecutor(verify_threads, thread_name_prefix="relay-verify")
+        self._verify_depth = verify_threads
         self.pushes_received = 0
+        self.receiving: dict[int, int] = {}
+        """version -> pushes of it arriving right now (a reader waits for them rather than pulling)."""
 
     # ----------------------------------------------------------------- plumbing
 
@@ -465,18 +425,25 @@ class WeightRelay:
             route = route_from_json(_metadata_value(context.invocation_metadata(), ROUTE_KEY) or "[]")
             for hop in route:
                 session.open(hop)
-            async for raw in requests:
-                msg = pb.WeightChunk.FromString(raw)
-                if builder is None:
-                    if not msg.HasField("manifest"):
-                        raise WireError("chunk[0].manifest", "the first pushed chunk must carry the manifest")
-                    builder = BundleBuilder(m.manifest_from_proto(msg.manifest, "chunk[0].manifest"))
-                    version = builder.manifest.version
-                await loop.run_in_executor(self._verify, builder.add, msg)
-                received += 1
-                session.send(raw)  # verified: on to the children while the next chunk arrives
-            if builder is None:
+            incoming = aiter(requests)
+            first = await anext(incoming, None)
+            if first is None:
                 raise WireError("chunks", "the push carried no chunks")
+            msg = pb.WeightChunk.FromString(first)
+            if not msg.HasField("manifest"):
+                raise WireError("chunk[0].manifest", "the first pushed chunk must carry the manifest")
+            builder = BundleBuilder(m.manifest_from_proto(msg.manifest, "chunk[0].manifest"))
+            version = builder.manifest.version
+            self.receiving[version] = self.receiving.get(version, 0) + 1
+
+            async def parsed() -> AsyncIterator[tuple[bytes, pb.WeightChunk]]:
+                yield first, msg
+                async for raw in incoming:
+                    yield raw, pb.WeightChunk.FromString(raw)
+
+            async for raw, _ in self._verified(builder, parsed()):
+                received += 1
+                session.send(raw)  # verified: on to the children while the next chunks arrive
             published = await loop.run_in_executor(self._verify, builder.finish)
             self._store(published, session.backlog)
         except (WireError, ValueError) as exc:
@@ -488,9 +455,44 @@ class WeightRelay:
         except asyncio.CancelledError:  # our sender went away: nothing partial is held or passed on
             session.abort(route, "cancelled")
             raise
+        finally:
+            if builder is not None:
+                self._done_receiving(builder.manifest.version)
         results = await session.finish()
         context.set_trailing_metadata(((RESULT_KEY, json.dumps(results)),))
         return pb.PushAck(ok=True, version=version, chunks_received=received)
+
+    async def _verified(
+        self, builder: BundleBuilder, messages: AsyncIterator[tuple[bytes, pb.WeightChunk]]
+    ) -> AsyncIterator[tuple[bytes, WeightChunk]]:
+        """Each message once ``builder`` has verified it, in arrival order.
+
+        Up to ``verify_threads`` chunks are hashed at once (``hashlib`` releases the GIL), so a receiver
+        with spare cores verifies faster than one sha256 stream; nothing is yielded (forwarded, kept)
+        before its own check passed. On an error every chunk still being hashed is waited for, so the
+        builder is settled when the caller resumes from ``builder.missing``.
+        """
+        loop = asyncio.get_running_loop()
+        pending: deque[tuple[bytes, asyncio.Future]] = deque()
+        try:
+            async for raw, msg in messages:
+                pending.append((raw, loop.run_in_executor(self._verify, builder.add, msg)))
+                while len(pending) >= self._verify_depth or (pending and pending[0][1].done()):
+                    raw, done = pending.popleft()
+                    yield raw, await done
+            while pending:
+                raw, done = pending.popleft()
+                yield raw, await done
+        finally:
+            if pending:
+                await asyncio.wait([f for _, f in pending])
+
+    def _done_receiving(self, version: int) -> None:
+        left = self.receiving.get(version, 0) - 1
+        if left > 0:
+            self.receiving[version] = left
+        else:
+            self.receiving.pop(version, None)
 
     # ----------------------------------------------------------------- catching up
 
@@ -539,15 +541,20 @@ class WeightRelay:
         try:
             while not builder.complete:
                 start = builder.missing[0]
-                try:
-                    async for raw in fetch(
-                        pb.FetchRequest(version=manifest.version, from_chunk=start), timeout=self.timeout_s
-                    ):
+                stream = fetch(
+                    pb.FetchRequest(version=manifest.version, from_chunk=start), timeout=self.timeout_s
+                )
+
+                async def parsed(stream=stream) -> AsyncIterator[tuple[bytes, pb.WeightChunk]]:
+                    async for raw in stream:
                         msg = pb.WeightChunk.FromString(raw)
-                        if msg.index in builder.chunks:
-                            continue
-                        await loop.run_in_executor(self._verify, builder.add, msg)
-                        raws[msg.index] = raw
+                        if msg.index not in builder.chunks:  # a resumed stream may repeat a chunk
+                            raws[msg.index] = raw  # kept only once the builder holds the index
+                            yield raw, msg
+
+                try:
+                    async for _ in self._verified(builder, parsed()):
+                        pass
                     if not builder.complete:
                         raise WireError(
                             "weights.chunks", f"stream ended with chunks {builder.missing} missing"
@@ -564,7 +571,7 @@ class WeightRelay:
             published = await loop.run_in_executor(self._verify, builder.finish)
         finally:
             builder.close()
-        ordered = [raws[i] for i in range(len(raws))]
+        ordered = [raws[i] for i in range(len(builder.chunks))]
         if ordered and not pb.WeightChunk.FromString(ordered[0]).HasField("manifest"):
             ordered[0] = WeightsServicer.chunk_message(
                 published, published.bundle.chunks[0], first=True
@@ -573,13 +580,183 @@ class WeightRelay:
         return manifest.version
 
 
-async def serve_relay(relay: WeightRelay, port: int = 0, host: str = "127.0.0.1") -> grpc.aio.Server:
-    """A grpc.aio server with only ``relay``'s Weights service; its port is ``server.port``."""
+async def serve_relay(
+    relay: WeightRelay,
+    port: int = 0,
+    host: str = "127.0.0.1",
+    *,
+    add: Iterable[Callable[[grpc.aio.Server], None]] = (),
+) -> grpc.aio.Server:
+    """A grpc.aio server with ``relay``'s Weights service (and whatever each ``add`` registers, e.g. a
+    rollout worker's own services, so the relay shares its port); its port is ``server.port``."""
     server = grpc.aio.server(options=[*server_options(), *relay.grpc_options])
     relay.add_to_server(server)
+    for register in add:
+        register(server)
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"cannot bind {host}:{port}")
     server.port = bound  # type: ignore[attr-defined]
     await server.start()
     return server
+
+
+# ------------------------------------------------------------------------------------------ runtime
+
+
+class WeightFanout:
+    """The learner's side of weight sync with remote rollout workers.
+
+    `publish` encodes a version into the learner's `WeightPublisher` (which its `Weights` service keeps
+    serving, the pull path) and, with at least ``min_receivers`` rollout workers, pushes it down
+    `plan_route` of them: the learner sends one copy, each worker verifies and forwards. A worker the push
+    did not reach (down, restarting, an old build without the relay) is reported in `last_results` and
+    pulls the version from the learner when it next needs it. The receiver list may change between
+    versions (`add_receiver` / `remove_receiver`, e.g. rollout workers joining at run time).
+    """
+
+    def __init__(
+        self,
+        publisher: WeightPublisher,
+        addresses: Sequence[str] = (),
+        *,
+        min_receivers: int = 2,
+        timeout_s: float = 300.0,
+        grpc_options: Sequence[tuple[str, int]] = (),
+    ) -> None:
+        if min_receivers < 1:
+            raise ValueError(f"min_receivers: must be >= 1 (got {min_receivers})")
+        self.relay = WeightRelay(publisher, timeout_s=timeout_s, grpc_options=grpc_options)
+        self.addresses: list[str] = list(dict.fromkeys(addresses))
+        self.min_receivers = min_receivers
+        self.last_results: dict[str, str] = {}
+        """address -> "ok" or why not, for the last push (empty when the last version was not pushed)."""
+        self.pushes = 0
+
+    @property
+    def publisher(self) -> WeightPublisher:
+        return self.relay.publisher
+
+    @property
+    def pushing(self) -> bool:
+        """Whether a new version is pushed (else every worker pulls, as with a single worker)."""
+        return len(self.addresses) >= self.min_receivers
+
+    def add_receiver(self, address: str) -> None:
+        if address not in self.addresses:
+            self.addresses.append(address)
+
+    def remove_receiver(self, address: str) -> None:
+        if address in self.addresses:
+            self.addresses.remove(address)
+
+    def route(self) -> tuple[Hop, ...]:
+        return plan_route(self.addresses)
+
+    async def publish(self, state_dict: Mapping[str, Tensor], version: int) -> dict[str, str]:
+        """Encode and hold ``version`` (off the event loop), then push it when `pushing`; returns the
+        push's per-worker outcome. A failed push never fails the publish: the workers pull instead."""
+        loop = asyncio.get_running_loop()
+        encode = self.relay.publish if self.pushing else self.publisher.publish  # relay: pre-serialized
+        await loop.run_in_executor(None, encode, state_dict, version)
+        if not self.pushing:
+            self.last_results = {}
+            return {}
+        return await self.push(version)
+
+    async def push(self, version: int) -> dict[str, str]:
+        route = self.route()
+        try:
+            results = await self.relay.fan_out(version, route)
+        except Exception as exc:  # a bug or a version gone: the pull path still serves every worker
+            log.warning("weights v%d: push failed (%s); rollout workers will pull", version, exc)
+            results = {a: f"not sent: {exc}"[:_REASON_CHARS] for h in route for a in h.addresses()}
+        self.pushes += 1
+        self.last_results = results
+        missed = {a: why for a, why in results.items() if why != OK}
+        if missed:
+            log.warning(
+                "weights v%d: pushed to %d of %d workers; the others pull: %s",
+                version,
+                len(results) - len(missed),
+                len(results),
+                missed,
+            )
+        return results
+
+    def publish_blocking(
+        self, state_dict: Mapping[str, Tensor], version: int, loop: asyncio.AbstractEventLoop
+    ) -> dict[str, str]:
+        """`publish` from a thread other than ``loop``'s (the coordinator publishes from a worker thread)."""
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            raise RuntimeError("WeightFanout.publish_blocking would block its own event loop: await publish")
+        return asyncio.run_coroutine_threadsafe(self.publish(state_dict, version), loop).result()
+
+    async def close(self) -> None:
+        await self.relay.close()
+
+
+class RelayWeightSource:
+    """A rollout worker's weights: what the learner pushed into its relay, else a pull from the learner.
+
+    Blocking, for the worker's generation thread; ``loop`` is the event loop serving ``relay``.
+    `fetch_latest(v)`: a held version >= v is decoded at once (it was verified on arrival). A push of such
+    a version still arriving is waited for (up to ``wait_s``). Otherwise the learner's push may still be
+    on its way down the chain, so it waits ``push_grace_s``, then catches up from ``learner`` (GetManifest
+    + Fetch, every chunk verified), which also leaves the version in the relay for peers to Fetch.
+    """
+
+    def __init__(
+        self,
+        relay: WeightRelay,
+        learner: str,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        wait_s: float = 60.0,
+        push_grace_s: float = 0.5,
+    ) -> None:
+        self.relay = relay
+        self.learner = learner
+        self.loop = loop
+        self.wait_s = wait_s
+        self.push_grace_s = push_grace_s
+        self.pulls = 0
+        """Versions this worker had to pull (the push missed it), for logs and tests."""
+
+    def _held(self, min_version: int) -> Published | None:
+        held = self.relay.publisher.get()
+        return held if held is not None and held.manifest.version >= min_version else None
+
+    def fetch_latest(self, min_version: int) -> tuple[int, dict[str, Tensor]]:
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self.loop:
+            raise RuntimeError("RelayWeightSource.fetch_latest blocks: call it off the relay's event loop")
+        start = time.monotonic()
+        while (held := self._held(min_version)) is None:
+            waited = time.monotonic() - start
+            arriving = any(v >= min_version for v in list(self.relay.receiving))
+            if waited >= self.wait_s or (waited >= self.push_grace_s and not arriving):
+                break
+            self.relay.publisher.wait_for(min_version, 0.05)
+        if held is None:
+            self.pulls += 1
+            left = max(self.wait_s - (time.monotonic() - start), 0.0)
+            log.info("weights: no pushed version >= %d; pulling from %s", min_version, self.learner)
+            future = asyncio.run_coroutine_threadsafe(
+                self.relay.catch_up(self.learner, min_version, wait_s=left, poll_s=0.2), self.loop
+            )
+            with contextlib.suppress(ValueError):  # a push landed a newer version meanwhile: it is held
+                future.result()
+            held = self._held(min_version)
+            if held is None:
+                raise WireError(
+                    "weights.version", f"no version >= {min_version} after pulling from {self.learner}"
+                )
+        return held.manifest.version, decode_held(held)

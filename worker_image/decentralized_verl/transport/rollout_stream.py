@@ -58,6 +58,8 @@ class ResultStream:
     limits: m.WireLimits
     expected_version: int | None = None
     max_staleness: int = 0
+    allow_newer: bool = False
+    """Async RL: accept samples from a version published after the request (see `_check_version`)."""
     answered: dict[Key, int] = field(default_factory=dict)
     """Key -> index of the result that answered it."""
 
@@ -72,6 +74,7 @@ class ResultStream:
                 expected_version=self.expected_version,
                 max_staleness=self.max_staleness,
                 path=path,
+                allow_newer=self.allow_newer,
             )
         except WireError as exc:
             raise BadResult(f"bad result: {exc}") from None

@@ -3,13 +3,16 @@ the gRPC `Weights` service that streams them, and the pullers rollout workers us
 
 The learner encodes a version once (`transport.weights` codec: safetensors bytes cut into hashed chunks)
 and any number of workers fetch it. Only the newest `keep` versions are held: a worker that missed
-versions fetches the latest, never the ones in between. A receiver verifies every chunk against the
-manifest as it arrives and the whole blob at the end, so a corrupted transfer is rejected before any
-weight changes; a broken stream is resumed once from the next missing chunk.
+versions fetches the latest, never the ones in between. A receiver (`BundleBuilder`) hashes every chunk
+once as it arrives and checks it against the manifest, and the chunk digests against the manifest's
+bundle digest at the end, so a corrupted transfer is rejected before any weight changes; a broken
+stream is resumed once from the next missing chunk. Every version a publisher holds was verified (or
+encoded here), so reading it back (`decode_held`) does not hash it again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -27,9 +30,10 @@ from decentralized_verl.transport.grpc_options import channel_options
 from decentralized_verl.transport.weights import (
     DEFAULT_CHUNK_BYTES,
     BundleHeader,
-    WeightAssembler,
     WeightBundle,
     WeightChunk,
+    bundle_sha256,
+    decode_bundle,
     encode_state_dict,
 )
 
@@ -193,41 +197,114 @@ class WeightsServicer(pb_grpc.WeightsServicer):
         )
 
     async def Push(self, request_iterator, context: grpc.aio.ServicerContext) -> pb.PushAck:
-        manifest: m.WeightManifest | None = None
-        assembler: WeightAssembler | None = None
+        builder: BundleBuilder | None = None
         received = 0
-        chunks: dict[int, WeightChunk] = {}
         try:
             async for msg in request_iterator:
-                if manifest is None:
+                if builder is None:
                     if not msg.HasField("manifest"):
                         raise WireError("chunk[0].manifest", "the first pushed chunk must carry the manifest")
-                    manifest = m.manifest_from_proto(msg.manifest, "chunk[0].manifest")
-                    assembler = WeightAssembler(header_of(manifest))
-                checked = m.chunk_from_proto(msg, manifest, f"chunk[{received}]")
-                chunk = WeightChunk(checked.version, checked.index, checked.data, checked.sha256)
-                assembler.add(chunk)
-                chunks[chunk.index] = chunk
+                    builder = BundleBuilder(m.manifest_from_proto(msg.manifest, "chunk[0].manifest"))
+                builder.add(msg)
                 received += 1
-            if manifest is None or assembler is None:
+            if builder is None:
                 raise WireError("chunks", "the push carried no chunks")
-            assembler.finish()  # whole-blob hash and a decodable payload, before anything is held
-            bundle = WeightBundle(assembler.header, tuple(chunks[i] for i in range(len(chunks))))
-            self.publisher.store(Published(manifest, bundle))
+            published = builder.finish()  # the bundle digest, before anything is held
+            decode_held(published)  # a decodable payload, too: this servicer's pullers trust what it holds
+            self.publisher.store(published)
         except (WireError, ValueError) as exc:
-            version = manifest.version if manifest is not None else 0
+            version = builder.manifest.version if builder is not None else 0
             return pb.PushAck(ok=False, version=version, chunks_received=received, reason=str(exc))
-        return pb.PushAck(ok=True, version=manifest.version, chunks_received=received)
+        return pb.PushAck(ok=True, version=published.manifest.version, chunks_received=received)
+
+
+# ------------------------------------------------------------------------------------------ receiving
+
+
+def checked_chunk(msg: pb.WeightChunk, manifest: m.WeightManifest, path: str) -> WeightChunk:
+    """The checks of `messages.chunk_from_proto` (place, size, its own and the manifest's sha256),
+    hashing the bytes once and reading ``msg.data`` once: with upb every read of a bytes field is a
+    fresh copy, which at multi-MiB chunks costs a good part of a sha256 pass."""
+    data = msg.data
+    if msg.version != manifest.version:
+        raise WireError(f"{path}.version", f"got {msg.version}, expected {manifest.version}")
+    n = len(manifest.chunk_sha256)
+    if msg.total != n:
+        raise WireError(f"{path}.total", f"got {msg.total}, the manifest has {n} chunks")
+    if msg.index >= n:
+        raise WireError(f"{path}.index", f"{msg.index} is outside [0, {n})")
+    size = manifest.chunk_size(msg.index)
+    if len(data) != size:
+        raise WireError(f"{path}.data", f"{len(data)} bytes, chunk {msg.index} must have {size}")
+    digest = hashlib.sha256(data).hexdigest()
+    if msg.sha256 != digest:
+        raise WireError(f"{path}.sha256", f"does not match the data (data hashes to {digest[:12]}...)")
+    if digest != manifest.chunk_sha256[msg.index]:
+        raise WireError(f"{path}.sha256", f"does not match the manifest's chunk_sha256[{msg.index}]")
+    if msg.HasField("manifest") and m.manifest_from_proto(msg.manifest, f"{path}.manifest") != manifest:
+        raise WireError(f"{path}.manifest", "differs from the manifest this transfer started with")
+    return WeightChunk(msg.version, msg.index, data, digest)
+
+
+class BundleBuilder:
+    """One version's chunks as they arrive, in any order, each hashed once and checked against the
+    manifest; `finish` checks the bundle digest and returns the verified version (not decoded).
+
+    The manifest's own consistency (its bundle digest over its chunk digests) is checked up front, so
+    a forged or garbled manifest is refused before any chunk is received.
+    """
+
+    def __init__(self, manifest: m.WeightManifest) -> None:
+        if bundle_sha256(manifest.chunk_sha256) != manifest.sha256:
+            raise WireError("manifest.sha256", "does not match the bundle digest of its chunk_sha256 list")
+        self.manifest = manifest
+        self.header = header_of(manifest)
+        self.chunks: dict[int, WeightChunk] = {}
+        self._lock = threading.Lock()  # `add` may run in several hashing threads at once
+
+    @property
+    def complete(self) -> bool:
+        return len(self.chunks) == len(self.manifest.chunk_sha256)
+
+    @property
+    def missing(self) -> list[int]:
+        return [i for i in range(len(self.manifest.chunk_sha256)) if i not in self.chunks]
+
+    def add(self, msg: pb.WeightChunk, path: str = "chunk") -> WeightChunk:
+        """Check one parsed message and keep it; a rejected chunk leaves the builder as it was.
+        Thread-safe: chunks may be hashed in parallel."""
+        chunk = checked_chunk(msg, self.manifest, f"{path}[{msg.index}]")
+        with self._lock:
+            if chunk.index in self.chunks:
+                raise WireError(f"{path}[{chunk.index}]", "received twice")
+            self.chunks[chunk.index] = chunk
+        return chunk
+
+    def finish(self) -> Published:
+        """The verified version, once every chunk is in and the digests match the manifest's."""
+        if not self.complete:
+            raise WireError("weights.chunks", f"missing chunk(s) {self.missing}")
+        chunks = tuple(self.chunks[i] for i in range(len(self.chunks)))
+        if bundle_sha256(c.sha256 for c in chunks) != self.manifest.sha256:
+            raise WireError("weights.sha256", "the assembled bundle does not match the manifest's sha256")
+        return Published(self.manifest, WeightBundle(self.header, chunks))
+
+    def close(self) -> None:
+        """Nothing to release (kept so callers may treat builders as resources)."""
 
 
 # ------------------------------------------------------------------------------------------ pullers
 
 
-def _assemble_local(held: Published) -> dict[str, Tensor]:
-    assembler = WeightAssembler(header_of(held.manifest))
-    for chunk in held.bundle.chunks:
-        assembler.add(chunk)
-    return assembler.finish()
+def decode_held(held: Published) -> dict[str, Tensor]:
+    """The tensors of a held version (wire dtype). A publisher only holds versions it encoded or that
+    passed a `BundleBuilder`, so the bytes are not hashed again here."""
+    try:
+        return decode_bundle(held.bundle)
+    except WireError:
+        raise
+    except Exception as exc:  # a payload that verified but does not decode (a sender bug)
+        raise WireError(f"weights[v{held.manifest.version}].payload", f"cannot be decoded ({exc})") from None
 
 
 class LocalWeightSource:
@@ -245,7 +322,7 @@ class LocalWeightSource:
                 f"no version >= {min_version} published within {self.wait_s:g}s "
                 f"(held: {self.publisher.versions})",
             )
-        return held.manifest.version, _assemble_local(held)
+        return held.manifest.version, decode_held(held)
 
 
 class GrpcWeightSource:
@@ -299,28 +376,26 @@ class GrpcWeightSource:
 
     def fetch(self, manifest: m.WeightManifest) -> dict[str, Tensor]:
         """Every chunk of `manifest`'s version, verified, then decoded (tensors in the wire dtype)."""
-        assembler = WeightAssembler(header_of(manifest))
+        builder = BundleBuilder(manifest)
         failures: list[str] = []
-        while not assembler.complete:
-            start = assembler.missing[0]
+        while not builder.complete:
+            start = builder.missing[0]
             self.fetch_calls.append((manifest.version, start))
             try:
                 stream = self._stub.Fetch(
                     pb.FetchRequest(version=manifest.version, from_chunk=start), timeout=self.timeout_s
                 )
                 for msg in stream:
-                    path = f"weights[v{manifest.version}].chunk[{msg.index}]"
-                    checked = m.chunk_from_proto(msg, manifest, path)
-                    if checked.index not in assembler.missing:
+                    if msg.index in builder.chunks:
                         continue
-                    assembler.add(WeightChunk(checked.version, checked.index, checked.data, checked.sha256))
-                if not assembler.complete:
-                    raise WireError("weights.chunks", f"stream ended with chunks {assembler.missing} missing")
+                    builder.add(msg, f"weights[v{manifest.version}].chunk")
+                if not builder.complete:
+                    raise WireError("weights.chunks", f"stream ended with chunks {builder.missing} missing")
             except grpc.RpcError as exc:
                 failures.append(f"stream from chunk {start} broke: {_rpc_reason(exc)}")
             except WireError as exc:
                 failures.append(str(exc))
-            if failures and not assembler.complete:
+            if failures and not builder.complete:
                 if len(failures) > 1:
                     raise WireError(
                         f"weights[v{manifest.version}]",
@@ -330,9 +405,9 @@ class GrpcWeightSource:
                     "weights v%d: %s; resuming from chunk %d",
                     manifest.version,
                     failures[-1],
-                    assembler.missing[0],
+                    builder.missing[0],
                 )
-        return assembler.finish()
+        return decode_held(builder.finish())
 
 
 def _rpc_reason(exc: grpc.RpcError) -> str:

@@ -3,9 +3,15 @@
 Pure (no sockets, no gRPC): the learner encodes once and the transport streams the chunks to any number
 of rollout workers; each receiver feeds them to a ``WeightAssembler`` in whatever order they arrive.
 
-Trust model: the ``BundleHeader`` (version, chunk count, sizes, whole-bundle sha256) comes first from
-the learner; every chunk is checked against its own sha256 on arrival (so a corrupted chunk is named
-and can be re-requested) and the joined bytes against the header's sha256 at the end.
+Trust model: the ``BundleHeader`` (version, chunk count, sizes, bundle digest) comes first from the
+learner; every chunk is checked against its own sha256 on arrival (so a corrupted chunk is named and can
+be re-requested) and, at the end, the chunk digests in order against the header's digest.
+
+The bundle digest is ``bundle_sha256``: the sha256 of the chunks' sha256 digests concatenated in order
+(a one-level hash tree, as BitTorrent's piece list). Since every chunk's bytes are hashed on arrival and
+must match its digest, the digest binds every byte, the order and the count, like a sha256 of the whole
+blob would, but the receiver hashes each byte once instead of twice (per chunk, then the whole blob):
+hashing was the receivers' largest cost in ``benchmarks/weight_sync.py``.
 
 Tied weights and other aliases: safetensors refuses tensors that share storage. A tensor that is the
 exact same view as an earlier one (e.g. ``lm_head.weight`` tied to ``model.embed_tokens.weight``) is
@@ -22,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -47,9 +53,20 @@ def sha256_hex(data: bytes | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def bundle_sha256(chunk_sha256: Iterable[str]) -> str:
+    """The bundle digest: sha256 over the chunks' 32-byte digests in order (hex in, hex out).
+
+    Cheap (32 bytes a chunk), so checking it costs nothing next to hashing the chunks themselves.
+    """
+    whole = hashlib.sha256()
+    for digest in chunk_sha256:
+        whole.update(bytes.fromhex(digest))
+    return whole.hexdigest()
+
+
 @dataclass(frozen=True)
 class WeightChunk:
-    """Bytes ``[index * chunk_bytes, ...)`` of one bundle, with their own sha256."""
+    """Bytes ``[index * chunk_bytes, ...)`` of one bundle, with their own sha256 (hex)."""
 
     version: int
     index: int
@@ -152,7 +169,8 @@ def encode_state_dict(
             view[start : start + chunk_bytes] for start in range(0, len(blob), chunk_bytes)
         )
     )
-    header = BundleHeader(version, len(chunks), len(blob), chunk_bytes, sha256_hex(blob), dtype)
+    digest = bundle_sha256(c.sha256 for c in chunks)
+    header = BundleHeader(version, len(chunks), len(blob), chunk_bytes, digest, dtype)
     return WeightBundle(header, chunks)
 
 
@@ -209,6 +227,7 @@ class WeightAssembler:
             raise WireError("weights.header", f"{n} chunks of {size} bytes cannot hold exactly {total} bytes")
         self.header = header
         self._chunks: dict[int, bytes] = {}
+        self._digests: dict[int, str] = {}
 
     @property
     def missing(self) -> list[int]:
@@ -218,8 +237,12 @@ class WeightAssembler:
     def complete(self) -> bool:
         return len(self._chunks) == self.header.num_chunks
 
-    def add(self, chunk: WeightChunk) -> bool:
-        """Accept one chunk after checking it; return whether the bundle is now complete."""
+    def add(self, chunk: WeightChunk, *, hashed: bool = False) -> bool:
+        """Accept one chunk after checking it; return whether the bundle is now complete.
+
+        ``hashed=True`` says the caller computed ``chunk.sha256`` from ``chunk.data`` itself (e.g.
+        `weight_service.checked_chunk`), so the bytes are not hashed a second time.
+        """
         where = f"weights.chunk[{chunk.index}]"
         if chunk.version != self.header.version:
             raise WireError(
@@ -232,19 +255,26 @@ class WeightAssembler:
         expected = self.header.chunk_size(chunk.index)
         if len(chunk.data) != expected:
             raise WireError(where, f"has {len(chunk.data)} bytes, expected {expected}")
-        if sha256_hex(chunk.data) != chunk.sha256:
+        if not hashed and sha256_hex(chunk.data) != chunk.sha256:
             raise WireError(where, "sha256 mismatch (corrupted in transit)")
         self._chunks[chunk.index] = chunk.data
+        self._digests[chunk.index] = chunk.sha256
         return self.complete
 
     def finish(self) -> dict[str, Tensor]:
-        """Join, verify the whole-bundle sha256 and decode; the tensors are in the wire dtype."""
+        """Verify the bundle digest, join and decode; the tensors are in the wire dtype."""
         if not self.complete:
             raise WireError("weights.chunks", f"missing chunk(s) {self.missing} of {self.header.num_chunks}")
-        blob = b"".join(self._chunks[i] for i in range(self.header.num_chunks))
-        if sha256_hex(blob) != self.header.sha256:
+        order = range(self.header.num_chunks)
+        if bundle_sha256(self._digests[i] for i in order) != self.header.sha256:
             raise WireError("weights.sha256", "the assembled bundle does not match the header's sha256")
-        return decode_state_dict(blob, self.header.version)
+        return decode_state_dict(b"".join(self._chunks[i] for i in order), self.header.version)
+
+
+def decode_bundle(bundle: WeightBundle) -> dict[str, Tensor]:
+    """Tensors of a bundle that was already verified (encoded here, or received through a
+    `WeightAssembler` / `BundleBuilder`): decoding does not hash the bytes again."""
+    return decode_state_dict(bundle.payload(), bundle.header.version)
 
 
 def cast_like(state_dict: Mapping[str, Tensor], reference: Mapping[str, Tensor]) -> dict[str, Tensor]:

@@ -112,14 +112,23 @@ def _check_nonempty_text(value: str, path: str) -> None:
         raise WireError(path, "must not be empty")
 
 
-def _check_version(got: int | None, path: str, expected: int | None, max_staleness: int = 0) -> int | None:
-    """A version is required when one is expected; it must be within max_staleness below expected."""
+def _check_version(
+    got: int | None, path: str, expected: int | None, max_staleness: int = 0, allow_newer: bool = False
+) -> int | None:
+    """A version is required when one is expected; it must be within max_staleness below expected.
+
+    `allow_newer` (async RL): a worker that had to fetch weights may get a version published after the
+    request was sent (it jumps to the latest); such samples are fresher, not wrong.
+    """
     if expected is None:
         return got
     if got is None:
         raise WireError(path, f"is missing (expected {expected})")
-    if not expected - max_staleness <= got <= expected:
-        want = str(expected) if max_staleness == 0 else f"{max(0, expected - max_staleness)}..{expected}"
+    if not expected - max_staleness <= got <= (got if allow_newer else expected):
+        low = max(0, expected - max_staleness)
+        want = str(expected) if max_staleness == 0 else f"{low}..{expected}"
+        if allow_newer:
+            want = f">= {low}"
         raise WireError(path, f"got {got}, expected {want}")
     return got
 

@@ -208,6 +208,7 @@ def completion_from_proto(
     expected_version: int | None = None,
     max_staleness: int = 0,
     path: str = "result",
+    allow_newer: bool = False,
 ) -> Completion:
     """Validate one streamed result as the coordinator receives it.
 
@@ -232,7 +233,7 @@ def completion_from_proto(
     version = _optional(msg, "policy_version")
     if version is None:
         raise WireError(f"{path}.policy_version", "is missing")
-    _check_version(version, f"{path}.policy_version", expected_version, max_staleness)
+    _check_version(version, f"{path}.policy_version", expected_version, max_staleness, allow_newer)
     ids = tuple(msg.response_token_ids)
     logprobs = tuple(msg.logprobs)
     if not ids and not limits.allow_empty_response:
