@@ -306,6 +306,12 @@ def _train(parser: argparse.ArgumentParser) -> Command:
     quick.add_argument(
         "--verify-fraction", type=float, default=0.05, help="share of actor samples re-checked"
     )
+    quick.add_argument(
+        "--kl-coef",
+        type=float,
+        default=0.0,
+        help="KL penalty against the initial policy (a reference volunteer computes it when one is found)",
+    )
     quick.add_argument("--wait-workers", type=float, default=120.0, help="seconds to wait for workers")
     quick.add_argument("--output", default=None, help="run folder (default runs/<job>)")
     quick.add_argument("--port", type=int, default=0, help="this peer's P2P port")
@@ -332,6 +338,7 @@ def _train(parser: argparse.ArgumentParser) -> Command:
                     reward_model=args.reward_model,
                     learning_rate=args.learning_rate,
                     verify_fraction=args.verify_fraction,
+                    kl_coef=args.kl_coef,
                     wait_workers_s=args.wait_workers,
                     output=args.output,
                     port=args.port,

@@ -36,10 +36,12 @@ class VolunteerRecord:
     expires_at: float
     started_at: float = 0.0
     model: str = ""
+    """Open quick-start workers: the local model folder they serve (a trainer without --model uses it)."""
     maddrs: tuple[str, ...] = ()
     """Where the peer listens (no /p2p/ suffix): the trainer dials these before its first stream, since
     libp2p's own routing may not know a peer that only talked to the bootstrap."""
-    """Open quick-start workers: the local model folder they serve (a trainer without --model uses it)."""
+    temperature: float = 1.0
+    """Reference volunteers: the sampling temperature their log-probs are computed at."""
 
     def to_value(self) -> dict:
         value = asdict(self)
@@ -62,6 +64,7 @@ class VolunteerRecord:
                 started_at=float(value.get("started_at", 0.0)),
                 model=str(value.get("model", ""))[:1000],
                 maddrs=tuple(str(a)[:200] for a in list(value.get("maddrs", ()))[:16]),
+                temperature=float(value.get("temperature", 1.0)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"record of {peer_id}: {type(exc).__name__}: {exc}") from None
@@ -71,6 +74,8 @@ class VolunteerRecord:
             raise ValueError(f"record of {peer_id}: unknown role {record.role!r}")
         if not math.isfinite(record.tokens_per_second) or record.tokens_per_second < 0:
             raise ValueError(f"record of {peer_id}: tokens_per_second {record.tokens_per_second}")
+        if not math.isfinite(record.temperature) or record.temperature < 0:
+            raise ValueError(f"record of {peer_id}: temperature {record.temperature}")
         return record
 
 

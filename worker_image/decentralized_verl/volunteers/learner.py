@@ -1,15 +1,24 @@
 """Volunteer learners: `dverl worker --role learner --initial-peers MADDR --model PATH --data FILE`.
 
 Seed 000's gradient synchroniser on hivemind: every volunteer learner computes gradients of a causal-LM
-loss (completion tokens only) on its own shard of the data, and `hivemind.Optimizer` averages them with
-the other learners of the run (all-reduce over P2P, weighted by samples) before each optimizer step, so
-peers that start from the same weights end every step with the same weights.
+loss (completion tokens only) on its own shard of the data, averages them with the other learners of
+the run (hivemind's all-reduce over P2P, weighted by samples), steps, and ends every step with
+parameters byte-identical to the others'.
 
-Peers start behind a barrier: each announces a `learner` record under the job's DHT key and waits until
-`peers` learners are visible, so nobody steps alone. One step = one local batch per peer: a learner
-reports its batch, waits until the swarm has the target batch (peers x batch), then steps together.
-State averaging is off (identical gradients keep identical parameters; a peer that falls behind
-loads the state from the others, hivemind's own recovery).
+Why not hivemind.Optimizer as is: it steps on local gradients whenever averaging comes back short or
+fails (it only logs "Proceeding with local gradients"), and its progress tracker let one learner step
+in a group of 1 before its peer was matchmaking. Here each step is:
+
+1. barrier (first step only): announce a `learner` record under the job's DHT key and wait until
+   `peers` learners are visible, so nobody starts matchmaking long before the others exist;
+2. all-reduce with exactly `peers` learners (averaging.py): hivemind's `GradientAverager` with
+   min = target group size = peers, the group's gathered metadata checked (size, job, step) and the
+   result checked by value against the members' gradient fingerprints; retried until the deadline,
+   then VolunteerError -- a learner never steps alone when peers were expected;
+3. the optimizer step on the averaged gradient;
+4. leader-wins reconciliation (param_sync.py): all-reduce leaves peers a few float32 ulps apart
+   (`local + (average - local)` is not `average`); followers fetch the chunks that differ from the
+   group's leader (smallest peer id), so every learner ends the step with the same bytes.
 
 This trains the policy on supervised pairs; the RL loop's learner (roles/learner.py) uses
 torch.distributed inside the cluster.
@@ -21,6 +30,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,9 +39,6 @@ from typing import Any
 from decentralized_verl.errors import VolunteerError
 
 log = logging.getLogger(__name__)
-
-NO_STATE_AVERAGING = 10**9
-"""`average_state_every` so large that parameters are never averaged (gradients are)."""
 
 
 @dataclass(frozen=True)
@@ -52,8 +59,13 @@ class LearnerOptions:
     announce_maddrs: tuple[str, ...] = ()
     client_mode: bool = False
     barrier_timeout_s: float = 180.0
+    """How long to wait for `peers` learners in the DHT, and for each step's full averaging group."""
     matchmaking_s: float = 5.0
+    """hivemind's min_matchmaking_time: how long a leader gathers followers before assembling."""
     averaging_timeout_s: float = 60.0
+    """One matchmaking attempt; a short attempt is retried until `barrier_timeout_s` has passed."""
+    sync_timeout_s: float = 120.0
+    """The post-step parameter reconciliation (leader waits for followers, followers for chunks)."""
 
 
 def read_pairs(path: str) -> list[tuple[str, str]]:
@@ -141,13 +153,33 @@ def barrier(dht, job: str, me: str, peers: int, timeout: float) -> int:
     return asyncio.run(_announce_and_wait(dht, job, me, peers, timeout))
 
 
+def _start_loop() -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
+    """An event loop in a daemon thread: it owns the P2P client whose handlers serve parameter sync."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="learner-p2p", daemon=True)
+    thread.start()
+    return loop, thread
+
+
+def _stop_loop(loop: asyncio.AbstractEventLoop, thread: threading.Thread, p2p) -> None:
+    if p2p is not None:
+        try:
+            asyncio.run_coroutine_threadsafe(p2p.shutdown(), loop).result(10)
+        except Exception:  # best effort: the daemon goes away with the DHT anyway
+            log.debug("p2p client shutdown failed", exc_info=True)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+
+
 def run_learner(options: LearnerOptions) -> dict[str, Any]:
-    import hivemind
     import torch
+    from hivemind.optim.grad_averager import GradientAverager
 
     from decentralized_verl.models.loading import load_model_and_tokenizer
+    from decentralized_verl.volunteers.averaging import average_with_group
     from decentralized_verl.volunteers.dht import PeerOptions, start_dht
     from decentralized_verl.volunteers.open_worker import _model_spec
+    from decentralized_verl.volunteers.param_sync import ParameterSync
 
     if options.peers < 1 or options.steps < 1 or options.batch_size < 1:
         raise VolunteerError("--peers, --steps and --batch-size must be >= 1")
@@ -155,6 +187,8 @@ def run_learner(options: LearnerOptions) -> dict[str, Any]:
     data = shard_of(read_pairs(options.data), options.shard, options.num_shards)
     model, tokenizer = load_model_and_tokenizer(_model_spec(options.model), padding_side="right")
     model.train()
+    params = [p for _, p in sorted(model.named_parameters()) if p.requires_grad]
+    sgd = torch.optim.SGD(params, lr=options.learning_rate)
     dht = start_dht(
         PeerOptions(
             initial_peers=options.initial_peers,
@@ -164,54 +198,74 @@ def run_learner(options: LearnerOptions) -> dict[str, Any]:
         )
     )
     me = dht.peer_id.to_base58()
+    loop, thread = _start_loop()
+    p2p = averager = None
     try:
+        p2p = asyncio.run_coroutine_threadsafe(dht.replicate_p2p(), loop).result(60)
+        sync = ParameterSync(p2p, loop, me, params, timeout_s=options.sync_timeout_s)
+        sync.register()
+        averager = GradientAverager(
+            params,
+            dht=dht,
+            prefix=f"dverl-{options.job}-learners",
+            start=True,
+            min_group_size=options.peers,
+            target_group_size=options.peers,
+            min_matchmaking_time=options.matchmaking_s,
+            request_timeout=max(0.5, min(3.0, options.matchmaking_s / 2)),
+            allreduce_timeout=options.averaging_timeout_s,
+            client_mode=options.client_mode,
+            warn=False,
+        )
         seen = barrier(dht, options.job, me, options.peers, options.barrier_timeout_s)
         print(f"learner {me}: barrier passed ({seen} learners)", flush=True)
-        optimizer = hivemind.Optimizer(
-            dht=dht,
-            run_id=f"dverl-{options.job}-learners",
-            params=model.parameters(),
-            optimizer=lambda params: torch.optim.SGD(params, lr=options.learning_rate),
-            batch_size_per_step=options.batch_size,
-            target_batch_size=options.batch_size * options.peers,
-            matchmaking_time=options.matchmaking_s,
-            averaging_timeout=options.averaging_timeout_s,
-            average_state_every=NO_STATE_AVERAGING,
-            client_mode=options.client_mode,
-            verbose=False,
-        )
-        losses = []
-        group_sizes = []
-        try:
-            for step in range(options.steps):
-                epoch = optimizer.local_epoch
-                loss = lm_loss(model, tokenizer, batch_for_step(data, step, options.batch_size))
-                loss.backward()
-                # Report this batch, then step only once the swarm holds the whole target batch, so
-                # every learner contributes exactly one batch to every averaged step.
-                optimizer.tracker.report_local_progress(epoch, options.batch_size)
-                deadline = time.monotonic() + options.barrier_timeout_s
-                while not optimizer.tracker.ready_to_update_epoch:
-                    if time.monotonic() > deadline:
-                        raise VolunteerError(f"step {step}: the swarm never reached the target batch")
-                    time.sleep(0.1)
-                group_sizes.append(optimizer.tracker.global_progress.num_peers)
-                optimizer.step()
-                optimizer.zero_grad()
-                if optimizer.local_epoch != epoch + 1:
-                    raise VolunteerError(
-                        f"step {step}: the optimizer did not step (epoch {optimizer.local_epoch})"
-                    )
-                losses.append(float(loss.detach()))
-                print(f"learner {me}: step {step + 1}/{options.steps} loss {losses[-1]:.4f}", flush=True)
-        finally:
-            optimizer.shutdown()
+        losses: list[float] = []
+        group_sizes: list[int] = []
+        synced: list[dict[str, Any]] = []
+        for step in range(options.steps):
+            sgd.zero_grad(set_to_none=False)
+            loss = lm_loss(model, tokenizer, batch_for_step(data, step, options.batch_size))
+            loss.backward()
+            averager.accumulate_grads_(options.batch_size)
+            if options.peers > 1:
+                averaged = average_with_group(
+                    averager,
+                    job=options.job,
+                    epoch=step,
+                    peers=options.peers,
+                    weight=options.batch_size,
+                    client_mode=options.client_mode,
+                    round_timeout_s=options.averaging_timeout_s,
+                    allreduce_timeout_s=options.averaging_timeout_s,
+                    deadline_s=options.barrier_timeout_s,
+                )
+                members, reachable = averaged.members, averaged.reachable
+            else:  # a run of one learner: nothing to average, its own gradient is the mean
+                averager.load_accumulators_into_averager_()
+                members = reachable = (me,)
+            with averager.use_averaged_gradients():
+                sgd.step()
+            averager.reset_accumulated_grads_()
+            result = sync.sync(step, members, reachable) if len(members) > 1 else None
+            group_sizes.append(len(members))
+            if result is not None:
+                synced.append({"leader": result.leader, "chunks": result.chunks, "fetched": result.fetched})
+            losses.append(float(loss.detach()))
+            fetched = (
+                f", synced {result.fetched}/{result.chunks} chunks from {result.leader}" if result else ""
+            )
+            print(
+                f"learner {me}: step {step + 1}/{options.steps} loss {losses[-1]:.4f} "
+                f"averaged with {len(members)} learners{fetched}",
+                flush=True,
+            )
         result = {
             "peer_id": me,
             "steps": options.steps,
-            "epoch": optimizer.local_epoch,
+            "epoch": options.steps,
             "losses": losses,
             "peers_per_step": group_sizes,
+            "sync": synced,
             "sha256": parameters_digest(model),
         }
         if options.digest_out:
@@ -224,6 +278,9 @@ def run_learner(options: LearnerOptions) -> dict[str, Any]:
         print(f"learner {me}: done, parameters sha256 {result['sha256']}", flush=True)
         return result
     finally:
+        if averager is not None:
+            averager.shutdown()
+        _stop_loop(loop, thread, p2p)
         dht.shutdown()
 
 

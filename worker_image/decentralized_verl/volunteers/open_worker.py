@@ -1,4 +1,6 @@
-"""Seed 000's quick-start worker: `dverl-worker --initial-peers MADDR --model PATH --role actor|critic`.
+"""Seed 000's quick-start worker: `dverl-worker --initial-peers MADDR --model PATH --role ROLE`.
+
+ROLE is actor (rollout), critic, reward or reference.
 
 Trust model (the "open" job): no join token. The worker announces itself under the open job's DHT key
 (`dverl/<job>/volunteers`, job `quickstart` unless `--job` names another) and serves any trainer that
@@ -11,6 +13,11 @@ versions, NaNs) and re-checks a fraction of an actor's log-probs (`dverl-train -
   P2P (chunks, hash-checked) before its first batch and after every update; it follows one trainer at
   a time and re-binds to another one only after `rebind_after_s` without requests.
 - critic: a value model built from PATH, trained in place by the trainer's Train calls.
+- reward: scores (prompt, completion) pairs with the reward each request names (reward_role.py: only
+  rewards shipped with the package; `reward_model` when PATH is a reward model). Open mode only: the
+  token-checked RLHFJob flow never takes rewards from a volunteer.
+- reference: log-probs of response tokens under PATH (the initial policy) at temperature 1.0, for the
+  trainer's KL term (reference_role.py); the trainer uses it only when PATH is its own model.
 """
 
 from __future__ import annotations
@@ -27,7 +34,8 @@ from decentralized_verl.lifecycle import until_stopped
 log = logging.getLogger(__name__)
 
 OPEN_JOB = "quickstart"
-OPEN_ROLES = ("actor", "rollout", "critic")
+OPEN_ROLES = ("actor", "rollout", "critic", "reward", "reference")
+REFERENCE_TEMPERATURE = 1.0
 
 
 @dataclass(frozen=True)
@@ -142,6 +150,49 @@ async def _serve_critic(p2p, me: str, options: OpenWorkerOptions):
     return stats
 
 
+async def _serve_reward(p2p, me: str, options: OpenWorkerOptions):
+    from decentralized_verl.roles.scoring import RewardWorker
+    from decentralized_verl.volunteers.reward_role import RewardEndpoint, is_reward_model_folder
+
+    folder = _model_spec(options.model).path
+    scorer = None
+    if is_reward_model_folder(folder):
+        from decentralized_verl.models.loading import load_sequence_classifier
+        from decentralized_verl.rewards import RewardModelScorer
+
+        model, tokenizer = await asyncio.to_thread(load_sequence_classifier, folder, field="--model")
+        scorer = RewardModelScorer(model, tokenizer)
+    worker = RewardWorker(None, scorer)
+    worker.worker_id = f"reward-{me[-8:]}"
+    endpoint = RewardEndpoint(p2p, worker, has_reward_model=scorer is not None)
+    await endpoint.register()
+
+    def stats() -> tuple[float, int, str]:
+        return 0.0, 0, f"served {endpoint.requests} score requests ({endpoint.items} completions)"
+
+    return stats
+
+
+async def _serve_reference(p2p, me: str, options: OpenWorkerOptions):
+    from decentralized_verl.models.loading import load_model_and_tokenizer
+    from decentralized_verl.roles.scoring import ReferenceWorker
+    from decentralized_verl.transport import messages as m
+    from decentralized_verl.volunteers.reference_role import ReferenceEndpoint
+
+    model, tokenizer = await asyncio.to_thread(load_model_and_tokenizer, _model_spec(options.model))
+    worker = ReferenceWorker(
+        model, REFERENCE_TEMPERATURE, pad_token_id=tokenizer.pad_token_id, worker_id=f"reference-{me[-8:]}"
+    )
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    endpoint = ReferenceEndpoint(p2p, worker, limits=m.WireLimits(vocab_size=vocab))
+    await endpoint.register()
+
+    def stats() -> tuple[float, int, str]:
+        return 0.0, 0, f"served {endpoint.requests} log-prob requests ({endpoint.sequences} sequences)"
+
+    return stats
+
+
 async def run_open_worker(options: OpenWorkerOptions, *, stop: asyncio.Event | None = None) -> int:
     """Join the DHT, serve the role, announce it with a heartbeat; run until `stop` or a signal."""
     from decentralized_verl.volunteers import p2p as wire
@@ -150,8 +201,8 @@ async def run_open_worker(options: OpenWorkerOptions, *, stop: asyncio.Event | N
 
     if options.role not in OPEN_ROLES:
         raise VolunteerError(
-            f"--role {options.role}: an open quick-start worker serves actor or critic "
-            "(reward and reference run inside the trainer)"
+            f"--role {options.role}: an open quick-start worker serves actor, critic, reward or reference "
+            "(learners: --role learner --data FILE)"
         )
     role = "actor" if options.role == "rollout" else options.role
     began = time.perf_counter()
@@ -168,7 +219,12 @@ async def run_open_worker(options: OpenWorkerOptions, *, stop: asyncio.Event | N
     try:
         p2p = await dht.replicate_p2p()
         me = dht.peer_id.to_base58()
-        serve = _serve_actor if role == "actor" else _serve_critic
+        serve = {
+            "actor": _serve_actor,
+            "critic": _serve_critic,
+            "reward": _serve_reward,
+            "reference": _serve_reference,
+        }[role]
         stats = await serve(p2p, me, options)
         hardware = hardware_summary()
         started = time.time()
@@ -187,6 +243,7 @@ async def run_open_worker(options: OpenWorkerOptions, *, stop: asyncio.Event | N
                 started_at=started,
                 model=model_path,
                 maddrs=maddrs,
+                temperature=REFERENCE_TEMPERATURE,
             )
 
         heartbeat = Heartbeat(dht, options.job, record, interval=options.heartbeat_s, ttl=options.ttl_s)

@@ -5,8 +5,15 @@ workers (open_worker.py) by their announcements alone, builds a JobSpec from the
 `Coordinator` loop as `dverl run`. The trainer is the learner and coordinator: it holds the policy,
 serves its weights over P2P to the actors it found (and nobody else), generates through them with
 throughput-weighted dispatch and re-dispatch (VolunteerHub in open mode), asks the critic peer for
-values and value updates (PPO), and computes rewards itself. A fraction of every actor batch is
-re-checked against the trainer's own policy (`--verify-fraction`), as for token-admitted volunteers.
+values and value updates (PPO). A fraction of every actor batch is re-checked against the trainer's own
+policy (`--verify-fraction`), as for token-admitted volunteers.
+
+Reward and reference volunteers (`dverl-worker --role reward|reference`) are used when announced:
+rewards from the first reward peer (for `reward_model`, only one serving the same reward-model folder),
+reference log-probs for the KL term (when `kl_coef > 0`) from a peer serving this trainer's own model
+folder at its temperature. Anything else, or a call that fails, is computed in the trainer
+(fallback.py). Trusting a peer's rewards is what makes this the open, trusted-network mode; the
+RLHFJob flow scores on the trusted side only.
 """
 
 from __future__ import annotations
@@ -45,6 +52,8 @@ class QuickstartOptions:
     reward_model: str | None = None
     learning_rate: float = 1e-5
     verify_fraction: float = 0.05
+    kl_coef: float = 0.0
+    """> 0 adds the KL term against the initial policy (a reference volunteer computes it when found)."""
     seed: int = 0
     wait_workers_s: float = 120.0
     output: str | None = None
@@ -110,6 +119,9 @@ def build_spec(options: QuickstartOptions, model_path: str, train_file: str, n_p
     }
     if algorithm == "ppo":
         spec["roles"]["critic"] = {"replicas": 0}
+    if options.kl_coef > 0:
+        spec["algorithm"]["klCoef"] = options.kl_coef
+        spec["roles"]["reference"] = {"replicas": 0}
     if options.reward_model:
         spec["data"]["rewardType"] = "reward_model"
         spec["data"]["rewardModel"] = {"path": options.reward_model}
@@ -138,11 +150,86 @@ async def find_workers(dht, job: str, *, need_critic: bool, timeout: float, poll
         await asyncio.sleep(poll_s)
 
 
+def _same_folder(a: str, b: str) -> bool:
+    return bool(a) and bool(b) and Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
+
+
+def pick_reward_peer(records, spec) -> tuple[Any | None, str]:
+    """(the reward record to use or None, why) for the job's reward type."""
+    peers = sorted((r for r in records if r.role == "reward"), key=lambda r: r.started_at)
+    if not peers:
+        return None, "no reward volunteer announced"
+    if spec.data.reward_type == "reward_model":
+        wanted = spec.data.reward_model.path if spec.data.reward_model else ""
+        peers = [r for r in peers if _same_folder(r.model, wanted or "")]
+        if not peers:
+            return None, f"no reward volunteer serves the reward model {wanted}"
+    return peers[0], f"reward volunteer {peers[0].peer_id}"
+
+
+def pick_reference_peer(records, model_path: str, temperature: float) -> tuple[Any | None, str]:
+    """(the reference record to use or None, why): it must serve this model folder at this temperature."""
+    peers = sorted((r for r in records if r.role == "reference"), key=lambda r: r.started_at)
+    if not peers:
+        return None, "no reference volunteer announced"
+    same = [r for r in peers if _same_folder(r.model, model_path)]
+    if not same:
+        return (
+            None,
+            f"reference volunteers serve other models ({', '.join(sorted({r.model for r in peers}))})",
+        )
+    matching = [r for r in same if abs(r.temperature - temperature) < 1e-9]
+    if not matching:
+        return (
+            None,
+            f"reference volunteers compute at temperature {same[0].temperature:g}, not {temperature:g}",
+        )
+    return matching[0], f"reference volunteer {matching[0].peer_id}"
+
+
+async def scoring_roles(p2p, dht, spec, *, job: str, model_path: str, temperature: float, pad_token_id):
+    """(reward client, reference client or None, description lines): volunteers when usable, else local."""
+    from decentralized_verl.models.loading import load_model_and_tokenizer
+    from decentralized_verl.roles import local, scoring
+    from decentralized_verl.volunteers.announce import read_records
+    from decentralized_verl.volunteers.fallback import FallbackReference, FallbackReward
+    from decentralized_verl.volunteers.p2p import connect
+    from decentralized_verl.volunteers.reference_role import P2PReferenceClient
+    from decentralized_verl.volunteers.reward_role import P2PRewardClient
+
+    records, _ = await read_records(dht, job)
+    lines = []
+    chosen, why = pick_reward_peer(records, spec)
+    remote = None
+    if chosen is not None:
+        await connect(p2p, chosen.peer_id, chosen.maddrs)
+        remote = P2PRewardClient(p2p, chosen.peer_id)
+    lines.append(f"rewards: {why}" + ("" if chosen else "; computed by the trainer"))
+    reward = FallbackReward(remote, lambda: local.LocalRewardClient(scoring.RewardWorker.from_spec(spec)))
+    reference = None
+    if spec.roles.reference is not None:
+        chosen, why = pick_reference_peer(records, model_path, temperature)
+        remote = None
+        if chosen is not None:
+            await connect(p2p, chosen.peer_id, chosen.maddrs)
+            remote = P2PReferenceClient(p2p, chosen.peer_id)
+        lines.append(f"reference log-probs: {why}" + ("" if chosen else "; computed by the trainer"))
+
+        def make_local():
+            # The initial policy from disk (the trainer's own model has moved on by the time this runs).
+            model, _ = load_model_and_tokenizer(spec.model)
+            return local.LocalReferenceClient(
+                scoring.ReferenceWorker(model, temperature, pad_token_id=pad_token_id)
+            )
+
+        reference = FallbackReference(remote, make_local)
+    return reward, reference, lines
+
+
 async def run_quickstart(options: QuickstartOptions) -> dict[str, Any]:
     """Discover, train, and return the summary (also written to OUTPUT/summary.json)."""
     from decentralized_verl.data import PromptSampler
     from decentralized_verl.models.loading import load_model_and_tokenizer
-    from decentralized_verl.roles import local, scoring
     from decentralized_verl.roles.coordinator import Coordinator, LoopParts
     from decentralized_verl.roles.dispatch import Dispatcher
     from decentralized_verl.roles.progress import MetricsLog, ProgressState
@@ -226,6 +313,15 @@ async def run_quickstart(options: QuickstartOptions) -> dict[str, Any]:
         await endpoints.register()
         await hub.poll_once()
         hub.start()
+        reward, reference, scoring_lines = await scoring_roles(
+            p2p,
+            dht,
+            spec,
+            job=options.job,
+            model_path=model_path,
+            temperature=trainer.settings.temperature,
+            pad_token_id=tokenizer.pad_token_id,
+        )
         critic = None
         if spec.roles.critic is not None:
             await connect(p2p, critics[0].peer_id, critics[0].maddrs)
@@ -246,8 +342,8 @@ async def run_quickstart(options: QuickstartOptions) -> dict[str, Any]:
             spec=spec,
             trainer=trainer,
             dispatcher=dispatcher,
-            reward=local.LocalRewardClient(scoring.RewardWorker.from_spec(spec)),
-            reference=None,
+            reward=reward,
+            reference=reference,
             critic=critic,
             prompts=prompts,
             eval_prompts=[],
@@ -266,6 +362,8 @@ async def run_quickstart(options: QuickstartOptions) -> dict[str, Any]:
             + (f" and critic {critics[0].peer_id}" if critic is not None else ""),
             flush=True,
         )
+        for line in scoring_lines:
+            print(line, flush=True)
         try:
             summary = await Coordinator(parts).run()
         finally:
@@ -278,6 +376,10 @@ async def run_quickstart(options: QuickstartOptions) -> dict[str, Any]:
             critic=critics[0].peer_id if critic is not None else None,
             verified_samples=report["verified_samples"],
             blocked=report["blocked"],
+            reward_peer=getattr(reward.remote, "peer_id", None),
+            reward_calls=reward.report(),
+            reference_peer=getattr(reference.remote, "peer_id", None) if reference else None,
+            reference_calls=reference.report() if reference else None,
         )
         (output / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
         return summary

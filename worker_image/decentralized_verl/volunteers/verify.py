@@ -106,13 +106,13 @@ class PublishedPolicy:
         self._lock = threading.Lock()
 
     def _load(self, version: int) -> None:
-        from decentralized_verl.transport.weight_service import _assemble_local
+        from decentralized_verl.transport.weight_service import decode_held
         from decentralized_verl.transport.weights import cast_like
 
         held = self.publisher.get(version)
         if held is None:
             raise LookupError(f"policy version {version} is no longer held (held: {self.publisher.versions})")
-        state = cast_like(_assemble_local(held), self.model.state_dict())
+        state = cast_like(decode_held(held), self.model.state_dict())
         self.model.load_state_dict(state, strict=False)
         self.version = version
 

@@ -76,6 +76,14 @@ async def run_volunteer(
         raise TokenError(f"the token is for job {claims.job!r}, not {options.job!r}")
     if claims.expires_at < time.time():
         raise TokenError("the token has expired; ask the job's owner for a new one (`dverl token`)")
+    if options.role in ("reward", "reference"):
+        # A token-checked job's coordinator computes rewards and reference log-probs on the trusted side:
+        # a reward is the training signal itself and cannot be verified from its shape.
+        raise VolunteerError(
+            f"role {options.role!r}: a token-checked job never takes {options.role} results from a "
+            "volunteer; reward and reference volunteers serve the open quick start on trusted networks "
+            "(`--model PATH` without --token)"
+        )
     if options.role not in ("rollout", "actor"):
         raise VolunteerError(f"role {options.role!r}: only rollout volunteers can join a job yet")
     peer_options = PeerOptions(
