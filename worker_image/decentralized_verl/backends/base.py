@@ -124,6 +124,7 @@ class GenerationBackend(Protocol):
 # Backend name -> "module:attribute" of a callable (model, tokenizer, **kw) -> GenerationBackend.
 BACKENDS: dict[str, str] = {
     "hf": "decentralized_verl.backends.hf:HFBackend",
+    "vllm": "decentralized_verl.backends.vllm_backend:VLLMBackend",
 }
 
 
