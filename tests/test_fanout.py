@@ -20,7 +20,6 @@ grpc = pytest.importorskip("grpc")
 
 from decentralized_verl.errors import WireError  # noqa: E402
 from decentralized_verl.proto import dverl_pb2 as pb  # noqa: E402
-from decentralized_verl.transport import weight_service  # noqa: E402
 from decentralized_verl.transport.fanout import (  # noqa: E402
     CHAIN_MAX_RECEIVERS,
     OK,
@@ -40,6 +39,7 @@ from decentralized_verl.transport.weight_service import (  # noqa: E402
     LocalWeightSource,
     WeightPublisher,
 )
+from decentralized_verl.transport.wire import weights as wire_weights  # noqa: E402
 
 torch.set_num_threads(1)
 REPO = Path(__file__).resolve().parents[1]
@@ -335,7 +335,8 @@ def test_fan_out_of_a_version_not_held_is_an_error(nodes):
 
 
 class CountingHash:
-    """Stands in for the `hashlib` module in `weight_service`: counts the bytes sha256 is fed."""
+    """Stands in for the `hashlib` module of `transport.wire.weights` (chunk checks): counts the bytes
+    sha256 is fed."""
 
     def __init__(self) -> None:
         import hashlib
@@ -355,7 +356,7 @@ def test_each_receiver_hashes_every_byte_exactly_once(nodes, monkeypatch):
     receivers = [nodes(WeightRelay(WeightPublisher(chunk_bytes=CHUNK), verify_threads=3)) for _ in range(2)]
     total = source.relay.publisher.get(1).manifest.total_bytes
     counter = CountingHash()
-    monkeypatch.setattr(weight_service, "hashlib", counter)
+    monkeypatch.setattr(wire_weights, "hashlib", counter)  # where chunk_from_proto hashes
     results = source.call(source.relay.fan_out(1, plan_chain([r.address for r in receivers])))
     assert set(results.values()) == {OK}
     assert counter.bytes == 2 * total  # two receivers, one pass each (was two passes each)

@@ -12,7 +12,6 @@ encoded here), so reading it back (`decode_held`) does not hash it again.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
@@ -222,28 +221,12 @@ class WeightsServicer(pb_grpc.WeightsServicer):
 
 
 def checked_chunk(msg: pb.WeightChunk, manifest: m.WeightManifest, path: str) -> WeightChunk:
-    """The checks of `messages.chunk_from_proto` (place, size, its own and the manifest's sha256),
-    hashing the bytes once and reading ``msg.data`` once: with upb every read of a bytes field is a
-    fresh copy, which at multi-MiB chunks costs a good part of a sha256 pass."""
-    data = msg.data
-    if msg.version != manifest.version:
-        raise WireError(f"{path}.version", f"got {msg.version}, expected {manifest.version}")
-    n = len(manifest.chunk_sha256)
-    if msg.total != n:
-        raise WireError(f"{path}.total", f"got {msg.total}, the manifest has {n} chunks")
-    if msg.index >= n:
-        raise WireError(f"{path}.index", f"{msg.index} is outside [0, {n})")
-    size = manifest.chunk_size(msg.index)
-    if len(data) != size:
-        raise WireError(f"{path}.data", f"{len(data)} bytes, chunk {msg.index} must have {size}")
-    digest = hashlib.sha256(data).hexdigest()
-    if msg.sha256 != digest:
-        raise WireError(f"{path}.sha256", f"does not match the data (data hashes to {digest[:12]}...)")
-    if digest != manifest.chunk_sha256[msg.index]:
-        raise WireError(f"{path}.sha256", f"does not match the manifest's chunk_sha256[{msg.index}]")
-    if msg.HasField("manifest") and m.manifest_from_proto(msg.manifest, f"{path}.manifest") != manifest:
+    """`messages.chunk_from_proto` (place, size, its own and the manifest's sha256; the bytes hashed
+    once), plus: a manifest riding on the chunk must be the one this transfer started with."""
+    chunk = m.chunk_from_proto(msg, manifest, path)
+    if chunk.manifest is not None and chunk.manifest != manifest:
         raise WireError(f"{path}.manifest", "differs from the manifest this transfer started with")
-    return WeightChunk(msg.version, msg.index, data, digest)
+    return WeightChunk(chunk.version, chunk.index, chunk.data, chunk.sha256)
 
 
 class BundleBuilder:
