@@ -1,0 +1,150 @@
+"""Smoke runs of the fast-path benchmarks (grpo_vs_trl, learner_mfu, time_to_accuracy) with --tiny sizes.
+
+Each script runs as a real subprocess and its JSON report is checked against what the sizes imply
+(hand-counted FLOPs, budgets, curves). TRL's side is skipped, visibly, when `trl` does not import in
+this interpreter; our side is always checked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+BENCH = ROOT / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import _common  # noqa: E402
+
+# tiny-smoke by hand: 2 layers x (attention 4*64*64 + MLP 3*64*128 + 2 norms of 64) + embedding and
+# untied lm_head 2*104*64 + final norm 64.
+TINY_SMOKE_PARAMS = 2 * (4 * 64 * 64 + 3 * 64 * 128 + 2 * 64) + 2 * 104 * 64 + 64
+assert TINY_SMOKE_PARAMS == 95_552
+
+
+def run(script: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(BENCH / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        cwd=str(ROOT),
+    )
+
+
+def report_of(out: subprocess.CompletedProcess) -> dict:
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
+@pytest.fixture(scope="module")
+def grpo_report() -> dict:
+    return report_of(run("grpo_vs_trl.py", "--tiny", "--threads", "1"))
+
+
+def test_grpo_vs_trl_ours_side(grpo_report: dict) -> None:
+    model = grpo_report["models"]["tiny-smoke"]
+    assert grpo_report["settings"]["completions_per_step"] == 8  # --tiny: 2 prompts x 4 samples
+    ours = model["sides"]["ours"]
+    assert len(ours["steps_s"]) == 1 and ours["median_step_s"] > 0
+    profile = ours["profile_median_s"]
+    assert all(v >= 0 for v in profile.values())
+    assert profile["generation"] > 0 and profile["backward"] > 0 and profile["forward_loss"] > 0
+    # The phases are measured separately; only other_idle is the remainder, so they cannot exceed the step.
+    measured = sum(v for k, v in profile.items() if k != "other_idle")
+    assert measured <= ours["median_step_s"] * 1.01
+    assert ours["settings"]["gradient_checkpointing"] is False
+    assert model["parameters"] == TINY_SMOKE_PARAMS
+
+
+def test_grpo_vs_trl_trl_side(grpo_report: dict) -> None:
+    model = grpo_report["models"]["tiny-smoke"]
+    if model["trl_skipped"]:
+        pytest.skip(f"TRL side not run: {model['trl_skipped']}")
+    ours = model["sides"]["ours"]["median_step_s"]
+    for variant, checkpointing in (("matched", False), ("default", True)):
+        side = model["sides"][f"trl-{variant}"]
+        assert side["median_step_s"] > 0
+        assert side["settings"]["gradient_checkpointing"] is checkpointing
+        assert side["settings"]["beta"] == 0.0 and side["settings"]["num_generations"] == 4
+        ratio = model["ratios"][f"trl-{variant}"]
+        assert ratio["ratio_of_medians"] == pytest.approx(side["median_step_s"] / ours)
+        assert side["profile_median_s"]["generation"] > 0
+
+
+def test_learner_mfu_smoke() -> None:
+    report = report_of(run("learner_mfu.py", "--tiny", "--threads", "1"))
+    result = report["models"]["tiny-smoke"]
+    # Hand count: 8 rows (2 prompts x 4 samples); each row is its prompt plus 8 response tokens.
+    from decentralized_verl.models.tokenizer import build_char_tokenizer
+
+    prompts = _common.arithmetic_prompts(build_char_tokenizer(), limit=2)
+    tokens = sum(4 * (len(p.token_ids) + 8) for p in prompts)
+    assert result["tokens"] == tokens and result["rows"] == 8
+    assert result["flops_6nt"] == 6 * TINY_SMOKE_PARAMS * tokens
+    assert result["flops_model"] > 6 * result["body_parameters"] * tokens
+    assert len(result["update_s"]) == 2 and all(t > 0 for t in result["update_s"])
+    assert result["achieved_gflops_6nt"] == pytest.approx(
+        result["flops_6nt"] / result["median_update_s"] / 1e9
+    )
+    assert result["ceiling_before"]["bfloat16"]["median_gflops"] > 0
+    assert 0 < result["mfu_6nt_vs_bfloat16"] < 5  # a loaded machine can depress the ceiling, not invert it
+
+
+def test_time_to_accuracy_smoke(tmp_path: Path) -> None:
+    out = run("time_to_accuracy.py", "--tiny", "--threads", "1", "--out-dir", str(tmp_path), timeout=300)
+    report = report_of(out)
+    assert report["eval_prompts"] == 4 and report["budget_s"] == 4.0
+    lines = [json.loads(x) for x in (tmp_path / "curves.jsonl").read_text().splitlines()]
+    expected = {"ours"} if report["trl_skipped"] else {"ours", "trl"}
+    assert {p["side"] for p in lines} == expected
+    for side in expected:
+        points = [p for p in lines if p["side"] == side]
+        assert points[0]["step"] == 0 and points[0]["accuracy"] == report["start_accuracy"]
+        times = [p["train_s"] for p in points]
+        assert times == sorted(times) and times[-1] >= 4.0  # trains until the budget is spent
+        assert all(0.0 <= p["accuracy"] <= 1.0 for p in points)
+        assert report["sides"][side]["steps"] == points[-1]["step"]
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    if report["trl_skipped"]:
+        pytest.skip(f"TRL side not run: {report['trl_skipped']}")
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "message"),
+    [
+        ("grpo_vs_trl.py", ["--steps", "0"], "--steps: must be >= 1"),
+        (
+            "grpo_vs_trl.py",
+            ["--prompts", "3", "--microbatch-prompts", "2"],
+            "multiple of --microbatch-prompts",
+        ),
+        ("learner_mfu.py", ["--repeats", "0"], "--repeats: must be >= 1"),
+        ("time_to_accuracy.py", ["--budget", "-1"], "--budget: must be > 0"),
+        ("time_to_accuracy.py", ["--target", "1.5"], "--target: must be in (0, 1]"),
+    ],
+)
+def test_bad_arguments_exit_2(script: str, args: list[str], message: str) -> None:
+    out = run(script, *args, timeout=60)
+    assert out.returncode == 2 and message in out.stderr
+
+
+def test_helpers_by_hand() -> None:
+    settings = _common.GRPOSettings(prompts_per_step=8, samples_per_prompt=8, microbatch_prompts=2)
+    assert (settings.completions, settings.microbatch_rows, settings.accumulation) == (64, 16, 4)
+    with pytest.raises(ValueError, match="multiple of microbatch_prompts"):
+        _ = _common.GRPOSettings(prompts_per_step=8, microbatch_prompts=3).accumulation
+    assert _common.markdown_table(["a", "b"], [[1, 0.12345]]) == "| a | b |\n|---|---|\n| 1 | 0.123 |"
+    curve = _common.Curve("x", [{"accuracy": 0.2, "train_s": 1.0}, {"accuracy": 0.5, "train_s": 9.0}])
+    assert curve.reached(0.5)["train_s"] == 9.0 and curve.reached(0.6) is None
+    assert _common.boxed_score("so \\boxed{12}", "12") == 1.0
+    assert _common.boxed_score("12", "12") == 0.0  # no box, no reward
+    kwargs = _common.trl_config_kwargs(settings, _common.TRL_VARIANTS["matched"], "/tmp/x", 5)
+    assert kwargs["per_device_train_batch_size"] * kwargs["gradient_accumulation_steps"] == 64
+    assert kwargs["gradient_checkpointing"] is False and kwargs["bf16"] is False
