@@ -419,3 +419,22 @@ def test_factory_and_protocol(tokenizer, monkeypatch):
     monkeypatch.setitem(BACKENDS, "vllm", "decentralized_verl.backends.not_installed_engine:VLLMBackend")
     with pytest.raises(ImportError, match="'vllm' is not installed"):
         make_backend("vllm", None, tokenizer)
+
+
+def test_per_row_generators_sample_the_same_distribution_and_ignore_zero_probability_tokens():
+    """Seeded rows each draw from their own generator (inverse CDF); frequencies still follow p."""
+    rows = 4000
+    p = torch.tensor([0.5, 0.0, 0.25, 0.0, 0.25])
+    logits = torch.log(p).repeat(rows, 1)
+    gens = [torch.Generator().manual_seed(i) for i in range(rows)]
+    tokens, _ = sample_tokens(
+        logits, torch.full((rows,), 1.0), torch.zeros(rows, dtype=torch.long), torch.ones(rows), gens
+    )
+    counts = torch.bincount(tokens, minlength=5).double() / rows
+    assert counts[1] == 0 and counts[3] == 0
+    assert (counts - p.double()).abs().max() < 4 * math.sqrt(0.25 / rows)
+    again, _ = sample_tokens(
+        logits[:3], torch.ones(3), torch.zeros(3, dtype=torch.long), torch.ones(3),
+        [torch.Generator().manual_seed(i) for i in range(3)],
+    )  # fmt: skip
+    assert again.tolist() == tokens[:3].tolist()  # a row's draw depends only on its own generator
