@@ -50,9 +50,11 @@ def test_decentralized_trainer_learns_with_a_reward_fn(tmp_path) -> None:
     trainer = DecentralizedTrainer(
         config=config, actor_model=model, tokenizer=tokenizer, reward_fn=reward, output_dir=tmp_path
     )
-    history = asyncio.run(trainer.train([f"say {i}" for i in range(8)], num_epochs=20))
-    assert len(history) == 40
+    # 30 epochs: across training seeds 0-3 the reward gain is 0.76-0.90 by then (20 epochs: 0.12-0.29, too
+    # close to call), so the bar below is far from both the noise and a model that does not learn.
+    history = asyncio.run(trainer.train([f"say {i}" for i in range(8)], num_epochs=30))
+    assert len(history) == 60
     first = sum(r["reward_mean"] for r in history[:5]) / 5
     last = sum(r["reward_mean"] for r in history[-5:]) / 5
-    assert last > first + 0.15, (first, last)
-    assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 40
+    assert last > first + 0.5, (first, last)
+    assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 60
