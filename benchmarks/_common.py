@@ -594,6 +594,39 @@ class TRLGRPO:
         self._tmp.cleanup()
 
 
+def check_batch_args(parser: Any, args: Any, counts: Sequence[str]) -> None:
+    """Reject what would only fail later inside a model: counts below 1, prompts split unevenly."""
+    for flag in counts:
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')}: must be >= 1 (got {getattr(args, flag)})")
+    if args.prompts % args.microbatch_prompts:
+        parser.error(f"--prompts ({args.prompts}) must be a multiple of --microbatch-prompts")
+
+
+def grpo_settings(args: Any, **overrides: Any) -> GRPOSettings:
+    return GRPOSettings(
+        prompts_per_step=args.prompts,
+        samples_per_prompt=args.samples,
+        max_new_tokens=args.new_tokens,
+        microbatch_prompts=args.microbatch_prompts,
+        **overrides,
+    )
+
+
+def report_header(
+    benchmark: str, argv: Sequence[str] | None, threads: int, settings: GRPOSettings
+) -> dict[str, Any]:
+    """What every JSON report opens with: the command that reproduces it, the machine, the batch."""
+    return {
+        "benchmark": benchmark,
+        "command": " ".join(
+            ["python", f"benchmarks/{benchmark}.py", *(sys.argv[1:] if argv is None else argv)]
+        ),
+        "machine": machine_info(threads),
+        "settings": settings_dict(settings),
+    }
+
+
 def settings_dict(settings: GRPOSettings) -> dict[str, Any]:
     out = asdict(settings)
     out["completions_per_step"] = settings.completions

@@ -207,30 +207,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.tiny:
         args.model, args.repeats, args.steps, args.warmup = ["tiny-smoke"], 1, 1, 0
         args.prompts, args.samples, args.new_tokens, args.microbatch_prompts = 2, 4, 8, 1
-    for flag in ("repeats", "steps", "prompts", "samples", "new_tokens", "microbatch_prompts"):
-        if getattr(args, flag) < 1:
-            parser.error(f"--{flag.replace('_', '-')}: must be >= 1 (got {getattr(args, flag)})")
+    c.check_batch_args(
+        parser, args, ("repeats", "steps", "prompts", "samples", "new_tokens", "microbatch_prompts")
+    )
     if args.warmup < 0:
         parser.error(f"--warmup: must be >= 0 (got {args.warmup})")
-    if args.prompts % args.microbatch_prompts:
-        parser.error(f"--prompts ({args.prompts}) must be a multiple of --microbatch-prompts")
     args.skip_trl_reason = "--skip-trl given" if args.skip_trl else c.trl_missing_reason()
     if args.skip_trl_reason:
         log(f"TRL side skipped: {args.skip_trl_reason}")
     threads = c.set_threads(args.threads)
-    settings = c.GRPOSettings(
-        prompts_per_step=args.prompts,
-        samples_per_prompt=args.samples,
-        max_new_tokens=args.new_tokens,
-        microbatch_prompts=args.microbatch_prompts,
-    )
+    settings = c.grpo_settings(args)
     report: dict[str, Any] = {
-        "benchmark": "grpo_vs_trl",
-        "command": " ".join(
-            ["python", "benchmarks/grpo_vs_trl.py", *(sys.argv[1:] if argv is None else argv)]
-        ),
-        "machine": c.machine_info(threads),
-        "settings": c.settings_dict(settings),
+        **c.report_header("grpo_vs_trl", argv, threads, settings),
         "repeats": args.repeats,
         "timed_steps_per_run": args.steps,
         "warmup_steps_per_run": args.warmup,

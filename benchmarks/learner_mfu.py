@@ -161,25 +161,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.tiny:
         args.models, args.repeats, args.matmul_size, args.matmul_repeats = ["tiny-smoke"], 2, 256, 3
         args.prompts, args.samples, args.new_tokens, args.microbatch_prompts = 2, 4, 8, 1
-    for flag in ("repeats", "prompts", "samples", "new_tokens", "microbatch_prompts", "matmul_size"):
-        if getattr(args, flag) < 1:
-            parser.error(f"--{flag.replace('_', '-')}: must be >= 1 (got {getattr(args, flag)})")
-    if args.prompts % args.microbatch_prompts:
-        parser.error(f"--prompts ({args.prompts}) must be a multiple of --microbatch-prompts")
-    threads = c.set_threads(args.threads)
-    settings = c.GRPOSettings(
-        prompts_per_step=args.prompts,
-        samples_per_prompt=args.samples,
-        max_new_tokens=args.new_tokens,
-        microbatch_prompts=args.microbatch_prompts,
+    c.check_batch_args(
+        parser, args, ("repeats", "prompts", "samples", "new_tokens", "microbatch_prompts", "matmul_size")
     )
+    threads = c.set_threads(args.threads)
+    settings = c.grpo_settings(args)
     report: dict[str, Any] = {
-        "benchmark": "learner_mfu",
-        "command": " ".join(
-            ["python", "benchmarks/learner_mfu.py", *(sys.argv[1:] if argv is None else argv)]
-        ),
-        "machine": c.machine_info(threads),
-        "settings": c.settings_dict(settings),
+        **c.report_header("learner_mfu", argv, threads, settings),
         "models": {},
     }
     rows = []

@@ -163,11 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         args.prompts, args.samples, args.new_tokens, args.microbatch_prompts = 2, 4, 8, 1
     if args.budget <= 0:
         parser.error(f"--budget: must be > 0 (got {args.budget})")
-    for flag in ("eval_every", "prompts", "samples", "new_tokens", "microbatch_prompts"):
-        if getattr(args, flag) < 1:
-            parser.error(f"--{flag.replace('_', '-')}: must be >= 1 (got {getattr(args, flag)})")
-    if args.prompts % args.microbatch_prompts:
-        parser.error(f"--prompts ({args.prompts}) must be a multiple of --microbatch-prompts")
+    c.check_batch_args(parser, args, ("eval_every", "prompts", "samples", "new_tokens", "microbatch_prompts"))
     if args.target is not None and not 0 < args.target <= 1:
         parser.error(f"--target: must be in (0, 1] (got {args.target})")
     trl_skipped = c.trl_missing_reason() if "trl" in args.sides else None
@@ -176,14 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         args.sides = [s for s in args.sides if s != "trl"]
     threads = c.set_threads(args.threads)
     dtype = c.default_dtype(args.model) if args.dtype == "auto" else args.dtype
-    settings = c.GRPOSettings(
-        prompts_per_step=args.prompts,
-        samples_per_prompt=args.samples,
-        max_new_tokens=args.new_tokens,
-        microbatch_prompts=args.microbatch_prompts,
-        learning_rate=args.learning_rate,
-        norm_adv_by_std=False,
-    )
+    settings = c.grpo_settings(args, learning_rate=args.learning_rate, norm_adv_by_std=False)
     base, tokenizer, _ = c.load_model(args.model, dtype)
     prompts = c.arithmetic_prompts(tokenizer, "small_train")
     eval_prompts = c.arithmetic_prompts(tokenizer, "small_eval", limit=args.eval_limit)
@@ -252,14 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     log("\n" + table + "\n")
     report = {
-        "benchmark": "time_to_accuracy",
-        "command": " ".join(
-            ["python", "benchmarks/time_to_accuracy.py", *(sys.argv[1:] if argv is None else argv)]
-        ),
-        "machine": c.machine_info(threads),
+        **c.report_header("time_to_accuracy", argv, threads, settings),
         "model": args.model,
         "dtype": dtype,
-        "settings": c.settings_dict(settings),
         "budget_s": args.budget,
         "eval_every": args.eval_every,
         "eval_prompts": len(eval_prompts),

@@ -233,7 +233,8 @@ class Learner:
 def run_grpc(
     learner: Learner, version: int, receivers: list[Receiver], mode: str
 ) -> tuple[float, list[float]]:
-    from decentralized_verl.transport.fanout import OK, plan_chain, plan_tree
+    from decentralized_verl.transport.fanout import OK
+    from decentralized_verl.transport.fanout_route import plan_chain, plan_tree
 
     if mode == "fetch":
         t0 = time.monotonic()

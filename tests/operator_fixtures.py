@@ -13,7 +13,6 @@ import contextlib
 import copy
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,16 +24,11 @@ from typing import Any
 import aiohttp
 import kmock
 import yaml
+from processes import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 JOBS = "apis/dverl.io/v1alpha1"
 WORKER_IMAGE = "registry.example/dverl-worker:test"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def tiny_spec(**overrides: Any) -> dict[str, Any]:

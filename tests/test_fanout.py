@@ -7,33 +7,30 @@ served) and caught up later by Fetch, and the benchmark's smoke mode.
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
 import pytest
+from processes import free_port
 
 torch = pytest.importorskip("torch")
 grpc = pytest.importorskip("grpc")
 
 from decentralized_verl.errors import WireError  # noqa: E402
 from decentralized_verl.proto import dverl_pb2 as pb  # noqa: E402
-from decentralized_verl.transport.fanout import (  # noqa: E402
+from decentralized_verl.transport.fanout import OK, WeightRelay, serve_relay  # noqa: E402
+from decentralized_verl.transport.fanout_route import (  # noqa: E402
     CHAIN_MAX_RECEIVERS,
-    OK,
     Hop,
-    RelayWeightSource,
-    WeightFanout,
-    WeightRelay,
     plan_chain,
     plan_route,
     plan_tree,
     route_from_json,
     route_to_json,
-    serve_relay,
 )
+from decentralized_verl.transport.fanout_runtime import RelayWeightSource, WeightFanout  # noqa: E402
 from decentralized_verl.transport.weight_service import (  # noqa: E402
     GrpcWeightSource,
     LocalWeightSource,
@@ -112,12 +109,6 @@ def assert_same(got: dict, want: dict) -> None:
     assert got.keys() == want.keys()
     for k in want:
         assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]), k
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ------------------------------------------------------------------------------------------ pure

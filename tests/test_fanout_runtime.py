@@ -12,12 +12,12 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from processes import free_port
 
 torch = pytest.importorskip("torch")
 grpc = pytest.importorskip("grpc")
@@ -34,7 +34,8 @@ from decentralized_verl.roles.trainer import rollout_state_dict  # noqa: E402
 from decentralized_verl.roles.wiring import connect_roles  # noqa: E402
 from decentralized_verl.spec import with_defaults  # noqa: E402
 from decentralized_verl.transport.clients import GrpcRolloutClient, wait_ready  # noqa: E402
-from decentralized_verl.transport.fanout import OK, Hop  # noqa: E402
+from decentralized_verl.transport.fanout import OK  # noqa: E402
+from decentralized_verl.transport.fanout_route import Hop  # noqa: E402
 from decentralized_verl.transport.weight_service import (  # noqa: E402
     GrpcWeightSource,
     WeightPublisher,
@@ -51,12 +52,6 @@ SPEC = {
     "training": {"batchSize": 4},
 }
 GREEDY = Sampling(max_new_tokens=6, temperature=0.0, seed=1)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class CountingWeights(WeightsServicer):

@@ -8,10 +8,8 @@ misbehave on purpose: `slow` (to be killed mid-task) or `cheat` (alters log-prob
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,18 +17,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from processes import ProcessGroup, free_port
 
 ROOT = Path(__file__).parents[1]
 TOY = ROOT / "examples" / "data" / "toy"
 SECRET = "volunteer-e2e-secret-0123456789"
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def manifest(tmp_path: Path, name: str, steps: int = 3, verify: float = 1.0) -> Path:
@@ -65,59 +58,9 @@ def manifest(tmp_path: Path, name: str, steps: int = 3, verify: float = 1.0) -> 
     return path
 
 
-def env() -> dict[str, str]:
-    """The console scripts (dverl, dverl-dht, dverl-worker) live beside this Python, whether or not the
-    venv is activated (CI runs `.venv/bin/python -m pytest` without activating it)."""
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    return {
-        **os.environ,
-        "PATH": path,
-        "OMP_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
-        "PYTHONUNBUFFERED": "1",
-    }
-
-
-class Procs:
-    def __init__(self, tmp_path: Path) -> None:
-        self.tmp = tmp_path
-        self.procs: dict[str, subprocess.Popen] = {}
-
-    def start(self, name: str, cmd: list[str], extra_env: dict[str, str] | None = None) -> subprocess.Popen:
-        log = (self.tmp / f"{name}.log").open("w")
-        proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env={**env(), **(extra_env or {})}, cwd=self.tmp
-        )
-        self.procs[name] = proc
-        return proc
-
-    def log(self, name: str) -> str:
-        return (self.tmp / f"{name}.log").read_text()
-
+class Procs(ProcessGroup):
     def wait_for(self, name: str, pattern: str, timeout: float = 90.0) -> re.Match:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = re.search(pattern, self.log(name))
-            if found:
-                return found
-            if self.procs[name].poll() is not None:
-                break
-            learner = self.procs.get("learner")
-            if learner is not None and learner.poll() not in (None, 0):
-                raise AssertionError(f"learner died:\n{self.log('learner')[-3000:]}")
-            time.sleep(0.2)
-        raise AssertionError(f"{name}: no {pattern!r} in log:\n{self.log(name)[-3000:]}")
-
-    def close(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs.values():
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        return super().wait_for(name, pattern, timeout, also_alive="learner")
 
 
 @pytest.fixture

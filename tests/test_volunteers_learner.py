@@ -11,47 +11,22 @@ fails if averaging does not happen.
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from local_models import save_tiny_model
+from processes import console_env, free_port
 
 pytestmark = pytest.mark.slow
 
-BIN = Path(sys.executable).parent
 LR = 0.1
 BATCH = 4
 STEPS = 2
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def env() -> dict[str, str]:
-    return {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "OMP_NUM_THREADS": "1"}
-
-
-def save_tiny_model(folder: Path) -> Path:
-    """A local HF folder `--model PATH` accepts: tiny LlamaForCausalLM + the offline char tokenizer."""
-    from decentralized_verl.models.tiny import build_tiny, tiny_config
-    from decentralized_verl.models.tokenizer import build_char_tokenizer
-    from decentralized_verl.spec import TinyModelSpec
-
-    tokenizer = build_char_tokenizer()
-    tiny = TinyModelSpec(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_positions=128)
-    build_tiny(tiny_config(tiny, tokenizer), seed=0).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 def reference_steps(model_dir: Path, data: Path, steps: int, shards: tuple[int, ...]) -> dict:
@@ -98,7 +73,7 @@ def test_two_volunteer_learners_end_the_step_with_the_same_parameters(tmp_path: 
             ["dverl-dht", "--port", str(port), "--host-maddrs", f"/ip4/127.0.0.1/tcp/{port}"],
             stdout=logs["dht"],
             stderr=subprocess.STDOUT,
-            env=env(),
+            env=console_env(),
         )
     ]
     try:
@@ -114,7 +89,9 @@ def test_two_volunteer_learners_end_the_step_with_the_same_parameters(tmp_path: 
                 f"--batch-size {BATCH} --learning-rate {LR} --digest-out {tmp_path}/l{shard}.json"
             )
             procs.append(
-                subprocess.Popen(cmd.split(), stdout=logs[f"l{shard}"], stderr=subprocess.STDOUT, env=env())
+                subprocess.Popen(
+                    cmd.split(), stdout=logs[f"l{shard}"], stderr=subprocess.STDOUT, env=console_env()
+                )
             )
         for proc, name in zip(procs[1:], ("l0", "l1"), strict=True):
             assert proc.wait(300) == 0, (tmp_path / f"{name}.log").read_text()[-3000:]

@@ -12,100 +12,22 @@ instead of a hub name. The trainer finds the workers through the DHT alone.
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import socket
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
+from local_models import save_tiny_model
+from processes import ProcessGroup, console_env, free_port
 
 pytestmark = pytest.mark.slow
 
-BIN = Path(sys.executable).parent
 EPOCHS = 3
 PROMPTS = ["Write a poem about AI", "Explain quantum computing", "Say hi", "Count to three"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def env() -> dict[str, str]:
-    return {
-        **os.environ,
-        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-        "OMP_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
-        "PYTHONUNBUFFERED": "1",
-    }
-
-
-def save_tiny_model(folder: Path) -> Path:
-    """A local HF folder any `--model PATH` accepts: tiny LlamaForCausalLM + char tokenizer."""
-    from decentralized_verl.models.tiny import build_tiny, tiny_config
-    from decentralized_verl.models.tokenizer import build_char_tokenizer
-    from decentralized_verl.spec import TinyModelSpec
-
-    tokenizer = build_char_tokenizer()
-    tiny = TinyModelSpec(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_positions=128)
-    build_tiny(tiny_config(tiny, tokenizer), seed=0).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-class Shell:
+class Shell(ProcessGroup):
     """Commands started as a user would in separate terminals; output kept per command."""
-
-    def __init__(self, cwd: Path) -> None:
-        self.cwd = cwd
-        self.procs: dict[str, subprocess.Popen] = {}
-
-    def start(self, name: str, line: str) -> subprocess.Popen:
-        log = (self.cwd / f"{name}.log").open("w")
-        proc = subprocess.Popen(
-            line.split(),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env(),
-            cwd=self.cwd,
-            start_new_session=True,
-        )
-        self.procs[name] = proc
-        return proc
-
-    def log(self, name: str) -> str:
-        return (self.cwd / f"{name}.log").read_text()
-
-    def wait_for(self, name: str, pattern: str, timeout: float = 120.0) -> re.Match:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = re.search(pattern, self.log(name))
-            if found:
-                return found
-            if self.procs[name].poll() is not None:
-                break
-            time.sleep(0.2)
-        raise AssertionError(f"{name}: no {pattern!r} in its output:\n{self.log(name)[-3000:]}")
-
-    def stop(self, name: str) -> int:
-        proc = self.procs[name]
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        try:
-            return proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            return proc.wait()
-
-    def close(self) -> None:
-        for name in self.procs:
-            self.stop(name)
 
 
 @pytest.fixture
@@ -116,7 +38,9 @@ def shell(tmp_path: Path):
 
 
 def run(line: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(line.split(), capture_output=True, text=True, env=env(), cwd=cwd, timeout=timeout)
+    return subprocess.run(
+        line.split(), capture_output=True, text=True, env=console_env(), cwd=cwd, timeout=timeout
+    )
 
 
 def test_seed_000_quick_start_command_for_command(shell: Shell, tmp_path: Path) -> None:

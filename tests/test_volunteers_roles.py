@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_volunteers_quickstart import Shell, env, free_port, save_tiny_model
+from local_models import save_tiny_model
+from processes import console_env, free_port
+from test_volunteers_quickstart import Shell
 
 
 def sample(prompt_ids, response_ids, *, prompt_text="", text="", ground_truth=""):
@@ -212,7 +214,7 @@ def test_quick_start_takes_rewards_and_reference_logprobs_from_volunteers(tmp_pa
             shlex.split(train),
             capture_output=True,
             text=True,
-            env=env(),
+            env=console_env(),
             cwd=tmp_path,
             timeout=300,
         )

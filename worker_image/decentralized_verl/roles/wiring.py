@@ -3,7 +3,7 @@
 One function for the learner process and the Python API facade, so a colocated role and a remote one are
 reached through the same protocol and built in one place.
 
-Weights to remote rollout workers go through `transport.fanout.WeightFanout`: each version is held by
+Weights to remote rollout workers go through `transport.fanout_runtime.WeightFanout`: each version is held by
 the learner's publisher (served for pulls by the learner's Weights service) and, with two or more remote
 rollout workers, pushed down a chain of them, so the learner sends one copy instead of N.
 """
@@ -73,7 +73,7 @@ async def connect_roles(
     from decentralized_verl.roles.rollout import RolloutWorker
     from decentralized_verl.roles.trainer import rollout_state_dict
     from decentralized_verl.transport import clients
-    from decentralized_verl.transport.fanout import WeightFanout
+    from decentralized_verl.transport.fanout_runtime import WeightFanout
 
     async def first_ready(role: str) -> str | None:
         found = addresses(role)

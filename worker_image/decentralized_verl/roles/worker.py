@@ -76,7 +76,8 @@ async def serve_rollout(worker: RolloutWorker, port: int, *, learner: str | None
     """
     from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc
     from decentralized_verl.roles import servicers
-    from decentralized_verl.transport.fanout import RelayWeightSource, WeightRelay, serve_relay
+    from decentralized_verl.transport.fanout import WeightRelay, serve_relay
+    from decentralized_verl.transport.fanout_runtime import RelayWeightSource
     from decentralized_verl.transport.weight_service import WeightPublisher
 
     relay = WeightRelay(WeightPublisher(keep=1))  # a rollout worker only ever needs the newest version

@@ -23,7 +23,8 @@ parses each chunk once, to verify it, and never re-encodes it; each chunk is has
 bundle digest is a hash of the chunk digests, see `transport.weights`), in a worker thread (``hashlib``
 releases the GIL) so the event loop keeps streams moving.
 
-In the runtime: the learner's `WeightFanout` publishes each version and, with two or more remote
+Routes (who forwards to whom) are planned in `transport.fanout_route`. In the runtime
+(`transport.fanout_runtime`): the learner's `WeightFanout` publishes each version and, with two or more remote
 rollout workers, pushes it down `plan_route` of them; every rollout worker serves a `WeightRelay` on its
 own gRPC port and reads its weights through `RelayWeightSource`, which falls back to pulling from the
 learner when a push did not reach it.
@@ -36,12 +37,10 @@ read its weights through `LocalWeightSource(relay.publisher)`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -51,115 +50,31 @@ import grpc
 from decentralized_verl.errors import WireError
 from decentralized_verl.proto import dverl_pb2 as pb
 from decentralized_verl.transport import messages as m
+from decentralized_verl.transport.fanout_route import ROUTE_KEY, Hop, route_from_json, route_to_json
 from decentralized_verl.transport.grpc_options import channel_options, server_options
 from decentralized_verl.transport.weight_service import (
     BundleBuilder,
     Published,
     WeightPublisher,
     WeightsServicer,
-    decode_held,
 )
 from decentralized_verl.transport.weights import WeightChunk
 
 if TYPE_CHECKING:
-    from torch import Tensor
+    pass
 
 log = logging.getLogger(__name__)
 
 SERVICE = "dverl.v1.Weights"
-ROUTE_KEY = "dverl-fanout-route"
 RESULT_KEY = "dverl-fanout-result"
 OK = "ok"
 FANOUT_CHUNK_BYTES = 4 * 1024 * 1024
 """Chunk size worth using for fan-out: fewer, larger gRPC messages amortize per-message overhead."""
-_REASON_CHARS = 200  # keeps trailing metadata well under gRPC's 8 KiB default limit
+REASON_CHARS = 200  # keeps trailing metadata well under gRPC's 8 KiB default limit
 
 
 def _identity(raw: bytes) -> bytes:
     return raw
-
-
-# ------------------------------------------------------------------------------------------ routes
-
-
-@dataclass(frozen=True)
-class Hop:
-    """One receiver of a fan-out and the subtree it forwards to."""
-
-    address: str
-    children: tuple[Hop, ...] = ()
-
-    def addresses(self) -> list[str]:
-        return [self.address, *(a for c in self.children for a in c.addresses())]
-
-
-def plan_chain(addresses: Sequence[str]) -> tuple[Hop, ...]:
-    """A chain: the sender feeds the first address, each receiver the next (depth N, one copy per link)."""
-    hop: Hop | None = None
-    for address in reversed(addresses):
-        hop = Hop(address, () if hop is None else (hop,))
-    return () if hop is None else (hop,)
-
-
-def plan_tree(addresses: Sequence[str], fanout: int) -> tuple[Hop, ...]:
-    """A breadth-first ``fanout``-ary tree: the sender feeds the first ``fanout`` addresses, node i feeds
-    nodes ``fanout*(i+1) .. fanout*(i+1)+fanout-1``. Depth ~ log_fanout(N); each node sends ``fanout``
-    copies. ``fanout=1`` is `plan_chain`."""
-    if fanout < 1:
-        raise ValueError(f"fanout: must be >= 1 (got {fanout})")
-    addresses = list(addresses)
-
-    def build(i: int) -> Hop:
-        kids = range(fanout * (i + 1), min(fanout * (i + 1) + fanout, len(addresses)))
-        return Hop(addresses[i], tuple(build(k) for k in kids))
-
-    return tuple(build(i) for i in range(min(fanout, len(addresses))))
-
-
-CHAIN_MAX_RECEIVERS = 8
-"""Up to this many receivers `plan_route` uses a chain, beyond it a binary tree."""
-
-
-def plan_route(addresses: Sequence[str]) -> tuple[Hop, ...]:
-    """The runtime's route: a chain for up to `CHAIN_MAX_RECEIVERS` receivers, a binary tree beyond.
-
-    Picked by N because the spec has no field for it. In a chain every node uploads exactly one copy
-    and the depth costs one chunk's transfer per hop (time ~ size/bandwidth + N * chunk/bandwidth); in a
-    binary tree inner nodes upload two copies (half the bandwidth each on a shared uplink) to cut the
-    depth to log2 N. With 4 MiB chunks a hop costs a few ms against hundreds of ms for a model, so for
-    the usual handful of rollout workers the chain is as fast or faster (the loopback benchmark agrees,
-    BENCHMARKS.md); with many workers the chain's N hops (and the longer repair after a failure) add up,
-    and the tree's log depth wins.
-    """
-    if len(addresses) <= CHAIN_MAX_RECEIVERS:
-        return plan_chain(addresses)
-    return plan_tree(addresses, 2)
-
-
-def route_to_json(hops: Iterable[Hop]) -> str:
-    def enc(h: Hop) -> list:
-        return [h.address, [enc(c) for c in h.children]]
-
-    return json.dumps([enc(h) for h in hops], separators=(",", ":"))
-
-
-def route_from_json(text: str) -> tuple[Hop, ...]:
-    """Parse a route from metadata; anything malformed is a `WireError` naming the route."""
-
-    def dec(node: object, path: str) -> Hop:
-        if not (isinstance(node, list) and len(node) == 2 and isinstance(node[0], str) and node[0]):
-            raise WireError(path, "must be [address, [children...]] with a non-empty address")
-        if not isinstance(node[1], list):
-            raise WireError(f"{path}.children", "must be a list")
-        return Hop(node[0], tuple(dec(c, f"{path}.children[{i}]") for i, c in enumerate(node[1])))
-
-    try:
-        raw = json.loads(text)
-    except ValueError:
-        raise WireError(ROUTE_KEY, "is not valid JSON") from None
-    if not isinstance(raw, list):
-        raise WireError(ROUTE_KEY, "must be a list of hops")
-    return tuple(dec(node, f"{ROUTE_KEY}[{i}]") for i, node in enumerate(raw))
 
 
 def _metadata_value(metadata: Iterable | None, key: str) -> str | None:
@@ -227,7 +142,7 @@ class _Downstream:
                 results = {str(k): str(v) for k, v in json.loads(subtree).items()}
             except (ValueError, AttributeError):
                 results = {}
-        results[self.hop.address] = OK if ack.ok else f"failed: {ack.reason}"[:_REASON_CHARS]
+        results[self.hop.address] = OK if ack.ok else f"failed: {ack.reason}"[:REASON_CHARS]
         if not ack.ok:
             log.warning("fan-out: %s skipped (%s); adopting its children", self.hop.address, ack.reason)
             for child in self.hop.children:  # skip the broken node: its parent feeds its children
@@ -276,7 +191,7 @@ class _Session:
     def abort(self, hops: Iterable[Hop], reason: str) -> dict[str, str]:
         for d in self.downstreams:
             d.cancel()
-        return {a: f"not sent: {reason}"[:_REASON_CHARS] for h in hops for a in h.addresses()}
+        return {a: f"not sent: {reason}"[:REASON_CHARS] for h in hops for a in h.addresses()}
 
 
 class WeightRelay:
@@ -599,164 +514,3 @@ async def serve_relay(
     server.port = bound  # type: ignore[attr-defined]
     await server.start()
     return server
-
-
-# ------------------------------------------------------------------------------------------ runtime
-
-
-class WeightFanout:
-    """The learner's side of weight sync with remote rollout workers.
-
-    `publish` encodes a version into the learner's `WeightPublisher` (which its `Weights` service keeps
-    serving, the pull path) and, with at least ``min_receivers`` rollout workers, pushes it down
-    `plan_route` of them: the learner sends one copy, each worker verifies and forwards. A worker the push
-    did not reach (down, restarting, an old build without the relay) is reported in `last_results` and
-    pulls the version from the learner when it next needs it. The receiver list may change between
-    versions (`add_receiver` / `remove_receiver`, e.g. rollout workers joining at run time).
-    """
-
-    def __init__(
-        self,
-        publisher: WeightPublisher,
-        addresses: Sequence[str] = (),
-        *,
-        min_receivers: int = 2,
-        timeout_s: float = 300.0,
-        grpc_options: Sequence[tuple[str, int]] = (),
-    ) -> None:
-        if min_receivers < 1:
-            raise ValueError(f"min_receivers: must be >= 1 (got {min_receivers})")
-        self.relay = WeightRelay(publisher, timeout_s=timeout_s, grpc_options=grpc_options)
-        self.addresses: list[str] = list(dict.fromkeys(addresses))
-        self.min_receivers = min_receivers
-        self.last_results: dict[str, str] = {}
-        """address -> "ok" or why not, for the last push (empty when the last version was not pushed)."""
-        self.pushes = 0
-
-    @property
-    def publisher(self) -> WeightPublisher:
-        return self.relay.publisher
-
-    @property
-    def pushing(self) -> bool:
-        """Whether a new version is pushed (else every worker pulls, as with a single worker)."""
-        return len(self.addresses) >= self.min_receivers
-
-    def add_receiver(self, address: str) -> None:
-        if address not in self.addresses:
-            self.addresses.append(address)
-
-    def remove_receiver(self, address: str) -> None:
-        if address in self.addresses:
-            self.addresses.remove(address)
-
-    def route(self) -> tuple[Hop, ...]:
-        return plan_route(self.addresses)
-
-    async def publish(self, state_dict: Mapping[str, Tensor], version: int) -> dict[str, str]:
-        """Encode and hold ``version`` (off the event loop), then push it when `pushing`; returns the
-        push's per-worker outcome. A failed push never fails the publish: the workers pull instead."""
-        loop = asyncio.get_running_loop()
-        encode = self.relay.publish if self.pushing else self.publisher.publish  # relay: pre-serialized
-        await loop.run_in_executor(None, encode, state_dict, version)
-        if not self.pushing:
-            self.last_results = {}
-            return {}
-        return await self.push(version)
-
-    async def push(self, version: int) -> dict[str, str]:
-        route = self.route()
-        try:
-            results = await self.relay.fan_out(version, route)
-        except Exception as exc:  # a bug or a version gone: the pull path still serves every worker
-            log.warning("weights v%d: push failed (%s); rollout workers will pull", version, exc)
-            results = {a: f"not sent: {exc}"[:_REASON_CHARS] for h in route for a in h.addresses()}
-        self.pushes += 1
-        self.last_results = results
-        missed = {a: why for a, why in results.items() if why != OK}
-        if missed:
-            log.warning(
-                "weights v%d: pushed to %d of %d workers; the others pull: %s",
-                version,
-                len(results) - len(missed),
-                len(results),
-                missed,
-            )
-        return results
-
-    def publish_blocking(
-        self, state_dict: Mapping[str, Tensor], version: int, loop: asyncio.AbstractEventLoop
-    ) -> dict[str, str]:
-        """`publish` from a thread other than ``loop``'s (the coordinator publishes from a worker thread)."""
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
-            raise RuntimeError("WeightFanout.publish_blocking would block its own event loop: await publish")
-        return asyncio.run_coroutine_threadsafe(self.publish(state_dict, version), loop).result()
-
-    async def close(self) -> None:
-        await self.relay.close()
-
-
-class RelayWeightSource:
-    """A rollout worker's weights: what the learner pushed into its relay, else a pull from the learner.
-
-    Blocking, for the worker's generation thread; ``loop`` is the event loop serving ``relay``.
-    `fetch_latest(v)`: a held version >= v is decoded at once (it was verified on arrival). A push of such
-    a version still arriving is waited for (up to ``wait_s``). Otherwise the learner's push may still be
-    on its way down the chain, so it waits ``push_grace_s``, then catches up from ``learner`` (GetManifest
-    + Fetch, every chunk verified), which also leaves the version in the relay for peers to Fetch.
-    """
-
-    def __init__(
-        self,
-        relay: WeightRelay,
-        learner: str,
-        loop: asyncio.AbstractEventLoop,
-        *,
-        wait_s: float = 60.0,
-        push_grace_s: float = 0.5,
-    ) -> None:
-        self.relay = relay
-        self.learner = learner
-        self.loop = loop
-        self.wait_s = wait_s
-        self.push_grace_s = push_grace_s
-        self.pulls = 0
-        """Versions this worker had to pull (the push missed it), for logs and tests."""
-
-    def _held(self, min_version: int) -> Published | None:
-        held = self.relay.publisher.get()
-        return held if held is not None and held.manifest.version >= min_version else None
-
-    def fetch_latest(self, min_version: int) -> tuple[int, dict[str, Tensor]]:
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is self.loop:
-            raise RuntimeError("RelayWeightSource.fetch_latest blocks: call it off the relay's event loop")
-        start = time.monotonic()
-        while (held := self._held(min_version)) is None:
-            waited = time.monotonic() - start
-            arriving = any(v >= min_version for v in list(self.relay.receiving))
-            if waited >= self.wait_s or (waited >= self.push_grace_s and not arriving):
-                break
-            self.relay.publisher.wait_for(min_version, 0.05)
-        if held is None:
-            self.pulls += 1
-            left = max(self.wait_s - (time.monotonic() - start), 0.0)
-            log.info("weights: no pushed version >= %d; pulling from %s", min_version, self.learner)
-            future = asyncio.run_coroutine_threadsafe(
-                self.relay.catch_up(self.learner, min_version, wait_s=left, poll_s=0.2), self.loop
-            )
-            with contextlib.suppress(ValueError):  # a push landed a newer version meanwhile: it is held
-                future.result()
-            held = self._held(min_version)
-            if held is None:
-                raise WireError(
-                    "weights.version", f"no version >= {min_version} after pulling from {self.learner}"
-                )
-        return held.manifest.version, decode_held(held)

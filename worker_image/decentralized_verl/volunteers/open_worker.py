@@ -196,8 +196,8 @@ async def _serve_reference(p2p, me: str, options: OpenWorkerOptions):
 async def run_open_worker(options: OpenWorkerOptions, *, stop: asyncio.Event | None = None) -> int:
     """Join the DHT, serve the role, announce it with a heartbeat; run until `stop` or a signal."""
     from decentralized_verl.volunteers import p2p as wire
-    from decentralized_verl.volunteers.announce import Heartbeat, VolunteerRecord, hardware_summary
-    from decentralized_verl.volunteers.dht import PeerOptions, start_dht
+    from decentralized_verl.volunteers.announce import VolunteerRecord, hardware_summary
+    from decentralized_verl.volunteers.session import volunteer_session
 
     if options.role not in OPEN_ROLES:
         raise VolunteerError(
@@ -206,19 +206,9 @@ async def run_open_worker(options: OpenWorkerOptions, *, stop: asyncio.Event | N
         )
     role = "actor" if options.role == "rollout" else options.role
     began = time.perf_counter()
-    peer_options = PeerOptions(
-        initial_peers=options.initial_peers,
-        host_maddrs=options.host_maddrs or (f"/ip4/0.0.0.0/tcp/{options.port}",),
-        announce_maddrs=options.announce_maddrs,
-        client_mode=options.client_mode,
-        use_relay=options.use_relay,
-        use_auto_relay=options.use_auto_relay,
-    )
-    dht = await asyncio.to_thread(start_dht, peer_options)
-    heartbeat = None
-    try:
-        p2p = await dht.replicate_p2p()
-        me = dht.peer_id.to_base58()
+    async with volunteer_session(options) as session:
+        p2p = await session.p2p()
+        me = session.me
         serve = {
             "actor": _serve_actor,
             "critic": _serve_critic,
@@ -229,7 +219,7 @@ async def run_open_worker(options: OpenWorkerOptions, *, stop: asyncio.Event | N
         hardware = hardware_summary()
         started = time.time()
         model_path = str(Path(options.model).expanduser().resolve())
-        maddrs = wire.listen_maddrs(dht)
+        maddrs = wire.listen_maddrs(session.dht)
 
         def record(expires_at: float) -> VolunteerRecord:
             tokens_per_second, version, _ = stats()
@@ -246,9 +236,7 @@ async def run_open_worker(options: OpenWorkerOptions, *, stop: asyncio.Event | N
                 temperature=REFERENCE_TEMPERATURE,
             )
 
-        heartbeat = Heartbeat(dht, options.job, record, interval=options.heartbeat_s, ttl=options.ttl_s)
-        await heartbeat.beat()
-        heartbeat.start()
+        await session.announce(record)
         print(
             f"worker {me} serves {role} for open job {options.job!r} (model {model_path}), ready in "
             f"{time.perf_counter() - began:.2f}s; open mode: any trainer on this DHT may use it "
@@ -258,10 +246,6 @@ async def run_open_worker(options: OpenWorkerOptions, *, stop: asyncio.Event | N
         await until_stopped(stop)
         print(f"worker {me} ({role}) {stats()[2]}", flush=True)
         return 0
-    finally:
-        if heartbeat is not None:
-            await heartbeat.stop()
-        dht.shutdown()
 
 
 def main_open_worker(options: OpenWorkerOptions) -> int:

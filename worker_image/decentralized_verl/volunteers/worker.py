@@ -67,8 +67,8 @@ async def run_volunteer(
     from decentralized_verl.spec import JobSpec
     from decentralized_verl.transport import messages as m
     from decentralized_verl.volunteers import p2p as wire
-    from decentralized_verl.volunteers.announce import Heartbeat, VolunteerRecord, hardware_summary
-    from decentralized_verl.volunteers.dht import PeerOptions, start_dht
+    from decentralized_verl.volunteers.announce import VolunteerRecord, hardware_summary
+    from decentralized_verl.volunteers.session import volunteer_session
     from decentralized_verl.volunteers.tokens import TokenError, read_claims
 
     claims = read_claims(options.token)
@@ -86,20 +86,10 @@ async def run_volunteer(
         )
     if options.role not in ("rollout", "actor"):
         raise VolunteerError(f"role {options.role!r}: only rollout volunteers can join a job yet")
-    peer_options = PeerOptions(
-        initial_peers=options.initial_peers,
-        host_maddrs=options.host_maddrs or (f"/ip4/0.0.0.0/tcp/{options.port}",),
-        announce_maddrs=options.announce_maddrs,
-        client_mode=options.client_mode,
-        use_relay=options.use_relay,
-        use_auto_relay=options.use_auto_relay,
-    )
     began = time.perf_counter()
-    dht = await asyncio.to_thread(start_dht, peer_options)
-    heartbeat = None
-    try:
-        p2p = await dht.replicate_p2p()
-        me = dht.peer_id.to_base58()
+    async with volunteer_session(options) as session:
+        p2p = await session.p2p()
+        me = session.me
         hardware = hardware_summary()
         request = m.JoinRequest(options.job, options.token, "rollout", hardware, 0.0)
         reply = await _join_with_retry(p2p, claims.coordinator, request, options.join_timeout_s)
@@ -139,9 +129,7 @@ async def run_volunteer(
                 started_at=started,
             )
 
-        heartbeat = Heartbeat(dht, options.job, record, interval=options.heartbeat_s, ttl=options.ttl_s)
-        await heartbeat.beat()
-        heartbeat.start()
+        await session.announce(record)
         print(
             f"volunteer {me} joined job {options.job} as rollout: weights v{held} "
             f"({source.bytes_received} bytes) in {joined_s:.2f}s",
@@ -150,10 +138,6 @@ async def run_volunteer(
         await until_stopped(stop)
         print(f"volunteer {me} served {endpoint.samples} samples in {endpoint.requests} requests", flush=True)
         return 0
-    finally:
-        if heartbeat is not None:
-            await heartbeat.stop()
-        dht.shutdown()
 
 
 def main_volunteer(options: VolunteerOptions) -> int:

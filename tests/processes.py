@@ -1,0 +1,104 @@
+"""Real processes for the multi-process tests: free ports, the console-script environment, and a group of
+named commands whose output is kept per command (what a user would see in separate terminals).
+
+Imported by the volunteer, fan-out and membership tests; `tests/` is on sys.path under pytest (rootdir
+conftest-less import mode) and when a test file runs as a script.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def console_env(**extra: str) -> dict[str, str]:
+    """The console scripts (dverl, dverl-dht, dverl-worker) live beside this Python, whether or not the
+    venv is activated (CI runs `.venv/bin/python -m pytest` without activating it); one thread per
+    process so several processes on 2 cores do not oversubscribe them."""
+    return {
+        **os.environ,
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        **extra,
+    }
+
+
+class ProcessGroup:
+    """Named commands started in `cwd`, each logging to `<name>.log` there; all stopped on close.
+
+    Each runs in its own session so a stop reaches the children it spawned too.
+    """
+
+    def __init__(self, cwd: Path) -> None:
+        self.cwd = cwd
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(
+        self, name: str, cmd: str | list[str], extra_env: dict[str, str] | None = None
+    ) -> subprocess.Popen:
+        argv = cmd.split() if isinstance(cmd, str) else cmd
+        with (self.cwd / f"{name}.log").open("w") as log:
+            proc = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=console_env(**(extra_env or {})),
+                cwd=self.cwd,
+                start_new_session=True,
+            )
+        self.procs[name] = proc
+        return proc
+
+    def log(self, name: str) -> str:
+        return (self.cwd / f"{name}.log").read_text()
+
+    def wait_for(
+        self, name: str, pattern: str, timeout: float = 120.0, *, also_alive: str | None = None
+    ) -> re.Match:
+        """Wait for `pattern` in `name`'s output; fail early when it exits, or when `also_alive` (the
+        process the test hinges on, e.g. the learner) has failed."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = re.search(pattern, self.log(name))
+            if found:
+                return found
+            if self.procs[name].poll() is not None:
+                break
+            watched = self.procs.get(also_alive) if also_alive else None
+            if watched is not None and watched.poll() not in (None, 0):
+                raise AssertionError(f"{also_alive} died:\n{self.log(also_alive)[-3000:]}")
+            time.sleep(0.2)
+        raise AssertionError(f"{name}: no {pattern!r} in its output:\n{self.log(name)[-3000:]}")
+
+    def stop(self, name: str, timeout: float = 20.0) -> int:
+        proc = self.procs[name]
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            return proc.wait()
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for name in self.procs:
+            self.stop(name)
