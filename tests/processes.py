@@ -42,7 +42,8 @@ def console_env(**extra: str) -> dict[str, str]:
 class ProcessGroup:
     """Named commands started in `cwd`, each logging to `<name>.log` there; all stopped on close.
 
-    Each runs in its own session so a stop reaches the children it spawned too.
+    Each runs in its own session: `stop` sends SIGTERM to the process, and if it has not exited after the
+    grace period, SIGKILL to its whole process group (children included).
     """
 
     def __init__(self, cwd: Path) -> None:
