@@ -24,6 +24,8 @@ import time
 from typing import Any
 
 import _common as c
+from _ours import OursGRPO
+from _trl import TRL_VARIANTS, TRLGRPO, TRLVariant
 
 TARGET_RATIO = 2.5
 
@@ -35,7 +37,7 @@ def log(message: str) -> None:
 def run_ours(
     base: Any, tokenizer: Any, prompts, settings: c.GRPOSettings, dtype: str, warmup: int, steps: int
 ):
-    runner = c.OursGRPO(c.fresh_copy(base), tokenizer, prompts, settings, dtype)
+    runner = OursGRPO(c.fresh_copy(base), tokenizer, prompts, settings, dtype)
     try:
         records = [runner.step() for _ in range(warmup + steps)]
         return records[warmup:], runner.settings_used()
@@ -49,11 +51,11 @@ def run_trl(
     tokenizer: Any,
     prompts,
     settings: c.GRPOSettings,
-    variant: c.TRLVariant,
+    variant: TRLVariant,
     warmup: int,
     steps: int,
 ):
-    runner = c.TRLGRPO(c.fresh_copy(base), tokenizer, prompts, settings, variant, max_steps=warmup + steps)
+    runner = TRLGRPO(c.fresh_copy(base), tokenizer, prompts, settings, variant, max_steps=warmup + steps)
     records: list[dict[str, Any]] = []
 
     def on_step(info: dict[str, Any]) -> bool:
@@ -125,7 +127,7 @@ def benchmark_model(args: argparse.Namespace, name: str, settings: c.GRPOSetting
                     tokenizer,
                     prompts,
                     settings,
-                    c.TRL_VARIANTS[variant],
+                    TRL_VARIANTS[variant],
                     args.warmup,
                     args.steps,
                 )
@@ -195,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=8, help="completions per prompt")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--microbatch-prompts", type=int, default=2)
-    variants = list(c.TRL_VARIANTS)
+    variants = list(TRL_VARIANTS)
     parser.add_argument("--trl-variants", nargs="+", default=variants, choices=variants)
     parser.add_argument("--skip-trl", action="store_true", help="time our side only")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")

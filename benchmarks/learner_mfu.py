@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 import _common as c
+from _ours import _Timer, ours_spec
 
 
 def log(message: str) -> None:
@@ -51,7 +52,7 @@ def synthetic_batch(tokenizer: Any, settings: c.GRPOSettings, model: Any, seed: 
     binary rewards, advantages attached the way the coordinator does."""
     import torch
 
-    from decentralized_verl.roles.samples import Prompt, Sample, collate
+    from decentralized_verl.core.samples import Prompt, Sample, collate
 
     generator = torch.Generator().manual_seed(seed)
     prompts = c.arithmetic_prompts(tokenizer, limit=settings.prompts_per_step)
@@ -95,15 +96,15 @@ def flop_counts(model: Any, batch: Any) -> dict[str, float]:
 def measure_model(args: argparse.Namespace, name: str, settings: c.GRPOSettings) -> dict[str, Any]:
     import torch
 
-    from decentralized_verl.roles.advantage_step import attach_advantages
-    from decentralized_verl.roles.trainer import PolicyTrainer
+    from decentralized_verl.training.advantage_step import attach_advantages
+    from decentralized_verl.training.trainer import PolicyTrainer
 
     dtype = c.default_dtype(name) if args.dtype == "auto" else args.dtype
     model, tokenizer, _ = c.load_model(name, dtype)
     model.train()
-    spec = c.ours_spec(settings, dtype, steps=args.repeats + 1)
+    spec = ours_spec(settings, dtype, steps=args.repeats + 1)
     trainer = PolicyTrainer(model, spec)
-    timer = c._Timer()
+    timer = _Timer()
     trainer._loss = timer.wrap("forward", trainer._loss)
     timer.hook_optimizer(trainer.optimizer)
     batch = synthetic_batch(tokenizer, settings, model)

@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import _common as c
+from _ours import OursGRPO
+from _trl import TRL_VARIANTS, TRLGRPO
 
 
 def log(message: str) -> None:
@@ -87,7 +89,7 @@ class Recorder:
 
 def run_ours(args, base, tokenizer, prompts, eval_prompts, settings, dtype, start_point) -> Recorder:
     model = c.fresh_copy(base)
-    runner = c.OursGRPO(model, tokenizer, prompts, settings, dtype)
+    runner = OursGRPO(model, tokenizer, prompts, settings, dtype)
     recorder = Recorder("ours", model, tokenizer, args, eval_prompts)
     recorder.curve.points.append({**start_point, "side": "ours"})
     try:
@@ -102,7 +104,7 @@ def run_ours(args, base, tokenizer, prompts, eval_prompts, settings, dtype, star
 
 def run_trl(args, base, tokenizer, prompts, eval_prompts, settings, start_point) -> Recorder:
     model = c.fresh_copy(base)
-    runner = c.TRLGRPO(model, tokenizer, prompts, settings, c.TRL_VARIANTS["matched"])
+    runner = TRLGRPO(model, tokenizer, prompts, settings, TRL_VARIANTS["matched"])
     recorder = Recorder("trl", runner.model, tokenizer, args, eval_prompts)
     recorder.curve.points.append({**start_point, "side": "trl"})
     try:

@@ -42,9 +42,9 @@ def load(name: str):
 
 
 async def join_and_fetch(model) -> dict[str, float]:
-    from decentralized_verl.roles.trainer import rollout_state_dict
+    from decentralized_verl.training.trainer import rollout_state_dict
+    from decentralized_verl.transport import p2p as wire
     from decentralized_verl.transport.weight_service import WeightPublisher
-    from decentralized_verl.volunteers import p2p as wire
     from decentralized_verl.volunteers.dht import PeerOptions, start_dht
 
     publisher = WeightPublisher(dtype=None)
@@ -83,10 +83,10 @@ async def join_and_fetch(model) -> dict[str, float]:
 
 def verification(model, tokenizer, batch: int, new_tokens: int, repeats: int) -> dict[str, Any]:
     from decentralized_verl.backends.base import make_backend
-    from decentralized_verl.roles.interfaces import Sampling
-    from decentralized_verl.roles.rollout import RolloutWorker
-    from decentralized_verl.roles.samples import Prompt
-    from decentralized_verl.roles.trainer import rollout_state_dict
+    from decentralized_verl.core.samples import Prompt
+    from decentralized_verl.core.sampling import SamplingParams
+    from decentralized_verl.serving.rollout import RolloutWorker
+    from decentralized_verl.training.trainer import rollout_state_dict
     from decentralized_verl.transport.weight_service import WeightPublisher
     from decentralized_verl.volunteers.verify import PublishedPolicy, Verifier
 
@@ -95,7 +95,7 @@ def verification(model, tokenizer, batch: int, new_tokens: int, repeats: int) ->
     worker = RolloutWorker(make_backend("hf", model, tokenizer, seed=0, version=0), "bench")
     ids = tokenizer("Question: what is 12 + 30? Answer:", add_special_tokens=False)["input_ids"]
     items = [(Prompt(f"p{i}", i, tuple(ids), ""), 0) for i in range(batch)]
-    sampling = Sampling(max_new_tokens=new_tokens, temperature=1.0, seed=1)
+    sampling = SamplingParams(max_new_tokens=new_tokens, temperature=1.0, seed=1)
     import copy
 
     policy = PublishedPolicy(copy.deepcopy(model), publisher, 1.0, tokenizer.pad_token_id)

@@ -301,7 +301,7 @@ def junk_like(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return junk.to(x.dtype)
 
 
-@pytest.mark.parametrize("name", sorted(presets.ADVANTAGE_ESTIMATOR_NAMES))
+@pytest.mark.parametrize("name", sorted(registry.ADVANTAGE_ESTIMATOR_NAMES))
 @pytest.mark.parametrize("use_tokens", [False, True])
 def test_masked_positions_never_leak(name, use_tokens):
     inp = batch_inputs(7, 9, seed=3)
@@ -331,13 +331,24 @@ def test_bool_and_float_masks_agree():
 # ---------------------------------------------------------------- registry and blind calls
 
 
-def test_registry_matches_presets():
+def test_every_declared_name_has_a_function_and_presets_use_declared_names():
     registry.load()
-    assert set(registry.ADVANTAGE_ESTIMATORS) == set(presets.ADVANTAGE_ESTIMATOR_NAMES)
-    assert set(registry.POLICY_LOSS_AGGREGATIONS) == set(presets.LOSS_AGGREGATIONS)
-    assert set(registry.KL_ESTIMATORS) == set(presets.KL_ESTIMATORS)
+    assert set(registry.ADVANTAGE_ESTIMATORS) == set(registry.ADVANTAGE_ESTIMATOR_NAMES)
+    assert set(registry.POLICY_LOSSES) == set(registry.POLICY_LOSS_NAMES)
+    assert set(registry.POLICY_LOSS_AGGREGATIONS) == set(registry.LOSS_AGGREGATION_NAMES)
+    assert set(registry.KL_ESTIMATORS) == set(registry.KL_ESTIMATOR_NAMES)
     for preset in presets.PRESETS.values():
         assert preset.advantage_estimator in registry.ADVANTAGE_ESTIMATORS
+        assert preset.policy_loss in registry.POLICY_LOSSES
+        assert preset.loss_aggregation in registry.POLICY_LOSS_AGGREGATIONS
+
+
+def test_a_function_under_an_undeclared_name_is_refused():
+    with pytest.raises(ValueError, match=r"policy loss 'mystery' is not declared in registry"):
+        registry.policy_loss("mystery")(lambda *a, **k: None)
+    registry.load()
+    with pytest.raises(ValueError, match="registered twice"):
+        registry.policy_loss("ppo_clip")(lambda *a, **k: None)
 
 
 def test_blind_call_with_shared_hparams():

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from decentralized_verl.backends.base import GenerationRequest, SamplingParams
-from decentralized_verl.backends.vllm_backend import export_state_dict, write_weights_file
+from decentralized_verl.backends.vllm_weights import export_state_dict, write_weights_file
 from decentralized_verl.errors import WireError
 from decentralized_verl.models.tiny import build_tiny, tiny_config
 from decentralized_verl.models.tokenizer import build_char_tokenizer
@@ -383,7 +383,7 @@ def test_dverl_run_with_a_vllm_rollout_worker(tmp_path) -> None:
     import yaml
 
     from decentralized_verl.launch.run import run_job
-    from decentralized_verl.roles.progress import read_metrics
+    from decentralized_verl.metrics import read_metrics
 
     toy = os.path.join(os.path.dirname(__file__), "..", "examples", "data", "toy")
     spec = {

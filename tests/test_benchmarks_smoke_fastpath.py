@@ -20,6 +20,7 @@ BENCH = ROOT / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 import _common  # noqa: E402
+import _trl  # noqa: E402
 
 # tiny-smoke by hand: 2 layers x (attention 4*64*64 + MLP 3*64*128 + 2 norms of 64) + embedding and
 # untied lm_head 2*104*64 + final norm 64.
@@ -145,6 +146,6 @@ def test_helpers_by_hand() -> None:
     assert curve.reached(0.5)["train_s"] == 9.0 and curve.reached(0.6) is None
     assert _common.boxed_score("so \\boxed{12}", "12") == 1.0
     assert _common.boxed_score("12", "12") == 0.0  # no box, no reward
-    kwargs = _common.trl_config_kwargs(settings, _common.TRL_VARIANTS["matched"], "/tmp/x", 5)
+    kwargs = _trl.trl_config_kwargs(settings, _trl.TRL_VARIANTS["matched"], "/tmp/x", 5)
     assert kwargs["per_device_train_batch_size"] * kwargs["gradient_accumulation_steps"] == 64
     assert kwargs["gradient_checkpointing"] is False and kwargs["bf16"] is False

@@ -75,3 +75,31 @@ def test_crd_validates_against_kubernetes_schema() -> None:
 
     crd = yaml.safe_load((ROOT / "crds" / "rlhfjob.yaml").read_text())
     kubernetes_validate.validate(crd, "1.30", strict=True)
+
+
+def test_every_name_valued_field_lists_its_registry_names() -> None:
+    import re
+
+    from decentralized_verl.algorithms import registry
+    from decentralized_verl.algorithms.presets import PRESETS
+    from decentralized_verl.backends.base import BACKENDS
+    from decentralized_verl.rewards.names import BUILTIN_REWARD_TYPES
+
+    schema = custom_resource_definition()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    spec = schema["properties"]["spec"]
+    algorithm = spec["properties"]["algorithm"]["properties"]
+    assert algorithm["name"]["enum"] == list(PRESETS)
+    assert algorithm["advantageEstimator"]["enum"] == list(registry.ADVANTAGE_ESTIMATOR_NAMES)
+    assert algorithm["policyLoss"]["enum"] == list(registry.POLICY_LOSS_NAMES)
+    assert algorithm["lossAggregation"]["enum"] == list(registry.LOSS_AGGREGATION_NAMES)
+    assert algorithm["klEstimator"]["enum"] == list(registry.KL_ESTIMATOR_NAMES)
+    for role in ("rollout", "learner", "critic", "reward", "reference"):
+        backend = spec["properties"]["roles"]["properties"][role]["properties"]["backend"]
+        assert backend["enum"] == list(BACKENDS)
+    # A reward type is a built-in name or a user callable: one pattern accepts exactly those.
+    reward = spec["properties"]["data"]["properties"]["rewardType"]
+    for ok in (*BUILTIN_REWARD_TYPES, "my.module:score", "m:f"):
+        assert re.match(reward["pattern"], ok), ok
+    for bad in ("vibes", "boxedx", "module:", ":f", "a b:c"):
+        assert not re.match(reward["pattern"], bad), bad
+    assert all(name in reward["description"] for name in BUILTIN_REWARD_TYPES)

@@ -20,7 +20,8 @@ grpc = pytest.importorskip("grpc")
 
 from decentralized_verl.errors import WireError  # noqa: E402
 from decentralized_verl.proto import dverl_pb2 as pb  # noqa: E402
-from decentralized_verl.transport.fanout import OK, WeightRelay, serve_relay  # noqa: E402
+from decentralized_verl.transport.fanout import WeightRelay, serve_relay  # noqa: E402
+from decentralized_verl.transport.fanout_push import OK  # noqa: E402
 from decentralized_verl.transport.fanout_route import (  # noqa: E402
     CHAIN_MAX_RECEIVERS,
     Hop,
@@ -31,11 +32,8 @@ from decentralized_verl.transport.fanout_route import (  # noqa: E402
     route_to_json,
 )
 from decentralized_verl.transport.fanout_runtime import RelayWeightSource, WeightFanout  # noqa: E402
-from decentralized_verl.transport.weight_service import (  # noqa: E402
-    GrpcWeightSource,
-    LocalWeightSource,
-    WeightPublisher,
-)
+from decentralized_verl.transport.weight_receive import GrpcWeightSource, LocalWeightSource  # noqa: E402
+from decentralized_verl.transport.weight_service import WeightPublisher  # noqa: E402
 from decentralized_verl.transport.wire import weights as wire_weights  # noqa: E402
 
 torch.set_num_threads(1)

@@ -1,5 +1,5 @@
 """Weight fan-out in the runtime, with real processes: three `dverl worker --role rollout` processes on
-127.0.0.1 and the learner's side built by `connect_roles` in this process, as roles/learner.py does.
+127.0.0.1 and the learner's side built by `connect_roles` in this process, as entrypoints/learner.py does.
 
 After a publish every worker holds the same version with the same bytes (its relay's manifest digest
 and tensors equal to the learner's state dict), generates with those weights without pulling, and the
@@ -23,24 +23,21 @@ torch = pytest.importorskip("torch")
 grpc = pytest.importorskip("grpc")
 yaml = pytest.importorskip("yaml")
 
+from decentralized_verl.core.samples import Prompt  # noqa: E402
+from decentralized_verl.core.sampling import SamplingParams  # noqa: E402
 from decentralized_verl.manifest import parse_spec  # noqa: E402
 from decentralized_verl.models.loading import load_model_and_tokenizer  # noqa: E402
+from decentralized_verl.orchestration.wiring import connect_roles  # noqa: E402
 from decentralized_verl.proto import dverl_pb2 as pb  # noqa: E402
 from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc  # noqa: E402
-from decentralized_verl.roles.interfaces import Sampling  # noqa: E402
-from decentralized_verl.roles.samples import Prompt  # noqa: E402
-from decentralized_verl.roles.servicers import serve  # noqa: E402
-from decentralized_verl.roles.trainer import rollout_state_dict  # noqa: E402
-from decentralized_verl.roles.wiring import connect_roles  # noqa: E402
+from decentralized_verl.serving.servicers import serve  # noqa: E402
 from decentralized_verl.spec import with_defaults  # noqa: E402
+from decentralized_verl.training.trainer import rollout_state_dict  # noqa: E402
 from decentralized_verl.transport.clients import GrpcRolloutClient, wait_ready  # noqa: E402
-from decentralized_verl.transport.fanout import OK  # noqa: E402
+from decentralized_verl.transport.fanout_push import OK  # noqa: E402
 from decentralized_verl.transport.fanout_route import Hop  # noqa: E402
-from decentralized_verl.transport.weight_service import (  # noqa: E402
-    GrpcWeightSource,
-    WeightPublisher,
-    WeightsServicer,
-)
+from decentralized_verl.transport.weight_receive import GrpcWeightSource  # noqa: E402
+from decentralized_verl.transport.weight_service import WeightPublisher, WeightsServicer  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -51,7 +48,7 @@ SPEC = {
     "roles": {"rollout": {"replicas": 3, "batchSize": 4}, "learner": {"replicas": 1}},
     "training": {"batchSize": 4},
 }
-GREEDY = Sampling(max_new_tokens=6, temperature=0.0, seed=1)
+GREEDY = SamplingParams(max_new_tokens=6, temperature=0.0, seed=1)
 
 
 class CountingWeights(WeightsServicer):
@@ -128,7 +125,7 @@ def cluster(tmp_path):
 async def test_publish_reaches_every_worker_through_the_chain_and_a_dead_worker_catches_up(cluster):
     spec, config, workers = cluster
     model, tok = load_model_and_tokenizer(spec.model)
-    publisher = WeightPublisher(dtype=None)  # as roles/learner.py: native dtype, bit-exact
+    publisher = WeightPublisher(dtype=None)  # as entrypoints/learner.py: native dtype, bit-exact
     weights_service = CountingWeights(publisher)
     server = await serve(0, weights_service)
     learner = f"127.0.0.1:{server.port}"

@@ -17,12 +17,12 @@ pytest.importorskip("grpc")
 from operator_fixtures import free_port, tiny_spec  # noqa: E402
 
 from decentralized_verl.backends.base import make_backend  # noqa: E402
+from decentralized_verl.core.samples import Prompt  # noqa: E402
+from decentralized_verl.core.sampling import SamplingParams  # noqa: E402
 from decentralized_verl.manifest import parse_spec  # noqa: E402
 from decentralized_verl.models.loading import load_model_and_tokenizer  # noqa: E402
-from decentralized_verl.plan import plan_job  # noqa: E402
-from decentralized_verl.roles.dispatch import Dispatcher  # noqa: E402
-from decentralized_verl.roles.interfaces import Sampling  # noqa: E402
-from decentralized_verl.roles.membership import (  # noqa: E402
+from decentralized_verl.orchestration.dispatch import Dispatcher  # noqa: E402
+from decentralized_verl.orchestration.membership import (  # noqa: E402
     Member,
     WorkersFileError,
     WorkersFileWatcher,
@@ -30,9 +30,10 @@ from decentralized_verl.roles.membership import (  # noqa: E402
     rollout_members,
     workers_file_path,
 )
-from decentralized_verl.roles.rollout import RolloutWorker  # noqa: E402
-from decentralized_verl.roles.samples import Prompt  # noqa: E402
-from decentralized_verl.roles.servicers import HealthServicer, RolloutServicer, serve  # noqa: E402
+from decentralized_verl.plan import plan_job  # noqa: E402
+from decentralized_verl.serving.rollout import RolloutWorker  # noqa: E402
+from decentralized_verl.serving.servicers import HealthServicer, RolloutServicer, serve  # noqa: E402
+from decentralized_verl.settings import WorkerSettings  # noqa: E402
 from decentralized_verl.spec import ModelSpec, TinyModelSpec  # noqa: E402
 from decentralized_verl.transport.clients import GrpcRolloutClient  # noqa: E402
 from dverl_operator import children as kids  # noqa: E402
@@ -102,11 +103,14 @@ def test_empty_file_means_no_rollout_workers_and_other_roles_are_ignored():
 
 
 def test_workers_file_path_prefers_the_explicit_variable_then_the_file_beside_the_config(tmp_path):
+    def path_for(environ):
+        return workers_file_path(WorkerSettings.from_env(environ))
+
     (tmp_path / "job.yaml").write_text("x")
-    assert workers_file_path({"DVERL_CONFIG": str(tmp_path / "job.yaml")}) is None  # no file: no watcher
+    assert path_for({"DVERL_CONFIG": str(tmp_path / "job.yaml")}) is None  # no file: no watcher
     (tmp_path / "workers.yaml").write_text("")
-    assert workers_file_path({"DVERL_CONFIG": str(tmp_path / "job.yaml")}) == tmp_path / "workers.yaml"
-    assert workers_file_path({"DVERL_WORKERS_FILE": "/x/w.yaml", "DVERL_CONFIG": "/y"}) == Path("/x/w.yaml")
+    assert path_for({"DVERL_CONFIG": str(tmp_path / "job.yaml")}) == tmp_path / "workers.yaml"
+    assert path_for({"DVERL_WORKERS_FILE": "/x/w.yaml", "DVERL_CONFIG": "/y"}) == Path("/x/w.yaml")
 
 
 # --- the watcher against real rollout servers ---------------------------------------------------------
@@ -145,7 +149,7 @@ async def test_scaled_up_worker_joins_and_scaled_down_worker_leaves_between_disp
     watcher = WorkersFileWatcher(
         path, dispatcher, connect_when_ready, known={"j-rollout-0": Member("j-rollout-0", a0)}
     )
-    sampling = Sampling(max_new_tokens=4, temperature=1.0, seed=3)
+    sampling = SamplingParams(max_new_tokens=4, temperature=1.0, seed=3)
     try:
         assert (await watcher.refresh()).added == ()  # nothing changed yet
         write_workers(path, {"j-rollout-0": a0, "j-rollout-1": a1})  # the operator scaled to 2
@@ -191,7 +195,7 @@ async def test_listed_worker_that_is_not_up_yet_waits_then_joins(policy, tmp_pat
         s1, _ = await start_rollout(model, tok, "j-rollout-1", port=port)
         change = await watcher.refresh()
         assert change.added == ("j-rollout-1",)
-        samples, _ = await dispatcher.run(items_for(tok, 4, 2), Sampling(max_new_tokens=3, seed=1), 0)
+        samples, _ = await dispatcher.run(items_for(tok, 4, 2), SamplingParams(max_new_tokens=3, seed=1), 0)
         assert {s.worker_id for s in samples} == {"j-rollout-0", "j-rollout-1"}
     finally:
         for client in dispatcher.clients.values():

@@ -111,7 +111,8 @@ async def test_only_the_lease_holder_acts(tmp_path):
             await wait_for(lambda: _holder_is(emu, "op-b"), timeout=30, what="op-b takes the Lease")
             await emu.create_job("third", tiny_spec())
             await wait_for(lambda: pod_count(emu, "third"), timeout=30, what="op-b acts after failover")
-            assert "reconciled" in b.log()
+            # the log line follows the pods it reports: give it the moment it takes to be written
+            await wait_for(lambda: _logged(b, "reconciled"), timeout=10, what="op-b logs its reconcile")
         finally:
             renewing = False
             a.kill()
@@ -143,3 +144,7 @@ def test_scale_benchmark_smoke():
     header, _, row = result.stdout.strip().splitlines()
     assert header.split()[:2] == ["jobs", "pods"]
     assert row.split()[:2] == ["3", "9"]
+
+
+async def _logged(op: Operator, text: str) -> bool:
+    return text in op.log()

@@ -11,12 +11,14 @@ import sys
 import pytest
 from operator_fixtures import tiny_spec
 
+from decentralized_verl.core.status import JobStatus
 from decentralized_verl.manifest import parse_spec
 from decentralized_verl.plan import plan_job
+from decentralized_verl.transport.wire.status import job_status_from_proto
 from dverl_operator import children as kids
 from dverl_operator import reconcile
 from dverl_operator import status as st
-from dverl_operator.coordinator import DEFAULT_TEMPLATE, CoordinatorClient, progress_from_reply
+from dverl_operator.coordinator import DEFAULT_TEMPLATE, CoordinatorClient
 from dverl_operator.leader import may_acquire, micro_time
 from dverl_operator.main import JsonFormatter, parser
 
@@ -224,7 +226,7 @@ def test_coordinator_success_completes_the_job():
     pods = {n: running(p) for n, p in want.pods.items()}
     actions = reconcile.decide(
         observed(tiny_spec(), pods=pods, config_map=want.config_map, service=want.service,
-                 progress=st.Progress(step=10, total_steps=10, state="Succeeded", reward=0.9)),
+                 progress=JobStatus(step=10, total_steps=10, state="Succeeded", reward_mean=0.9)),
         SETTINGS,
     )  # fmt: skip
     assert actions.status["phase"] == "Succeeded" and actions.status["step"] == 10
@@ -323,10 +325,10 @@ def test_coordinator_address_template_and_reply_mapping():
     from decentralized_verl.proto import dverl_pb2
 
     assert CoordinatorClient(DEFAULT_TEMPLATE).address("j", "ns") == "j-learner-0.j-workers.ns.svc:50051"
-    progress = progress_from_reply(
-        dverl_pb2.JobStatus(step=3, reward_mean=0.5, policy_version=3, volunteers=2)
+    progress = job_status_from_proto(
+        dverl_pb2.JobStatus(step=3, reward_mean=0.5, policy_version=3, volunteers=2, state="Running")
     )
-    assert (progress.step, progress.reward, progress.policy_version, progress.eval_accuracy) == (
+    assert (progress.step, progress.reward_mean, progress.policy_version, progress.eval_accuracy) == (
         3,
         0.5,
         3,
@@ -476,13 +478,13 @@ def test_gateway_address_reported_where_volunteers_dial(service, address):
 
 def test_each_blocked_peer_gets_one_event_and_the_counter_never_drops():
     vol = tiny_spec(volunteers=VOLUNTEERS)
-    two = st.Progress(step=2, state="Running", blocked_peers=(("p1", "bad log-probs"), ("p2", "NaN")))
+    two = JobStatus(step=2, state="Running", blocked_peers=(("p1", "bad log-probs"), ("p2", "NaN")))
     actions = reconcile.decide(observed(vol, progress=two, status={"blockedPeers": 1}), SETTINGS)
     assert actions.status["blockedPeers"] == 2
     assert [e for e in actions.events if e[1] == "VolunteerBlocked"] == [
         ("Warning", "VolunteerBlocked", "peer p2 blocked: NaN")
     ]
-    restarted = st.Progress(step=3, state="Running")
+    restarted = JobStatus(step=3, state="Running")
     actions = reconcile.decide(observed(vol, progress=restarted, status={"blockedPeers": 2}), SETTINGS)
     assert actions.status["blockedPeers"] == 2 and not [
         e for e in actions.events if e[1] == "VolunteerBlocked"

@@ -14,14 +14,15 @@ torch = pytest.importorskip("torch")
 grpc = pytest.importorskip("grpc")
 
 from decentralized_verl.backends.base import make_backend  # noqa: E402
+from decentralized_verl.core.interfaces import RolloutClient, WorkerFailure  # noqa: E402
+from decentralized_verl.core.samples import Prompt, collate, response_logits, token_logprobs  # noqa: E402
+from decentralized_verl.core.sampling import SamplingParams  # noqa: E402
 from decentralized_verl.models.loading import load_model_and_tokenizer  # noqa: E402
 from decentralized_verl.proto import dverl_pb2 as pb  # noqa: E402
 from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc  # noqa: E402
-from decentralized_verl.roles.interfaces import RolloutClient, Sampling, WorkerFailure  # noqa: E402
-from decentralized_verl.roles.local import LocalRolloutClient, stream_in_thread  # noqa: E402
-from decentralized_verl.roles.rollout import RolloutWorker, item_seed, to_requests  # noqa: E402
-from decentralized_verl.roles.samples import Prompt, collate, response_logits, token_logprobs  # noqa: E402
-from decentralized_verl.roles.servicers import HealthServicer, RolloutServicer, serve  # noqa: E402
+from decentralized_verl.serving.local import LocalRolloutClient, stream_in_thread  # noqa: E402
+from decentralized_verl.serving.rollout import RolloutWorker, item_seed, to_requests  # noqa: E402
+from decentralized_verl.serving.servicers import HealthServicer, RolloutServicer, serve  # noqa: E402
 from decentralized_verl.spec import ModelSpec, TinyModelSpec  # noqa: E402
 from decentralized_verl.transport.clients import GrpcRolloutClient, wait_ready  # noqa: E402
 from decentralized_verl.transport.messages import WireLimits  # noqa: E402
@@ -66,7 +67,7 @@ async def test_grpc_rollout_answers_every_item_once_with_true_logprobs(policy):
         assert isinstance(client, RolloutClient)
         ps = prompts(tok)
         items = [(p, k) for p in ps for k in (0, 1, 5)]
-        sampling = Sampling(max_new_tokens=6, temperature=0.8, seed=11)
+        sampling = SamplingParams(max_new_tokens=6, temperature=0.8, seed=11)
         samples = await collect(client, items, sampling, 0)
 
         assert sorted(s.key for s in samples) == sorted((p.prompt_id, k) for p, k in items)
@@ -97,7 +98,7 @@ async def test_seeded_samples_do_not_depend_on_batching_or_transport(policy):
     try:
         ps = prompts(tok)
         items = [(p, k) for p in ps for k in range(2)]
-        sampling = Sampling(max_new_tokens=5, temperature=1.0, seed=3)
+        sampling = SamplingParams(max_new_tokens=5, temperature=1.0, seed=3)
         together = {s.key: s.response_ids for s in await collect(grpc_client, items, sampling, 0)}
         one_by_one = {}
         for item in reversed(items):
@@ -105,7 +106,9 @@ async def test_seeded_samples_do_not_depend_on_batching_or_transport(policy):
                 one_by_one[s.key] = s.response_ids
         in_process = {s.key: s.response_ids for s in await collect(local, items, sampling, 0)}
         assert together == one_by_one == in_process
-        other_seed = {s.key: s.response_ids for s in await collect(local, items, Sampling(5, 1.0, seed=4), 0)}
+        other_seed = {
+            s.key: s.response_ids for s in await collect(local, items, SamplingParams(5, 1.0, seed=4), 0)
+        }
         assert other_seed != together
     finally:
         await grpc_client.close()
@@ -117,7 +120,7 @@ def test_item_seed_and_requests():
     assert len({item_seed(1, "p", 0), item_seed(1, "p", 1), item_seed(1, "q", 0), item_seed(2, "p", 0)}) == 4
     assert 0 <= item_seed(2**40, "x" * 100, 7) < 2**63
     p = Prompt("p", 0, (5, 6), "ab")
-    reqs = to_requests([(p, 0), (p, 1)], Sampling(max_new_tokens=4, seed=None))
+    reqs = to_requests([(p, 0), (p, 1)], SamplingParams(max_new_tokens=4, seed=None))
     assert [r.prompt_id for r in reqs] == ["0", "1"]  # positions: one prompt may appear twice
     assert all(r.params.n == 1 and r.params.seed is None for r in reqs)
 
@@ -129,15 +132,15 @@ async def test_bad_request_is_invalid_argument_naming_the_field(policy):
     try:
         bad = Prompt("bad", 0, (5, 10_000), "")
         with pytest.raises(WorkerFailure) as info:
-            await collect(client, [(bad, 0)], Sampling(max_new_tokens=3), 0)
+            await collect(client, [(bad, 0)], SamplingParams(max_new_tokens=3), 0)
         assert "INVALID_ARGUMENT" in info.value.reason
         assert "items[0].prompt_token_ids[1]" in info.value.reason
         too_long = Prompt("long", 0, tuple([5] * 95), "")  # 95 + 3 > 96 positions: the backend refuses
         with pytest.raises(WorkerFailure, match=r"INVALID_ARGUMENT.*positions"):
-            await collect(client, [(too_long, 0)], Sampling(max_new_tokens=3), 0)
+            await collect(client, [(too_long, 0)], SamplingParams(max_new_tokens=3), 0)
         # a worker without a weight source cannot serve a newer version: it says so, nothing is made up
         with pytest.raises(WorkerFailure, match="no weight source"):
-            await collect(client, [(prompts(tok)[0], 0)], Sampling(max_new_tokens=3), 4)
+            await collect(client, [(prompts(tok)[0], 0)], SamplingParams(max_new_tokens=3), 4)
     finally:
         await client.close()
         await server.stop(None)
@@ -213,7 +216,7 @@ async def test_client_rejects_garbage_with_the_reason(mode, reason):
     got = []
     try:
         with pytest.raises(WorkerFailure) as info:
-            async for s in client.generate(items, Sampling(max_new_tokens=4), 2):
+            async for s in client.generate(items, SamplingParams(max_new_tokens=4), 2):
                 got.append(s)
         assert info.value.worker_id == "liar-1"
         assert re.search(reason, info.value.reason), info.value.reason
@@ -227,7 +230,7 @@ async def test_client_rejects_garbage_with_the_reason(mode, reason):
 async def test_unreachable_worker_is_a_worker_failure():
     client = GrpcRolloutClient("127.0.0.1:1", "ghost", deadline_s=2)
     with pytest.raises(WorkerFailure, match="UNAVAILABLE"):
-        await collect(client, [(Prompt("p", 0, (5,), ""), 0)], Sampling(max_new_tokens=2), 0)
+        await collect(client, [(Prompt("p", 0, (5,), ""), 0)], SamplingParams(max_new_tokens=2), 0)
     await client.close()
 
 

@@ -13,23 +13,20 @@ torch = pytest.importorskip("torch")
 grpc = pytest.importorskip("grpc")
 
 from decentralized_verl.backends.base import make_backend  # noqa: E402
+from decentralized_verl.core.interfaces import WorkerFailure  # noqa: E402
+from decentralized_verl.core.samples import Prompt, collate, response_logits, token_logprobs  # noqa: E402
+from decentralized_verl.core.sampling import SamplingParams  # noqa: E402
 from decentralized_verl.errors import WireError  # noqa: E402
 from decentralized_verl.models.loading import load_model_and_tokenizer  # noqa: E402
 from decentralized_verl.proto import dverl_pb2 as pb  # noqa: E402
 from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc  # noqa: E402
-from decentralized_verl.roles.interfaces import Sampling, WorkerFailure  # noqa: E402
-from decentralized_verl.roles.rollout import RolloutWorker  # noqa: E402
-from decentralized_verl.roles.samples import Prompt, collate, response_logits, token_logprobs  # noqa: E402
-from decentralized_verl.roles.servicers import RolloutServicer, serve  # noqa: E402
+from decentralized_verl.serving.rollout import RolloutWorker  # noqa: E402
+from decentralized_verl.serving.servicers import RolloutServicer, serve  # noqa: E402
 from decentralized_verl.spec import ModelSpec, TinyModelSpec  # noqa: E402
 from decentralized_verl.transport.clients import GrpcRolloutClient  # noqa: E402
 from decentralized_verl.transport.grpc_options import channel_options  # noqa: E402
-from decentralized_verl.transport.weight_service import (  # noqa: E402
-    GrpcWeightSource,
-    LocalWeightSource,
-    WeightPublisher,
-    WeightsServicer,
-)
+from decentralized_verl.transport.weight_receive import GrpcWeightSource, LocalWeightSource  # noqa: E402
+from decentralized_verl.transport.weight_service import WeightPublisher, WeightsServicer  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -79,7 +76,7 @@ async def test_version_bump_pulls_new_weights_and_outputs_follow_them(rollout, l
         items = [
             (Prompt(f"p{i}", i, tuple(tok.encode(t)), t), 0) for i, t in enumerate(["ab", "1+2=", "xyz"])
         ]
-        greedy = Sampling(max_new_tokens=6, temperature=0.0)
+        greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
         before = {s.key: s.response_ids async for s in client.generate(items, greedy, 0)}
         assert worker.weight_loads == 0
 
@@ -181,7 +178,7 @@ async def test_corrupted_chunk_is_rejected_and_weights_stay(rollout, learner_sta
         # through the rollout service: the coordinator gets a WorkerFailure naming the cause
         item = (Prompt("p", 0, tuple(tok.encode("ab")), "ab"), 0)
         with pytest.raises(WorkerFailure, match=r"UNAVAILABLE.*sha256"):
-            _ = [s async for s in client.generate([item], Sampling(max_new_tokens=3), 1)]
+            _ = [s async for s in client.generate([item], SamplingParams(max_new_tokens=3), 1)]
         assert worker.version == 0 and worker.weight_loads == 0
         assert same_weights(model, before)
     finally:

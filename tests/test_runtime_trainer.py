@@ -9,11 +9,11 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from decentralized_verl.core.samples import Prompt, Sample, collate, response_logits, token_logprobs
 from decentralized_verl.manifest import parse_job
 from decentralized_verl.models.loading import load_model_and_tokenizer
-from decentralized_verl.roles.advantage_step import AlgorithmSettings, attach_advantages
-from decentralized_verl.roles.samples import Prompt, Sample, collate, response_logits, token_logprobs
-from decentralized_verl.roles.trainer import PolicyTrainer
+from decentralized_verl.training.advantage_step import AlgorithmSettings, attach_advantages
+from decentralized_verl.training.trainer import PolicyTrainer
 
 JOB = {
     "apiVersion": "dverl.io/v1alpha1",

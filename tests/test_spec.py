@@ -81,6 +81,13 @@ INVALID = [
     ("spec.algorithm.advantageEstimator", "magic", "spec.algorithm.advantageEstimator", "unknown estimator"),
     ("spec.algorithm.klEstimator", "k9", "spec.algorithm.klEstimator", "k1, k2 or k3"),
     ("spec.algorithm.lossAggregation", "sum", "spec.algorithm.lossAggregation", "unknown aggregation"),
+    (
+        "spec.algorithm.policyLoss",
+        "sgd",
+        "spec.algorithm.policyLoss",
+        "unknown policy loss 'sgd'; expected ppo_clip",
+    ),
+    ("spec.roles.rollout.backend", "tgi", "spec.roles.rollout.backend", "unknown backend 'tgi'"),
     ("spec.algorithm.clipHigh", 0.1, "spec.algorithm.clipHigh", ">= clipLow"),
     ("spec.algorithm.clipLow", 1.5, "spec.algorithm.clipLow", "< 1"),
     ("spec.algorithm.topK", 9, "spec.algorithm.topK", "samplesPerPrompt"),

@@ -222,7 +222,7 @@ def _misbehave(mode: str, maddr: str, job: str, tok: str, *args: str) -> int:
     import dataclasses
     import logging
 
-    from decentralized_verl.volunteers.worker import VolunteerOptions, run_volunteer
+    from decentralized_verl.entrypoints.volunteer import VolunteerOptions, run_volunteer
 
     logging.basicConfig(level=logging.INFO)
 
@@ -255,7 +255,7 @@ async def _rogue(maddr: str, job: str) -> int:
     import asyncio
 
     from decentralized_verl.proto import dverl_pb2 as pb
-    from decentralized_verl.volunteers import p2p as wire
+    from decentralized_verl.transport import p2p as wire
     from decentralized_verl.volunteers.announce import Heartbeat, VolunteerRecord
     from decentralized_verl.volunteers.dht import PeerOptions, start_dht
 

@@ -31,9 +31,9 @@ STEPS = 2
 
 def reference_steps(model_dir: Path, data: Path, steps: int, shards: tuple[int, ...]) -> dict:
     """Parameters after `steps` plain SGD steps on the mean gradient of `shards`' batches, in-process."""
+    from decentralized_verl.entrypoints.volunteer_learner import batch_for_step, lm_loss, read_pairs, shard_of
     from decentralized_verl.models.loading import load_model_and_tokenizer
     from decentralized_verl.spec import ModelSpec
-    from decentralized_verl.volunteers.learner import batch_for_step, lm_loss, read_pairs, shard_of
 
     pairs = read_pairs(str(data))
     model, tokenizer = load_model_and_tokenizer(ModelSpec(path=str(model_dir)), padding_side="right")
@@ -124,8 +124,8 @@ def test_two_volunteer_learners_end_the_step_with_the_same_parameters(tmp_path: 
 
 
 def test_learner_shards_are_disjoint_and_cover_the_data() -> None:
+    from decentralized_verl.entrypoints.volunteer_learner import batch_for_step, shard_of
     from decentralized_verl.errors import VolunteerError
-    from decentralized_verl.volunteers.learner import batch_for_step, shard_of
 
     items = list(range(10))
     shards = [shard_of(items, i, 3) for i in range(3)]

@@ -24,7 +24,7 @@ from test_volunteers_quickstart import Shell
 
 
 def sample(prompt_ids, response_ids, *, prompt_text="", text="", ground_truth=""):
-    from decentralized_verl.roles.samples import Prompt, Sample
+    from decentralized_verl.core.samples import Prompt, Sample
 
     return Sample(
         prompt=Prompt("p", 0, tuple(prompt_ids), prompt_text, ground_truth=ground_truth),
@@ -65,14 +65,14 @@ def two_peers():
 async def test_reward_and_reference_volunteers_answer_like_the_trainer_would(
     two_peers, tmp_path: Path
 ) -> None:
+    from decentralized_verl.core.interfaces import WorkerFailure
     from decentralized_verl.models.loading import load_model_and_tokenizer
-    from decentralized_verl.roles.interfaces import WorkerFailure
-    from decentralized_verl.roles.scoring import ReferenceWorker, RewardWorker
+    from decentralized_verl.serving.p2p_endpoints import ReferenceEndpoint, RewardEndpoint
+    from decentralized_verl.serving.scoring import ReferenceWorker, RewardWorker
     from decentralized_verl.spec import ModelSpec
     from decentralized_verl.transport import messages as m
+    from decentralized_verl.transport.clients import P2PReferenceClient, P2PRewardClient
     from decentralized_verl.volunteers.fallback import FallbackReward
-    from decentralized_verl.volunteers.reference_role import P2PReferenceClient, ReferenceEndpoint
-    from decentralized_verl.volunteers.reward_role import P2PRewardClient, RewardEndpoint
     from decentralized_verl.volunteers.rewards import QUICKSTART_REWARD
 
     torch.set_num_threads(1)
@@ -135,16 +135,16 @@ async def test_reward_and_reference_volunteers_answer_like_the_trainer_would(
 
 
 def _local_reward():
-    from decentralized_verl.roles.local import LocalRewardClient
-    from decentralized_verl.roles.scoring import RewardWorker
+    from decentralized_verl.serving.local import LocalRewardClient
+    from decentralized_verl.serving.scoring import RewardWorker
 
     return LocalRewardClient(RewardWorker(None))
 
 
 def test_trainer_picks_only_scoring_peers_it_can_trust_to_match(tmp_path: Path) -> None:
     from decentralized_verl.volunteers.announce import VolunteerRecord
-    from decentralized_verl.volunteers.quickstart import pick_reference_peer, pick_reward_peer
-    from decentralized_verl.volunteers.reward_role import servable_reward
+    from decentralized_verl.volunteers.open_peers import pick_reference_peer, pick_reward_peer
+    from decentralized_verl.volunteers.reward_policy import servable_reward
 
     mine, other = tmp_path / "policy", tmp_path / "other"
     mine.mkdir()
@@ -246,9 +246,9 @@ def test_quick_start_takes_rewards_and_reference_logprobs_from_volunteers(tmp_pa
 def test_token_checked_volunteers_never_serve_rewards(tmp_path: Path) -> None:
     """The RLHFJob flow refuses reward volunteers before touching the network."""
 
+    from decentralized_verl.entrypoints.volunteer import VolunteerOptions, run_volunteer
     from decentralized_verl.errors import VolunteerError
     from decentralized_verl.volunteers.tokens import issue_token
-    from decentralized_verl.volunteers.worker import VolunteerOptions, run_volunteer
 
     token = issue_token(b"s" * 32, "job", 60.0)
     for role in ("reward", "reference"):

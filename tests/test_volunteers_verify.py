@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from decentralized_verl.roles.samples import Prompt, Sample
+from decentralized_verl.core.samples import Prompt, Sample
 from decentralized_verl.volunteers.verify import (
     Verifier,
     choose_for_check,
@@ -79,9 +79,9 @@ def test_recomputed_logprobs_match_the_hf_backend() -> None:
     import torch
 
     from decentralized_verl.backends.base import make_backend
+    from decentralized_verl.core.sampling import SamplingParams
     from decentralized_verl.models.loading import load_model_and_tokenizer
-    from decentralized_verl.roles.interfaces import Sampling
-    from decentralized_verl.roles.rollout import RolloutWorker
+    from decentralized_verl.serving.rollout import RolloutWorker
     from decentralized_verl.spec import ModelSpec
     from decentralized_verl.volunteers.verify import DEFAULT_ATOL, model_logprobs
 
@@ -100,7 +100,7 @@ def test_recomputed_logprobs_match_the_hf_backend() -> None:
     model, tokenizer = load_model_and_tokenizer(spec)
     worker = RolloutWorker(make_backend("hf", model, tokenizer, seed=0), "w")
     items = [(Prompt(f"p{i}", i, tuple(range(3, 3 + 2 + i)), ""), 0) for i in range(4)]
-    samples = list(worker.generate_sync(items, Sampling(max_new_tokens=6, temperature=1.0, seed=7), 0))
+    samples = list(worker.generate_sync(items, SamplingParams(max_new_tokens=6, temperature=1.0, seed=7), 0))
     recomputed = model_logprobs(model, samples, 1.0, tokenizer.pad_token_id)
     for s, values in zip(samples, recomputed, strict=True):
         assert compare_logprobs(s.key, s.logprobs, values, DEFAULT_ATOL["float32"]) is None

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from decentralized_verl.plan import CONFIG_PATH, Plan, PlannedWorker, worker_env
+from decentralized_verl.settings import env_name
 from decentralized_verl.spec import API_GROUP, API_VERSION, KIND, JobSpec, with_defaults
 
 LABEL_JOB = f"{API_GROUP}/job"
@@ -193,7 +194,9 @@ def _secret_env(spec: JobSpec, worker: PlannedWorker) -> list[dict[str, Any]]:
     ref = spec.volunteers.token_secret_ref
     if worker.role != "learner" or not spec.volunteers.enabled or ref is None:
         return []
-    return [{"name": "DVERL_JOIN_SECRET", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
+    return [
+        {"name": env_name("join_secret"), "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+    ]
 
 
 def pod(
@@ -201,7 +204,7 @@ def pod(
 ) -> dict[str, Any]:
     """One worker pod: placement from its node pool, GPUs, the plan's command and environment."""
     env = worker_env(plan, worker, addrs)
-    env["DVERL_CONFIG"] = CONFIG_PATH
+    env[env_name("config")] = CONFIG_PATH
     command = worker.command(CONFIG_PATH)
     checkpoint = spec.training.checkpoint
     mounts = [{"name": "config", "mountPath": CONFIG_PATH.rsplit("/", 1)[0], "readOnly": True}]
@@ -218,7 +221,7 @@ def pod(
                     "persistentVolumeClaim": {"claimName": checkpoint.persistent_volume_claim},
                 }
             )
-            env["DVERL_OUTPUT"] = checkpoint.dir
+            env[env_name("output")] = checkpoint.dir
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": image,

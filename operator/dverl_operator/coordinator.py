@@ -11,34 +11,20 @@ import logging
 
 import grpc
 
+from decentralized_verl.core.status import JobStatus
+from decentralized_verl.errors import WireError
 from decentralized_verl.plan import GRPC_PORT
 from decentralized_verl.proto import dverl_pb2, dverl_pb2_grpc
-from dverl_operator.status import Progress
+from decentralized_verl.transport.wire.status import job_status_from_proto
 
 DEFAULT_TEMPLATE = "{job}-learner-0.{job}-workers.{namespace}.svc:" + str(GRPC_PORT)
 ENV_TEMPLATE = "DVERL_COORDINATOR_ADDRESS_TEMPLATE"
 log = logging.getLogger(__name__)
 
 
-def progress_from_reply(reply: dverl_pb2.JobStatus) -> Progress:
-    """The wire message -> the operator's Progress (unset optionals stay None)."""
-    return Progress(
-        step=int(reply.step),
-        total_steps=int(reply.total_steps),
-        state=reply.state,
-        reward=float(reply.reward_mean) if reply.step else None,
-        kl=float(reply.kl) if reply.step else None,
-        policy_version=int(reply.policy_version),
-        tokens_per_second=float(reply.tokens_per_second) if reply.step else None,
-        last_checkpoint=reply.last_checkpoint or None,
-        eval_accuracy=float(reply.eval_accuracy) if reply.HasField("eval_accuracy") else None,
-        volunteers=int(reply.volunteers),
-        blocked_peers=tuple((p.peer_id, p.reason) for p in reply.blocked_peers),
-    )
-
-
 class CoordinatorClient:
-    """One cached gRPC channel per coordinator address; `progress` never raises for a dead peer."""
+    """One cached gRPC channel per coordinator address; `progress` never raises for a dead peer or a
+    malformed reply (both read as \"no progress now\")."""
 
     def __init__(self, template: str = DEFAULT_TEMPLATE, timeout: float = 2.0) -> None:
         self.template = template
@@ -48,7 +34,7 @@ class CoordinatorClient:
     def address(self, job: str, namespace: str) -> str:
         return self.template.format(job=job, namespace=namespace)
 
-    async def progress(self, job: str, namespace: str) -> Progress | None:
+    async def progress(self, job: str, namespace: str) -> JobStatus | None:
         address = self.address(job, namespace)
         channel = self._channels.get(address)
         if channel is None:
@@ -59,7 +45,11 @@ class CoordinatorClient:
         except grpc.aio.AioRpcError as exc:
             log.debug("coordinator %s unreachable: %s", address, exc.code().name)
             return None
-        return progress_from_reply(reply)
+        try:
+            return job_status_from_proto(reply)
+        except WireError as exc:  # validated like every message: a malformed reply is not progress
+            log.warning("coordinator %s sent a bad Status reply: %s", address, exc)
+            return None
 
     async def forget(self, job: str, namespace: str) -> None:
         channel = self._channels.pop(self.address(job, namespace), None)

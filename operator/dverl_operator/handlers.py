@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 import kopf
 
+from decentralized_verl.core.status import JobStatus
 from decentralized_verl.spec import API_GROUP, API_VERSION, KIND, PLURAL
 from dverl_operator import children as kids
 from dverl_operator import reconcile
@@ -61,7 +62,7 @@ class Runtime:
     max_concurrent: int = 16
     """Passes running at once across all jobs (controller-runtime's MaxConcurrentReconciles)."""
     wakeups: Wakeups = field(default_factory=Wakeups)
-    _progress: dict[tuple[str, str], tuple[float, st.Progress | None]] = field(default_factory=dict)
+    _progress: dict[tuple[str, str], tuple[float, JobStatus | None]] = field(default_factory=dict)
     _spec_seen: dict[tuple[str, str], str] = field(default_factory=dict)
     first_reconciled: dict[tuple[str, str], float] = field(default_factory=dict)
     _slots: asyncio.Semaphore | None = None
@@ -95,7 +96,7 @@ class Runtime:
             gateway=gateway,
         )
 
-    async def _poll(self, namespace: str, name: str, pods: Mapping[str, Any]) -> st.Progress | None:
+    async def _poll(self, namespace: str, name: str, pods: Mapping[str, Any]) -> JobStatus | None:
         """The coordinator's progress, at most every status_interval; only once learner 0 runs."""
         learner0 = pods.get(f"{name}-learner-0")
         if learner0 is None or st.pod_phase(learner0) != "Running":

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from decentralized_verl.core.status import JobStatus
 from dverl_operator.children import LABEL_ROLE
 
 # Condition types the operator writes.
@@ -121,44 +121,29 @@ def workers_column(roles: Mapping[str, Mapping[str, int]]) -> str:
 
 
 # ---------------------------------------------------------------------------------------- progress
-@dataclass(frozen=True)
-class Progress:
-    """What the coordinator's Status RPC reports (see proto Coordinator.Status)."""
-
-    step: int = 0
-    total_steps: int = 0
-    state: str = ""
-    reward: float | None = None
-    kl: float | None = None
-    policy_version: int = 0
-    tokens_per_second: float | None = None
-    last_checkpoint: str | None = None
-    eval_accuracy: float | None = None
-    volunteers: int = 0
-    blocked_peers: tuple[tuple[str, str], ...] = ()
-    """(peer id, reason) in blocking order."""
-
-    def fields(self) -> dict[str, Any]:
-        """The status fields (camelCase) this progress sets."""
-        out: dict[str, Any] = {
-            "step": self.step,
-            "totalSteps": self.total_steps,
-            "policyVersion": self.policy_version,
-            "volunteers": self.volunteers,
-        }
-        for key, value in (
-            ("reward", self.reward),
-            ("kl", self.kl),
-            ("tokensPerSecond", self.tokens_per_second),
-            ("lastCheckpoint", self.last_checkpoint),
-            ("evalAccuracy", self.eval_accuracy),
-        ):
-            if value is not None:
-                out[key] = round(value, 6) if isinstance(value, float) else value
-        return out
+def progress_fields(progress: JobStatus) -> dict[str, Any]:
+    """The `.status` fields (camelCase) the coordinator's reported progress sets; the step's numbers
+    (reward, KL, tokens/s) only once a step has finished."""
+    out: dict[str, Any] = {
+        "step": progress.step,
+        "totalSteps": progress.total_steps,
+        "policyVersion": progress.policy_version,
+        "volunteers": progress.volunteers,
+    }
+    reported = progress.reported
+    for key, value in (
+        ("reward", progress.reward_mean if reported else None),
+        ("kl", progress.kl if reported else None),
+        ("tokensPerSecond", progress.tokens_per_second if reported else None),
+        ("lastCheckpoint", progress.last_checkpoint or None),
+        ("evalAccuracy", progress.eval_accuracy),
+    ):
+        if value is not None:
+            out[key] = round(value, 6) if isinstance(value, float) else value
+    return out
 
 
-def newly_blocked(previous_count: int, progress: Progress) -> list[tuple[str, str]]:
+def newly_blocked(previous_count: int, progress: JobStatus) -> list[tuple[str, str]]:
     """Peers blocked since the count in `.status` was written (the coordinator lists them in order).
 
     `.status.blockedPeers` is a job-lifetime counter: it never goes down, so a learner restart (whose

@@ -14,7 +14,7 @@ _API = {
 
 
 def __getattr__(name: str):
-    """Seed 000's API (`from decentralized_verl import DecentralizedTrainer`), imported on first use so
+    """The Python API (`from decentralized_verl import DecentralizedTrainer`), imported on first use so
     that importing the package stays light for the operator."""
     if name in _API:
         from decentralized_verl import api

@@ -1,4 +1,4 @@
-"""Seed 000's Python API as a thin facade over the runtime: it builds a JobSpec and runs the same
+"""The Python API as a thin facade over the runtime: it builds a JobSpec and runs the same
 Coordinator, trainer and role clients that `dverl run` uses, with every role colocated in this process.
 
     config = DecentralizedConfig(model=ModelConfig(model_name_or_path="/models/x", dtype="bfloat16"))
@@ -30,7 +30,8 @@ class Algorithm(enum.StrEnum):
 
 @dataclass
 class NetworkConfig:
-    """Where the job's DHT is (volunteers); empty initial_peers trains on this machine only."""
+    """Where a job's DHT is. This facade trains in this process only: peers given here are refused with
+    a pointer to the DHT quick start (`dverl-train --initial-peers ...`), never silently ignored."""
 
     initial_peers: list[str] = field(default_factory=list)
     dht_port: int = 31337
@@ -52,7 +53,8 @@ class TrainingConfig:
     actor_lr: float = 1e-6
     critic_lr: float = 1e-5
     train_batch_size: int = 8
-    rollout_batch_size: int = 8
+    rollout_batch_size: int | None = None
+    """Prompts per rollout request (`roles.rollout.batchSize`); None: the training batch."""
     max_grad_norm: float = 1.0
     samples_per_prompt: int = 4
     max_new_tokens: int = 64
@@ -80,6 +82,11 @@ class DecentralizedConfig:
     def job_spec(self, train_file: str, steps: int) -> Any:
         """The RLHFJob spec this configuration means (validated like any manifest)."""
         t, a = self.training, self.algorithm
+        if self.network.initial_peers:
+            raise ValueError(
+                "network.initial_peers: DecentralizedTrainer trains in this process; to train with workers "
+                "found through a DHT run `dverl-train --initial-peers MADDR --prompts-file FILE`"
+            )
         algorithm = Algorithm(t.algorithm).value
         spec: dict[str, Any] = {
             "model": {"path": self.model.model_name_or_path or "in-memory", "dtype": self.model.dtype},
@@ -98,7 +105,7 @@ class DecentralizedConfig:
                 "temperature": t.temperature,
             },
             "roles": {
-                "rollout": {"replicas": 0, "batchSize": t.train_batch_size},
+                "rollout": {"replicas": 0, "batchSize": t.rollout_batch_size or t.train_batch_size},
                 "learner": {"replicas": 1},
             },
             "training": {
@@ -163,13 +170,9 @@ class DecentralizedTrainer:
         self, prompts: Sequence[str] | Sequence[dict[str, str]], num_epochs: int = 1
     ) -> list[dict[str, Any]]:
         """`prompts`: strings, or dicts with `prompt` and optional `answer` for verifiable rewards."""
-        from decentralized_verl.data import PromptSampler
-        from decentralized_verl.roles.coordinator import Coordinator, LoopParts
-        from decentralized_verl.roles.dispatch import Dispatcher
-        from decentralized_verl.roles.progress import MetricsLog
-        from decentralized_verl.roles.prompts import prepare_prompts
-        from decentralized_verl.roles.trainer import PolicyTrainer
-        from decentralized_verl.roles.wiring import connect_roles
+        from decentralized_verl.orchestration.assemble import build_loop
+        from decentralized_verl.orchestration.wiring import connect_roles
+        from decentralized_verl.training.trainer import PolicyTrainer
 
         self.output_dir.mkdir(parents=True, exist_ok=True)
         train_file = self.output_dir / "prompts.jsonl"
@@ -189,27 +192,20 @@ class DecentralizedTrainer:
             temperature=trainer.settings.temperature,
             publisher=None,
             addresses=lambda role: [],
+            pools=lambda role: [],
             reward_override=_CallableReward(self.reward_fn) if self.reward_fn else None,
         )
-        prepared = prepare_prompts(spec, self.tokenizer, str(train_file), None)
-        metrics = MetricsLog(self.output_dir / "metrics.jsonl")
-        parts = LoopParts(
-            spec=spec,
-            trainer=trainer,
-            dispatcher=Dispatcher(roles.rollout),
-            reward=roles.reward,
-            reference=roles.reference,
-            critic=roles.critic,
-            prompts=prepared,
-            eval_prompts=[],
-            sampler=PromptSampler(len(prepared), batch, seed=spec.training.seed, drop_last=True),
-            pad_token_id=self.tokenizer.pad_token_id,
-            publish=roles.publish,
-            metrics=metrics,
+        loop = await build_loop(
+            spec,
+            trainer,
+            self.tokenizer,
+            roles,
+            job="api",
+            output=self.output_dir,
             on_step=self.history.append,
         )
         try:
-            await Coordinator(parts).run()
+            await loop.run()
         finally:
-            metrics.close()
+            await loop.close()
         return self.history

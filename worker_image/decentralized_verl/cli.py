@@ -9,10 +9,11 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
+from decentralized_verl.entrypoints.worker import ROLES
 from decentralized_verl.errors import DverlError, ManifestError
 
 Command = Callable[[argparse.Namespace], int]
-COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Command, str]] = {}
+COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], str]] = {}
 
 
 def command(name: str, help_text: str):
@@ -22,7 +23,7 @@ def command(name: str, help_text: str):
         def setup(parser: argparse.ArgumentParser) -> None:
             parser.set_defaults(_run=add_arguments(parser))
 
-        COMMANDS[name] = (setup, None, help_text)  # type: ignore[assignment]
+        COMMANDS[name] = (setup, help_text)
         return add_arguments
 
     return register
@@ -100,12 +101,10 @@ def _run(parser: argparse.ArgumentParser) -> Command:
 # -------------------------------------------------------------------------------------------- worker
 @command("worker", "serve one role of a job (what pods, `dverl run` and volunteers start)")
 def _worker(parser: argparse.ArgumentParser) -> Command:
-    parser.add_argument(
-        "--role", required=True, choices=["rollout", "learner", "critic", "reward", "reference", "actor"]
-    )
+    parser.add_argument("--role", required=True, choices=ROLES)
     parser.add_argument("--index", type=int, default=0)
     parser.add_argument("--config", default=None, help="the job manifest (the ConfigMap's job.yaml in a pod)")
-    # Volunteers (issue 7): no --config; join a running job through its DHT instead.
+    # Volunteers: no --config; join a running job through its DHT instead.
     parser.add_argument(
         "--initial-peers",
         nargs="+",
@@ -129,7 +128,7 @@ def _worker(parser: argparse.ArgumentParser) -> Command:
         help="volunteer behind NAT: be reachable through public relays",
     )
     parser.add_argument("--job", default=None, help="job name (informational; the config names the job)")
-    # Volunteer learners (issue 7): gradient averaging with hivemind.Optimizer.
+    # Volunteer learners: exact gradient averaging with hivemind's GradientAverager.
     learner = parser.add_argument_group("volunteer learner (--role learner --initial-peers ...)")
     learner.add_argument(
         "--data", default=None, help="jsonl/json of {prompt, completion} (or {text}) records"
@@ -146,77 +145,24 @@ def _worker(parser: argparse.ArgumentParser) -> Command:
     parser.add_argument("--resume", action="store_true", help="learner: continue from the newest checkpoint")
 
     def run(args: argparse.Namespace) -> int:
-        if args.initial_peers and args.role == "learner":  # issue 7: a volunteer learner (hivemind)
-            from decentralized_verl.volunteers.learner import LearnerOptions, main_learner
+        from dataclasses import fields
 
-            if not args.model or not args.data:
-                parser.error("a volunteer learner needs --model PATH and --data FILE")
-            return main_learner(
-                LearnerOptions(
-                    initial_peers=tuple(args.initial_peers),
-                    model=args.model,
-                    data=args.data,
-                    job=args.job or "quickstart",
-                    peers=args.peers,
-                    steps=args.steps,
-                    shard=args.shard,
-                    num_shards=args.num_shards,
-                    batch_size=args.batch_size,
-                    learning_rate=args.learning_rate,
-                    digest_out=args.digest_out,
-                    port=args.port if args.port != 50051 else 0,
-                    host_maddrs=tuple(args.host_maddrs or ()),
-                    announce_maddrs=tuple(args.announce_maddrs or ()),
-                    client_mode=args.client_mode,
-                )
-            )
-        if args.initial_peers and not args.token:  # issue 7: seed 000's open quick-start worker
-            from decentralized_verl.volunteers.open_worker import OpenWorkerOptions, main_open_worker
+        from decentralized_verl.entrypoints.worker import (
+            WorkerArgs,
+            WorkerUsageError,
+            main_worker,
+            worker_kind,
+        )
 
-            if not args.model:
-                parser.error(
-                    "a volunteer needs --job NAME --token TOKEN (a token-checked job) "
-                    "or --model PATH (the open quick-start job, trusted networks only)"
-                )
-            return main_open_worker(
-                OpenWorkerOptions(
-                    initial_peers=tuple(args.initial_peers),
-                    model=args.model,
-                    role=args.role,
-                    job=args.job or "quickstart",
-                    port=args.port if args.port != 50051 else 0,
-                    host_maddrs=tuple(args.host_maddrs or ()),
-                    announce_maddrs=tuple(args.announce_maddrs or ()),
-                    client_mode=args.client_mode,
-                    use_relay=not args.no_relay,
-                    use_auto_relay=args.use_auto_relay,
-                )
-            )
-        if args.initial_peers:  # issue 7: a volunteer outside the cluster
-            from decentralized_verl.volunteers.worker import VolunteerOptions, main_volunteer
-
-            if not args.token or not args.job:
-                parser.error("a volunteer needs --job NAME and --token TOKEN (from `dverl token`)")
-            return main_volunteer(
-                VolunteerOptions(
-                    initial_peers=tuple(args.initial_peers),
-                    job=args.job,
-                    token=args.token,
-                    role=args.role,
-                    model=args.model,
-                    port=args.port if args.port != 50051 else 0,
-                    host_maddrs=tuple(args.host_maddrs or ()),
-                    announce_maddrs=tuple(args.announce_maddrs or ()),
-                    client_mode=args.client_mode,
-                    use_relay=not args.no_relay,
-                    use_auto_relay=args.use_auto_relay,
-                )
-            )
-        if args.config is None:
-            parser.error("--config is required (or --initial-peers ... to join as a volunteer)")
-        from decentralized_verl.roles.worker import main_worker
-
-        return main_worker(args.config, args.role, args.index, args.port, args.output, args.resume, args.job)
+        given = {f.name: getattr(args, f.name) for f in fields(WorkerArgs)}
+        for name in ("initial_peers", "host_maddrs", "announce_maddrs"):
+            given[name] = tuple(given[name] or ())
+        worker = WorkerArgs(**given)
+        try:
+            worker_kind(worker)
+        except WorkerUsageError as exc:
+            parser.error(str(exc))
+        return main_worker(worker)
 
     return run
 
@@ -279,11 +225,11 @@ def _token(parser: argparse.ArgumentParser) -> Command:
 
 
 # --------------------------------------------------------------------------------------------- train
-@command("train", "run the SFT, reward-model and RL stages on one machine, or seed 000's DHT quick start")
+@command("train", "run the SFT, reward-model and RL stages on one machine, or the DHT quick start")
 def _train(parser: argparse.ArgumentParser) -> Command:
     parser.add_argument("--stage", default=None, choices=["sft", "reward", "rlhf", "all"])
     parser.add_argument("--config", default=None, metavar="FILE.yaml")
-    # Seed 000's quick start (issue 7): train with the actor/critic workers found through the DHT.
+    # The DHT quick start: train with the open actor/critic workers found through the DHT.
     quick = parser.add_argument_group("quick start over the DHT (--initial-peers ...)")
     quick.add_argument("--initial-peers", nargs="+", default=None, metavar="MADDR")
     quick.add_argument(
@@ -318,7 +264,7 @@ def _train(parser: argparse.ArgumentParser) -> Command:
 
     def run(args: argparse.Namespace) -> int:
         if args.initial_peers:
-            from decentralized_verl.volunteers.quickstart import QuickstartOptions, main_quickstart
+            from decentralized_verl.entrypoints.quickstart import QuickstartOptions, main_quickstart
             from decentralized_verl.volunteers.rewards import QUICKSTART_REWARD
 
             if not args.prompts_file:
@@ -396,7 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser.add_argument("--version", action="version", version=f"dverl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, (setup, _, help_text) in COMMANDS.items():
+    for name, (setup, help_text) in COMMANDS.items():
         setup(sub.add_parser(name, help=help_text, description=help_text))
     return parser
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from collections.abc import Callable
 
 
 async def until_stopped(stop: asyncio.Event | None = None) -> None:
@@ -15,3 +16,23 @@ async def until_stopped(stop: asyncio.Event | None = None) -> None:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+
+
+def say(line: str) -> None:
+    """Print a line a person or a test waits for (volunteers print their ready and served lines)."""
+    print(line, flush=True)
+
+
+async def serve_until_stopped(
+    ready: str,
+    *,
+    served: Callable[[], str] | None = None,
+    stop: asyncio.Event | None = None,
+    announce: Callable[[str], None] = say,
+) -> int:
+    """How every serving process ends: say it is ready, serve until stopped, say what it served."""
+    announce(ready)
+    await until_stopped(stop)
+    if served is not None:
+        announce(served())
+    return 0

@@ -10,15 +10,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from decentralized_verl.settings import SERVICE_ROLES, env_name
 from decentralized_verl.spec import JobSpec, NodePool, RoleSpec
 
 GRPC_PORT = 50051
 DIST_PORT = 29500
 CONFIG_PATH = "/etc/dverl/job.yaml"
 """Where the operator mounts the ConfigMap with the rendered spec; `dverl run` passes its own path."""
-
-SERVICE_ROLES = ("rollout", "reward", "reference", "critic")
-"""Roles served over gRPC to the coordinator; the learner itself serves Status and Weights."""
 
 
 @dataclass(frozen=True)
@@ -136,17 +134,17 @@ def worker_env(plan: Plan, worker: PlannedWorker, addresses: Mapping[str, str]) 
     DVERL_POOLS so the coordinator can start from a prior before it has measured throughput.
     """
     env = {
-        "DVERL_JOB": plan.job,
-        "DVERL_ROLE": worker.role,
-        "DVERL_INDEX": str(worker.index),
-        "DVERL_WORKER_NAME": worker.name,
+        env_name("job"): plan.job,
+        env_name("role"): worker.role,
+        env_name("index"): str(worker.index),
+        env_name("worker_name"): worker.name,
     }
     if worker.pool:
-        env["DVERL_POOL"] = worker.pool
+        env[env_name("pool")] = worker.pool
     learners = plan.by_role("learner")
     if worker.role != "learner":
         if learners:  # where rollout workers pull new weights from (the coordinator's Weights service)
-            env["DVERL_LEARNER_ADDR"] = addresses[learners[0].name]
+            env[env_name("learner_addr")] = addresses[learners[0].name]
         return env
     master = addresses[learners[0].name]
     master_host = master.rsplit(":", 1)[0]
@@ -162,9 +160,9 @@ def worker_env(plan: Plan, worker: PlannedWorker, addresses: Mapping[str, str]) 
     for role in SERVICE_ROLES:
         peers = plan.by_role(role)
         if peers:
-            env[f"DVERL_{role.upper()}_ADDRS"] = ",".join(addresses[p.name] for p in peers)
-            env[f"DVERL_{role.upper()}_POOLS"] = ",".join(p.gpu_type or p.pool or "" for p in peers)
+            env[env_name(f"{role}_addrs")] = ",".join(addresses[p.name] for p in peers)
+            env[env_name(f"{role}_pools")] = ",".join(p.gpu_type or p.pool or "" for p in peers)
     dht = plan.by_role("dht")
     if dht:
-        env["DVERL_DHT_ADDR"] = addresses[dht[0].name]
+        env[env_name("dht_addr")] = addresses[dht[0].name]
     return env

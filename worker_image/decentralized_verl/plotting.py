@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from decentralized_verl.errors import DataError
-from decentralized_verl.roles.progress import read_metrics
+from decentralized_verl.metrics import read_metrics
 
 PANELS = (
     ("reward_mean", "reward (mean per step)"),

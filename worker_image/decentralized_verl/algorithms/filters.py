@@ -1,4 +1,4 @@
-"""Batch filters and reward shaping from DAPO and seed 002: which samples train, and how much.
+"""Batch filters and reward shaping from DAPO and best-of-n selection: which samples train, and how much.
 
 Each returns a [B] keep-mask (bool) or a [B] reward adjustment; none looks at token contents.
 """
@@ -83,7 +83,7 @@ def mask_truncated(mask: Tensor, truncated: Tensor) -> Tensor:
 
 
 def top_k_keep_mask(scores: Tensor, group_index: Tensor, k: int) -> Tensor:
-    """Seed 002's top-k: within each prompt group keep the k best-scoring candidates.
+    """Top-k: within each prompt group keep the k best-scoring candidates.
 
     When many completions are sampled per prompt, training on the best few is cheaper and
     sharper. Ties go to the earlier sample (a stable order); a group with <= k samples is kept whole.

@@ -1,4 +1,5 @@
-"""PPO clipped surrogate (with DAPO clip-higher and dual-clip) and the ways to aggregate it.
+"""Policy losses (registered by name; today PPO's clipped surrogate with DAPO clip-higher and dual-clip)
+and the ways to aggregate them.
 
 Aggregations decide how much each token weighs. `token_mean` (DAPO) weighs every token alike, so
 long answers are not diluted; `seq_mean_token_mean` (original GRPO) weighs every sample alike;
@@ -12,9 +13,16 @@ import torch
 from torch import Tensor
 
 from decentralized_verl.algorithms.masking import as_bool_mask, check_same_shape, masked_mean, zero_masked
-from decentralized_verl.algorithms.registry import POLICY_LOSS_AGGREGATIONS, lookup, loss_aggregation
+from decentralized_verl.algorithms.registry import (
+    POLICY_LOSS_AGGREGATIONS,
+    POLICY_LOSSES,
+    lookup,
+    loss_aggregation,
+    policy_loss,
+)
 
 __all__ = [
+    "POLICY_LOSSES",
     "POLICY_LOSS_AGGREGATIONS",
     "aggregate",
     "ppo_policy_loss",
@@ -53,6 +61,7 @@ def aggregate(loss: Tensor, mask: Tensor, mode: str = "token_mean") -> Tensor:
     return fn(loss, as_bool_mask(mask, like=loss))
 
 
+@policy_loss("ppo_clip")
 def ppo_policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -74,8 +83,8 @@ def ppo_policy_loss(
     so a huge ratio on a bad token cannot blow up the update.
 
     `skip_threshold`: a sample whose *mean* ratio over its valid tokens exceeds the threshold is
-    left out of the loss entirely (seed 004: "if ratio is above this threshold, the sample is
-    skipped"); mean rather than max so one noisy token does not discard a whole answer.
+    left out of the loss entirely (a guard against samples the policy has drifted far from); mean
+    rather than max so one noisy token does not discard a whole answer.
 
     Metrics (python floats, over valid unskipped tokens unless said): `clip_frac` (the clipped
     branch is active), `dual_clip_frac`, `approx_kl` (mean of old - new log-prob), `ratio_mean`,

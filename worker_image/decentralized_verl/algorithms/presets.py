@@ -1,7 +1,8 @@
 """Algorithm presets: what each name in `spec.algorithm.name` means, without importing torch.
 
 The spec validates names against this table and the trainer reads its defaults from it, so an
-algorithm is one entry here plus (if new) one registered estimator in `advantages.py`.
+algorithm is one entry here plus (if new) one registered estimator in `advantages.py` or policy loss in
+`policy_loss.py` (their names are declared in `registry.py`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ class AlgorithmPreset:
     min_samples_per_prompt: int = 1
     clip_low: float = 0.2
     clip_high: float = 0.2
+    policy_loss: str = "ppo_clip"
     loss_aggregation: str = "token_mean"
     norm_adv_by_std: bool = True
     dynamic_filter: bool = False
@@ -43,15 +45,3 @@ PRESETS: dict[str, AlgorithmPreset] = {
         advantage_estimator="reinforce_plus_plus_baseline", min_samples_per_prompt=2
     ),
 }
-
-ADVANTAGE_ESTIMATOR_NAMES: tuple[str, ...] = (
-    "gae",
-    "grpo",
-    "rloo",
-    "reinforce_plus_plus",
-    "reinforce_plus_plus_baseline",
-)
-"""Names the torch registry in `advantages.py` must provide (a test checks they agree)."""
-
-LOSS_AGGREGATIONS: tuple[str, ...] = ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean")
-KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3")

@@ -1,8 +1,10 @@
-"""Name -> function tables for the choices a job spec makes by name (estimator, aggregation, KL).
+"""Name -> function tables for the choices a job spec makes by name: advantage estimator, policy loss,
+loss aggregation, KL estimator.
 
-This module is torch-free on purpose: the spec and the operator may import it to read the names.
-The tables fill up when the torch modules that hold the functions are imported; `load()` does
-that in one call, so a trainer writes::
+Each table's names are declared here, torch-free, so the spec (and through it the CRD's `enum` lists and
+the operator) reads the names from the registry itself; registering a function under a name that is not
+declared is an error, and a test checks every declared name has a function. The tables fill up when the
+torch modules that hold the functions are imported; `load()` does that in one call, so a trainer writes::
 
     from decentralized_verl.algorithms import registry
     registry.load()
@@ -40,7 +42,28 @@ AggregationFn = Callable[["Tensor", "Tensor"], "Tensor"]
 KlFn = Callable[["Tensor", "Tensor"], "Tensor"]
 """`fn(logprobs [B, T], ref_logprobs [B, T]) -> per-token KL [B, T]` (masking is the caller's)."""
 
+
+class PolicyLossFn(Protocol):
+    """`fn(logprobs, old_logprobs, advantages, mask, **settings) -> (scalar loss, metrics)`; [B, T] inputs."""
+
+    def __call__(
+        self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, **settings: Any
+    ) -> tuple[Tensor, dict[str, float]]: ...
+
+
+ADVANTAGE_ESTIMATOR_NAMES: tuple[str, ...] = (
+    "gae",
+    "grpo",
+    "rloo",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
+)
+POLICY_LOSS_NAMES: tuple[str, ...] = ("ppo_clip",)
+LOSS_AGGREGATION_NAMES: tuple[str, ...] = ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean")
+KL_ESTIMATOR_NAMES: tuple[str, ...] = ("k1", "k2", "k3")
+
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {}
+POLICY_LOSSES: dict[str, PolicyLossFn] = {}
 POLICY_LOSS_AGGREGATIONS: dict[str, AggregationFn] = {}
 KL_ESTIMATORS: dict[str, KlFn] = {}
 
@@ -65,12 +88,18 @@ def known_estimator_hparams() -> frozenset[str]:
     return frozenset().union(*_ESTIMATOR_HPARAMS.values()) if _ESTIMATOR_HPARAMS else frozenset()
 
 
+def _check_new(table: dict[str, Any], declared: tuple[str, ...], kind: str, name: str) -> None:
+    if name not in declared:
+        raise ValueError(f"{kind} {name!r} is not declared in registry ({', '.join(declared)})")
+    if name in table:
+        raise ValueError(f"{kind} {name!r} is registered twice")
+
+
 def advantage_estimator(name: str) -> Callable[[Callable[..., Any]], AdvantageFn]:
     """Register `fn(inputs, *, hparam=default, ...)` under `name` for the spec to choose."""
 
     def register(fn: Callable[..., Any]) -> AdvantageFn:
-        if name in ADVANTAGE_ESTIMATORS:
-            raise ValueError(f"advantage estimator {name!r} is registered twice")
+        _check_new(ADVANTAGE_ESTIMATORS, ADVANTAGE_ESTIMATOR_NAMES, "advantage estimator", name)
         params = inspect.signature(fn).parameters
         accepted = frozenset(p.name for p in params.values() if p.kind is inspect.Parameter.KEYWORD_ONLY)
 
@@ -91,12 +120,22 @@ def advantage_estimator(name: str) -> Callable[[Callable[..., Any]], AdvantageFn
     return register
 
 
+def policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
+    """Register a policy-gradient objective the trainer looks up by `algorithm.policyLoss`."""
+
+    def register(fn: PolicyLossFn) -> PolicyLossFn:
+        _check_new(POLICY_LOSSES, POLICY_LOSS_NAMES, "policy loss", name)
+        POLICY_LOSSES[name] = fn
+        return fn
+
+    return register
+
+
 def loss_aggregation(name: str) -> Callable[[AggregationFn], AggregationFn]:
     """Register a way of reducing a per-token loss matrix to one scalar."""
 
     def register(fn: AggregationFn) -> AggregationFn:
-        if name in POLICY_LOSS_AGGREGATIONS:
-            raise ValueError(f"loss aggregation {name!r} is registered twice")
+        _check_new(POLICY_LOSS_AGGREGATIONS, LOSS_AGGREGATION_NAMES, "loss aggregation", name)
         POLICY_LOSS_AGGREGATIONS[name] = fn
         return fn
 
@@ -107,8 +146,7 @@ def kl_estimator(name: str) -> Callable[[KlFn], KlFn]:
     """Register a per-token estimator of KL(policy || reference) from sampled-token log-probs."""
 
     def register(fn: KlFn) -> KlFn:
-        if name in KL_ESTIMATORS:
-            raise ValueError(f"KL estimator {name!r} is registered twice")
+        _check_new(KL_ESTIMATORS, KL_ESTIMATOR_NAMES, "KL estimator", name)
         KL_ESTIMATORS[name] = fn
         return fn
 

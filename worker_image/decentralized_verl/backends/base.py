@@ -8,10 +8,11 @@ engine. Engines are registered as lazy ``module:attribute`` paths and imported o
 from __future__ import annotations
 
 import importlib
-import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+from decentralized_verl.core.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -20,52 +21,12 @@ FinishReason = Literal["stop", "length"]
 
 
 @dataclass(frozen=True)
-class SamplingParams:
-    """How to sample one prompt's responses.
-
-    ``temperature == 0`` means greedy decoding. ``top_k == 0`` and ``top_p == 1`` disable those
-    filters. ``stop`` strings end a response when they appear in its decoded text (the end-of-sequence
-    token always ends it too). ``n`` responses are drawn per prompt. With a ``seed`` a response depends
-    only on (seed, sample index, weights), not on which other requests share its batch.
-    """
-
-    max_new_tokens: int = 64
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    stop: tuple[str, ...] = ()
-    n: int = 1
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        def bad(field: str, rule: str, value: object) -> ValueError:
-            return ValueError(f"SamplingParams.{field}: {rule} (got {value!r})")
-
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise bad("max_new_tokens", "must be an integer >= 1", self.max_new_tokens)
-        if not (isinstance(self.temperature, int | float) and math.isfinite(self.temperature)):
-            raise bad("temperature", "must be a finite number", self.temperature)
-        if self.temperature < 0:
-            raise bad("temperature", "must be >= 0 (0 means greedy)", self.temperature)
-        if not (isinstance(self.top_p, int | float) and 0 < self.top_p <= 1):
-            raise bad("top_p", "must be in (0, 1]", self.top_p)
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise bad("top_k", "must be an integer >= 0 (0 disables it)", self.top_k)
-        if not isinstance(self.stop, tuple) or not all(isinstance(s, str) and s for s in self.stop):
-            raise bad("stop", "must be a tuple of non-empty strings", self.stop)
-        if not isinstance(self.n, int) or self.n < 1:
-            raise bad("n", "must be an integer >= 1", self.n)
-        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
-            raise bad("seed", "must be None or an integer >= 0", self.seed)
-
-
-@dataclass(frozen=True)
 class GenerationRequest:
     """One prompt, already tokenized (chat templates are applied by the caller), and how to sample it."""
 
     prompt_id: str
     prompt_token_ids: tuple[int, ...]
-    params: SamplingParams = SamplingParams()
+    params: SamplingParams = field(default_factory=SamplingParams)
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

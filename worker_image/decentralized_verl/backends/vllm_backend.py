@@ -27,7 +27,6 @@ import shutil
 import tempfile
 import threading
 import time
-import uuid
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -39,71 +38,10 @@ from torch import Tensor
 from decentralized_verl.backends.base import GenerationOutput, GenerationRequest, SamplingParams
 from decentralized_verl.backends.hf import plan_weight_copy
 from decentralized_verl.backends.vllm_extension import QUALNAME
+from decentralized_verl.backends.vllm_weights import export_state_dict, write_weights_file
 from decentralized_verl.errors import ModelError
 
 _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-
-
-# ------------------------------------------------------------------------------ weight export (pure)
-
-
-def export_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
-    """The weights an inference engine loads for ``model``, under the plain transformers names.
-
-    A peft LoRA model is exported with every adapter merged into its base weight (``W + B A * s``) and
-    the peft name segments removed, so the engine needs no LoRA support. Tensors that alias one
-    another (a tied ``lm_head``) appear once, under their first name, because safetensors refuses
-    shared storage and the engine re-ties them itself. Tensors are detached and contiguous.
-    """
-    from decentralized_verl.models.lora import is_lora
-
-    state = _merged_lora_state_dict(model) if is_lora(model) else model.state_dict()
-    out: dict[str, Tensor] = {}
-    seen: set[tuple[int, int, tuple[int, ...]]] = set()
-    for name, tensor in state.items():
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
-        if key in seen:
-            continue
-        seen.add(key)
-        out[name] = tensor.detach().contiguous()
-    return out
-
-
-def _merged_lora_state_dict(model: Any) -> dict[str, Tensor]:
-    from peft.tuners.lora import LoraLayer
-
-    base = model.get_base_model()
-    deltas: dict[str, Tensor] = {}
-    for module_name, module in base.named_modules():
-        if isinstance(module, LoraLayer) and not module.merged:
-            adapters = [a for a in module.active_adapters if a in module.lora_A]
-            if adapters:
-                delta = sum(module.get_delta_weight(a) for a in adapters)
-                deltas[f"{module_name}.base_layer.weight"] = delta
-    merged: dict[str, Tensor] = {}
-    for name, tensor in base.state_dict().items():
-        parts = name.split(".")
-        if any(p.startswith("lora_") for p in parts):
-            continue
-        if "modules_to_save" in parts or "original_module" in parts:
-            raise ModelError(
-                f"spec.model.lora: {name!r}: LoRA modules_to_save are not supported by the vllm backend"
-            )
-        if name in deltas:
-            tensor = (tensor.float() + deltas[name].float()).to(tensor.dtype)
-        merged[".".join(p for p in parts if p != "base_layer")] = tensor
-    return merged
-
-
-def write_weights_file(tensors: Mapping[str, Tensor], folder: str | os.PathLike[str] | None = None) -> Path:
-    """Write ``tensors`` to a fresh safetensors file in RAM (``/dev/shm`` when present) and return it."""
-    from safetensors.torch import save_file
-
-    if folder is None:
-        folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-    path = Path(folder) / f"dverl-weights-{os.getpid()}-{uuid.uuid4().hex}.safetensors"
-    save_file(dict(tensors), str(path))
-    return path
 
 
 def to_vllm_params(params: SamplingParams, eos_token_ids: Iterable[int]) -> Any:
@@ -208,7 +146,7 @@ class VLLMBackend:
             "tokenizer": str(self.model_dir),
             "dtype": _DTYPES[dtype],
             "seed": seed,
-            "enforce_eager": enforce_eager if enforce_eager is not None else _env_flag("DVERL_VLLM_EAGER"),
+            "enforce_eager": enforce_eager if enforce_eager is not None else _eager_from_env(),
             "max_model_len": self.max_model_len,
             "worker_extension_cls": QUALNAME,
             "logprobs_mode": "processed_logprobs",
@@ -390,10 +328,6 @@ def _cpu_memory_settings() -> dict[str, Any]:
     return {"gpu_memory_utilization": round(min(0.9, max(0.05, 0.8 * available / total)), 3)}
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-
-
 def _check_version(version: int) -> None:
     if not isinstance(version, int) or version < 0:
         raise ValueError(f"version: must be an integer >= 0 (got {version!r})")
@@ -427,3 +361,9 @@ def _write_model_dir(model: Any, tokenizer: Any, folder: Path) -> None:
     tokenizer.save_pretrained(folder)
     with torch.no_grad():
         save_file(export_state_dict(model), str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+def _eager_from_env() -> bool:
+    from decentralized_verl.settings import WorkerSettings
+
+    return WorkerSettings.from_env().vllm_eager

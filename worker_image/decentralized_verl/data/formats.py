@@ -1,11 +1,11 @@
 """Record layouts: which one a dict is, and how it becomes a normalised record.
 
 Layouts (the names `kind` arguments accept):
-  math        seed 004: {"messages": {role, content} | [{role, content}, ...], "gt_answer": "3"}
-  code        seed 004: {"messages": ..., "test_cases": {"inputs": [str], "outputs": [str]}}
-  sft         seed 001: {"prompt": str, "completion": str}
-  preference  seed 001: {"prompt": str, "chosen": str, "rejected": str}
-  prompt      seed 001: {"prompt": str} with an optional "answer" or "ground_truth"
+  math        {"messages": {role, content} | [{role, content}, ...], "gt_answer": "3"}
+  code        {"messages": ..., "test_cases": {"inputs": [str], "outputs": [str]}}
+  sft         {"prompt": str, "completion": str}
+  preference  {"prompt": str, "chosen": str, "rejected": str}
+  prompt      {"prompt": str} with an optional "answer" or "ground_truth"
   verl        veRL parquet: {"prompt": [{role, content}, ...], "reward_model": {"ground_truth", "style"},
               "data_source": str, "extra_info": {...}?}
 Every check names the field path (`messages[1].content`, `test_cases.outputs[2]`); keys a layout
@@ -107,7 +107,7 @@ def _message(value: Any, where: Where, path: str) -> ChatMessage:
 
 
 def _messages(value: Any, where: Where, path: str, *, allow_single: bool) -> tuple[ChatMessage, ...]:
-    """A chat: a list of messages (or, in seed 004's layout, one message object) ending with the user."""
+    """A chat: a list of messages (or, in the math layout, one message object) ending with the user."""
     if allow_single and isinstance(value, dict):
         messages: tuple[ChatMessage, ...] = (_message(value, where, path),)
     elif isinstance(value, list):

@@ -59,7 +59,7 @@ class PromptRecord:
 
 @dataclass(frozen=True)
 class SFTRecord:
-    """A supervised pair (seed 001): the completion is learned, the prompt only conditions."""
+    """A supervised pair: the completion is learned, the prompt only conditions."""
 
     id: str
     prompt: str
@@ -68,7 +68,7 @@ class SFTRecord:
 
 @dataclass(frozen=True)
 class PreferenceRecord:
-    """A preference pair (seed 001) for Bradley-Terry reward-model training."""
+    """A preference pair for Bradley-Terry reward-model training."""
 
     id: str
     prompt: str

@@ -17,7 +17,8 @@ from typing import Any
 
 import yaml
 
-from decentralized_verl.errors import DverlError
+from decentralized_verl.core.status import JobStatus
+from decentralized_verl.errors import DverlError, WireError
 from decentralized_verl.launch.local import LocalCluster
 from decentralized_verl.manifest import load_job
 from decentralized_verl.plan import plan_job
@@ -68,24 +69,23 @@ def write_config(job, manifest: Path, output: Path) -> Path:
     return path
 
 
-def _status(address: str) -> dict[str, Any] | None:
+def coordinator_status(address: str) -> JobStatus | None:
+    """The learner's progress from its Status RPC, validated like every message; None while it cannot
+    answer (starting, restarting) or when its reply is malformed."""
     import grpc
 
     from decentralized_verl.proto import dverl_pb2, dverl_pb2_grpc
+    from decentralized_verl.transport.wire.status import job_status_from_proto
 
     try:
         with grpc.insecure_channel(address) as channel:
             reply = dverl_pb2_grpc.CoordinatorStub(channel).Status(dverl_pb2.StatusRequest(), timeout=2)
+        return job_status_from_proto(reply)
     except grpc.RpcError:
         return None
-    return {
-        "step": reply.step,
-        "total": reply.total_steps,
-        "phase": reply.phase,
-        "reward": reply.reward_mean,
-        "kl": reply.kl,
-        "tok_s": reply.tokens_per_second,
-    }
+    except WireError as exc:
+        log.warning("bad Status reply from %s: %s", address, exc)
+        return None
 
 
 def run_job(
@@ -136,16 +136,16 @@ def run_job(
             if timeout is not None and time.monotonic() - started > timeout:
                 raise RunFailed(f"run exceeded {timeout:.0f} s; see {output / 'logs'}")
             if bar is not None:
-                status = _status(learner.address)
+                status = coordinator_status(learner.address)
                 if status is not None:
-                    if status["total"] and bar.total != status["total"]:
-                        bar.total = status["total"]
-                    bar.n = status["step"]
+                    if status.total_steps and bar.total != status.total_steps:
+                        bar.total = status.total_steps
+                    bar.n = status.step
                     bar.set_postfix(
-                        phase=status["phase"],
-                        reward=f"{status['reward']:.3f}",
-                        kl=f"{status['kl']:.4f}",
-                        tok_s=f"{status['tok_s']:.0f}",
+                        phase=status.phase,
+                        reward=f"{status.reward_mean:.3f}",
+                        kl=f"{status.kl:.4f}",
+                        tok_s=f"{status.tokens_per_second:.0f}",
                         refresh=False,
                     )
                     bar.refresh()

@@ -45,8 +45,10 @@ def torch_dtype(name: str, *, field: str = "spec.model.dtype") -> torch.dtype:
 
 def cache_root() -> Path:
     """Where converted models live: $DVERL_CACHE_DIR, else ~/.cache/dverl/models."""
-    env = os.environ.get("DVERL_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "dverl" / "models"
+    from decentralized_verl.settings import WorkerSettings
+
+    configured = WorkerSettings.from_env().cache_dir
+    return Path(configured) if configured else Path.home() / ".cache" / "dverl" / "models"
 
 
 def _pick_gguf(candidates: list[Path], gguf_file: str | None, where: str, field: str) -> Path:

@@ -1,4 +1,4 @@
-"""The `code` reward: run the completion's last ```python block on each test case (seed 004 format).
+"""The `code` reward: run the completion's last ```python block on each test case.
 
 Test cases are `{"inputs": [str, ...], "outputs": [str, ...]}` (or that object as a JSON string):
 stdin in, expected stdout out. Outputs compare line by line with trailing whitespace stripped and

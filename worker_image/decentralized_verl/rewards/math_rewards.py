@@ -1,12 +1,12 @@
-r"""Verifiable math rewards: `boxed` and `think_answer_tags` (seed 004's two math reward types).
+r"""Verifiable math rewards: `boxed` and `think_answer_tags` (the two math reward types).
 
 Reward values (all overridable as options of `score`):
 - `boxed`: `correct_score` (1.0) when the last `\boxed{}` is equivalent to the reference, else
   `wrong_score` (0.0). No box scores 0.0.
 - `think_answer_tags`: the completion is well-formed when `<think>…</think>` precedes
   `<answer>…</answer>` (each tag once, in order). Well-formed earns `format_score` (0.1); a well-formed
-  completion whose answer is also correct earns `format_score + correct_score` (0.1 + 0.9 = 1.0). Like
-  seed 004, a correct answer without the format earns nothing unless `require_format=False`, in which
+  completion whose answer is also correct earns `format_score + correct_score` (0.1 + 0.9 = 1.0). A
+  correct answer without the format earns nothing unless `require_format=False`, in which
   case it earns `correct_score` alone. Nothing right scores 0.0.
 """
 

@@ -10,11 +10,11 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from decentralized_verl.metrics import MetricsLog
 from decentralized_verl.models.checkpoint import checkpoint_dir, save_checkpoint
 from decentralized_verl.models.lora import is_lora
 from decentralized_verl.stages.batching import batch_indices, planned_steps
 from decentralized_verl.stages.config import TrainingStage
-from decentralized_verl.stages.metrics import MetricsLog
 
 
 @dataclass
@@ -56,7 +56,9 @@ def train(
             optimizer.step()
             step += 1
             losses.append(float(loss.detach()))
-            log.write(step, epoch=epoch, loss=losses[-1], grad_norm=float(grad_norm), **extra)
+            log.write(
+                {"step": step, "epoch": epoch, "loss": losses[-1], "grad_norm": float(grad_norm), **extra}
+            )
             bar.set_postfix(loss=f"{losses[-1]:.4f}")
             bar.update(1)
             if section.save_every and step % section.save_every == 0 and step < total:

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from decentralized_verl.data.dataset import load_preferences
 from decentralized_verl.errors import ModelError
+from decentralized_verl.metrics import MetricsLog
 from decentralized_verl.models.checkpoint import latest_checkpoint
 from decentralized_verl.models.loading import load_sequence_classifier
 from decentralized_verl.models.logprobs import position_ids_from_mask
@@ -17,7 +18,6 @@ from decentralized_verl.models.lora import apply_lora
 from decentralized_verl.stages.batching import encode_scored, pad
 from decentralized_verl.stages.common import StageResult, save_final, train
 from decentralized_verl.stages.config import TrainConfig
-from decentralized_verl.stages.metrics import MetricsLog
 
 Pairs = list[tuple[list[int], list[int]]]
 
@@ -102,7 +102,7 @@ def run_reward(config: TrainConfig) -> StageResult:
     train_set = encode(section.train_file)
     eval_set = encode(section.eval_file) if section.eval_file else []
     output_dir = config.resolve(section.output_dir)
-    log = MetricsLog(output_dir / "metrics.jsonl", "reward")
+    log = MetricsLog(output_dir / "metrics.jsonl", stage="reward")
 
     def accuracies(when: str) -> dict[str, float]:
         out = {f"train_accuracy_{when}": pair_accuracy(model, train_set, pad_id, section.batch_size)}
@@ -112,7 +112,7 @@ def run_reward(config: TrainConfig) -> StageResult:
 
     model.eval()
     before = accuracies("before")
-    log.write(0, **before)
+    log.write({"step": 0, **before})
 
     def loss_fn(indices: list[int]) -> tuple[torch.Tensor, dict[str, float]]:
         chosen, rejected = _pair_scores(model, [train_set[i] for i in indices], pad_id)
@@ -123,7 +123,8 @@ def run_reward(config: TrainConfig) -> StageResult:
     state = {"stage": "reward", "format": section.format, "init_from": init}
     steps, losses = train(model, tokenizer, section, len(train_set), loss_fn, output_dir, log, state)
     after = accuracies("after")
-    log.write(steps, **after)
+    log.write({"step": steps, **after})
+    log.close()
     metrics = {**before, **after, "steps": steps, "first_loss": losses[0], "last_loss": losses[-1]}
     path = save_final(model, tokenizer, output_dir, steps, {**state, "metrics": metrics})
     return StageResult("reward", path, metrics)

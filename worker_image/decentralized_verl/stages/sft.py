@@ -7,12 +7,12 @@ from typing import Any
 import torch
 
 from decentralized_verl.data.dataset import load_sft
+from decentralized_verl.metrics import MetricsLog
 from decentralized_verl.models.loading import load_model_and_tokenizer
 from decentralized_verl.models.logprobs import sequence_logprobs
 from decentralized_verl.stages.batching import encode_completion, pad, pad_values
 from decentralized_verl.stages.common import StageResult, save_final, train
 from decentralized_verl.stages.config import TrainConfig
-from decentralized_verl.stages.metrics import MetricsLog
 
 Encoded = list[tuple[list[int], list[int]]]
 
@@ -52,13 +52,13 @@ def run_sft(config: TrainConfig) -> StageResult:
     train_set = encode(section.train_file)
     eval_set = encode(section.eval_file) if section.eval_file else []
     output_dir = config.resolve(section.output_dir)
-    log = MetricsLog(output_dir / "metrics.jsonl", "sft")
+    log = MetricsLog(output_dir / "metrics.jsonl", stage="sft")
 
     model.eval()
     before: dict[str, Any] = {"train_loss_before": mean_loss(model, train_set, pad_id, section.batch_size)}
     if eval_set:
         before["eval_loss_before"] = mean_loss(model, eval_set, pad_id, section.batch_size)
-    log.write(0, **before)
+    log.write({"step": 0, **before})
 
     def loss_fn(indices: list[int]) -> tuple[torch.Tensor, dict[str, float]]:
         return completion_loss(model, [train_set[i] for i in indices], pad_id), {}
@@ -68,7 +68,8 @@ def run_sft(config: TrainConfig) -> StageResult:
     after: dict[str, Any] = {"train_loss_after": mean_loss(model, train_set, pad_id, section.batch_size)}
     if eval_set:
         after["eval_loss_after"] = mean_loss(model, eval_set, pad_id, section.batch_size)
-    log.write(steps, **after)
+    log.write({"step": steps, **after})
+    log.close()
     metrics = {**before, **after, "steps": steps}
     path = save_final(model, tokenizer, output_dir, steps, {**state, "metrics": metrics})
     return StageResult("sft", path, metrics)

@@ -42,156 +42,30 @@ import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import grpc
 
 from decentralized_verl.errors import WireError
 from decentralized_verl.proto import dverl_pb2 as pb
 from decentralized_verl.transport import messages as m
-from decentralized_verl.transport.fanout_route import ROUTE_KEY, Hop, route_from_json, route_to_json
-from decentralized_verl.transport.grpc_options import channel_options, server_options
-from decentralized_verl.transport.weight_service import (
-    BundleBuilder,
-    Published,
-    WeightPublisher,
-    WeightsServicer,
+from decentralized_verl.transport.fanout_push import (
+    RESULT_KEY,
+    SERVICE,
+    Session,
+    identity,
+    metadata_value,
+    wire_messages,
 )
+from decentralized_verl.transport.fanout_route import ROUTE_KEY, Hop, route_from_json
+from decentralized_verl.transport.grpc_options import channel_options, server_options
+from decentralized_verl.transport.weight_receive import BundleBuilder, ChunkFetch
+from decentralized_verl.transport.weight_service import Published, WeightPublisher, WeightsServicer
 from decentralized_verl.transport.weights import WeightChunk
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 
-SERVICE = "dverl.v1.Weights"
-RESULT_KEY = "dverl-fanout-result"
-OK = "ok"
 FANOUT_CHUNK_BYTES = 4 * 1024 * 1024
 """Chunk size worth using for fan-out: fewer, larger gRPC messages amortize per-message overhead."""
-REASON_CHARS = 200  # keeps trailing metadata well under gRPC's 8 KiB default limit
-
-
-def _identity(raw: bytes) -> bytes:
-    return raw
-
-
-def _metadata_value(metadata: Iterable | None, key: str) -> str | None:
-    for k, v in metadata or ():
-        if k == key:
-            return v.decode() if isinstance(v, bytes) else v
-    return None
-
-
-# ------------------------------------------------------------------------------------------ sending
-
-
-def wire_messages(held: Published) -> tuple[bytes, ...]:
-    """Every chunk of a version as serialized `WeightChunk` messages; the first carries the manifest."""
-    return tuple(
-        WeightsServicer.chunk_message(held, c, first=c.index == 0).SerializeToString()
-        for c in held.bundle.chunks
-    )
-
-
-# ------------------------------------------------------------------------------------------ fan-out
-
-
-class _Downstream:
-    """One Push stream to a child, fed with verified serialized chunks as the session gets them."""
-
-    def __init__(self, session: _Session, hop: Hop) -> None:
-        self.session = session
-        self.hop = hop
-        self.queue: asyncio.Queue[bytes | None] = asyncio.Queue()
-        for raw in session.backlog:
-            self.queue.put_nowait(raw)
-        if session.sealed:
-            self.queue.put_nowait(None)
-        self.call = None
-        self.task = asyncio.ensure_future(self._run())
-
-    async def _requests(self) -> AsyncIterator[bytes]:
-        index = 0
-        while (raw := await self.queue.get()) is not None:
-            yield self.session.relay.forward(self.hop, index, raw)
-            index += 1
-
-    async def _run(self) -> dict[str, str]:
-        relay = self.session.relay
-        push = relay.channel(self.hop.address).stream_unary(
-            f"/{SERVICE}/Push", request_serializer=_identity, response_deserializer=pb.PushAck.FromString
-        )
-        self.call = push(
-            self._requests(),
-            metadata=((ROUTE_KEY, route_to_json(self.hop.children)),),
-            timeout=relay.timeout_s,
-        )
-        try:
-            ack = await self.call
-            subtree = _metadata_value(await self.call.trailing_metadata(), RESULT_KEY)
-        except grpc.aio.AioRpcError as exc:
-            reason = f"{exc.code().name}: {exc.details()}"
-            ack, subtree = pb.PushAck(ok=False, reason=reason), None
-        except asyncio.CancelledError:
-            return {a: "cancelled" for a in self.hop.addresses()}
-        results = {}
-        if subtree:
-            try:
-                results = {str(k): str(v) for k, v in json.loads(subtree).items()}
-            except (ValueError, AttributeError):
-                results = {}
-        results[self.hop.address] = OK if ack.ok else f"failed: {ack.reason}"[:REASON_CHARS]
-        if not ack.ok:
-            log.warning("fan-out: %s skipped (%s); adopting its children", self.hop.address, ack.reason)
-            for child in self.hop.children:  # skip the broken node: its parent feeds its children
-                if results.get(child.address) != OK:
-                    self.session.open(child)
-        return results
-
-    def cancel(self) -> None:
-        self.task.cancel()
-        if self.call is not None:
-            self.call.cancel()
-
-
-@dataclass
-class _Session:
-    """One version flowing through this node: the chunks verified so far and the children fed with them."""
-
-    relay: WeightRelay
-    backlog: list[bytes] = field(default_factory=list)
-    downstreams: list[_Downstream] = field(default_factory=list)
-    sealed: bool = False
-
-    def open(self, hop: Hop) -> None:
-        self.downstreams.append(_Downstream(self, hop))
-
-    def send(self, raw: bytes) -> None:
-        self.backlog.append(raw)
-        for d in self.downstreams:
-            d.queue.put_nowait(raw)
-
-    async def finish(self) -> dict[str, str]:
-        """Seal the stream and wait for every child (and every adopted grandchild) to answer."""
-        self.sealed = True
-        for d in self.downstreams:
-            d.queue.put_nowait(None)
-        results: dict[str, str] = {}
-        seen = 0
-        while seen < len(self.downstreams):  # adoption may open more while we wait
-            d = self.downstreams[seen]
-            for address, outcome in (await d.task).items():
-                if results.get(address) != OK:
-                    results[address] = outcome
-            seen += 1
-        return results
-
-    def abort(self, hops: Iterable[Hop], reason: str) -> dict[str, str]:
-        for d in self.downstreams:
-            d.cancel()
-        return {a: f"not sent: {reason}"[:REASON_CHARS] for h in hops for a in h.addresses()}
 
 
 class WeightRelay:
@@ -248,10 +122,10 @@ class WeightRelay:
                 response_serializer=pb.WeightManifest.SerializeToString,
             ),
             "Fetch": grpc.unary_stream_rpc_method_handler(
-                self._fetch, request_deserializer=pb.FetchRequest.FromString, response_serializer=_identity
+                self._fetch, request_deserializer=pb.FetchRequest.FromString, response_serializer=identity
             ),
             "Push": grpc.stream_unary_rpc_method_handler(
-                self._push, request_deserializer=_identity, response_serializer=pb.PushAck.SerializeToString
+                self._push, request_deserializer=identity, response_serializer=pb.PushAck.SerializeToString
             ),
         }
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
@@ -299,7 +173,7 @@ class WeightRelay:
                 "weights.version", f"version {version} is not held (held: {self.publisher.versions})"
             )
         raws = await asyncio.get_running_loop().run_in_executor(self._verify, self.wire, held)
-        session = _Session(self)
+        session = Session(self)
         for hop in route:
             session.open(hop)
         for raw in raws:
@@ -331,13 +205,13 @@ class WeightRelay:
     async def _push(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> pb.PushAck:
         self.pushes_received += 1
         loop = asyncio.get_running_loop()
-        session = _Session(self)
+        session = Session(self)
         builder: BundleBuilder | None = None
         received = 0
         route: tuple[Hop, ...] = ()
         version = 0
         try:
-            route = route_from_json(_metadata_value(context.invocation_metadata(), ROUTE_KEY) or "[]")
+            route = route_from_json(metadata_value(context.invocation_metadata(), ROUTE_KEY) or "[]")
             for hop in route:
                 session.open(hop)
             incoming = aiter(requests)
@@ -425,10 +299,10 @@ class WeightRelay:
             request_serializer=pb.ManifestRequest.SerializeToString,
             response_deserializer=pb.WeightManifest.FromString,
         )
-        fetch = channel.unary_stream(
+        fetch_chunks = channel.unary_stream(
             f"/{SERVICE}/Fetch",
             request_serializer=pb.FetchRequest.SerializeToString,
-            response_deserializer=_identity,
+            response_deserializer=identity,
         )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
@@ -450,13 +324,12 @@ class WeightRelay:
         held = self.publisher.get(manifest.version)
         if held is not None and held.manifest.sha256 == manifest.sha256:
             return manifest.version
-        builder = BundleBuilder(manifest)
+        fetch = ChunkFetch(manifest, parent)
+        builder = fetch.builder
         raws: dict[int, bytes] = {}
-        failures: list[str] = []
         try:
-            while not builder.complete:
-                start = builder.missing[0]
-                stream = fetch(
+            while (start := fetch.next_start()) is not None:
+                stream = fetch_chunks(
                     pb.FetchRequest(version=manifest.version, from_chunk=start), timeout=self.timeout_s
                 )
 
@@ -470,19 +343,11 @@ class WeightRelay:
                 try:
                     async for _ in self._verified(builder, parsed()):
                         pass
-                    if not builder.complete:
-                        raise WireError(
-                            "weights.chunks", f"stream ended with chunks {builder.missing} missing"
-                        )
+                    fetch.stream_ended()
                 except grpc.aio.AioRpcError as exc:
-                    failures.append(f"stream from chunk {start} broke: {exc.code().name}: {exc.details()}")
+                    fetch.failed(f"stream from chunk {start} broke: {exc.code().name}: {exc.details()}")
                 except WireError as exc:
-                    failures.append(str(exc))
-                if failures and not builder.complete and len(failures) > 1:
-                    raise WireError(
-                        f"weights[v{manifest.version}]",
-                        f"fetch from {parent} failed twice: {'; '.join(failures)}",
-                    )
+                    fetch.failed(str(exc))
             published = await loop.run_in_executor(self._verify, builder.finish)
         finally:
             builder.close()

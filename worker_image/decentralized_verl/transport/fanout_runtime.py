@@ -14,9 +14,11 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from decentralized_verl.errors import WireError
-from decentralized_verl.transport.fanout import OK, REASON_CHARS, WeightRelay
+from decentralized_verl.transport.fanout import WeightRelay
+from decentralized_verl.transport.fanout_push import OK, REASON_CHARS
 from decentralized_verl.transport.fanout_route import Hop, plan_route
-from decentralized_verl.transport.weight_service import Published, WeightPublisher, decode_held
+from decentralized_verl.transport.weight_receive import decode_held
+from decentralized_verl.transport.weight_service import Published, WeightPublisher
 
 if TYPE_CHECKING:
     from torch import Tensor

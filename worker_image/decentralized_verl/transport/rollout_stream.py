@@ -8,14 +8,16 @@ a volunteer can never get away with something an in-cluster worker could not.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from decentralized_verl.core.interfaces import WorkItem
+from decentralized_verl.core.samples import Prompt, Sample
+from decentralized_verl.core.sampling import SamplingParams
 from decentralized_verl.errors import WireError
 from decentralized_verl.proto import dverl_pb2 as pb
-from decentralized_verl.roles.interfaces import Sampling, WorkItem
-from decentralized_verl.roles.samples import Prompt, Sample
 from decentralized_verl.transport import messages as m
 
 Key = tuple[str, int]
@@ -27,22 +29,14 @@ class BadResult(Exception):
 
 
 def generate_request(
-    items: Sequence[WorkItem], sampling: Sampling, version: int
+    items: Sequence[WorkItem], sampling: SamplingParams, version: int
 ) -> tuple[m.GenerateBatch, dict[Key, Prompt]]:
     """The wire request for `items` at policy `version`, and the coordinator's prompts by key."""
     prompts = {(p.prompt_id, i): p for p, i in items}
     batch = m.GenerateBatch(
         request_id=uuid.uuid4().hex,
         policy_version=version,
-        sampling=m.SamplingParams(
-            max_new_tokens=sampling.max_new_tokens,
-            temperature=float(sampling.temperature),
-            top_p=float(sampling.top_p),
-            top_k=int(sampling.top_k),
-            stop=tuple(sampling.stop),
-            n=1,
-            seed=sampling.seed,
-        ),
+        sampling=dataclasses.replace(sampling, n=1),
         items=tuple(m.GenerateItem(p.prompt_id, i, tuple(p.token_ids)) for p, i in items),
     )
     return batch, prompts

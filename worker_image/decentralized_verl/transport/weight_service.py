@@ -1,5 +1,5 @@
-"""Weights from the learner to rollout workers: a publisher that keeps the newest encoded versions,
-the gRPC `Weights` service that streams them, and the pullers rollout workers use.
+"""Weights from the learner to rollout workers: a publisher that keeps the newest encoded versions and
+the gRPC `Weights` service that streams them (the receiving side is `weight_receive`).
 
 The learner encodes a version once (`transport.weights` codec: safetensors bytes cut into hashed chunks)
 and any number of workers fetch it. Only the newest `keep` versions are held: a worker that missed
@@ -25,14 +25,11 @@ from decentralized_verl.errors import WireError
 from decentralized_verl.proto import dverl_pb2 as pb
 from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc
 from decentralized_verl.transport import messages as m
-from decentralized_verl.transport.grpc_options import channel_options
 from decentralized_verl.transport.weights import (
     DEFAULT_CHUNK_BYTES,
     BundleHeader,
     WeightBundle,
     WeightChunk,
-    bundle_sha256,
-    decode_bundle,
     encode_state_dict,
 )
 
@@ -196,6 +193,8 @@ class WeightsServicer(pb_grpc.WeightsServicer):
         )
 
     async def Push(self, request_iterator, context: grpc.aio.ServicerContext) -> pb.PushAck:
+        from decentralized_verl.transport.weight_receive import BundleBuilder, decode_held
+
         builder: BundleBuilder | None = None
         received = 0
         try:
@@ -215,185 +214,3 @@ class WeightsServicer(pb_grpc.WeightsServicer):
             version = builder.manifest.version if builder is not None else 0
             return pb.PushAck(ok=False, version=version, chunks_received=received, reason=str(exc))
         return pb.PushAck(ok=True, version=published.manifest.version, chunks_received=received)
-
-
-# ------------------------------------------------------------------------------------------ receiving
-
-
-def checked_chunk(msg: pb.WeightChunk, manifest: m.WeightManifest, path: str) -> WeightChunk:
-    """`messages.chunk_from_proto` (place, size, its own and the manifest's sha256; the bytes hashed
-    once), plus: a manifest riding on the chunk must be the one this transfer started with."""
-    chunk = m.chunk_from_proto(msg, manifest, path)
-    if chunk.manifest is not None and chunk.manifest != manifest:
-        raise WireError(f"{path}.manifest", "differs from the manifest this transfer started with")
-    return WeightChunk(chunk.version, chunk.index, chunk.data, chunk.sha256)
-
-
-class BundleBuilder:
-    """One version's chunks as they arrive, in any order, each hashed once and checked against the
-    manifest; `finish` checks the bundle digest and returns the verified version (not decoded).
-
-    The manifest's own consistency (its bundle digest over its chunk digests) is checked up front, so
-    a forged or garbled manifest is refused before any chunk is received.
-    """
-
-    def __init__(self, manifest: m.WeightManifest) -> None:
-        if bundle_sha256(manifest.chunk_sha256) != manifest.sha256:
-            raise WireError("manifest.sha256", "does not match the bundle digest of its chunk_sha256 list")
-        self.manifest = manifest
-        self.header = header_of(manifest)
-        self.chunks: dict[int, WeightChunk] = {}
-        self._lock = threading.Lock()  # `add` may run in several hashing threads at once
-
-    @property
-    def complete(self) -> bool:
-        return len(self.chunks) == len(self.manifest.chunk_sha256)
-
-    @property
-    def missing(self) -> list[int]:
-        return [i for i in range(len(self.manifest.chunk_sha256)) if i not in self.chunks]
-
-    def add(self, msg: pb.WeightChunk, path: str = "chunk") -> WeightChunk:
-        """Check one parsed message and keep it; a rejected chunk leaves the builder as it was.
-        Thread-safe: chunks may be hashed in parallel."""
-        chunk = checked_chunk(msg, self.manifest, f"{path}[{msg.index}]")
-        with self._lock:
-            if chunk.index in self.chunks:
-                raise WireError(f"{path}[{chunk.index}]", "received twice")
-            self.chunks[chunk.index] = chunk
-        return chunk
-
-    def finish(self) -> Published:
-        """The verified version, once every chunk is in and the digests match the manifest's."""
-        if not self.complete:
-            raise WireError("weights.chunks", f"missing chunk(s) {self.missing}")
-        chunks = tuple(self.chunks[i] for i in range(len(self.chunks)))
-        if bundle_sha256(c.sha256 for c in chunks) != self.manifest.sha256:
-            raise WireError("weights.sha256", "the assembled bundle does not match the manifest's sha256")
-        return Published(self.manifest, WeightBundle(self.header, chunks))
-
-    def close(self) -> None:
-        """Nothing to release (kept so callers may treat builders as resources)."""
-
-
-# ------------------------------------------------------------------------------------------ pullers
-
-
-def decode_held(held: Published) -> dict[str, Tensor]:
-    """The tensors of a held version (wire dtype). A publisher only holds versions it encoded or that
-    passed a `BundleBuilder`, so the bytes are not hashed again here."""
-    try:
-        return decode_bundle(held.bundle)
-    except WireError:
-        raise
-    except Exception as exc:  # a payload that verified but does not decode (a sender bug)
-        raise WireError(f"weights[v{held.manifest.version}].payload", f"cannot be decoded ({exc})") from None
-
-
-class LocalWeightSource:
-    """In-process puller (colocated rollout): same codec and checks, no sockets."""
-
-    def __init__(self, publisher: WeightPublisher, *, wait_s: float = 60.0) -> None:
-        self.publisher = publisher
-        self.wait_s = wait_s
-
-    def fetch_latest(self, min_version: int) -> tuple[int, dict[str, Tensor]]:
-        held = self.publisher.wait_for(min_version, self.wait_s)
-        if held is None:
-            raise WireError(
-                "weights.version",
-                f"no version >= {min_version} published within {self.wait_s:g}s "
-                f"(held: {self.publisher.versions})",
-            )
-        return held.manifest.version, decode_held(held)
-
-
-class GrpcWeightSource:
-    """Rollout side: pulls the newest version from a `Weights` service, verifying every byte.
-
-    Blocking (rollout workers call it from their generation thread). Waits up to `wait_s` for a version
-    >= the requested one to be published; a broken or corrupted stream is retried once, resuming from
-    the first missing chunk; a second failure raises `WireError` and the caller's weights stay as they were.
-    """
-
-    def __init__(
-        self, address: str, *, wait_s: float = 60.0, timeout_s: float = 300.0, poll_s: float = 0.2
-    ) -> None:
-        self.address = address
-        self.wait_s = wait_s
-        self.timeout_s = timeout_s
-        self.poll_s = poll_s
-        self._channel = grpc.insecure_channel(address, options=channel_options())
-        self._stub = pb_grpc.WeightsStub(self._channel)
-        self.fetch_calls: list[tuple[int, int]] = []
-        """(version, from_chunk) of every Fetch started, for logs and tests."""
-
-    def close(self) -> None:
-        self._channel.close()
-
-    def latest_manifest(self) -> m.WeightManifest | None:
-        try:
-            msg = self._stub.GetManifest(pb.ManifestRequest(latest=True), timeout=self.timeout_s)
-        except grpc.RpcError as exc:
-            if exc.code() == grpc.StatusCode.NOT_FOUND:
-                return None
-            raise WireError(
-                "weights", f"GetManifest from {self.address} failed: {_rpc_reason(exc)}"
-            ) from None
-        return m.manifest_from_proto(msg)
-
-    def fetch_latest(self, min_version: int) -> tuple[int, dict[str, Tensor]]:
-        deadline = time.monotonic() + self.wait_s
-        while True:
-            manifest = self.latest_manifest()
-            if manifest is not None and manifest.version >= min_version:
-                break
-            if time.monotonic() >= deadline:
-                held = "none" if manifest is None else str(manifest.version)
-                raise WireError(
-                    "weights.version",
-                    f"{self.address} has no version >= {min_version} after {self.wait_s:g}s (latest: {held})",
-                )
-            time.sleep(self.poll_s)
-        return manifest.version, self.fetch(manifest)
-
-    def fetch(self, manifest: m.WeightManifest) -> dict[str, Tensor]:
-        """Every chunk of `manifest`'s version, verified, then decoded (tensors in the wire dtype)."""
-        builder = BundleBuilder(manifest)
-        failures: list[str] = []
-        while not builder.complete:
-            start = builder.missing[0]
-            self.fetch_calls.append((manifest.version, start))
-            try:
-                stream = self._stub.Fetch(
-                    pb.FetchRequest(version=manifest.version, from_chunk=start), timeout=self.timeout_s
-                )
-                for msg in stream:
-                    if msg.index in builder.chunks:
-                        continue
-                    builder.add(msg, f"weights[v{manifest.version}].chunk")
-                if not builder.complete:
-                    raise WireError("weights.chunks", f"stream ended with chunks {builder.missing} missing")
-            except grpc.RpcError as exc:
-                failures.append(f"stream from chunk {start} broke: {_rpc_reason(exc)}")
-            except WireError as exc:
-                failures.append(str(exc))
-            if failures and not builder.complete:
-                if len(failures) > 1:
-                    raise WireError(
-                        f"weights[v{manifest.version}]",
-                        f"fetch from {self.address} failed twice: {'; '.join(failures)}",
-                    )
-                log.warning(
-                    "weights v%d: %s; resuming from chunk %d",
-                    manifest.version,
-                    failures[-1],
-                    builder.missing[0],
-                )
-        return decode_held(builder.finish())
-
-
-def _rpc_reason(exc: grpc.RpcError) -> str:
-    code = exc.code() if hasattr(exc, "code") else None
-    details = exc.details() if hasattr(exc, "details") else str(exc)
-    return f"{code.name if code else 'UNKNOWN'}: {details}"

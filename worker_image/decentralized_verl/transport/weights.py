@@ -214,9 +214,11 @@ def decode_state_dict(blob: bytes, version: int | None = None) -> dict[str, Tens
 class WeightAssembler:
     """Collects one bundle's chunks, in any order, verifying each; ``finish`` returns the state dict.
 
-    Errors are ``WireError`` naming the chunk: wrong version, index out of range, a second copy of an
-    index (a resend is an error: the receiver starts a new assembler rather than guessing), wrong
-    length, or a sha256 mismatch. A rejected chunk leaves the assembler as it was, so it can be resent.
+    The one assembler every receiver uses (the gRPC and P2P pullers and relays reach it through
+    `weight_service.BundleBuilder`, which adds the wire manifest's checks). Errors are ``WireError``
+    naming the chunk: wrong version, index out of range, a second copy of an index (a resend is an
+    error: the receiver starts a new assembler rather than guessing), wrong length, or a sha256 mismatch.
+    A rejected chunk leaves the assembler as it was, so it can be resent.
     """
 
     def __init__(self, header: BundleHeader) -> None:
@@ -226,16 +228,16 @@ class WeightAssembler:
         if not size * (n - 1) < total <= size * n:
             raise WireError("weights.header", f"{n} chunks of {size} bytes cannot hold exactly {total} bytes")
         self.header = header
-        self._chunks: dict[int, bytes] = {}
-        self._digests: dict[int, str] = {}
+        self.received: dict[int, WeightChunk] = {}
+        """Index -> accepted chunk."""
 
     @property
     def missing(self) -> list[int]:
-        return [i for i in range(self.header.num_chunks) if i not in self._chunks]
+        return [i for i in range(self.header.num_chunks) if i not in self.received]
 
     @property
     def complete(self) -> bool:
-        return len(self._chunks) == self.header.num_chunks
+        return len(self.received) == self.header.num_chunks
 
     def add(self, chunk: WeightChunk, *, hashed: bool = False) -> bool:
         """Accept one chunk after checking it; return whether the bundle is now complete.
@@ -250,25 +252,28 @@ class WeightAssembler:
             )
         if not 0 <= chunk.index < self.header.num_chunks:
             raise WireError(where, f"index out of range (the bundle has {self.header.num_chunks} chunks)")
-        if chunk.index in self._chunks:
+        if chunk.index in self.received:
             raise WireError(where, "received twice")
         expected = self.header.chunk_size(chunk.index)
         if len(chunk.data) != expected:
             raise WireError(where, f"has {len(chunk.data)} bytes, expected {expected}")
         if not hashed and sha256_hex(chunk.data) != chunk.sha256:
             raise WireError(where, "sha256 mismatch (corrupted in transit)")
-        self._chunks[chunk.index] = chunk.data
-        self._digests[chunk.index] = chunk.sha256
+        self.received[chunk.index] = chunk
         return self.complete
+
+    def bundle(self) -> WeightBundle:
+        """The verified bundle (chunk digests against the header's bundle digest), not decoded."""
+        if not self.complete:
+            raise WireError("weights.chunks", f"missing chunk(s) {self.missing} of {self.header.num_chunks}")
+        chunks = tuple(self.received[i] for i in range(self.header.num_chunks))
+        if bundle_sha256(c.sha256 for c in chunks) != self.header.sha256:
+            raise WireError("weights.sha256", "the assembled bundle does not match the header's sha256")
+        return WeightBundle(self.header, chunks)
 
     def finish(self) -> dict[str, Tensor]:
         """Verify the bundle digest, join and decode; the tensors are in the wire dtype."""
-        if not self.complete:
-            raise WireError("weights.chunks", f"missing chunk(s) {self.missing} of {self.header.num_chunks}")
-        order = range(self.header.num_chunks)
-        if bundle_sha256(self._digests[i] for i in order) != self.header.sha256:
-            raise WireError("weights.sha256", "the assembled bundle does not match the header's sha256")
-        return decode_state_dict(b"".join(self._chunks[i] for i in order), self.header.version)
+        return decode_bundle(self.bundle())
 
 
 def decode_bundle(bundle: WeightBundle) -> dict[str, Tensor]:

@@ -1,10 +1,11 @@
 """`VolunteerRolloutClient`: the coordinator's `RolloutClient` for one volunteer, over P2P.
 
-Same contract as `GrpcRolloutClient`: every result is validated with `messages.completion_from_proto`
-against the request (version, shapes, NaN, unrequested or duplicate samples). In addition a volunteer's
+The same client as for an in-cluster worker (`transport.clients.RemoteRolloutClient` over a
+`P2PCarrier`: every result validated against the request), plus what an untrusted peer needs: the
 batch is held back until it is complete and a sampled fraction passed re-verification (verify.py), so a
-dishonest batch is dropped whole and re-dispatched. A deadline bounds every request: a volunteer that
-vanishes mid-task costs at most that long, then its items go to the others.
+dishonest batch is dropped whole and re-dispatched; a deadline bounds the whole request, so a volunteer
+that vanishes mid-task costs at most that long. Every failure is reported to discovery, which drops the
+peer (it vanished) or blocks it (it lied).
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 
-from decentralized_verl.proto import dverl_pb2 as pb
-from decentralized_verl.roles.interfaces import Sampling, WorkerFailure, WorkItem
-from decentralized_verl.roles.samples import Prompt, Sample
+from decentralized_verl.core.interfaces import WorkerFailure, WorkItem
+from decentralized_verl.core.samples import Sample
+from decentralized_verl.core.sampling import SamplingParams
 from decentralized_verl.transport import messages as m
-from decentralized_verl.transport.rollout_stream import BadResult, ResultStream, generate_request
-from decentralized_verl.volunteers import p2p as wire
+from decentralized_verl.transport.carriers import P2PCarrier
+from decentralized_verl.transport.clients import ContractBreach, RemoteRolloutClient
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +40,11 @@ class VolunteerRolloutClient:
         verifier=None,
         on_failure: FailureHook | None = None,
     ) -> None:
-        self.p2p = p2p
         self.peer_id = peer_id
         self.worker_id = worker_id or f"volunteer-{peer_id[-8:]}"
-        self.limits = limits or m.WireLimits()
-        self.deadline_s = deadline_s
+        self.remote = RemoteRolloutClient(
+            P2PCarrier(p2p, peer_id, self.worker_id), deadline_s=deadline_s, limits=limits
+        )
         self.verifier = verifier
         self.on_failure = on_failure
         self.accepted = 0
@@ -54,44 +55,17 @@ class VolunteerRolloutClient:
             self.on_failure(self.peer_id, reason, dishonest)
         return WorkerFailure(self.worker_id, reason)
 
-    async def _collect(
-        self, request: m.GenerateBatch, prompts: dict[tuple[str, int], Prompt]
-    ) -> list[Sample]:
-        stream = ResultStream(request, prompts, self.worker_id, self.limits)
-        results = await self.p2p.iterate_protobuf_handler(
-            wire.peer(self.peer_id), wire.GENERATE, m.generate_request_to_proto(request), pb.GenerateResult
-        )
-        samples: list[Sample] = []
-        try:
-            async for msg in results:
-                samples.append(stream.accept(msg))
-        except BadResult as exc:
-            raise self._fail(str(exc), dishonest=True) from None
-        try:
-            stream.check_complete()
-        except BadResult as exc:
-            raise self._fail(str(exc)) from None  # a dropped stream is not proof of dishonesty
-        return samples
-
     async def generate(
-        self, items: Sequence[WorkItem], sampling: Sampling, version: int
+        self, items: Sequence[WorkItem], sampling: SamplingParams, version: int
     ) -> AsyncIterator[Sample]:
         if not items:
             return
-        request, prompts = generate_request(items, sampling, version)
         started = time.perf_counter()
         try:
-            async with asyncio.timeout(self.deadline_s):
-                samples = await self._collect(request, prompts)
-        except WorkerFailure:
+            samples = [s async for s in self.remote.generate(items, sampling, version)]
+        except WorkerFailure as exc:
             self.rejected += len(items)
-            raise
-        except TimeoutError:
-            self.rejected += len(items)
-            raise self._fail(f"no complete answer within the {self.deadline_s:g}s deadline") from None
-        except Exception as exc:  # the peer vanished, refused the stream, or its handler failed
-            self.rejected += len(items)
-            raise self._fail(f"P2P stream failed: {type(exc).__name__}: {exc}") from None
+            raise self._fail(exc.reason, dishonest=isinstance(exc, ContractBreach)) from None
         if self.verifier is not None:
             result = await asyncio.to_thread(self.verifier.check, samples, version)
             if not result.ok:

@@ -7,33 +7,33 @@ The hub runs in the learner process next to the training loop:
   `VolunteerRolloutClient` in the dispatcher; a record that lapsed (the volunteer vanished) removes it.
   A peer whose stream failed is left out until it heartbeats again.
 - a peer caught by verification is blocked for the job: removed, refused on re-join, logged as an event.
-The number of active volunteers is written to `ProgressState.volunteers` (Status RPC -> `.status`).
+The number of active volunteers is written to `JobStatus.volunteers` (Status RPC -> `.status`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import json
 import logging
-import os
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from decentralized_verl.roles.dispatch import GPU_PRIORS
+from decentralized_verl.orchestration.dispatch import GPU_PRIORS
 from decentralized_verl.transport import messages as m
 from decentralized_verl.volunteers.announce import VolunteerRecord, read_records
 from decentralized_verl.volunteers.tokens import TokenError, verify_token
 
+if TYPE_CHECKING:
+    pass
+
 log = logging.getLogger(__name__)
 
 SUPPORTED_ROLES = ("rollout", "actor")
-"""Roles a volunteer can serve to this coordinator today (`actor` is seed 000's name for rollout)."""
+"""Roles a volunteer can serve to this coordinator today (`actor` is the quick start's name for rollout)."""
 
 
 def hardware_prior(hardware: str) -> float:
@@ -87,7 +87,7 @@ class VolunteerHub:
         dht=None,
         publisher=None,
         verifier=None,
-        progress=None,
+        status=None,
     ) -> None:
         self.config = config
         self.dispatcher = dispatcher
@@ -95,7 +95,8 @@ class VolunteerHub:
         self.dht = dht
         self.publisher = publisher
         self.verifier = verifier
-        self.progress = progress
+        self.status = status
+        """The coordinator's StatusBoard: volunteers and blocked peers reach `.status` through it."""
         self.peers: dict[str, PeerState] = {}
         self.blocked: dict[str, str] = {}
         self.clients: dict[str, Any] = {}
@@ -154,19 +155,19 @@ class VolunteerHub:
         state = self.peers.get(peer_id)
         if state is not None:
             state.failed_record_expiry = self._last_expiry.get(peer_id, time.time())
-        self._update_progress()
+        self._update_status()
 
     def block(self, peer_id: str, reason: str) -> None:
         if peer_id in self.blocked:
             return
         self.blocked[peer_id] = reason
-        if self.progress is not None:
-            self.progress.blocked_peers[peer_id] = reason  # the operator's counter and Event
+        if self.status is not None:
+            self.status.block(peer_id, reason)  # the operator's counter and Event
         self._event("Blocked", peer_id, reason)
         client = self.clients.pop(peer_id, None)
         if client is not None:
             self.dispatcher.remove(client.worker_id)
-        self._update_progress()
+        self._update_status()
 
     # ------------------------------------------------------------------------------- discovery
     def make_client(self, record: VolunteerRecord):
@@ -202,14 +203,14 @@ class VolunteerHub:
             client = self.clients.pop(peer_id)
             self.dispatcher.remove(client.worker_id)
             self._event("Removed", peer_id, "record expired")
-        self._update_progress()
+        self._update_status()
 
-    def _update_progress(self) -> None:
-        if self.progress is not None:
-            self.progress.volunteers = len(self.clients)
+    def _update_status(self) -> None:
+        if self.status is not None:
+            self.status.update(volunteers=len(self.clients))
 
     async def poll_once(self) -> None:
-        from decentralized_verl.volunteers.p2p import connect
+        from decentralized_verl.transport.p2p import connect
 
         records, problems = await read_records(self.dht, self.config.job)
         for problem in problems:
@@ -242,7 +243,7 @@ class VolunteerHub:
 
     def wrap_publish(self, publish: Callable[[int], None], model) -> Callable[[int], None]:
         """Make sure every version also reaches the publisher volunteers pull from."""
-        from decentralized_verl.roles.trainer import rollout_state_dict
+        from decentralized_verl.training.trainer import rollout_state_dict
 
         def wrapped(version: int) -> None:
             publish(version)
@@ -279,90 +280,3 @@ class VolunteerHub:
                     await result
             except Exception:
                 log.exception("closing volunteer transport")
-
-
-def job_secret() -> bytes:
-    """The join secret: DVERL_JOIN_SECRET_FILE (a mounted Secret) or DVERL_JOIN_SECRET."""
-    from decentralized_verl.volunteers.tokens import load_secret
-
-    if os.environ.get("DVERL_JOIN_SECRET_FILE"):
-        return load_secret(secret_file=os.environ["DVERL_JOIN_SECRET_FILE"])
-    return load_secret(secret_env="DVERL_JOIN_SECRET")
-
-
-async def start_volunteer_discovery(
-    spec,
-    job: str,
-    dispatcher,
-    *,
-    model,
-    publisher,
-    progress,
-    temperature: float,
-    pad_token_id: int,
-    start_version: int = 0,
-    dht_addr: str | None = None,
-) -> VolunteerHub:
-    """Join the job's DHT as the coordinator, serve join/spec/weights over P2P and start discovery.
-
-    Env: DVERL_DHT_ADDR (bootstrap host:port), DVERL_JOIN_SECRET(_FILE), DVERL_BIND_HOST,
-    DVERL_P2P_ANNOUNCE (comma-separated multiaddrs others should dial), DVERL_WAIT_VOLUNTEERS=N[:SECONDS]
-    (start training only once N volunteers are active, for tests and benchmarks).
-    """
-    from decentralized_verl.roles.trainer import rollout_state_dict
-    from decentralized_verl.volunteers.dht import PeerOptions, start_dht
-    from decentralized_verl.volunteers.identity import bootstrap_maddr, coordinator_seed, write_identity
-    from decentralized_verl.volunteers.p2p import CoordinatorEndpoints
-    from decentralized_verl.volunteers.verify import DEFAULT_ATOL, PublishedPolicy, Verifier
-
-    secret = job_secret()
-    addr = dht_addr or os.environ["DVERL_DHT_ADDR"]
-    host = os.environ.get("DVERL_BIND_HOST", "127.0.0.1")
-    identity = write_identity(coordinator_seed(secret, job), Path(tempfile.mkdtemp(prefix="dverl-coord-")))
-    announce = tuple(a for a in os.environ.get("DVERL_P2P_ANNOUNCE", "").split(",") if a)
-    options = PeerOptions(
-        initial_peers=(bootstrap_maddr(addr, job),),
-        host_maddrs=(f"/ip4/{host}/tcp/0",),
-        announce_maddrs=announce,
-        identity_path=str(identity),
-    )
-    dht = await asyncio.to_thread(start_dht, options)
-    p2p = await dht.replicate_p2p()
-    if publisher.latest_version is None:
-        publisher.publish(rollout_state_dict(model), start_version)
-    volunteers = spec.volunteers
-    verifier = None
-    if volunteers.verify_fraction > 0:
-        dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-        policy = PublishedPolicy(copy.deepcopy(model), publisher, temperature, pad_token_id)
-        atol = float(os.environ.get("DVERL_VERIFY_ATOL", DEFAULT_ATOL.get(dtype, 0.25)))
-        verifier = Verifier(policy, fraction=volunteers.verify_fraction, atol=atol, seed=spec.training.seed)
-    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
-    config = HubConfig(
-        job=job,
-        secret=secret,
-        roles=tuple(volunteers.roles),
-        max_volunteers=volunteers.max_volunteers,
-        poll_s=float(os.environ.get("DVERL_VOLUNTEER_POLL_S", "2.0")),
-        limits=m.WireLimits(vocab_size=vocab),
-    )
-    hub = VolunteerHub(
-        config, dispatcher, p2p=p2p, dht=dht, publisher=publisher, verifier=verifier, progress=progress
-    )
-    endpoints = CoordinatorEndpoints(
-        p2p,
-        admit=hub.admit,
-        is_admitted=hub.is_admitted,
-        publisher=publisher,
-        spec_json=spec.model_dump_json(by_alias=True, exclude_none=True),
-    )
-    await endpoints.register()
-    hub._closers.append(dht.shutdown)
-    hub.start()
-    log.info("volunteer discovery for job %s: coordinator peer %s, bootstrap %s", job, dht.peer_id, addr)
-    wait = os.environ.get("DVERL_WAIT_VOLUNTEERS")
-    if wait:
-        count, _, seconds = wait.partition(":")
-        got = await hub.wait_for(int(count), float(seconds or 300))
-        log.info("%d volunteers active before training starts", got)
-    return hub

@@ -13,8 +13,8 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from decentralized_verl.roles.interfaces import WorkerFailure
-from decentralized_verl.roles.samples import Sample
+from decentralized_verl.core.interfaces import WorkerFailure
+from decentralized_verl.core.samples import Sample
 
 log = logging.getLogger(__name__)
 

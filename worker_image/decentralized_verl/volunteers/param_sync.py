@@ -221,7 +221,7 @@ class ParameterSync:
 
     # -------------------------------------------------------------------------------- follower side
     async def _follow(self, leader: str, epoch: int) -> SyncResult:
-        from decentralized_verl.volunteers.p2p import peer
+        from decentralized_verl.transport.p2p import peer
 
         ask = wrappers_pb2.StringValue(value=json.dumps({"epoch": epoch}))
         reply = await self.p2p.call_protobuf_handler(peer(leader), DIGESTS, ask, wrappers_pb2.BytesValue)

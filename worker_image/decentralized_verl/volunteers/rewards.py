@@ -1,4 +1,4 @@
-"""The quick start's default reward, for prompt-only data (seed 000's prompts.json has no answers).
+"""The quick start's default reward, for prompt-only data (a prompts.json list has no answers).
 
 A stand-in that needs no ground truth and no reward model: the share of the completion made of letters
 and spaces, so a policy is pushed from character noise towards word-like text. Real jobs pass

@@ -10,37 +10,46 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from decentralized_verl.volunteers.announce import Heartbeat, VolunteerRecord
 from decentralized_verl.volunteers.dht import PeerOptions, start_dht
 
 
-class ReachOptions(Protocol):
-    """The command-line options both worker kinds share: how to reach the DHT and how often to announce."""
+@dataclass(frozen=True)
+class PeerReach:
+    """How a process reaches the job's DHT: the options every command that joins one shares (volunteers,
+    the open workers, volunteer learners, the quick-start trainer). Only `initial_peers` is positional."""
 
     initial_peers: tuple[str, ...]
+    port: int = field(default=0, kw_only=True)
+    host_maddrs: tuple[str, ...] = field(default=(), kw_only=True)
+    announce_maddrs: tuple[str, ...] = field(default=(), kw_only=True)
+    client_mode: bool = field(default=False, kw_only=True)
+    use_relay: bool = field(default=True, kw_only=True)
+    use_auto_relay: bool = field(default=False, kw_only=True)
+
+    def peer_options(self) -> PeerOptions:
+        """Listen on all interfaces at `port` unless explicit multiaddrs were given."""
+        return PeerOptions(
+            initial_peers=self.initial_peers,
+            host_maddrs=self.host_maddrs or (f"/ip4/0.0.0.0/tcp/{self.port}",),
+            announce_maddrs=self.announce_maddrs,
+            client_mode=self.client_mode,
+            use_relay=self.use_relay,
+            use_auto_relay=self.use_auto_relay,
+        )
+
+
+class ReachOptions(Protocol):
+    """What a volunteer session needs: how to reach the DHT, the job, and how often to announce."""
+
     job: str
-    port: int
-    host_maddrs: tuple[str, ...]
-    announce_maddrs: tuple[str, ...]
-    client_mode: bool
-    use_relay: bool
-    use_auto_relay: bool
     heartbeat_s: float
     ttl_s: float
 
-
-def peer_options(options: ReachOptions) -> PeerOptions:
-    """Listen on all interfaces at `--port` unless explicit multiaddrs were given."""
-    return PeerOptions(
-        initial_peers=options.initial_peers,
-        host_maddrs=options.host_maddrs or (f"/ip4/0.0.0.0/tcp/{options.port}",),
-        announce_maddrs=options.announce_maddrs,
-        client_mode=options.client_mode,
-        use_relay=options.use_relay,
-        use_auto_relay=options.use_auto_relay,
-    )
+    def peer_options(self) -> PeerOptions: ...
 
 
 class VolunteerSession:
@@ -73,7 +82,7 @@ class VolunteerSession:
 @asynccontextmanager
 async def volunteer_session(options: ReachOptions) -> AsyncIterator[VolunteerSession]:
     """Start the DHT peer off the event loop (it blocks while bootstrapping); always leave on exit."""
-    dht = await asyncio.to_thread(start_dht, peer_options(options))
+    dht = await asyncio.to_thread(start_dht, options.peer_options())
     session = VolunteerSession(dht, options)
     try:
         yield session

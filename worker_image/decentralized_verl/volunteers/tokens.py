@@ -124,8 +124,11 @@ def verify_token(
     return claims
 
 
-def load_secret(*, secret_file: str | None = None, secret_env: str | None = None) -> bytes:
-    """The job secret from a file (a mounted Secret) or an environment variable, stripped of newlines."""
+def load_secret(
+    *, secret_file: str | None = None, secret_env: str | None = None, secret_value: str | None = None
+) -> bytes:
+    """The job secret from a file (a mounted Secret), an environment variable or a value already read,
+    stripped of newlines."""
     import os
     from pathlib import Path
 
@@ -136,6 +139,8 @@ def load_secret(*, secret_file: str | None = None, secret_env: str | None = None
         if value is None:
             raise TokenError(f"environment variable {secret_env} is not set")
         data = value.strip().encode()
+    elif secret_value is not None:
+        data = secret_value.strip().encode()
     else:
         raise TokenError("give --secret-file or --secret-env")
     _check_secret(data)

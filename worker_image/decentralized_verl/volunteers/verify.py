@@ -16,7 +16,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from decentralized_verl.roles.samples import Sample
+from decentralized_verl.core.samples import Sample
 
 DEFAULT_ATOL = {"float32": 0.02, "float16": 0.1, "bfloat16": 0.25}
 """Largest |claimed - recomputed| per token accepted: incremental decoding and a full forward differ by
@@ -76,7 +76,7 @@ def model_logprobs(
     """log p(response token | prefix) under `model` for each sample, in the learner's layout."""
     import torch
 
-    from decentralized_verl.roles.samples import collate, response_logits, token_logprobs
+    from decentralized_verl.core.samples import collate, response_logits, token_logprobs
 
     out: list[tuple[float, ...]] = []
     with torch.no_grad():
@@ -106,7 +106,7 @@ class PublishedPolicy:
         self._lock = threading.Lock()
 
     def _load(self, version: int) -> None:
-        from decentralized_verl.transport.weight_service import decode_held
+        from decentralized_verl.transport.weight_receive import decode_held
         from decentralized_verl.transport.weights import cast_like
 
         held = self.publisher.get(version)
@@ -168,3 +168,18 @@ class Verifier:
         if wrong:
             self.rejected_batches += 1
         return CheckResult(len(chosen), wrong)
+
+
+def verifier_for(
+    model, publisher, *, temperature: float, pad_token_id: int, fraction: float, seed: int, atol=None
+) -> Verifier | None:
+    """A verifier over a private copy of `model` (None when nothing is to be checked); `atol` defaults to
+    the model dtype's tolerance in DEFAULT_ATOL."""
+    import copy
+
+    if fraction <= 0:
+        return None
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    policy = PublishedPolicy(copy.deepcopy(model), publisher, temperature, pad_token_id)
+    tolerance = atol if atol is not None else DEFAULT_ATOL.get(dtype, 0.25)
+    return Verifier(policy, fraction=fraction, atol=tolerance, seed=seed)

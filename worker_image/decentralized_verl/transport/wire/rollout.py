@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 
+from decentralized_verl.core.sampling import SamplingParams
 from decentralized_verl.transport.wire.common import (
     _FINISH_NAMES,
     FINISH_REASONS,
@@ -24,19 +25,6 @@ from decentralized_verl.transport.wire.common import (
     _role,
     pb,
 )
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How to sample; `n` completions per item with sample indices item.sample_index + k."""
-
-    max_new_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    stop: tuple[str, ...] = ()
-    n: int = 1
-    seed: int | None = None
 
 
 @dataclass(frozen=True)

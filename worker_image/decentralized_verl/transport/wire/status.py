@@ -1,9 +1,8 @@
-"""The coordinator's progress snapshot (what the operator writes to .status)."""
+"""The Status RPC's reply <-> `core.status.JobStatus`, validated on arrival wherever it is read."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from decentralized_verl.core.status import JobStatus
 from decentralized_verl.transport.wire.common import (
     WireError,
     _check_finite,
@@ -11,28 +10,6 @@ from decentralized_verl.transport.wire.common import (
     _optional,
     pb,
 )
-
-
-@dataclass(frozen=True)
-class JobStatus:
-    """A snapshot of training progress, as the operator writes it into `.status`."""
-
-    step: int = 0
-    total_steps: int = 0
-    phase: str = ""
-    state: str = "Pending"
-    reward_mean: float = 0.0
-    reward_std: float = 0.0
-    kl: float = 0.0
-    response_length_mean: float = 0.0
-    policy_version: int = 0
-    tokens_per_second: float = 0.0
-    phase_seconds: tuple[tuple[str, float], ...] = ()
-    last_checkpoint: str = ""
-    eval_accuracy: float | None = None
-    volunteers: int = 0
-    blocked_peers: tuple[tuple[str, str], ...] = ()
-    """(peer id, reason) in blocking order."""
 
 
 def job_status_to_proto(s: JobStatus) -> pb.JobStatus:

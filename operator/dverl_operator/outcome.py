@@ -1,0 +1,127 @@
+"""The job's `.status` after a reconcile pass: suspended, failed past backoffLimit, succeeded, failed as the
+coordinator reports, or running/pending with its progress. Pure; each returns the complete new status."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from decentralized_verl.core.status import JobStatus
+from dverl_operator import status as st
+
+Status = dict[str, Any]
+Events = list[tuple[str, str, str]]
+
+
+def with_roles(status: Mapping[str, Any], roles: dict[str, dict[str, int]], **fields: Any) -> Status:
+    return {**status, "roles": roles, "workers": st.workers_column(roles), **fields}
+
+
+def suspended(
+    status: Mapping[str, Any],
+    conditions: list,
+    desired: Mapping[str, int],
+    restarts: Mapping[str, int],
+    now: float,
+) -> tuple[Status, Events]:
+    """Pods removed, config and service kept; as a suspended Kubernetes Job the clock restarts on resume."""
+    conditions = st.set_condition(conditions, st.SUSPENDED, "True", "Suspended", "spec.suspend is true", now)
+    conditions = st.set_condition(conditions, st.READY, "False", "Suspended", "pods removed", now)
+    events = (
+        []
+        if status.get("phase") == "Suspended"
+        else [("Normal", "Suspended", "pods removed; config and service kept")]
+    )
+    kept = {k: v for k, v in status.items() if k != "startTime"}
+    roles = st.role_counts(desired, [], restarts)
+    return with_roles(kept, roles, phase="Suspended", message="suspended", conditions=conditions), events
+
+
+def backoff_exhausted(
+    status: Mapping[str, Any],
+    conditions: list,
+    desired: Mapping[str, int],
+    restarts: Mapping[str, int],
+    why: str,
+    now: float,
+) -> tuple[Status, Events]:
+    conditions = st.set_condition(conditions, st.FAILED, "True", "BackoffLimitExceeded", why, now)
+    conditions = st.set_condition(conditions, st.READY, "False", "BackoffLimitExceeded", why, now)
+    roles = st.role_counts(desired, [], restarts)
+    new = with_roles(
+        status, roles, phase="Failed", message=why, conditions=conditions, completionTime=st.timestamp(now)
+    )
+    return new, [("Warning", "BackoffLimitExceeded", why)]
+
+
+def progress_status(
+    status: Mapping[str, Any],
+    base: Status,
+    progress: JobStatus | None,
+    gateway: str | None,
+    total_steps: int | None,
+) -> tuple[Status, Events]:
+    """The coordinator's progress copied in; blocked volunteers counted (never down) with one Event each."""
+    new = dict(base)
+    events: Events = []
+    if gateway:
+        new["volunteerGateway"] = gateway
+    else:
+        new.pop("volunteerGateway", None)
+    if progress is not None:
+        new.update(st.progress_fields(progress))
+        already = int(status.get("blockedPeers") or 0)
+        for peer_id, reason in st.newly_blocked(already, progress):
+            events.append(("Warning", "VolunteerBlocked", f"peer {peer_id} blocked: {reason}"))
+        new["blockedPeers"] = max(already, len(progress.blocked_peers))
+    if total_steps and not new.get("totalSteps"):
+        new["totalSteps"] = total_steps
+    return new, events
+
+
+def succeeded(new: Status, conditions: list, now: float) -> tuple[Status, Events]:
+    conditions = st.set_condition(
+        conditions, st.SUCCEEDED, "True", "TrainingComplete", "training finished", now
+    )
+    conditions = st.set_condition(conditions, st.READY, "False", "Completed", "training finished", now)
+    new = {
+        **new,
+        "phase": "Succeeded",
+        "message": "training finished",
+        "conditions": conditions,
+        "completionTime": st.timestamp(now),
+    }
+    return new, [("Normal", "Succeeded", "training finished")]
+
+
+def coordinator_failed(new: Status, conditions: list, now: float) -> tuple[Status, Events]:
+    message = "the coordinator reports the training failed"
+    conditions = st.set_condition(conditions, st.FAILED, "True", "CoordinatorFailed", message, now)
+    new = {
+        **new,
+        "phase": "Failed",
+        "message": message,
+        "conditions": conditions,
+        "completionTime": st.timestamp(now),
+    }
+    return new, [("Warning", "CoordinatorFailed", message)]
+
+
+def running(new: Status, conditions: list, refused: bool, now: float) -> Status:
+    """Running once every worker was ready at least once (startTime), else Pending."""
+    roles = new.get("roles") or {}
+    ready = sum(r["ready"] for r in roles.values())
+    total = sum(r["desired"] for r in roles.values())
+    new = dict(new)
+    if total and ready == total:
+        conditions = st.set_condition(
+            conditions, st.READY, "True", "AllWorkersReady", f"{ready}/{total} ready", now
+        )
+        new.setdefault("startTime", st.timestamp(now))
+    else:
+        conditions = st.set_condition(
+            conditions, st.READY, "False", "WorkersNotReady", f"{ready}/{total} workers ready", now
+        )
+    phase = "Running" if new.get("startTime") else "Pending"
+    new.update(phase=phase, message="spec change refused" if refused else "", conditions=conditions)
+    return new

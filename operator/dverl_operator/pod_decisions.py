@@ -1,0 +1,139 @@
+"""Which pods of a job to create and delete now: scale, failures counted once with exponential backoff,
+replaced templates, and the learner gang (torch.distributed needs every rank restarted together). Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from decentralized_verl.spec import JobSpec
+from dverl_operator import children as kids
+from dverl_operator import status as st
+
+ANNOTATION_FAILURE_COUNTED = "dverl.io/failure-counted"
+ANNOTATION_FAILED_AT = "dverl.io/failed-at"
+LEARNER = "learner"
+
+
+@dataclass
+class PodDecision:
+    to_create: list[str] = field(default_factory=list)
+    to_delete: set[str] = field(default_factory=set)
+    scaled_away: list[str] = field(default_factory=list)
+    """Pods no longer in the plan (scaled down or role removed)."""
+    patches: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    events: list[tuple[str, str, str]] = field(default_factory=list)
+    restarts: dict[str, int] = field(default_factory=dict)
+    restart_messages: list[str] = field(default_factory=list)
+    failed_job: str | None = None
+    """Why the job fails (restarts past backoffLimit), or None."""
+    succeeded: bool = False
+    """Learner 0 exited successfully."""
+    requeue_after: float | None = None
+
+
+def backoff_delay(restarts: int, base_seconds: float, max_seconds: float) -> float:
+    """Exponential backoff before the n-th restart of a role: base, 2*base, 4*base, ... capped."""
+    if restarts <= 0:
+        return 0.0
+    return min(base_seconds * 2 ** (restarts - 1), max_seconds)
+
+
+def _annotations(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return (obj.get("metadata") or {}).get("annotations") or {}
+
+
+def learner_names(desired_pods: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    return [n for n, p in desired_pods.items() if p["metadata"]["labels"][kids.LABEL_ROLE] == LEARNER]
+
+
+def decide_pods(
+    pods: Mapping[str, Mapping[str, Any]],
+    desired_pods: Mapping[str, Mapping[str, Any]],
+    spec: JobSpec,
+    restarts: Mapping[str, int],
+    now: float,
+    backoff: tuple[float, float],
+) -> PodDecision:
+    """`backoff` is (base, max) seconds."""
+    out = PodDecision(restarts=dict(restarts))
+    out.scaled_away = [n for n, p in pods.items() if n not in desired_pods and not st.pod_deleting(p)]
+    learners = learner_names(desired_pods)
+    gang_restart = False
+    for pod_name, want in desired_pods.items():
+        role = want["metadata"]["labels"][kids.LABEL_ROLE]
+        have = pods.get(pod_name)
+        if have is None:
+            out.to_create.append(pod_name)
+            continue
+        if st.pod_deleting(have):
+            continue
+        phase = st.pod_phase(have)
+        if phase == "Succeeded" and role == LEARNER and pod_name == learners[0]:
+            out.succeeded = True
+            continue
+        if phase in ("Failed", "Succeeded"):
+            gang_restart |= _exited(out, pod_name, role, have, phase, spec, now, backoff)
+            continue
+        if _annotations(have).get(kids.ANNOTATION_TEMPLATE_HASH) != _annotations(want).get(
+            kids.ANNOTATION_TEMPLATE_HASH
+        ):
+            out.to_delete.add(pod_name)  # placement, image or rendezvous changed: replace
+            gang_restart |= role == LEARNER
+    _learner_gang(out, pods, learners, gang_restart)
+    return out
+
+
+def _exited(
+    out: PodDecision,
+    pod_name: str,
+    role: str,
+    have: Mapping[str, Any],
+    phase: str,
+    spec: JobSpec,
+    now: float,
+    backoff: tuple[float, float],
+) -> bool:
+    """Count an exited pod's failure once, then replace it after its backoff; True when a learner goes."""
+    annotations = _annotations(have)
+    if annotations.get(ANNOTATION_FAILURE_COUNTED) != "true":
+        out.restarts[role] = out.restarts.get(role, 0) + 1
+        marks = {ANNOTATION_FAILURE_COUNTED: "true", ANNOTATION_FAILED_AT: f"{now:.3f}"}
+        out.patches.append(("Pod", pod_name, {"metadata": {"annotations": marks}}))
+        reason = (have.get("status") or {}).get("reason") or phase
+        out.events.append(("Warning", "WorkerFailed", f"pod {pod_name} ({role}) {phase.lower()}: {reason}"))
+        failed_at = now
+    else:
+        failed_at = float(annotations.get(ANNOTATION_FAILED_AT) or now)
+    total = sum(out.restarts.values())
+    if total > spec.backoff_limit:
+        per_role = ", ".join(f"{r}={n}" for r, n in sorted(out.restarts.items()) if n)
+        out.failed_job = f"{total} worker restarts ({per_role}) exceed backoffLimit {spec.backoff_limit}"
+        return False
+    wait = failed_at + backoff_delay(out.restarts.get(role, 0), *backoff) - now
+    if wait > 0:
+        out.restart_messages.append(f"{pod_name} restarts in {wait:.1f}s (backoff)")
+        out.requeue_after = min(out.requeue_after or wait, wait)
+        return False
+    out.to_delete.add(pod_name)
+    return role == LEARNER
+
+
+def _learner_gang(
+    out: PodDecision, pods: Mapping[str, Mapping[str, Any]], learners: list[str], gang_restart: bool
+) -> None:
+    """torch.distributed needs every rank restarted together, from the last checkpoint."""
+    present = [n for n in learners if n in pods and not st.pod_deleting(pods[n])]
+    missing = [n for n in learners if n not in pods]
+    if present and (missing or gang_restart):
+        failed_unfinished = [
+            n for n in present if st.pod_phase(pods[n]) in ("Failed", "Succeeded") and n not in out.to_delete
+        ]
+        if not failed_unfinished:  # a failed learner still in backoff holds the gang until it ends
+            out.to_delete.update(present)
+            out.restart_messages.append("restarting the learner gang")
+        out.to_create = [n for n in out.to_create if n not in learners]
+    elif any(n in pods for n in learners) and missing:
+        # Learners still terminating: create the gang only once all old ranks are gone.
+        out.to_create = [n for n in out.to_create if n not in learners]

@@ -1,0 +1,81 @@
+"""The job's shared children (the rendered-config ConfigMap, the headless Service, the volunteer gateway
+Service): create when missing, patch when their content drifted, remove the gateway when not wanted. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from dverl_operator import children as kids
+
+Patch = tuple[str, str, dict[str, Any]]
+
+
+def _annotations(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return (obj.get("metadata") or {}).get("annotations") or {}
+
+
+def sync_shared(
+    observed_config_map: Mapping[str, Any] | None,
+    observed_service: Mapping[str, Any] | None,
+    observed_gateway: Mapping[str, Any] | None,
+    desired: kids.Children,
+    gateway_name: str,
+) -> tuple[list[dict[str, Any]], list[Patch], list[tuple[str, str]]]:
+    """(create, patch, delete) that bring the shared children to what the job wants."""
+    create: list[dict[str, Any]] = []
+    patch: list[Patch] = []
+    delete: list[tuple[str, str]] = []
+    if observed_config_map is None:
+        create.append(desired.config_map)
+    elif _annotations(observed_config_map).get(kids.ANNOTATION_CONFIG_HASH) != _annotations(
+        desired.config_map
+    ).get(kids.ANNOTATION_CONFIG_HASH):
+        metadata = desired.config_map["metadata"]
+        patch.append(
+            (
+                "ConfigMap",
+                metadata["name"],
+                {"metadata": {"annotations": metadata["annotations"]}, "data": desired.config_map["data"]},
+            )
+        )
+    if observed_service is None:
+        create.append(desired.service)
+    elif (observed_service.get("spec") or {}).get("ports") != desired.service["spec"]["ports"]:
+        patch.append(
+            (
+                "Service",
+                desired.service["metadata"]["name"],
+                {"spec": {"ports": desired.service["spec"]["ports"]}},
+            )
+        )
+    want = desired.gateway
+    if want is None:
+        if observed_gateway is not None:
+            delete.append(("Service", gateway_name))
+    elif observed_gateway is None:
+        create.append(dict(want))
+    else:
+        have_spec, want_spec = observed_gateway.get("spec") or {}, want["spec"]
+        if have_spec.get("type") != want_spec["type"] or have_spec.get("ports") != want_spec["ports"]:
+            patch.append(
+                ("Service", gateway_name, {"spec": {"type": want_spec["type"], "ports": want_spec["ports"]}})
+            )
+    return create, patch, delete
+
+
+def gateway_address(gateway: Mapping[str, Any] | None) -> str | None:
+    """Where volunteers dial the job's DHT peer: the load balancer's address, else the node port."""
+    if gateway is None:
+        return None
+    spec = gateway.get("spec") or {}
+    ports = spec.get("ports") or [{}]
+    ingress = ((gateway.get("status") or {}).get("loadBalancer") or {}).get("ingress") or []
+    if spec.get("type") == "LoadBalancer" and ingress:
+        host = ingress[0].get("ip") or ingress[0].get("hostname")
+        return f"{host}:{ports[0].get('port')}"
+    if spec.get("type") == "NodePort" and ports[0].get("nodePort"):
+        return f"<any node>:{ports[0]['nodePort']}"
+    if spec.get("type") == "ClusterIP" and spec.get("clusterIP") not in (None, "", "None"):
+        return f"{spec['clusterIP']}:{ports[0].get('port')}"
+    return None

@@ -1,0 +1,157 @@
+"""Each phase of the operator's pure decision, on its own: refusal, shared children, pods, outcome."""
+
+from __future__ import annotations
+
+import yaml
+from operator_fixtures import tiny_spec
+
+from decentralized_verl.core.status import JobStatus
+from decentralized_verl.manifest import parse_spec
+from decentralized_verl.plan import plan_job
+from dverl_operator import children as kids
+from dverl_operator import outcome
+from dverl_operator import status as st
+from dverl_operator.pod_decisions import (
+    ANNOTATION_FAILED_AT,
+    ANNOTATION_FAILURE_COUNTED,
+    backoff_delay,
+    decide_pods,
+)
+from dverl_operator.refusal import refuse_restart_changes, refused_changes
+from dverl_operator.shared_children import sync_shared
+
+NOW = 1_800_000_000.0
+BACKOFF = (10.0, 60.0)
+
+
+def children_of(spec_dict, name="j", gateway_type=None):
+    spec = parse_spec(spec_dict)
+    return spec, kids.for_job(
+        kids.Owner(name, "ns", "u-1"), spec, plan_job(spec, name), "img:1", gateway_type=gateway_type
+    )
+
+
+def running(pod):
+    return {**pod, "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def exited(pod, phase="Failed", **annotations):
+    meta = {**pod["metadata"], "annotations": {**pod["metadata"].get("annotations", {}), **annotations}}
+    return {**pod, "metadata": meta, "status": {"phase": phase}}
+
+
+# ---------------------------------------------------------------------------------------- refusal
+def test_a_model_change_is_refused_only_while_pods_run_and_not_when_suspending() -> None:
+    old, _ = children_of(tiny_spec())
+    applied = {
+        "data": {
+            kids.CONFIG_KEY: yaml.safe_dump(old.model_dump(mode="json", by_alias=True, exclude_none=True))
+        }
+    }
+    changed = parse_spec(
+        {**tiny_spec(), "model": {"tiny": {"hiddenSize": 32, "numLayers": 1, "numHeads": 2}}}
+    )
+    refusal = refuse_restart_changes(changed, applied, True, [], NOW)
+    assert refusal.refused == ["spec.model"] and refusal.effective == old
+    assert st.condition(refusal.conditions, st.SPEC_CHANGE_REFUSED)["status"] == "True"
+    assert [e[1] for e in refusal.events] == [st.SPEC_CHANGE_REFUSED]
+    again = refuse_restart_changes(changed, applied, True, refusal.conditions, NOW + 5)
+    assert again.events == []  # the same refusal is announced once
+    assert refuse_restart_changes(changed, applied, False, refusal.conditions, NOW).refused == []
+    suspending = parse_spec(
+        {**changed.model_dump(mode="json", by_alias=True, exclude_none=True), "suspend": True}
+    )
+    cleared = refuse_restart_changes(suspending, applied, True, refusal.conditions, NOW)
+    assert cleared.refused == [] and st.condition(cleared.conditions, st.SPEC_CHANGE_REFUSED) is None
+    assert refused_changes(None, changed) == []
+
+
+# ------------------------------------------------------------------------------- shared children
+def test_shared_children_are_created_then_patched_only_when_they_drift() -> None:
+    _, want = children_of(
+        tiny_spec(volunteers={"enabled": True, "tokenSecretRef": {"name": "s"}}), gateway_type="NodePort"
+    )
+    create, patch, delete = sync_shared(None, None, None, want, "j-volunteers")
+    assert [o["kind"] for o in create] == ["ConfigMap", "Service", "Service"] and not patch and not delete
+    create, patch, delete = sync_shared(want.config_map, want.service, want.gateway, want, "j-volunteers")
+    assert (create, patch, delete) == ([], [], [])
+    stale = {**want.config_map, "metadata": {**want.config_map["metadata"], "annotations": {}}}
+    retyped = {**want.gateway, "spec": {**want.gateway["spec"], "type": "LoadBalancer"}}
+    create, patch, delete = sync_shared(stale, want.service, retyped, want, "j-volunteers")
+    assert [(k, n) for k, n, _ in patch] == [
+        ("ConfigMap", want.config_map["metadata"]["name"]),
+        ("Service", "j-volunteers"),
+    ]
+    _, plain = children_of(tiny_spec())
+    assert sync_shared(want.config_map, want.service, want.gateway, plain, "j-volunteers")[2] == [
+        ("Service", "j-volunteers")
+    ]
+
+
+# ------------------------------------------------------------------------------------------- pods
+def test_a_failure_is_counted_once_and_replaced_after_its_backoff() -> None:
+    spec, want = children_of(tiny_spec())
+    pods = {n: running(p) for n, p in want.pods.items()}
+    pods["j-rollout-0"] = exited(want.pods["j-rollout-0"])
+    first = decide_pods(pods, want.pods, spec, {}, NOW, BACKOFF)
+    assert first.restarts == {"rollout": 1} and [p[1] for p in first.patches] == ["j-rollout-0"]
+    assert "j-rollout-0" not in first.to_delete and first.requeue_after == backoff_delay(1, *BACKOFF)
+    counted = exited(
+        want.pods["j-rollout-0"], **{ANNOTATION_FAILURE_COUNTED: "true", ANNOTATION_FAILED_AT: f"{NOW:.3f}"}
+    )
+    later = decide_pods({**pods, "j-rollout-0": counted}, want.pods, spec, {"rollout": 1}, NOW + 11, BACKOFF)
+    assert later.restarts == {"rollout": 1} and later.patches == [] and later.to_delete == {"j-rollout-0"}
+
+
+def test_one_failed_learner_takes_the_whole_gang_down_together() -> None:
+    roles = {"rollout": {"replicas": 2}, "learner": {"replicas": 2}}
+    spec, want = children_of(tiny_spec(roles=roles, training={"steps": 5, "batchSize": 1}))
+    pods = {n: running(p) for n, p in want.pods.items()}
+    pods.pop("j-learner-1")  # deleted: the gang restarts
+    decision = decide_pods(pods, want.pods, spec, {}, NOW, BACKOFF)
+    assert decision.to_delete == {"j-learner-0"} and "j-learner-1" not in decision.to_create
+    assert "restarting the learner gang" in decision.restart_messages
+    gone = {n: p for n, p in pods.items() if n != "j-learner-0"}
+    assert sorted(decide_pods(gone, want.pods, spec, {}, NOW, BACKOFF).to_create) == [
+        "j-learner-0",
+        "j-learner-1",
+    ]
+
+
+def test_past_the_backoff_limit_the_job_fails_with_the_counts() -> None:
+    spec, want = children_of(tiny_spec(backoffLimit=1))
+    pods = {n: exited(p) for n, p in want.pods.items() if "rollout" in n}
+    decision = decide_pods(pods, want.pods, spec, {}, NOW, BACKOFF)
+    assert decision.failed_job == "2 worker restarts (rollout=2) exceed backoffLimit 1"
+
+
+# ---------------------------------------------------------------------------------------- outcome
+def test_progress_is_copied_in_and_blocked_peers_never_count_down() -> None:
+    progress = JobStatus(
+        step=3, total_steps=9, state="Running", reward_mean=0.5, blocked_peers=(("p1", "x"),)
+    )
+    new, events = outcome.progress_status({"blockedPeers": 2}, {}, progress, "1.2.3.4:31337", 9)
+    assert new["step"] == 3 and new["reward"] == 0.5 and new["blockedPeers"] == 2 and events == []
+    assert new["volunteerGateway"] == "1.2.3.4:31337"
+    new, events = outcome.progress_status({}, {}, None, None, 9)
+    assert new == {"totalSteps": 9} and events == []
+
+
+def test_running_needs_every_worker_ready_once() -> None:
+    roles = {
+        "learner": {"ready": 1, "desired": 1, "restarts": 0},
+        "rollout": {"ready": 1, "desired": 2, "restarts": 0},
+    }
+    pending = outcome.running({"roles": roles}, [], False, NOW)
+    assert pending["phase"] == "Pending" and "startTime" not in pending
+    roles["rollout"]["ready"] = 2
+    up = outcome.running({"roles": roles}, [], True, NOW)
+    assert up["phase"] == "Running" and up["startTime"] and up["message"] == "spec change refused"
+    roles["rollout"]["ready"] = 1  # a worker restarting later does not make the job Pending again
+    assert outcome.running({**up, "roles": roles}, up["conditions"], False, NOW + 1)["phase"] == "Running"
+
+
+def test_suspending_clears_the_start_time_and_announces_once() -> None:
+    status, events = outcome.suspended({"phase": "Running", "startTime": "t"}, [], {"learner": 1}, {}, NOW)
+    assert status["phase"] == "Suspended" and "startTime" not in status and len(events) == 1
+    assert outcome.suspended(status, status["conditions"], {"learner": 1}, {}, NOW)[1] == []

@@ -1,0 +1,82 @@
+"""The worker environment is declared once (settings.py), typed, documented in README, and is the only
+place a worker reads a DVERL_* variable from."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from decentralized_verl.manifest import parse_spec
+from decentralized_verl.plan import plan_job, worker_env
+from decentralized_verl.settings import SettingsError, WorkerSettings, env_name, settings_table
+
+ROOT = Path(__file__).parents[1]
+PACKAGE = ROOT / "worker_image" / "decentralized_verl"
+
+
+def test_readme_documents_every_variable() -> None:
+    assert settings_table() in (ROOT / "README.md").read_text(), "README's worker environment table drifted"
+
+
+def test_no_module_but_settings_reads_a_dverl_variable() -> None:
+    reads = re.compile(r"""(environ(\.get)?\(|environ\[|getenv\()\s*f?["']DVERL_""")
+    offenders = [
+        str(path.relative_to(ROOT))
+        for path in PACKAGE.rglob("*.py")
+        if path.name != "settings.py" and reads.search(path.read_text())
+    ]
+    assert offenders == []
+
+
+def test_typed_values_and_errors_that_name_the_variable() -> None:
+    settings = WorkerSettings.from_env(
+        {
+            "DVERL_ROLLOUT_ADDRS": "a:1,b:2",
+            "DVERL_ROLLOUT_POOLS": "a100,",
+            "DVERL_VLLM_EAGER": "yes",
+            "DVERL_WAIT_VOLUNTEERS": "3:45",
+            "DVERL_WORKERS_POLL_S": "0.5",
+            "HOME": "/root",
+        }
+    )
+    assert settings.addresses("rollout") == ["a:1", "b:2"] and settings.pools("rollout") == ["a100"]
+    assert settings.addresses("critic") == []
+    assert settings.vllm_eager is True and settings.volunteer_wait() == (3, 45.0)
+    assert settings.workers_poll_s == 0.5
+    assert (
+        WorkerSettings.from_env({}).vllm_eager is False
+        and WorkerSettings.from_env({}).volunteer_wait() is None
+    )
+    with pytest.raises(SettingsError, match="DVERL_WORKERS_POLL_S"):
+        WorkerSettings.from_env({"DVERL_WORKERS_POLL_S": "-1"})
+    with pytest.raises(SettingsError, match="DVERL_WAIT_VOLUNTEERS"):
+        WorkerSettings.from_env({"DVERL_WAIT_VOLUNTEERS": "many"})
+
+
+def test_what_the_plan_sets_is_what_the_workers_read() -> None:
+    spec = parse_spec(
+        {
+            "model": {"tiny": {}},
+            "algorithm": {"name": "ppo", "samplesPerPrompt": 2},
+            "data": {"train": "t.jsonl"},
+            "roles": {"rollout": {"replicas": 2}, "critic": {"replicas": 1}, "reward": {"replicas": 1}},
+            "training": {"steps": 2, "batchSize": 2},
+        }
+    )
+    plan = plan_job(spec, "j")
+    addresses = {w.name: f"{w.name}:50051" for w in plan.workers}
+    declared = {field.alias for field in WorkerSettings.model_fields.values()}
+    for worker in plan.workers:
+        env = worker_env(plan, worker, addresses)
+        dverl = {k for k in env if k.startswith("DVERL_")}
+        assert dverl <= declared, dverl - declared
+        settings = WorkerSettings.from_env(env)
+        assert settings.worker_name == worker.name and settings.role == worker.role
+        if worker.role == "learner":
+            assert settings.addresses("rollout") == ["j-rollout-0:50051", "j-rollout-1:50051"]
+            assert settings.addresses("critic") == ["j-critic-0:50051"]
+        else:
+            assert settings.learner_addr == "j-learner-0:50051"
+    assert env_name("learner_addr") == "DVERL_LEARNER_ADDR"

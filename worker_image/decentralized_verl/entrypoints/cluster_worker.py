@@ -1,0 +1,127 @@
+"""`dverl worker --config JOB --role ROLE`: one in-cluster process of a job (a pod, or under `dverl run`).
+
+Reads the job config (the ConfigMap's job.yaml or `dverl run`'s copy), builds the role and serves it
+over gRPC until SIGTERM. The learner role runs the training loop instead (entrypoints/learner.py).
+
+A rollout worker also serves a weight relay (`transport.fanout.WeightRelay`) on the same port: the
+learner pushes each new version down a chain of rollout workers, each verifying and forwarding it, and
+a worker the push missed pulls from the learner (DVERL_LEARNER_ADDR) when it needs the version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from decentralized_verl.lifecycle import serve_until_stopped
+from decentralized_verl.manifest import load_job
+from decentralized_verl.settings import WorkerSettings
+from decentralized_verl.spec import JobSpec
+
+if TYPE_CHECKING:
+    from decentralized_verl.serving.rollout import RolloutWorker
+
+log = logging.getLogger(__name__)
+
+
+def base_dir_of(config: Path, annotations: dict | None) -> Path:
+    """Where relative data paths resolve: the manifest's folder `dverl run` recorded, else the config's."""
+    recorded = (annotations or {}).get("dverl.io/base-dir")
+    return Path(recorded) if recorded else config.parent
+
+
+async def serve_role(spec: JobSpec, job: str, role: str, index: int, port: int, base_dir: Path) -> int:
+    from decentralized_verl.backends.base import make_backend
+    from decentralized_verl.models.loading import load_model_and_tokenizer
+    from decentralized_verl.serving import scoring, servicers
+    from decentralized_verl.serving.rollout import RolloutWorker
+
+    worker_id = f"{job}-{role}-{index}"
+    settings = WorkerSettings.from_env()
+    if role == "rollout":
+        model, tokenizer = load_model_and_tokenizer(spec.model)
+        backend = make_backend(spec.roles.rollout.backend, model, tokenizer, seed=spec.training.seed + index)
+        return await serve_rollout(
+            RolloutWorker(backend, worker_id, backend_name=spec.roles.rollout.backend),
+            port,
+            learner=settings.learner_addr,
+            host=settings.server_host(),
+        )
+    if role == "reference":
+        handler = servicers.ReferenceServicer(scoring.ReferenceWorker.from_spec(spec, worker_id=worker_id))
+    elif role == "critic":
+        handler = servicers.CriticServicer(scoring.CriticWorker.from_spec(spec, worker_id=worker_id))
+    elif role == "reward":
+        handler = servicers.RewardServicer(scoring.RewardWorker.from_spec(spec))
+    else:
+        raise ValueError(f"unknown role {role!r}")
+    health = servicers.HealthServicer(role=role, worker_id=worker_id, ready=True)
+    server = await servicers.serve(port, handler, health, host=settings.server_host())
+    try:
+        return await serve_until_stopped(f"{worker_id} ready on port {port}", announce=log.info)
+    finally:
+        await server.stop(grace=2.0)
+
+
+async def serve_rollout(worker: RolloutWorker, port: int, *, learner: str | None, host: str) -> int:
+    """Serve a `RolloutWorker` and a weight relay on one port until stopped.
+
+    With a learner address the worker's weights come from the relay (versions the learner pushed)
+    or, when a push missed it, from a pull from the learner; without one it keeps its own weights.
+    """
+    from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc
+    from decentralized_verl.serving import servicers
+    from decentralized_verl.transport.fanout import WeightRelay, serve_relay
+    from decentralized_verl.transport.fanout_runtime import RelayWeightSource
+    from decentralized_verl.transport.weight_service import WeightPublisher
+
+    relay = WeightRelay(WeightPublisher(keep=1))  # a rollout worker only ever needs the newest version
+    if learner:
+        worker.weight_source = RelayWeightSource(relay, learner, asyncio.get_running_loop())
+    health = servicers.HealthServicer(role="rollout", worker_id=worker.worker_id, ready=True)
+    rollout = servicers.RolloutServicer(worker)
+    server = await serve_relay(
+        relay,
+        port,
+        host,
+        add=(
+            lambda s: pb_grpc.add_RolloutServicer_to_server(rollout, s),
+            lambda s: pb_grpc.add_HealthServicer_to_server(health, s),
+        ),
+    )
+    try:
+        ready = f"{worker.worker_id} ready on port {server.port} (weight relay on the same port)"
+        return await serve_until_stopped(ready, announce=log.info)
+    finally:
+        await server.stop(grace=2.0)
+        await relay.close()
+
+
+def load_worker_config(path: Path, job_name: str | None) -> tuple[JobSpec, str, Path]:
+    """A whole RLHFJob manifest (`dverl run`) or the bare spec the operator's ConfigMap holds."""
+    from decentralized_verl.errors import ManifestError, Problem
+    from decentralized_verl.manifest import load_yaml_text, parse_spec
+
+    document = load_yaml_text(path.read_text(encoding="utf-8"), str(path))
+    if isinstance(document, dict) and "kind" in document:
+        job = load_job(path)
+        extra = job.metadata.model_extra or {}
+        return job.spec, job.metadata.name, base_dir_of(path, extra.get("annotations"))
+    if not job_name:
+        raise ManifestError([Problem("--job", "required when the config is a bare spec")], str(path))
+    return parse_spec(document, str(path)), job_name, path.parent
+
+
+def main_cluster_worker(
+    config: str, role: str, index: int, port: int, output: str | None, resume: bool, job: str | None = None
+) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    spec, name, base = load_worker_config(Path(config), job)
+    if role == "learner":
+        from decentralized_verl.entrypoints.learner import run
+
+        out = Path(output or WorkerSettings.from_env().output or Path("runs") / name)
+        return run(spec, name, port=port, output=out, base_dir=base, resume=resume)
+    return asyncio.run(serve_role(spec, name, role, index, port, base))

@@ -1,0 +1,134 @@
+"""The learner process: rank 0 coordinates and serves Status/Weights; other ranks follow in lock-step.
+
+Roles the plan gives workers of their own are reached over gRPC; roles with replicas 0 are built here,
+in-process, behind the same client protocols (`orchestration.wiring`). The loop itself comes from
+`orchestration.assemble.build_loop`. Rendezvous comes from the environment torchrun would set
+(MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from decentralized_verl.core.status import StatusBoard
+from decentralized_verl.models.loading import load_model_and_tokenizer
+from decentralized_verl.settings import WorkerSettings
+from decentralized_verl.spec import JobSpec
+from decentralized_verl.training import distributed
+from decentralized_verl.training.trainer import PolicyTrainer
+
+log = logging.getLogger(__name__)
+
+
+async def run_learner(
+    spec: JobSpec, job: str, *, port: int, output: Path, base_dir: Path | None, resume: bool
+) -> int:
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", str(spec.roles.learner.replicas)))
+    torch.manual_seed(spec.training.seed)
+    distributed.init_distributed(world, rank)
+    model, tokenizer = load_model_and_tokenizer(spec.model)
+    trainer = PolicyTrainer(model, spec, distributed=world > 1)
+    if rank != 0:
+        return distributed.follow(trainer)
+    return await _coordinate(
+        spec, job, trainer, tokenizer, port=port, output=output, base_dir=base_dir, resume=resume
+    )
+
+
+async def _coordinate(
+    spec: JobSpec,
+    job: str,
+    trainer: PolicyTrainer,
+    tokenizer,
+    *,
+    port: int,
+    output: Path,
+    base_dir: Path | None,
+    resume: bool,
+) -> int:
+    from decentralized_verl.orchestration.assemble import build_loop
+    from decentralized_verl.orchestration.membership import follow_scaling
+    from decentralized_verl.orchestration.status_service import CoordinatorServicer
+    from decentralized_verl.orchestration.wiring import connect_roles
+    from decentralized_verl.serving.servicers import HealthServicer, serve
+    from decentralized_verl.training.checkpoints import checkpoint_root, restore_latest
+    from decentralized_verl.transport.weight_service import WeightPublisher, WeightsServicer
+    from decentralized_verl.volunteers.coordinator_side import join_volunteers
+
+    model = trainer.model
+    world = spec.roles.learner.replicas
+    status = StatusBoard()
+    # Native dtype on the wire keeps rollout and learner log-probs identical; bf16 models send bf16.
+    publisher = WeightPublisher(dtype=None, is_adapter=spec.model.lora is not None)
+    health = HealthServicer(role="learner", worker_id=f"{job}-learner-0")
+    server = await serve(
+        port,
+        CoordinatorServicer(status),
+        WeightsServicer(publisher),
+        health,
+        host=WorkerSettings.from_env().server_host(),
+    )
+    followers_released = False
+    loop = None
+    try:
+        start = restore_latest(trainer, checkpoint_root(spec, output)) if resume else None
+        roles = await connect_roles(
+            spec,
+            job,
+            model,
+            tokenizer,
+            temperature=trainer.settings.temperature,
+            publisher=publisher,
+            start_version=start.policy_version if start else 0,
+        )
+        loop = await build_loop(
+            spec,
+            trainer,
+            tokenizer,
+            roles,
+            job=job,
+            output=output,
+            base_dir=base_dir,
+            status=status,
+            resume=start,
+            scatter=distributed.scatter if world > 1 else None,
+            attach=(join_volunteers(publisher, output), follow_scaling),
+        )
+        health.set_ready(True)
+        summary = await loop.run()
+        if world > 1:
+            summary["replica_digests"] = distributed.release_followers(model, world)
+            if len(set(summary["replica_digests"])) != 1:
+                log.error("learner replicas diverged: %s", summary["replica_digests"])
+        followers_released = True
+        (output / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        log.info("summary: %s", summary)
+        return 0
+    finally:
+        if world > 1 and dist.is_initialized() and not followers_released:
+            distributed.release_followers(model, world)
+        if loop is not None:
+            await loop.close()
+        await server.stop(grace=1.0)
+
+
+def run(spec: JobSpec, job: str, *, port: int, output: Path, base_dir: Path | None, resume: bool) -> int:
+    """Run this learner rank to the end; a rank of a distributed group leaves through `exit_process`."""
+    code = 1
+    try:
+        code = asyncio.run(run_learner(spec, job, port=port, output=output, base_dir=base_dir, resume=resume))
+    except BaseException:
+        if not dist.is_initialized():
+            raise
+        log.exception("learner failed")
+    if dist.is_initialized():
+        distributed.exit_process(code)
+    return code

@@ -1,0 +1,143 @@
+"""The volunteer process: `dverl worker --initial-peers MADDR --job NAME --token TOKEN --role rollout`.
+
+join the job's DHT -> send the token to the coordinator named in it (authenticated P2P) -> fetch the
+job's spec and the current weights (chunks, hash-checked) -> serve generation over a P2P stream
+handler -> announce role, hardware, measured tokens/s and policy version with a heartbeat.
+The volunteer never holds the job secret or any cluster credential; it runs until SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from decentralized_verl.errors import VolunteerError
+from decentralized_verl.lifecycle import serve_until_stopped
+from decentralized_verl.volunteers.session import PeerReach
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class VolunteerOptions(PeerReach):
+    job: str
+    token: str
+    role: str = "rollout"
+    model: str | None = None
+    """A local model path overriding the job's model source (same architecture; weights still come
+    from the coordinator)."""
+    heartbeat_s: float = 5.0
+    ttl_s: float = 20.0
+    join_timeout_s: float = 300.0
+
+
+async def _join_with_retry(p2p, coordinator: str, request, timeout: float):
+    from decentralized_verl.transport import p2p as wire
+
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        try:
+            return await wire.join(p2p, coordinator, request, timeout=min(30.0, timeout))
+        except Exception as exc:  # the coordinator is not up yet, or not reachable yet
+            last = f"{type(exc).__name__}: {exc}"
+            await asyncio.sleep(1.0)
+    raise VolunteerError(f"could not reach the coordinator {coordinator} in {timeout:g}s ({last})")
+
+
+async def run_volunteer(
+    options: VolunteerOptions,
+    *,
+    stop: asyncio.Event | None = None,
+    configure: Callable[[object], None] | None = None,
+) -> int:
+    """Run until `stop` (or a signal). `configure(endpoint)` lets tests make a dishonest volunteer."""
+    from decentralized_verl.backends.base import make_backend
+    from decentralized_verl.models.loading import load_model_and_tokenizer
+    from decentralized_verl.serving.p2p_endpoints import RolloutEndpoint
+    from decentralized_verl.serving.rollout import RolloutWorker
+    from decentralized_verl.spec import JobSpec
+    from decentralized_verl.transport import messages as m
+    from decentralized_verl.transport import p2p as wire
+    from decentralized_verl.volunteers.announce import VolunteerRecord, hardware_summary
+    from decentralized_verl.volunteers.session import volunteer_session
+    from decentralized_verl.volunteers.tokens import TokenError, read_claims
+
+    claims = read_claims(options.token)
+    if claims.job != options.job:
+        raise TokenError(f"the token is for job {claims.job!r}, not {options.job!r}")
+    if claims.expires_at < time.time():
+        raise TokenError("the token has expired; ask the job's owner for a new one (`dverl token`)")
+    if options.role in ("reward", "reference"):
+        # A token-checked job's coordinator computes rewards and reference log-probs on the trusted side:
+        # a reward is the training signal itself and cannot be verified from its shape.
+        raise VolunteerError(
+            f"role {options.role!r}: a token-checked job never takes {options.role} results from a "
+            "volunteer; reward and reference volunteers serve the open quick start on trusted networks "
+            "(`--model PATH` without --token)"
+        )
+    if options.role not in ("rollout", "actor"):
+        raise VolunteerError(f"role {options.role!r}: only rollout volunteers can join a job yet")
+    began = time.perf_counter()
+    async with volunteer_session(options) as session:
+        p2p = await session.p2p()
+        me = session.me
+        hardware = hardware_summary()
+        request = m.JoinRequest(options.job, options.token, "rollout", hardware, 0.0)
+        reply = await _join_with_retry(p2p, claims.coordinator, request, options.join_timeout_s)
+        if not reply.accepted:
+            raise VolunteerError(f"the coordinator refused to let this peer join: {reply.reason}")
+        spec = JobSpec.model_validate_json(await wire.fetch_spec(p2p, claims.coordinator, options.job))
+        model_spec = spec.model
+        if options.model:
+            model_spec = type(spec.model).model_validate({"path": options.model, "dtype": spec.model.dtype})
+        model, tokenizer = await asyncio.to_thread(load_model_and_tokenizer, model_spec)
+        backend = make_backend(
+            spec.roles.rollout.backend, model, tokenizer, seed=spec.training.seed, version=-1
+        )
+        source = wire.P2PWeightSource(p2p, claims.coordinator, asyncio.get_running_loop())
+        worker = RolloutWorker(
+            backend, f"volunteer-{me[-8:]}", source, backend_name=spec.roles.rollout.backend
+        )
+        held = await asyncio.to_thread(worker.ensure_version, reply.policy_version)
+        joined_s = time.perf_counter() - began
+        vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+        endpoint = RolloutEndpoint(
+            p2p, worker, coordinator=claims.coordinator, limits=m.WireLimits(vocab_size=vocab)
+        )
+        if configure is not None:
+            configure(endpoint)
+        await endpoint.register()
+        started = time.time()
+
+        def record(expires_at: float) -> VolunteerRecord:
+            return VolunteerRecord(
+                peer_id=me,
+                role="rollout",
+                hardware=hardware,
+                tokens_per_second=float(worker.tokens_per_second),
+                policy_version=int(worker.version),
+                expires_at=expires_at,
+                started_at=started,
+            )
+
+        await session.announce(record)
+        ready = (
+            f"volunteer {me} joined job {options.job} as rollout: weights v{held} "
+            f"({source.bytes_received} bytes) in {joined_s:.2f}s"
+        )
+        return await serve_until_stopped(
+            ready,
+            served=lambda: (
+                f"volunteer {me} served {endpoint.samples} samples in {endpoint.requests} requests"
+            ),
+            stop=stop,
+        )
+
+
+def main_volunteer(options: VolunteerOptions) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return asyncio.run(run_volunteer(options))

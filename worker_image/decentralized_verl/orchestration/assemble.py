@@ -1,0 +1,164 @@
+"""`build_loop`: the one place the training loop is put together.
+
+Whoever trains (the learner pod and `dverl run`, the open DHT quick start, the Python facade, the
+benchmarks) brings the trainer and the roles it reached (`wiring.connect_roles`, or volunteers found in a
+DHT) and gets back a `Loop`: the coordinator with its dispatcher, prompts, sampler, metrics file and
+checkpoints, built the same way every time. What differs between callers enters as data (a resume point,
+an output folder) or as an attachment: a hook that joins the dispatcher before the first step (the
+volunteer hub, the in-cluster scaling watcher) and says how to let go of it at the end.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from decentralized_verl.core.samples import Prompt
+from decentralized_verl.core.status import StatusBoard
+from decentralized_verl.metrics import MetricsLog
+from decentralized_verl.orchestration.coordinator import Coordinator, LoopParts
+from decentralized_verl.orchestration.dispatch import Dispatcher
+from decentralized_verl.orchestration.wiring import RoleClients
+from decentralized_verl.spec import JobSpec
+from decentralized_verl.training.checkpoints import ResumePoint
+
+log = logging.getLogger(__name__)
+
+Closer = Callable[[], Awaitable[None]]
+
+
+@dataclass
+class LoopContext:
+    """What an attachment sees before the first step; it may add workers to `dispatcher` and wrap
+    `roles.publish` (volunteers learn of new weights that way)."""
+
+    spec: JobSpec
+    job: str
+    trainer: Any
+    tokenizer: Any
+    roles: RoleClients
+    dispatcher: Dispatcher
+    status: StatusBoard
+    start_version: int
+
+
+Attachment = Callable[[LoopContext], Awaitable[Closer | None]]
+
+
+@dataclass
+class Loop:
+    """A ready coordinator and everything to release once it is done (`close`, always)."""
+
+    coordinator: Coordinator
+    parts: LoopParts
+    closers: list[Closer] = field(default_factory=list)
+
+    async def run(self) -> dict[str, Any]:
+        """Train to the end; returns the coordinator's summary."""
+        return await self.coordinator.run()
+
+    async def close(self) -> None:
+        for close in reversed(self.closers):
+            try:
+                await close()
+            except Exception:  # one failed release must not keep the others from running
+                log.exception("closing the training loop")
+
+
+async def build_loop(
+    spec: JobSpec,
+    trainer: Any,
+    tokenizer: Any,
+    roles: RoleClients,
+    *,
+    job: str,
+    output: Path | None = None,
+    prompts: Sequence[Prompt] | None = None,
+    base_dir: Path | None = None,
+    status: StatusBoard | None = None,
+    resume: ResumePoint | None = None,
+    scatter: Callable[[list[Any]], Any] | None = None,
+    on_step: Callable[[dict[str, Any]], None] | None = None,
+    attach: Sequence[Attachment] = (),
+) -> Loop:
+    """Put the loop together from a spec, a trainer and the roles it talks to.
+
+    `output` holds metrics.jsonl and, when the spec asks for them, checkpoints (none without it).
+    `prompts` defaults to the spec's training file rendered for `tokenizer`. `scatter` sends data-parallel
+    learner replicas their shards (None for one learner).
+    """
+    from decentralized_verl.data import PromptSampler
+    from decentralized_verl.orchestration.prompts import prepare_prompts
+    from decentralized_verl.training.checkpoints import checkpoint_root, save_training_checkpoint
+
+    status = status or StatusBoard()
+    closers: list[Closer] = [roles.close]
+    metrics = None
+    try:
+        if prompts is None:
+            prompts = prepare_prompts(spec, tokenizer, spec.data.train, base_dir)
+        eval_prompts = (
+            prepare_prompts(spec, tokenizer, spec.data.eval, base_dir, limit=spec.data.eval_samples)
+            if spec.data.eval
+            else []
+        )
+        sampler = PromptSampler(
+            len(prompts),
+            spec.training.batch_size * spec.roles.learner.replicas,
+            seed=spec.training.seed,
+            drop_last=True,
+        )
+        start_step = start_version = 0
+        if resume is not None:
+            sampler.load_state(resume.sampler_state)
+            start_step, start_version = resume.step, resume.policy_version
+            status.update(last_checkpoint=str(resume.folder))
+
+        checkpoint = None
+        if output is not None and spec.training.checkpoint.every:
+            root = checkpoint_root(spec, output)
+
+            def checkpoint(step: int, state: dict[str, Any]) -> str:
+                keep = spec.training.checkpoint.keep
+                return str(save_training_checkpoint(root, trainer, tokenizer, step, state, keep))
+
+        dispatcher = Dispatcher(roles.rollout, roles.priors)
+        context = LoopContext(spec, job, trainer, tokenizer, roles, dispatcher, status, start_version)
+        for attachment in attach:
+            closer = await attachment(context)
+            if closer is not None:
+                closers.append(closer)
+        if output is not None:
+            metrics = MetricsLog(output / "metrics.jsonl", list(spec.training.logging))
+
+            async def close_metrics() -> None:
+                metrics.close()
+
+            closers.append(close_metrics)
+        parts = LoopParts(
+            spec=spec,
+            trainer=trainer,
+            dispatcher=dispatcher,
+            reward=roles.reward,
+            reference=roles.reference,
+            critic=roles.critic,
+            prompts=prompts,
+            eval_prompts=eval_prompts,
+            sampler=sampler,
+            pad_token_id=tokenizer.pad_token_id,
+            publish=roles.publish,
+            scatter=scatter,
+            checkpoint=checkpoint,
+            status=status,
+            metrics=metrics,
+            on_step=on_step,
+            async_capable=roles.remote_rollout,
+        )
+    except BaseException:
+        await Loop(None, None, closers).close()  # type: ignore[arg-type]
+        raise
+    coordinator = Coordinator(parts, start_step=start_step, start_version=start_version)
+    return Loop(coordinator, parts, closers)

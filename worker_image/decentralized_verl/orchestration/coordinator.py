@@ -1,0 +1,337 @@
+"""The training loop of learner rank 0 (README, "How one training step flows").
+
+prompts -> rollout (dispatched by throughput) -> rewards -> reference / critic -> filters and advantages
+-> data-parallel update -> new weights out -> metrics, status, checkpoint, eval. The roles are reached
+through the protocols in `core.interfaces`, whether they are remote workers or colocated in this process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from decentralized_verl.core.interfaces import CriticClient, ReferenceClient, RewardClient
+from decentralized_verl.core.samples import Prompt, Sample, collate
+from decentralized_verl.core.sampling import SamplingParams
+from decentralized_verl.core.status import StatusBoard
+from decentralized_verl.metrics import MetricsLog
+from decentralized_verl.orchestration.dispatch import Dispatcher
+from decentralized_verl.spec import JobSpec
+from decentralized_verl.training.advantage_step import AlgorithmSettings, attach_advantages, select_samples
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LoopParts:
+    """Everything the loop talks to; put together only by `assemble.build_loop`."""
+
+    spec: JobSpec
+    trainer: Any  # PolicyTrainer
+    dispatcher: Dispatcher
+    reward: RewardClient
+    reference: ReferenceClient | None
+    critic: CriticClient | None
+    prompts: Sequence[Prompt]
+    eval_prompts: Sequence[Prompt]
+    sampler: Any  # PromptSampler over `prompts`, sharded for world size 1 (rank 0 draws for everyone)
+    pad_token_id: int
+    publish: Callable[[int], None]
+    """Make policy version v available to rollout workers (weights out)."""
+    scatter: Callable[[list[Any]], Any] | None = None
+    """Data-parallel: send each learner rank its shard, return rank 0's (None for one learner)."""
+    checkpoint: Callable[[int, dict[str, Any]], str] | None = None
+    status: StatusBoard = field(default_factory=StatusBoard)
+    metrics: MetricsLog | None = None
+    on_step: Callable[[dict[str, Any]], None] | None = None
+    async_capable: bool = False
+    """True when rollout runs outside the learner, so generation may overlap the update (maxStaleness)."""
+
+
+@dataclass
+class Generated:
+    """One batch's rollout and rewards, possibly produced ahead of the step that learns on it."""
+
+    items: list[tuple[Prompt, int]]
+    samples: list[Sample]
+    report: Any
+    version: int
+    timings: dict[str, float]
+    started: float
+
+
+class Coordinator:
+    def __init__(self, parts: LoopParts, start_step: int = 0, start_version: int = 0) -> None:
+        self.p = parts
+        self.spec = parts.spec
+        self.settings = AlgorithmSettings.from_spec(parts.spec)
+        self.step = start_step
+        self.version = start_version
+        self.total_steps = self._total_steps()
+        self.eval_history: list[tuple[int, float]] = []
+        self._last_step_end: float | None = None
+        self.max_staleness = parts.spec.training.max_staleness if parts.async_capable else 0
+        if parts.spec.training.max_staleness and not parts.async_capable:
+            log.warning(
+                "training.maxStaleness needs rollout workers of their own (replicas >= 1); running on-policy"
+            )
+
+    def _total_steps(self) -> int:
+        training = self.spec.training
+        if training.steps is not None:
+            return training.steps
+        per_epoch = max(1, len(self.p.prompts) // self._prompts_per_step())
+        return per_epoch * (training.epochs or 1)
+
+    def _prompts_per_step(self) -> int:
+        return self.spec.training.batch_size * self.spec.roles.learner.replicas
+
+    def sampling(self, greedy: bool = False) -> SamplingParams:
+        data = self.spec.data
+        return SamplingParams(
+            max_new_tokens=data.max_new_tokens,
+            temperature=0.0 if greedy else data.temperature,
+            top_p=1.0 if greedy else data.top_p,
+            top_k=0 if greedy else data.top_k,
+            stop=tuple(data.stop),
+            seed=self.spec.training.seed + self.step * 7919,
+        )
+
+    def _phase(self, name: str, timings: dict[str, float]) -> Callable[[], None]:
+        self.p.status.update(phase=name)
+        started = time.perf_counter()
+
+        def done() -> None:
+            timings[name] = timings.get(name, 0.0) + time.perf_counter() - started
+
+        return done
+
+    # ---------------------------------------------------------------------------------------- eval
+    async def evaluate(self) -> dict[str, float]:
+        """Greedy answers on the held-out prompts; accuracy = share of fully correct answers."""
+        if not self.p.eval_prompts:
+            return {}
+        items = [(prompt, 0) for prompt in self.p.eval_prompts]
+        samples, _ = await self.p.dispatcher.run(items, self.sampling(greedy=True), self.version)
+        scores = await self.p.reward.score(samples, self.spec.data.reward_type)
+        values = [s for s, _ in scores]
+        accuracy = sum(1.0 for v in values if v >= 1.0 - 1e-6) / len(values)
+        self.eval_history.append((self.step, accuracy))
+        self.p.status.update(eval_accuracy=accuracy)
+        return {"eval_accuracy": accuracy, "eval_reward_mean": statistics.fmean(values)}
+
+    # ---------------------------------------------------------------------------------------- step
+    def next_items(self) -> list[tuple[Prompt, int]]:
+        """The next prompt batch as (prompt, sample index) work items, groups numbered from 0."""
+        parts, n = self.p, self.spec.algorithm.samples_per_prompt
+        prompts = [
+            Prompt(
+                parts.prompts[i].prompt_id,
+                group,
+                parts.prompts[i].token_ids,
+                parts.prompts[i].text,
+                parts.prompts[i].ground_truth,
+            )
+            for group, i in enumerate(parts.sampler.next_global_batch())
+        ]
+        return [(prompt, k) for prompt in prompts for k in range(n)]
+
+    async def generate(self, items: list[tuple[Prompt, int]]) -> Generated:
+        """Rollout and rewards for one batch, with the policy version current at launch."""
+        timings: dict[str, float] = {}
+        started = time.perf_counter()
+        version = self.version
+        samples, report = await self.p.dispatcher.run(items, self.sampling(), version)
+        timings["rollout"] = time.perf_counter() - started
+        mark = time.perf_counter()
+        scores = await self.p.reward.score(samples, self.spec.data.reward_type)
+        samples = [
+            s.with_(score=score, score_reason=reason)
+            for s, (score, reason) in zip(samples, scores, strict=True)
+        ]
+        timings["reward"] = time.perf_counter() - mark
+        return Generated(items, samples, report, version, timings, started)
+
+    async def run_step(self, generated: Generated | None = None) -> dict[str, Any]:
+        """One step: rollout (unless already generated ahead, async RL), then learn on it."""
+        if generated is None:
+            self.p.status.update(phase="rollout")
+            generated = await self.generate(self.next_items())
+        return await self.learn(generated)
+
+    async def learn(self, generated: Generated) -> dict[str, Any]:
+        parts = self.p
+        timings = dict(generated.timings)
+        started = generated.started
+        items, report = generated.items, generated.report
+        # Samples older than maxStaleness versions are dropped; fresher off-policy ones are importance-
+        # corrected by the PPO ratio against their behaviour log-probs (the rollout's own).
+        fresh = [s for s in generated.samples if s.policy_version >= self.version - self.max_staleness]
+        stale_dropped = len(generated.samples) - len(fresh)
+        samples = fresh
+        rewards = [float(s.score or 0.0) for s in generated.samples]
+
+        kept, filter_metrics = select_samples(samples, self.settings)
+        kept = self._even_for_learners(kept)
+        metrics: dict[str, Any] = {}
+        if kept:
+            if parts.reference is not None:
+                done = self._phase("reference", timings)
+                ref = await parts.reference.logprobs(kept)
+                kept = [s.with_(ref_logprobs=r) for s, r in zip(kept, ref, strict=True)]
+                done()
+            if parts.critic is not None:
+                done = self._phase("critic", timings)
+                values = await parts.critic.values(kept)
+                kept = [s.with_(values=v) for s, v in zip(kept, values, strict=True)]
+                done()
+            done = self._phase("update", timings)
+            batch = collate(kept, parts.pad_token_id)
+            metrics.update(attach_advantages(batch, self.settings))
+            metrics.update(await asyncio.to_thread(self._update, batch))
+            done()
+            if parts.critic is not None:
+                done = self._phase("critic", timings)
+                returns = [
+                    tuple(batch.returns[i, : len(s.response_ids)].tolist()) for i, s in enumerate(kept)
+                ]
+                old = [s.values for s in kept]
+                metrics["critic_loss"] = await parts.critic.train(kept, returns, old, self.version)
+                done()
+        self.version += 1
+        done = self._phase("weights", timings)
+        await asyncio.to_thread(parts.publish, self.version)
+        done()
+        self.step += 1
+
+        lengths = [len(s.response_ids) for s in generated.samples]
+        now = time.perf_counter()
+        elapsed = now - max(started, self._last_step_end or started)  # wall time this step added
+        self._last_step_end = now
+        record: dict[str, Any] = {
+            "step": self.step,
+            "policy_version": self.version,
+            "reward_mean": statistics.fmean(rewards),
+            "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
+            "response_length_mean": statistics.fmean(lengths),
+            "truncated_frac": sum(s.finish_reason == "length" for s in generated.samples)
+            / len(generated.samples),
+            "tokens": report.tokens,
+            "tokens_per_second": report.tokens / max(report.seconds, 1e-9),
+            "step_seconds": elapsed,
+            "redispatched": report.redispatched,
+            "worker_failures": len(report.failures),
+            "rollout_workers": len(report.assigned),
+            "samples": len(generated.samples),
+            "expected_samples": len(items),
+            "stale_dropped": stale_dropped,
+            "staleness": self.version - 1 - generated.version,
+            "unique_samples": len({s.key for s in generated.samples}),
+            "duplicates_dropped": report.duplicates_dropped,
+            **{f"time_{k}": v for k, v in timings.items()},
+            **filter_metrics,
+            **metrics,
+        }
+        if self.spec.training.eval_every and self.step % self.spec.training.eval_every == 0:
+            done = self._phase("eval", timings)
+            record.update(await self.evaluate())
+            done()
+        if (
+            parts.checkpoint
+            and self.spec.training.checkpoint.every
+            and (self.step % self.spec.training.checkpoint.every == 0 or self.step == self.total_steps)
+        ):
+            done = self._phase("checkpoint", timings)
+            path = await asyncio.to_thread(parts.checkpoint, self.step, self.resume_state())
+            parts.status.update(last_checkpoint=path)
+            record["checkpoint"] = path
+            done()
+        self._publish_progress(record, timings)
+        return record
+
+    def _even_for_learners(self, kept: list[Sample]) -> list[Sample]:
+        """Data-parallel replicas must run the same number of micro-batches: trim to a multiple."""
+        world = self.spec.roles.learner.replicas
+        usable = len(kept) - len(kept) % world
+        return kept[:usable]
+
+    def _update(self, batch) -> dict[str, float]:
+        import torch
+
+        world = self.spec.roles.learner.replicas
+        if world == 1 or self.p.scatter is None:
+            return self.p.trainer.update(batch)
+        order = torch.arange(batch.size)
+        shards = [batch.select(order[r::world]) for r in range(world)]
+        mine = self.p.scatter(shards)
+        return self.p.trainer.update(mine)
+
+    def resume_state(self) -> dict[str, Any]:
+        return {"step": self.step, "policy_version": self.version, "sampler": self.p.sampler.state()}
+
+    def _publish_progress(self, record: dict[str, Any], timings: dict[str, float]) -> None:
+        self.p.status.update(
+            step=self.step,
+            total_steps=self.total_steps,
+            reward_mean=record["reward_mean"],
+            reward_std=record["reward_std"],
+            kl=float(record.get("kl", 0.0)),
+            response_length_mean=record["response_length_mean"],
+            policy_version=self.version,
+            tokens_per_second=record["tokens_per_second"],
+            phase_seconds=tuple(sorted(timings.items())),
+            phase="idle",
+        )
+        if self.p.metrics is not None:
+            self.p.metrics.write({"time": time.time(), **record})
+        if self.p.on_step is not None:
+            self.p.on_step(record)
+
+    # ------------------------------------------------------------------------------------------ run
+    async def run(self) -> dict[str, Any]:
+        """Eval before, train to the end, eval after; returns the summary."""
+        status = self.p.status
+        status.update(state="Running", total_steps=self.total_steps, policy_version=self.version)
+        before = await self.evaluate() if self.p.eval_prompts else {}
+        first_rewards: list[float] = []
+        last_rewards: list[float] = []
+        started = time.perf_counter()
+        ahead: deque[asyncio.Task[Generated]] = deque()
+        launched = self.step
+        try:
+            while self.step < self.total_steps:
+                # Keep up to maxStaleness batches generating while this one trains (async RL);
+                # with 0 the next rollout starts only after the new weights are out (on-policy).
+                while launched < self.total_steps and len(ahead) < 1 + self.max_staleness:
+                    ahead.append(asyncio.create_task(self.generate(self.next_items())))
+                    launched += 1
+                status.update(phase="rollout")
+                record = await self.learn(await ahead.popleft())
+                first_rewards.append(record["reward_mean"])
+                last_rewards.append(record["reward_mean"])
+        except BaseException:
+            status.update(state="Failed")
+            for task in ahead:
+                task.cancel()
+            raise
+        after = await self.evaluate() if self.p.eval_prompts else {}
+        window = max(1, min(5, len(first_rewards) // 3 or 1))
+        summary = {
+            "steps": self.step,
+            "policy_version": self.version,
+            "seconds": time.perf_counter() - started,
+            "reward_first": statistics.fmean(first_rewards[:window]) if first_rewards else math.nan,
+            "reward_last": statistics.fmean(last_rewards[-window:]) if last_rewards else math.nan,
+            "eval_accuracy_before": before.get("eval_accuracy"),
+            "eval_accuracy_after": after.get("eval_accuracy"),
+            "last_checkpoint": status.current.last_checkpoint,
+        }
+        status.update(state="Succeeded", phase="done")
+        return summary

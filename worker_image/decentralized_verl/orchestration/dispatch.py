@@ -1,0 +1,199 @@
+"""Throughput-weighted dispatch of generation work, with re-dispatch and exactly-once accounting.
+
+Each step's work items are split across healthy rollout workers in proportion to their measured
+tokens/s (a prior from the node pool's GPU type until measured), so a slow worker gets less work.
+A worker that fails or answers out of contract loses its unanswered items to the others; a sample
+is accepted once per (prompt, sample index), late or repeated answers are counted and dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from decentralized_verl.core.interfaces import RolloutClient, WorkerFailure, WorkItem, closed_under_us
+from decentralized_verl.core.samples import Sample
+from decentralized_verl.core.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+GPU_PRIORS = {"h100": 4.0, "h200": 4.5, "a100": 3.0, "l40s": 2.0, "rtx4090": 2.0, "a10": 1.0, "t4": 0.5}
+"""Relative throughput before anything is measured; measurements replace it after the first step."""
+
+
+def split_by_weight(n_items: int, weights: Sequence[float]) -> list[int]:
+    """Largest-remainder split of n items by weight; every positive weight gets >= 1 when n allows."""
+    total = sum(weights)
+    if n_items <= 0 or total <= 0:
+        return [0] * len(weights)
+    raw = [n_items * w / total for w in weights]
+    counts = [math.floor(x) for x in raw]
+    order = sorted(range(len(weights)), key=lambda i: raw[i] - counts[i], reverse=True)
+    for i in order[: n_items - sum(counts)]:
+        counts[i] += 1
+    # Make sure a worker is never starved entirely by rounding when there is enough work.
+    for i, w in enumerate(weights):
+        if w > 0 and counts[i] == 0 and n_items >= len(weights):
+            donor = max(range(len(counts)), key=lambda j: counts[j])
+            counts[donor] -= 1
+            counts[i] += 1
+    return counts
+
+
+@dataclass
+class WorkerStats:
+    tokens_per_second: float
+    measured: bool = False
+    failures: int = 0
+    items: int = 0
+
+    def observe(self, tokens: int, seconds: float, alpha: float = 0.5) -> None:
+        if seconds <= 0 or tokens <= 0:
+            return
+        rate = tokens / seconds
+        self.tokens_per_second = (
+            rate if not self.measured else alpha * rate + (1 - alpha) * self.tokens_per_second
+        )
+        self.measured = True
+
+
+@dataclass
+class DispatchReport:
+    """What happened in one dispatch; the coordinator logs it and puts counters into metrics."""
+
+    assigned: dict[str, int] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    redispatched: int = 0
+    duplicates_dropped: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+
+
+class NoWorkersLeft(RuntimeError):
+    pass
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        clients: Sequence[RolloutClient],
+        priors: dict[str, float] | None = None,
+        max_rounds: int = 5,
+    ) -> None:
+        self.clients = {c.worker_id: c for c in clients}
+        self.stats = {
+            wid: WorkerStats(tokens_per_second=(priors or {}).get(wid, 1.0)) for wid in self.clients
+        }
+        self.max_rounds = max_rounds
+
+    def add(self, client: RolloutClient, prior: float = 1.0) -> None:
+        """Volunteers and replaced workers join between dispatches."""
+        self.clients[client.worker_id] = client
+        self.stats.setdefault(client.worker_id, WorkerStats(tokens_per_second=prior))
+
+    def remove(self, worker_id: str) -> None:
+        self.clients.pop(worker_id, None)
+
+    def _weights(self, healthy: list[str]) -> list[float]:
+        return [max(self.stats[w].tokens_per_second, 1e-6) for w in healthy]
+
+    async def run(
+        self, items: Sequence[WorkItem], sampling: SamplingParams, version: int
+    ) -> tuple[list[Sample], DispatchReport]:
+        """Generate every item exactly once; raises NoWorkersLeft if every worker failed."""
+        started = time.perf_counter()
+        report = DispatchReport()
+        results: dict[tuple[str, int], Sample] = {}
+        pending = list(items)
+        healthy = list(self.clients)
+        expected = {(p.prompt_id, i) for p, i in items}
+        rounds = 0
+        while pending:
+            healthy = [wid for wid in healthy if wid in self.clients]
+            if not healthy or rounds >= self.max_rounds:
+                raise NoWorkersLeft(
+                    f"{len(pending)} items unanswered after {rounds} rounds; failures: {report.failures}"
+                )
+            rounds += 1
+            counts = split_by_weight(len(pending), self._weights(healthy))
+            shares: list[tuple[str, list[WorkItem]]] = []
+            offset = 0
+            # Capture the clients now: discovery may remove a volunteer while this round runs.
+            clients = {wid: self.clients[wid] for wid in healthy}
+            for wid, count in zip(healthy, counts, strict=True):
+                if count:
+                    shares.append((wid, pending[offset : offset + count]))
+                    report.assigned[wid] = report.assigned.get(wid, 0) + count
+                offset += count
+            outcomes = await asyncio.gather(
+                *(
+                    self._one(clients[wid], share, sampling, version, results, expected, report)
+                    for wid, share in shares
+                )
+            )
+            pending = []
+            for (wid, share), failed in zip(shares, outcomes, strict=True):
+                if failed:
+                    healthy.remove(wid)
+                    missing = [item for item in share if (item[0].prompt_id, item[1]) not in results]
+                    report.redispatched += len(missing)
+                    pending.extend(missing)
+        report.seconds = time.perf_counter() - started
+        ordered = [results[(p.prompt_id, i)] for p, i in items]
+        return ordered, report
+
+    async def _one(
+        self,
+        client: RolloutClient,
+        share: list[WorkItem],
+        sampling: SamplingParams,
+        version: int,
+        results: dict[tuple[str, int], Sample],
+        expected: set[tuple[str, int]],
+        report: DispatchReport,
+    ) -> bool:
+        """Run one worker's share; returns True when the worker failed."""
+        wid = client.worker_id
+        stats = self.stats.setdefault(wid, WorkerStats(tokens_per_second=1.0))
+        started = time.perf_counter()
+        tokens = 0
+        wanted = {(p.prompt_id, i) for p, i in share}
+        try:
+            async for sample in client.generate(share, sampling, version):
+                if sample.key not in wanted or sample.key not in expected:
+                    raise WorkerFailure(wid, f"answered an item it was not given: {sample.key}")
+                if sample.key in results:
+                    report.duplicates_dropped += 1
+                    continue
+                results[sample.key] = sample
+                tokens += len(sample.response_ids)
+            missing = wanted - results.keys()
+            if missing:
+                raise WorkerFailure(wid, f"stream ended with {len(missing)} items unanswered")
+        except WorkerFailure as exc:
+            stats.failures += 1
+            report.failures.append(str(exc))
+            log.warning("rollout worker %s failed: %s; re-dispatching its unanswered items", wid, exc.reason)
+            return True
+        except (TimeoutError, ConnectionError, OSError) as exc:
+            stats.failures += 1
+            report.failures.append(f"{wid}: {exc!r}")
+            log.warning("rollout worker %s failed: %r; re-dispatching", wid, exc)
+            return True
+        except asyncio.CancelledError:
+            if not closed_under_us():
+                raise  # this step itself is being cancelled
+            # The worker was removed (its channel closed) while it held work: its failure, not the step's.
+            stats.failures += 1
+            report.failures.append(f"{wid}: removed while generating")
+            log.warning("rollout worker %s removed mid-step; re-dispatching its items", wid)
+            return True
+        finally:
+            report.tokens += tokens
+        stats.items += len(share)
+        stats.observe(tokens, time.perf_counter() - started)
+        return False

@@ -1,0 +1,306 @@
+"""The scoring roles: reference log-probs (KL), critic values and updates (PPO), and rewards.
+
+Transport-free and synchronous: the gRPC servicers and the colocated clients wrap these. Per-token
+numbers are computed on `samples.collate`'s layout with `response_logits` / `token_logprobs`, the same
+functions the learner uses, so a reference log-prob and the learner's log-prob of a token are computed
+identically; results are cut back to each sample's response length.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from decentralized_verl.core.samples import (
+    Prompt,
+    Sample,
+    TrainBatch,
+    collate,
+    response_logits,
+    token_logprobs,
+)
+from decentralized_verl.transport.messages import Score, ScoreItem, SequencePair
+
+
+def samples_from_pairs(pairs: Sequence[SequencePair]) -> list[Sample]:
+    """Minimal samples for (prompt, response) token ids received on the wire."""
+    return [
+        Sample(
+            prompt=Prompt(prompt_id=f"seq{i}", group=i, token_ids=p.prompt_token_ids, text=""),
+            sample_index=0,
+            response_ids=p.response_token_ids,
+            logprobs=(),
+            finish_reason="stop",
+            text="",
+            policy_version=0,
+        )
+        for i, p in enumerate(pairs)
+    ]
+
+
+def _bare(samples: Sequence[Sample]) -> list[Sample]:
+    """Samples without per-token extras, so collate never trips over a half-filled field."""
+    return [s.with_(logprobs=(), ref_logprobs=None, values=None) for s in samples]
+
+
+def _rows(tensor: torch.Tensor, samples: Sequence[Sample]) -> list[tuple[float, ...]]:
+    return [tuple(tensor[i, : len(s.response_ids)].tolist()) for i, s in enumerate(samples)]
+
+
+def _pad_id(model: Any, pad_token_id: int | None) -> int:
+    if pad_token_id is not None:
+        return pad_token_id
+    config = getattr(model, "config", None)
+    pad = getattr(config, "pad_token_id", None)
+    return int(pad) if pad is not None else 0
+
+
+def _microbatches(samples: Sequence[Sample], size: int) -> list[list[Sample]]:
+    return [list(samples[i : i + size]) for i in range(0, len(samples), size)]
+
+
+class ReferenceWorker:
+    """The frozen reference policy: log p_ref(response token | prefix) at the sampling temperature."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        temperature: float = 1.0,
+        *,
+        microbatch_size: int = 8,
+        pad_token_id: int | None = None,
+        worker_id: str = "reference",
+    ) -> None:
+        if microbatch_size < 1:
+            raise ValueError(f"microbatch_size: must be >= 1 (got {microbatch_size})")
+        self.model = model.eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.temperature = temperature
+        self.microbatch_size = microbatch_size
+        self.pad_token_id = _pad_id(model, pad_token_id)
+        self.worker_id = worker_id
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_spec(cls, spec: Any, *, device: str = "cpu", worker_id: str = "reference") -> ReferenceWorker:
+        """The policy's initial weights (LoRA off), at spec.data.temperature."""
+        from decentralized_verl.models.loading import load_model_and_tokenizer
+
+        model_spec = spec.model.model_copy(update={"lora": None}) if spec.model.lora else spec.model
+        model, tokenizer = load_model_and_tokenizer(model_spec, device=device)
+        role = spec.roles.reference
+        size = (role.microbatch_size if role else None) or spec.training.microbatch_size or 8
+        return cls(
+            model,
+            spec.data.temperature,
+            microbatch_size=size,
+            pad_token_id=tokenizer.pad_token_id,
+            worker_id=worker_id,
+        )
+
+    def logprobs(self, samples: Sequence[Sample]) -> list[tuple[float, ...]]:
+        out: list[tuple[float, ...]] = []
+        with self._lock, torch.no_grad():
+            for mb in _microbatches(_bare(samples), self.microbatch_size):
+                batch = collate(mb, self.pad_token_id)
+                logp = token_logprobs(response_logits(self.model, batch, self.temperature), batch)
+                out.extend(_rows(logp, mb))
+        return out
+
+
+class CriticWorker:
+    """The PPO value model: values for samples, and one clipped-value-loss AdamW step per `train` call."""
+
+    def __init__(
+        self,
+        value_model: torch.nn.Module,
+        spec: Any = None,
+        *,
+        learning_rate: float | None = None,
+        value_clip: float | None = None,
+        weight_decay: float | None = None,
+        max_grad_norm: float | None = None,
+        microbatch_size: int | None = None,
+        pad_token_id: int | None = None,
+        worker_id: str = "critic",
+    ) -> None:
+        training = getattr(spec, "training", None)
+        algorithm = getattr(spec, "algorithm", None)
+        role = getattr(getattr(spec, "roles", None), "critic", None)
+
+        def pick(given: Any, *fallbacks: Any) -> Any:
+            for value in (given, *fallbacks):
+                if value is not None:
+                    return value
+            return None
+
+        lr = pick(
+            learning_rate,
+            getattr(training, "critic_learning_rate", None),
+            getattr(training, "learning_rate", None),
+            1e-5,
+        )
+        self.value_clip = pick(value_clip, getattr(algorithm, "value_clip", None), 0.2)
+        self.max_grad_norm = pick(max_grad_norm, getattr(training, "max_grad_norm", None), 1.0)
+        self.microbatch_size = int(
+            pick(
+                microbatch_size,
+                getattr(role, "microbatch_size", None),
+                getattr(training, "microbatch_size", None),
+                8,
+            )
+        )
+        self.model = value_model
+        self.pad_token_id = pad_token_id if pad_token_id is not None else 0
+        self.worker_id = worker_id
+        self.version = 0
+        """Optimizer steps taken."""
+        self.optimizer = torch.optim.AdamW(
+            [p for p in value_model.parameters() if p.requires_grad],
+            lr=lr,
+            weight_decay=pick(weight_decay, getattr(training, "weight_decay", None), 0.0),
+        )
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_spec(cls, spec: Any, *, device: str = "cpu", worker_id: str = "critic") -> CriticWorker:
+        from decentralized_verl.training.value_model import build_value_model
+
+        role = spec.roles.critic
+        model_spec = (role.model if role is not None else None) or spec.model
+        critic, tokenizer = build_value_model(model_spec, device=device)
+        return cls(critic, spec, pad_token_id=tokenizer.pad_token_id, worker_id=worker_id)
+
+    def _values(self, batch: TrainBatch) -> torch.Tensor:
+        return self.model.values(batch)
+
+    def values(self, samples: Sequence[Sample]) -> list[tuple[float, ...]]:
+        out: list[tuple[float, ...]] = []
+        with self._lock, torch.no_grad():
+            self.model.eval()
+            for mb in _microbatches(_bare(samples), self.microbatch_size):
+                out.extend(_rows(self._values(collate(mb, self.pad_token_id)), mb))
+        return out
+
+    def train(
+        self,
+        samples: Sequence[Sample],
+        returns: Sequence[Sequence[float]],
+        old_values: Sequence[Sequence[float]],
+        policy_version: int = 0,
+    ) -> float:
+        """One optimizer step over the whole batch (micro-batches accumulate, weighted by token count so
+        the result equals a token mean over the batch); returns that mean loss."""
+        from decentralized_verl.algorithms.value_loss import clipped_value_loss
+
+        if not (len(samples) == len(returns) == len(old_values)):
+            raise ValueError(f"{len(samples)} samples, {len(returns)} returns, {len(old_values)} old values")
+        for i, (s, r, v) in enumerate(zip(samples, returns, old_values, strict=True)):
+            if not len(r) == len(v) == len(s.response_ids):
+                raise ValueError(
+                    f"items[{i}]: returns ({len(r)}) and old_values ({len(v)}) must have one number per "
+                    f"response token ({len(s.response_ids)})"
+                )
+        rows = [
+            s.with_(logprobs=(), ref_logprobs=tuple(map(float, r)), values=tuple(map(float, v)))
+            for s, r, v in zip(samples, returns, old_values, strict=True)
+        ]
+        total_tokens = sum(len(s.response_ids) for s in samples)
+        if total_tokens == 0:
+            return 0.0
+        with self._lock:
+            self.model.train()
+            self.optimizer.zero_grad(set_to_none=True)
+            total = 0.0
+            for mb in _microbatches(rows, self.microbatch_size):
+                batch = collate(mb, self.pad_token_id)
+                # collate put the returns in ref_logprobs and the old values in values: same [B, R] layout
+                loss, _ = clipped_value_loss(
+                    self._values(batch),
+                    batch.values,
+                    batch.ref_logprobs,
+                    batch.response_mask,
+                    clip_range=self.value_clip,
+                    aggregation="token_mean",
+                )
+                weight = float(batch.response_mask.sum()) / total_tokens
+                (loss * weight).backward()
+                total += float(loss.detach()) * weight
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.model.eval()
+            self.version += 1
+        return total
+
+
+class RewardWorker:
+    """Scores completions with `decentralized_verl.rewards` (the code sandbox runs here) or a reward model.
+
+    Never raises for a bad completion: every failure scores 0.0 with a reason.
+    """
+
+    def __init__(
+        self, reward_type: str | None = None, scorer: Any = None, *, workers: int = 1, **options: Any
+    ) -> None:
+        self.reward_type = reward_type
+        self.scorer = scorer
+        self.workers = workers
+        self.options = options
+        self.worker_id = "reward"
+
+    @classmethod
+    def from_spec(cls, spec: Any, *, device: str = "cpu", workers: int = 1) -> RewardWorker:
+        scorer = None
+        if spec.data.reward_type == "reward_model":
+            from decentralized_verl.models.loading import load_sequence_classifier
+            from decentralized_verl.rewards import RewardModelScorer
+
+            model, tokenizer = load_sequence_classifier(
+                spec.data.reward_model, device=device, field="spec.data.rewardModel"
+            )
+            scorer = RewardModelScorer(model, tokenizer, device=device)
+        return cls(spec.data.reward_type, scorer, workers=workers)
+
+    def score(self, samples: Sequence[Sample], reward_type: str | None = None) -> list[tuple[float, str]]:
+        kind = reward_type or self.reward_type
+        if kind is None:
+            return [(0.0, "no reward type given")] * len(samples)
+        items = [ScoreItem(s.prompt.text, s.text, s.prompt.ground_truth, kind) for s in samples]
+        return [(sc.score, sc.reason) for sc in self.score_items(items)]
+
+    def score_items(self, items: Sequence[ScoreItem]) -> list[Score]:
+        """Scores in request order; items are grouped by reward type so a reward model runs batched."""
+        from decentralized_verl.rewards import score_batch
+
+        out: list[Score | None] = [None] * len(items)
+        groups: dict[str, list[int]] = {}
+        for i, it in enumerate(items):
+            groups.setdefault(it.reward_type, []).append(i)
+        for kind, index in groups.items():
+            options = dict(self.options)
+            if kind == "reward_model":
+                options["scorer"] = self.scorer
+            try:
+                results = score_batch(
+                    kind,
+                    [items[i].completion_text for i in index],
+                    [items[i].ground_truth for i in index],
+                    prompts=[items[i].prompt_text for i in index],
+                    workers=self.workers,
+                    **options,
+                )
+                scored = [Score(float(r.score), r.reason) for r in results]
+            except Exception as exc:  # a reward bug must not take the worker down
+                scored = [Score(0.0, f"{kind} reward failed: {type(exc).__name__}: {exc}"[:300])] * len(index)
+            for i, s in zip(index, scored, strict=True):
+                out[i] = s if _finite(s.score) else Score(0.0, f"non-finite score ({s.score}) from {kind}")
+        return [s for s in out if s is not None]
+
+
+def _finite(x: float) -> bool:
+    return x == x and x not in (float("inf"), float("-inf"))

@@ -1,0 +1,76 @@
+"""`spec.roles`: each role's workers, backends, resources and heterogeneous node pools."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
+
+from decentralized_verl.backends.base import BACKENDS
+from decentralized_verl.spec.base import SpecModel, registered_name
+from decentralized_verl.spec.model import ModelSpec
+
+ROLE_NAMES: tuple[str, ...] = ("rollout", "learner", "critic", "reward", "reference")
+
+BackendName = registered_name("backend", tuple(BACKENDS))
+
+
+class Toleration(SpecModel):
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
+
+
+class Resources(SpecModel):
+    cpu: str | None = Field(default=None, description="Kubernetes quantity, e.g. 4 or 500m")
+    memory: str | None = Field(default=None, description="Kubernetes quantity, e.g. 16Gi")
+    gpus: NonNegativeInt = 0
+
+    @model_validator(mode="after")
+    def _quantities(self) -> Resources:
+        for name in ("cpu", "memory"):
+            value = getattr(self, name)
+            if value is not None and not QUANTITY.match(value):
+                raise ValueError(f"{name}: not a Kubernetes quantity (got {value!r})")
+        return self
+
+
+class NodePool(SpecModel):
+    """A slice of a role's replicas that runs on one kind of node (heterogeneous GPUs)."""
+
+    name: str = Field(min_length=1, max_length=40, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    replicas: PositiveInt
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list)
+    gpu_type: str | None = Field(default=None, description="e.g. a100, rtx4090; informs dispatch weights")
+    resources: Resources | None = None
+
+
+class RoleSpec(SpecModel):
+    """One role's workers. replicas 0 runs the role colocated inside the learner process."""
+
+    replicas: NonNegativeInt = 1
+    backend: BackendName = "hf"
+    batch_size: PositiveInt | None = Field(default=None, description="Prompts per request (rollout)")
+    microbatch_size: PositiveInt | None = None
+    resources: Resources = Field(default_factory=Resources)
+    node_pools: list[NodePool] = Field(default_factory=list)
+    model: ModelSpec | None = Field(default=None, description="Critic / reward model (defaults to policy)")
+
+
+class RolesSpec(SpecModel):
+    rollout: RoleSpec = Field(default_factory=RoleSpec)
+    learner: RoleSpec = Field(default_factory=RoleSpec)
+    critic: RoleSpec | None = None
+    reward: RoleSpec | None = None
+    reference: RoleSpec | None = None
+
+    def items(self) -> list[tuple[str, RoleSpec]]:
+        """The roles present in this job, in a fixed order."""
+        return [(name, role) for name in ROLE_NAMES if (role := getattr(self, name)) is not None]

@@ -1,0 +1,196 @@
+"""Rules that span fields of a job spec, in named groups; each problem names the field a person should
+change, and every problem is reported at once (a wrong name included: `name_problems` checks every
+field typed as a registered name, base.py)."""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+from decentralized_verl.algorithms.presets import PRESETS
+from decentralized_verl.errors import Problem
+from decentralized_verl.spec.base import RegisteredName
+
+if TYPE_CHECKING:
+    from decentralized_verl.spec.job import JobSpec
+
+GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline")
+"""Estimators that compare samples within a prompt group."""
+
+
+def _problem(path: str, message: str) -> Problem:
+    return Problem(f"spec.{path}", message)
+
+
+def name_problems(spec: JobSpec) -> Iterator[Problem]:
+    """Every name-valued field (a `RegisteredName`) anywhere in the spec holds a name its registry knows."""
+    yield from _names_in(spec, "spec")
+
+
+def _names_in(model: BaseModel, path: str) -> Iterator[Problem]:
+    for name, field in type(model).model_fields.items():
+        value = getattr(model, name)
+        where = f"{path}.{field.alias or name}"
+        choice = _registered(field)
+        if choice is not None and isinstance(value, str):
+            problem = choice.problem(value)
+            if problem:
+                yield Problem(where, problem)
+        elif isinstance(value, BaseModel):
+            yield from _names_in(value, where)
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, BaseModel):
+                    yield from _names_in(item, f"{where}[{i}]")
+
+
+def _registered(field: FieldInfo) -> RegisteredName | None:
+    """The field's `RegisteredName`, also when the field is optional (`Name | None`)."""
+    metadata = list(field.metadata)
+    for arm in typing.get_args(field.annotation):
+        metadata.extend(getattr(arm, "__metadata__", ()))
+    return next((m for m in metadata if isinstance(m, RegisteredName)), None)
+
+
+def algorithm_problems(spec: JobSpec) -> Iterator[Problem]:
+    algo, roles = spec.algorithm, spec.roles
+    preset = PRESETS.get(algo.name)
+    if preset is None:
+        return  # reported by name_problems
+    if preset.needs_critic and roles.critic is None:
+        yield _problem("roles.critic", f"algorithm {algo.name!r} needs a critic role (set roles.critic)")
+    if algo.samples_per_prompt < preset.min_samples_per_prompt:
+        yield _problem(
+            "algorithm.samplesPerPrompt",
+            f"{algo.name} compares samples within a prompt group: needs >= "
+            f"{preset.min_samples_per_prompt} (got {algo.samples_per_prompt})",
+        )
+    if algo.advantage_estimator == "gae" and roles.critic is None:
+        yield _problem("roles.critic", "advantageEstimator 'gae' needs a critic role")
+    if algo.advantage_estimator in GROUP_ESTIMATORS and algo.samples_per_prompt < 2:
+        yield _problem(
+            "algorithm.samplesPerPrompt", f"estimator {algo.advantage_estimator!r} needs >= 2 (got 1)"
+        )
+    if algo.clip_high is not None and algo.clip_high < algo.clip_low:
+        yield _problem("algorithm.clipHigh", f"must be >= clipLow ({algo.clip_low}) (got {algo.clip_high})")
+    if algo.top_k is not None and algo.top_k > algo.samples_per_prompt:
+        yield _problem(
+            "algorithm.topK", f"must be <= samplesPerPrompt ({algo.samples_per_prompt}) (got {algo.top_k})"
+        )
+    if algo.kl_coef > 0 and roles.reference is None:
+        yield _problem(
+            "roles.reference", "klCoef > 0 needs a reference role (replicas 0 runs it inside the learner)"
+        )
+    if algo.overlong is not None and algo.overlong.enabled:
+        cache = algo.overlong.cache_length
+        if cache is not None and cache >= spec.data.max_new_tokens:
+            yield _problem(
+                "algorithm.overlong.cacheLength",
+                f"must be < data.maxNewTokens ({spec.data.max_new_tokens}) (got {cache})",
+            )
+
+
+def reward_problems(spec: JobSpec) -> Iterator[Problem]:
+    if spec.data.reward_type == "reward_model" and spec.data.reward_model is None:
+        reward_role = spec.roles.reward
+        if reward_role is None or reward_role.model is None:
+            yield _problem("data.rewardModel", "rewardType 'reward_model' needs data.rewardModel")
+
+
+def role_problems(spec: JobSpec) -> Iterator[Problem]:
+    for name, role in spec.roles.items():
+        if role.node_pools:
+            total = sum(pool.replicas for pool in role.node_pools)
+            if total != role.replicas:
+                yield _problem(
+                    f"roles.{name}.nodePools",
+                    f"pool replicas add up to {total} but roles.{name}.replicas is {role.replicas}",
+                )
+            seen: set[str] = set()
+            for i, pool in enumerate(role.node_pools):
+                if pool.name in seen:
+                    yield _problem(f"roles.{name}.nodePools[{i}].name", f"duplicate pool {pool.name!r}")
+                seen.add(pool.name)
+        if role.backend == "vllm" and name != "rollout":
+            yield _problem(f"roles.{name}.backend", "only the rollout role generates; use hf here")
+    if spec.roles.learner.replicas < 1:
+        yield _problem("roles.learner.replicas", "must be >= 1 (got 0): the learner cannot run colocated")
+
+
+def batch_problems(spec: JobSpec) -> Iterator[Problem]:
+    """Batch sizes must fit together (counted in prompts)."""
+    roles, training = spec.roles, spec.training
+    rollout_workers = max(roles.rollout.replicas, 1)
+    produced = rollout_workers * spec.rollout_batch_size
+    consumed = roles.learner.replicas * training.batch_size
+    if roles.learner.replicas >= 1 and produced % consumed:
+        yield _problem(
+            "roles.rollout.batchSize",
+            f"rollout replicas x rollout batch ({rollout_workers} x {spec.rollout_batch_size} = {produced}) "
+            f"must be a multiple of learner replicas x training.batchSize "
+            f"({roles.learner.replicas} x {training.batch_size} = {consumed})",
+        )
+    mini = training.minibatch_size or training.batch_size
+    micro = training.microbatch_size or mini
+    if mini > training.batch_size:
+        yield _problem(
+            "training.minibatchSize", f"must be <= training.batchSize ({training.batch_size}) (got {mini})"
+        )
+    if micro > mini:
+        yield _problem("training.microbatchSize", f"must be <= training.minibatchSize ({mini}) (got {micro})")
+    if training.batch_size % mini:
+        yield _problem(
+            "training.minibatchSize", f"must divide training.batchSize ({training.batch_size}) (got {mini})"
+        )
+    if mini % micro:
+        yield _problem(
+            "training.microbatchSize", f"must divide training.minibatchSize ({mini}) (got {micro})"
+        )
+    rollout_micro = roles.rollout.microbatch_size
+    if rollout_micro is not None and rollout_micro > spec.rollout_batch_size:
+        yield _problem(
+            "roles.rollout.microbatchSize",
+            f"must be <= roles.rollout.batchSize ({spec.rollout_batch_size}) (got {rollout_micro})",
+        )
+
+
+def training_problems(spec: JobSpec) -> Iterator[Problem]:
+    training = spec.training
+    if training.steps is not None and training.epochs is not None:
+        yield _problem("training.epochs", "set either training.steps or training.epochs, not both")
+    if training.checkpoint.every > 0 and not training.checkpoint.dir:
+        yield _problem("training.checkpoint.dir", "required when checkpoint.every > 0")
+    if training.checkpoint.persistent_volume_claim and not (training.checkpoint.dir or "").startswith("/"):
+        yield _problem(
+            "training.checkpoint.dir", "must be an absolute path (the PVC's mount point) when a PVC is set"
+        )
+    if training.eval_every > 0 and not spec.data.eval:
+        yield _problem("data.eval", "required when training.evalEvery > 0")
+
+
+def volunteer_problems(spec: JobSpec) -> Iterator[Problem]:
+    if spec.volunteers.enabled and spec.volunteers.token_secret_ref is None:
+        yield _problem(
+            "volunteers.tokenSecretRef",
+            "required when volunteers are enabled (join tokens are signed with it)",
+        )
+
+
+RULES: tuple[Callable[[JobSpec], Iterator[Problem]], ...] = (
+    name_problems,
+    algorithm_problems,
+    reward_problems,
+    role_problems,
+    batch_problems,
+    training_problems,
+    volunteer_problems,
+)
+
+
+def cross_field_problems(spec: JobSpec) -> list[Problem]:
+    """Every rule group's problems, in a fixed order."""
+    return [problem for rule in RULES for problem in rule(spec)]

@@ -1,0 +1,43 @@
+"""`spec.training`: steps, batch sizes, optimizer, checkpoints, evaluation, staleness and loggers."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
+
+from decentralized_verl.spec.base import SpecModel
+
+
+class CheckpointSpec(SpecModel):
+    every: NonNegativeInt = 0
+    dir: str | None = Field(default=None, description="Checkpoint root; a PVC mount path in a cluster")
+    keep: PositiveInt = 2
+    persistent_volume_claim: str | None = Field(
+        default=None,
+        description="Existing PVC mounted at `dir` in learner pods (never created or deleted by operator)",
+    )
+
+
+class TrainingSpec(SpecModel):
+    steps: PositiveInt | None = None
+    epochs: PositiveInt | None = None
+    batch_size: PositiveInt = Field(default=8, description="Prompts per learner step per learner replica")
+    minibatch_size: PositiveInt | None = None
+    microbatch_size: PositiveInt | None = None
+    learning_rate: Annotated[float, Field(gt=0, lt=1)] = 1e-6
+    critic_learning_rate: Annotated[float, Field(gt=0, lt=1)] | None = None
+    weight_decay: Annotated[float, Field(ge=0)] = 0.0
+    warmup_steps: NonNegativeInt = 0
+    max_grad_norm: Annotated[float, Field(gt=0)] = 1.0
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    eval_every: NonNegativeInt = 0
+    max_staleness: NonNegativeInt = 0
+    seed: NonNegativeInt = 0
+    logging: list[Literal["tensorboard", "wandb"]] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _steps_or_epochs(self) -> TrainingSpec:
+        if self.steps is None and self.epochs is None:
+            self.steps = 100
+        return self

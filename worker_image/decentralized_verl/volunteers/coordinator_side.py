@@ -1,0 +1,139 @@
+"""The coordinator's side of volunteering: join the job's DHT under the identity only the secret's holder
+has, serve join, spec and weights over P2P, and run the `VolunteerHub` that adds admitted volunteers to
+dispatch. `join_volunteers` is the loop attachment the learner uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from decentralized_verl.settings import WorkerSettings, env_name
+from decentralized_verl.transport import messages as m
+from decentralized_verl.volunteers.discovery import HubConfig, VolunteerHub
+from decentralized_verl.volunteers.tokens import TokenError
+
+if TYPE_CHECKING:
+    from decentralized_verl.orchestration.assemble import Attachment, Closer, LoopContext
+
+log = logging.getLogger(__name__)
+
+
+def job_secret(settings: WorkerSettings) -> bytes:
+    """The join secret: DVERL_JOIN_SECRET_FILE (a mounted Secret) or DVERL_JOIN_SECRET."""
+    from decentralized_verl.volunteers.tokens import load_secret
+
+    if settings.join_secret_file:
+        return load_secret(secret_file=settings.join_secret_file)
+    if settings.join_secret is None:
+        raise TokenError(f"environment variable {env_name('join_secret')} is not set")
+    return load_secret(secret_value=settings.join_secret)
+
+
+async def start_volunteer_discovery(
+    spec,
+    job: str,
+    dispatcher,
+    settings: WorkerSettings,
+    *,
+    model,
+    publisher,
+    status,
+    temperature: float,
+    pad_token_id: int,
+    start_version: int = 0,
+) -> VolunteerHub:
+    """Join the job's DHT as the coordinator, serve join/spec/weights over P2P and start discovery.
+
+    From the settings: the bootstrap's address, the join secret, where to listen and what to announce, and
+    optionally how many volunteers to wait for before training starts (tests and benchmarks).
+    """
+    from decentralized_verl.training.trainer import rollout_state_dict
+    from decentralized_verl.transport.p2p import CoordinatorEndpoints
+    from decentralized_verl.volunteers.dht import PeerOptions, start_dht
+    from decentralized_verl.volunteers.identity import bootstrap_maddr, coordinator_seed, write_identity
+    from decentralized_verl.volunteers.verify import verifier_for
+
+    secret = job_secret(settings)
+    addr = settings.dht_addr
+    host = settings.bind_host or "127.0.0.1"
+    identity = write_identity(coordinator_seed(secret, job), Path(tempfile.mkdtemp(prefix="dverl-coord-")))
+    options = PeerOptions(
+        initial_peers=(bootstrap_maddr(addr, job),),
+        host_maddrs=(f"/ip4/{host}/tcp/0",),
+        announce_maddrs=settings.p2p_announce,
+        identity_path=str(identity),
+    )
+    dht = await asyncio.to_thread(start_dht, options)
+    p2p = await dht.replicate_p2p()
+    if publisher.latest_version is None:
+        publisher.publish(rollout_state_dict(model), start_version)
+    volunteers = spec.volunteers
+    verifier = verifier_for(
+        model,
+        publisher,
+        temperature=temperature,
+        pad_token_id=pad_token_id,
+        fraction=volunteers.verify_fraction,
+        seed=spec.training.seed,
+        atol=settings.verify_atol,
+    )
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    config = HubConfig(
+        job=job,
+        secret=secret,
+        roles=tuple(volunteers.roles),
+        max_volunteers=volunteers.max_volunteers,
+        poll_s=settings.volunteer_poll_s,
+        limits=m.WireLimits(vocab_size=vocab),
+    )
+    hub = VolunteerHub(
+        config, dispatcher, p2p=p2p, dht=dht, publisher=publisher, verifier=verifier, status=status
+    )
+    endpoints = CoordinatorEndpoints(
+        p2p,
+        admit=hub.admit,
+        is_admitted=hub.is_admitted,
+        publisher=publisher,
+        spec_json=spec.model_dump_json(by_alias=True, exclude_none=True),
+    )
+    await endpoints.register()
+    hub._closers.append(dht.shutdown)
+    hub.start()
+    log.info("volunteer discovery for job %s: coordinator peer %s, bootstrap %s", job, dht.peer_id, addr)
+    wait = settings.volunteer_wait()
+    if wait:
+        got = await hub.wait_for(*wait)
+        log.info("%d volunteers active before training starts", got)
+    return hub
+
+
+def join_volunteers(publisher, output: Path) -> Attachment:
+    """Loop attachment: with volunteers enabled and a DHT in the plan, volunteers found there join dispatch
+    and every new policy version reaches the publisher they pull from; `volunteers.json` on the way out."""
+
+    async def attach(context: LoopContext) -> Closer | None:
+        settings = WorkerSettings.from_env()
+        if not (context.spec.volunteers.enabled and settings.dht_addr):
+            return None
+        model = context.trainer.model
+        hub = await start_volunteer_discovery(
+            context.spec,
+            context.job,
+            context.dispatcher,
+            settings,
+            model=model,
+            publisher=publisher,
+            status=context.status,
+            temperature=context.trainer.settings.temperature,
+            pad_token_id=context.tokenizer.pad_token_id,
+            start_version=context.start_version,
+        )
+        context.roles.publish = hub.wrap_publish(context.roles.publish, model)
+        return functools.partial(hub.close, output)
+
+    return attach
