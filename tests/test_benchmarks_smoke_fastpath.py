@@ -95,7 +95,10 @@ def test_learner_mfu_smoke() -> None:
         result["flops_6nt"] / result["median_update_s"] / 1e9
     )
     assert result["ceiling_before"]["bfloat16"]["median_gflops"] > 0
-    assert 0 < result["mfu_6nt_vs_bfloat16"] < 5  # a loaded machine can depress the ceiling, not invert it
+    # Against the ceiling of the dtype the model computes in: a CPU without bf16 units (AVX2 only) runs bf16
+    # matmuls ~50x slower than fp32, so an fp32 model's MFU "vs bf16" says nothing there.
+    own = f"mfu_6nt_vs_{result['dtype']}"
+    assert 0 < result[own] < 5  # a loaded machine can depress the ceiling, not invert it
 
 
 def test_time_to_accuracy_smoke(tmp_path: Path) -> None:
