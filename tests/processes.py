@@ -103,3 +103,8 @@ class ProcessGroup:
                 proc.send_signal(signal.SIGTERM)
         for name in self.procs:
             self.stop(name)
+        for proc in self.procs.values():  # children left behind by a process killed outright
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass

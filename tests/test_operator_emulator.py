@@ -288,6 +288,46 @@ async def test_failed_learner_restarts_the_gang(cluster):
     assert status["roles"]["rollout"]["restarts"] == 0
 
 
+async def test_a_deleted_learner_comes_back_resuming_from_the_checkpoints_on_its_pvc(cluster):
+    """Delete the learner pod mid-run: the operator recreates it with --resume, mounting the same PVC, so it
+    continues from the checkpoints it wrote there."""
+    emu, _, coordinator = cluster
+    training = {
+        "steps": 10,
+        "batchSize": 1,
+        "checkpoint": {"every": 1, "dir": "/ckpt", "persistentVolumeClaim": "runs"},
+    }
+    await emu.create_job("pvc", tiny_spec(training=training))
+    await children_of(emu, "pvc", 3)
+    await emu.run_all_pods("pvc")
+    coordinator.reply = dverl_pb2.JobStatus(
+        step=4, total_steps=10, state="Running", last_checkpoint="/ckpt/checkpoint-4"
+    )
+    await status_of(
+        emu, "pvc", lambda s: s.get("lastCheckpoint") == "/ckpt/checkpoint-4", "checkpoint reported"
+    )
+    await emu.delete_pod("pvc-learner-0")
+    await wait_for(lambda: _fresh_pod(emu, "pvc-learner-0"), timeout=20, what="learner recreated")
+    after = (await emu.pods("pvc"))["pvc-learner-0"]
+    assert emu.history("pods", "pvc-learner-0").count(None) == 1  # deleted once, created again
+    container = after["spec"]["containers"][0]
+    assert container["command"][-1] == "--resume"
+    assert {"name": "checkpoints", "mountPath": "/ckpt"} in container["volumeMounts"]
+    assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "runs"}} in after["spec"]["volumes"]
+    assert None not in emu.history("pods", "pvc-rollout-0")  # serving workers untouched
+
+
+async def test_a_failed_rollout_worker_is_a_restarting_condition_and_an_event(cluster):
+    emu, _, _ = cluster
+    await emu.create_job("noisy", tiny_spec(training={"steps": 5, "batchSize": 1}))
+    await children_of(emu, "noisy", 3)
+    await emu.run_all_pods("noisy")
+    await emu.set_pod_phase("noisy-rollout-1", "Failed", reason="Error")
+    await wait_for(lambda: _fresh_pod(emu, "noisy-rollout-1"), timeout=30, what="rollout-1 recreated")
+    events = [e for e in await emu.events() if e.get("reason") == "Restarting"]
+    assert any("noisy-rollout-1 (rollout): restart 1" in e.get("message", "") for e in events)
+
+
 # ------------------------------------------------------------------------------------ changes
 async def test_scaling_adds_and_removes_only_affected_pods(cluster):
     emu, _, _ = cluster

@@ -155,3 +155,77 @@ def test_suspending_clears_the_start_time_and_announces_once() -> None:
     status, events = outcome.suspended({"phase": "Running", "startTime": "t"}, [], {"learner": 1}, {}, NOW)
     assert status["phase"] == "Suspended" and "startTime" not in status and len(events) == 1
     assert outcome.suspended(status, status["conditions"], {"learner": 1}, {}, NOW)[1] == []
+
+
+# ------------------------------------------------------------------------------ failure policies
+def test_each_failure_policy_does_what_it_says() -> None:
+    spec_dict = tiny_spec(
+        roles={"rollout": {"replicas": 2, "failurePolicy": "restartRole"}, "learner": {"replicas": 1}}
+    )
+    spec, want = children_of(spec_dict)
+    counted = {ANNOTATION_FAILURE_COUNTED: "true", ANNOTATION_FAILED_AT: f"{NOW - 100:.3f}"}
+    pods = {n: running(p) for n, p in want.pods.items()}
+    pods["j-rollout-0"] = exited(want.pods["j-rollout-0"], **counted)
+    role = decide_pods(pods, want.pods, spec, {"rollout": 1}, NOW, BACKOFF)
+    assert role.to_delete == {"j-rollout-0", "j-rollout-1"}  # the whole role, not just the failed pod
+    assert any("every rollout worker" in m for m in role.restart_messages)
+    assert [e[1] for e in role.events] == ["Restarting"]
+
+    spec, want = children_of(
+        tiny_spec(roles={"rollout": {"replicas": 2, "failurePolicy": "failJob"}, "learner": {}})
+    )
+    fails = decide_pods(
+        {**pods, "j-rollout-0": exited(want.pods["j-rollout-0"], **counted)},
+        want.pods,
+        spec,
+        {"rollout": 1},
+        NOW,
+        BACKOFF,
+    )
+    assert fails.failed_job == "pod j-rollout-0 (rollout) failed and roles.rollout.failurePolicy is failJob"
+
+
+def test_the_learner_cannot_restart_rank_by_rank() -> None:
+    import pytest
+
+    from decentralized_verl.errors import ManifestError
+
+    with pytest.raises(ManifestError, match=r"roles\.learner\.failurePolicy"):
+        parse_spec(tiny_spec(roles={"rollout": {"replicas": 2}, "learner": {"failurePolicy": "restartPod"}}))
+    assert parse_spec(tiny_spec()).roles.failure_policy("learner") == "restartRole"
+    assert parse_spec(tiny_spec()).roles.failure_policy("reward") == "restartPod"
+
+
+# ------------------------------------------------------------------------------------------ stalls
+def test_a_learner_whose_step_stops_advancing_is_restarted_once_its_allowance_is_spent() -> None:
+    from dverl_operator.pod_decisions import PodDecision, restart_stalled, stalled_learner
+
+    _, want = children_of(tiny_spec())
+    learner = running(want.pods["j-learner-0"])
+    learner["status"]["startTime"] = st.timestamp(NOW - 2000)
+    pods = {"j-learner-0": learner}
+    fresh = {"lastProgressTime": st.timestamp(NOW - 2000)}
+    assert stalled_learner(fresh, pods, ["j-learner-0"], 10.0, NOW - 2000 + 800) is None  # still loading
+    assert "has not advanced" in stalled_learner(fresh, pods, ["j-learner-0"], 10.0, NOW)
+    stepping = {"lastProgressTime": st.timestamp(NOW - 50), "stepSeconds": 3.0}
+    assert stalled_learner(stepping, pods, ["j-learner-0"], 10.0, NOW) is None  # 50 s < max(60, 30)
+    late = {"lastProgressTime": st.timestamp(NOW - 400), "stepSeconds": 30.0}
+    why = stalled_learner(late, pods, ["j-learner-0"], 10.0, NOW)
+    assert why is not None and "allowed 300s" in why
+    deleting = {**learner, "metadata": {**learner["metadata"], "deletionTimestamp": "x"}}
+    assert stalled_learner(late, {"j-learner-0": deleting}, ["j-learner-0"], 10.0, NOW) is None
+    decision = PodDecision()
+    restart_stalled(decision, pods, ["j-learner-0"], why)
+    assert decision.to_delete == {"j-learner-0"} and decision.restarts == {"learner": 1}
+    assert decision.events[0][1] == "LearnerStalled" and decision.restart_reason == "LearnerStalled"
+
+
+def test_progress_time_moves_only_when_the_step_does() -> None:
+    progress = JobStatus(
+        step=3, total_steps=9, state="Running", phase_seconds=(("rollout", 1.0), ("update", 2.0))
+    )
+    new, _ = outcome.progress_status({"step": 2}, {}, progress, None, 9, NOW)
+    assert new["lastProgressTime"] == st.timestamp(NOW) and new["stepSeconds"] == 3.0
+    same, _ = outcome.progress_status(new, dict(new), progress, None, 9, NOW + 30)
+    assert same["lastProgressTime"] == st.timestamp(NOW)
+    assert st.parse_time(st.timestamp(NOW)) == NOW and st.parse_time(None) is None

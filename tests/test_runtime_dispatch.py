@@ -151,3 +151,59 @@ async def test_cancelling_the_step_itself_still_cancels() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+class _FastServicer:
+    def __init__(self) -> None:
+        from decentralized_verl.proto import dverl_pb2_grpc
+
+        class Servicer(dverl_pb2_grpc.RolloutServicer):
+            async def Generate(self, request, context):
+                from decentralized_verl.transport import messages as m
+
+                batch = m.generate_request_from_proto(request, m.WireLimits())
+                for item in batch.items:
+                    yield m.completion_to_proto(
+                        m.Completion(
+                            batch.request_id, item.prompt_id, item.sample_index, (5,), (-0.5,), "stop", "a",
+                            batch.policy_version, "w", 0.01,
+                        )
+                    )  # fmt: skip
+
+        self.servicer = Servicer()
+
+
+async def test_a_dead_worker_is_skipped_until_its_health_says_ready_then_rejoins() -> None:
+    """No failure storm while a worker restarts: it fails once, is held out, and comes back by itself."""
+    from processes import free_port
+
+    from decentralized_verl.orchestration import health
+    from decentralized_verl.serving.servicers import HealthServicer, serve
+    from decentralized_verl.transport.clients import GrpcRolloutClient
+
+    port = free_port()
+    server = await serve(port, _FastServicer().servicer, HealthServicer("rollout", "w", ready=True))
+    client = GrpcRolloutClient(f"127.0.0.1:{port}", worker_id="w")
+    dispatcher = Dispatcher([client, FakeRollout("fake")])
+    dispatcher.gate = health.HealthGate(first_s=0.05, max_s=0.2)
+    sampling = SamplingParams(max_new_tokens=4)
+    try:
+        await dispatcher.run(items(4, 2), sampling, version=0)
+        await server.stop(None)  # the worker dies
+        _, first = await dispatcher.run(items(4, 2), sampling, version=0)
+        assert len(first.failures) == 1 and not dispatcher.gate.is_up("w")
+        for _ in range(3):  # while it is down: no more failures, everything on the other worker
+            _, report = await dispatcher.run(items(4, 2), sampling, version=0)
+            assert report.failures == [] and set(report.assigned) == {"fake"}
+        server = await serve(port, _FastServicer().servicer, HealthServicer("rollout", "w", ready=True))
+        for _ in range(50):
+            if dispatcher.gate.is_up("w"):
+                break
+            await asyncio.sleep(0.1)
+        samples, report = await dispatcher.run(items(4, 2), sampling, version=0)
+        assert "w" in report.assigned and report.failures == [] and len(samples) == 8
+        assert dispatcher.gate.returned == ["w"]
+    finally:
+        await dispatcher.gate.close()
+        await client.close()
+        await server.stop(None)

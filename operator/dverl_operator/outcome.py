@@ -60,8 +60,10 @@ def progress_status(
     progress: JobStatus | None,
     gateway: str | None,
     total_steps: int | None,
+    now: float = 0.0,
 ) -> tuple[Status, Events]:
-    """The coordinator's progress copied in; blocked volunteers counted (never down) with one Event each."""
+    """The coordinator's progress copied in; blocked volunteers counted (never down) with one Event each;
+    the time the step last advanced kept for the stall watchdog."""
     new = dict(base)
     events: Events = []
     if gateway:
@@ -70,6 +72,11 @@ def progress_status(
         new.pop("volunteerGateway", None)
     if progress is not None:
         new.update(st.progress_fields(progress))
+        if progress.step != status.get("step") or not status.get("lastProgressTime"):
+            new["lastProgressTime"] = st.timestamp(now)
+        step_seconds = sum(seconds for _, seconds in progress.phase_seconds)
+        if step_seconds > 0:
+            new["stepSeconds"] = round(step_seconds, 3)
         already = int(status.get("blockedPeers") or 0)
         for peer_id, reason in st.newly_blocked(already, progress):
             events.append(("Warning", "VolunteerBlocked", f"peer {peer_id} blocked: {reason}"))

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from decentralized_verl.launch.watchdog import STARTUP_S, allowance
 from decentralized_verl.spec import JobSpec
 from dverl_operator import children as kids
 from dverl_operator import status as st
@@ -26,6 +27,7 @@ class PodDecision:
     events: list[tuple[str, str, str]] = field(default_factory=list)
     restarts: dict[str, int] = field(default_factory=dict)
     restart_messages: list[str] = field(default_factory=list)
+    restart_reason: str = "WorkerFailed"
     failed_job: str | None = None
     """Why the job fails (restarts past backoffLimit), or None."""
     succeeded: bool = False
@@ -58,6 +60,9 @@ def decide_pods(
 ) -> PodDecision:
     """`backoff` is (base, max) seconds."""
     out = PodDecision(restarts=dict(restarts))
+    by_role: dict[str, list[str]] = {}
+    for name, pod in desired_pods.items():
+        by_role.setdefault(pod["metadata"]["labels"][kids.LABEL_ROLE], []).append(name)
     out.scaled_away = [n for n, p in pods.items() if n not in desired_pods and not st.pod_deleting(p)]
     learners = learner_names(desired_pods)
     gang_restart = False
@@ -74,7 +79,16 @@ def decide_pods(
             out.succeeded = True
             continue
         if phase in ("Failed", "Succeeded"):
-            gang_restart |= _exited(out, pod_name, role, have, phase, spec, now, backoff)
+            replace = _exited(out, pod_name, role, have, phase, spec, now, backoff)
+            policy = spec.roles.failure_policy(role)
+            if replace and policy == "failJob":
+                out.failed_job = (
+                    f"pod {pod_name} ({role}) {phase.lower()} and roles.{role}.failurePolicy is failJob"
+                )
+            elif replace and policy == "restartRole" and role != LEARNER:
+                out.to_delete.update(n for n in by_role[role] if n in pods and not st.pod_deleting(pods[n]))
+                out.restart_messages.append(f"restarting every {role} worker (failurePolicy restartRole)")
+            gang_restart |= replace and role == LEARNER
             continue
         if _annotations(have).get(kids.ANNOTATION_TEMPLATE_HASH) != _annotations(want).get(
             kids.ANNOTATION_TEMPLATE_HASH
@@ -95,7 +109,7 @@ def _exited(
     now: float,
     backoff: tuple[float, float],
 ) -> bool:
-    """Count an exited pod's failure once, then replace it after its backoff; True when a learner goes."""
+    """Count an exited pod's failure once, then replace it after its backoff; True when it is replaced."""
     annotations = _annotations(have)
     if annotations.get(ANNOTATION_FAILURE_COUNTED) != "true":
         out.restarts[role] = out.restarts.get(role, 0) + 1
@@ -117,7 +131,48 @@ def _exited(
         out.requeue_after = min(out.requeue_after or wait, wait)
         return False
     out.to_delete.add(pod_name)
-    return role == LEARNER
+    out.events.append(
+        ("Normal", "Restarting", f"pod {pod_name} ({role}): restart {out.restarts.get(role, 0)}")
+    )
+    return True
+
+
+def stalled_learner(
+    status: Mapping[str, Any],
+    pods: Mapping[str, Mapping[str, Any]],
+    learners: list[str],
+    stall_factor: float,
+    now: float,
+) -> str | None:
+    """Why the learner counts as stalled (its step has not advanced within its allowance while its pod
+    runs), or None. The clock starts again with each learner pod, so a new one has time to load."""
+    first = pods.get(learners[0]) if learners else None
+    if first is None or st.pod_deleting(first) or st.pod_phase(first) != "Running":
+        return None
+    started = st.parse_time(
+        ((first.get("status") or {}).get("startTime")) or first["metadata"].get("creationTimestamp")
+    )
+    progressed = st.parse_time(status.get("lastProgressTime"))
+    if started is None:
+        return None
+    since = max(started, progressed or started)
+    step_seconds = status.get("stepSeconds")
+    fresh = progressed is None or progressed < started or not step_seconds
+    limit = STARTUP_S if fresh else allowance([float(step_seconds)], stall_factor)
+    if now - since <= limit:
+        return None
+    return f"the learner's step has not advanced for {now - since:.0f}s (allowed {limit:.0f}s)"
+
+
+def restart_stalled(
+    out: PodDecision, pods: Mapping[str, Mapping[str, Any]], learners: list[str], why: str
+) -> None:
+    """Take the whole learner gang down (it comes back from its newest checkpoint), counted as a restart."""
+    out.to_delete.update(n for n in learners if n in pods and not st.pod_deleting(pods[n]))
+    out.restarts[LEARNER] = out.restarts.get(LEARNER, 0) + 1
+    out.events.append(("Warning", "LearnerStalled", f"{why}; restarting the learner gang"))
+    out.restart_messages.append(f"learner stalled: {why}")
+    out.restart_reason = "LearnerStalled"
 
 
 def _learner_gang(

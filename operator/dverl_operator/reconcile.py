@@ -27,6 +27,8 @@ from dverl_operator.pod_decisions import (
     PodDecision,
     decide_pods,
     learner_names,
+    restart_stalled,
+    stalled_learner,
 )
 from dverl_operator.pod_decisions import backoff_delay as _backoff_delay
 from dverl_operator.refusal import refuse_restart_changes
@@ -191,6 +193,10 @@ def decide(observed: Observed, settings: Settings) -> Actions:
         now,
         (settings.backoff_base_seconds, settings.backoff_max_seconds),
     )
+    learners = learner_names(desired.pods)
+    stalled = stalled_learner(status, observed.pods, learners, spec.training.stall_factor, now)
+    if stalled is not None:
+        restart_stalled(pods, observed.pods, learners, stalled)
     actions.delete.extend(("Pod", n) for n in pods.scaled_away)
     actions.patch.extend(pods.patches)
     actions.events.extend(pods.events)
@@ -231,12 +237,13 @@ def _finish(
     roles = st.role_counts(plan_desired, alive, pods.restarts)
     gateway = gateway_address(observed.gateway) if desired.gateway is not None else None
     new_status, events = outcome.progress_status(
-        status, outcome.with_roles(status, roles), observed.progress, gateway, spec.training.steps
+        status, outcome.with_roles(status, roles), observed.progress, gateway, spec.training.steps, now
     )
     actions.events.extend(events)
     if pods.restart_messages:
-        message = "; ".join(pods.restart_messages)
-        conditions = st.set_condition(conditions, st.RESTARTING, "True", "BackoffOrGang", message, now)
+        counts = ", ".join(f"{r}={n}" for r, n in sorted(pods.restarts.items()) if n)
+        message = "; ".join(pods.restart_messages) + (f" (restarts so far: {counts})" if counts else "")
+        conditions = st.set_condition(conditions, st.RESTARTING, "True", pods.restart_reason, message, now)
     else:
         conditions = st.drop_condition(conditions, st.RESTARTING)
     coordinator_state = observed.progress.state if observed.progress is not None else ""

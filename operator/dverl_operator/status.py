@@ -31,6 +31,16 @@ def timestamp(now: float) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def parse_time(text: str | None) -> float | None:
+    """Seconds since the epoch from an RFC 3339 UTC time as Kubernetes writes it; None when absent."""
+    if not text:
+        return None
+    try:
+        return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC).timestamp()
+    except ValueError:
+        return None
+
+
 def set_condition(
     conditions: Iterable[Mapping[str, Any]], kind: str, status: str, reason: str, message: str, now: float
 ) -> list[dict[str, Any]]:

@@ -73,3 +73,18 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def truncate_after(path: Path, step: int) -> int:
+    """Drop the rows of steps after `step` (a resumed run does them again); returns how many went.
+    Rewritten atomically, so a crash here loses nothing."""
+    if not path.exists():
+        return 0
+    lines = path.read_text().splitlines()
+    kept = [line for line in lines if line.strip() and int(json.loads(line).get("step", 0)) <= step]
+    dropped = sum(1 for line in lines if line.strip()) - len(kept)
+    if dropped:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        tmp.replace(path)
+    return dropped

@@ -32,7 +32,9 @@ def base_dir_of(config: Path, annotations: dict | None) -> Path:
     return Path(recorded) if recorded else config.parent
 
 
-async def serve_role(spec: JobSpec, job: str, role: str, index: int, port: int, base_dir: Path) -> int:
+async def serve_role(
+    spec: JobSpec, job: str, role: str, index: int, port: int, base_dir: Path, output: Path | None = None
+) -> int:
     from decentralized_verl.backends.base import make_backend
     from decentralized_verl.models.loading import load_model_and_tokenizer
     from decentralized_verl.serving import scoring, servicers
@@ -52,7 +54,12 @@ async def serve_role(spec: JobSpec, job: str, role: str, index: int, port: int, 
     if role == "reference":
         handler = servicers.ReferenceServicer(scoring.ReferenceWorker.from_spec(spec, worker_id=worker_id))
     elif role == "critic":
-        handler = servicers.CriticServicer(scoring.CriticWorker.from_spec(spec, worker_id=worker_id))
+        critic = scoring.CriticWorker.from_spec(spec, worker_id=worker_id)
+        if output is not None:  # a restarted critic continues from what it had learned
+            from decentralized_verl.serving.critic_state import PersistentCritic
+
+            critic = PersistentCritic(critic, output / worker_id)
+        handler = servicers.CriticServicer(critic)
     elif role == "reward":
         handler = servicers.RewardServicer(scoring.RewardWorker.from_spec(spec))
     else:
@@ -63,6 +70,9 @@ async def serve_role(spec: JobSpec, job: str, role: str, index: int, port: int, 
         return await serve_until_stopped(f"{worker_id} ready on port {port}", announce=log.info)
     finally:
         await server.stop(grace=2.0)
+        close = getattr(handler.worker, "close", None)
+        if close is not None:
+            close()  # a critic's last state reaches the disk
 
 
 async def serve_rollout(worker: RolloutWorker, port: int, *, learner: str | None, host: str) -> int:
@@ -124,4 +134,4 @@ def main_cluster_worker(
 
         out = Path(output or WorkerSettings.from_env().output or Path("runs") / name)
         return run(spec, name, port=port, output=out, base_dir=base, resume=resume)
-    return asyncio.run(serve_role(spec, name, role, index, port, base))
+    return asyncio.run(serve_role(spec, name, role, index, port, base, Path(output) if output else None))

@@ -101,6 +101,7 @@ async def _coordinate(
             resume=start,
             scatter=distributed.scatter if world > 1 else None,
             attach=(join_volunteers(publisher, output), follow_scaling),
+            checkpoint=True,
         )
         health.set_ready(True)
         summary = await loop.run()

@@ -115,6 +115,23 @@ class LocalCluster:
         lw.restarts += 1
         self._spawn(lw)
 
+    def restart_gang(self, role: str, *, extra_args: list[str] | None = None) -> None:
+        """Stop every worker of `role` and start them all again (torch.distributed restarts a learner gang
+        together, on a fresh rendezvous port); `extra_args` apply to this role from now on."""
+        gang = self.by_role(role)
+        for lw in gang:
+            self.kill(lw.worker.name, signal.SIGKILL)
+        for lw in gang:
+            if lw.process is not None:
+                lw.process.wait()
+        if extra_args is not None:
+            self.extra_args[role] = list(extra_args)
+        if role == "learner":
+            self.dist_port = free_port()
+        for lw in gang:
+            lw.restarts += 1
+            self._spawn(lw)
+
     def _spawn(self, lw: LocalWorker) -> None:
         with lw.log_path.open("ab") as log_file:
             lw.process = subprocess.Popen(

@@ -20,7 +20,9 @@ import yaml
 from decentralized_verl.core.status import JobStatus
 from decentralized_verl.errors import DverlError, WireError
 from decentralized_verl.launch.local import LocalCluster
+from decentralized_verl.launch.watchdog import ProgressClock
 from decentralized_verl.manifest import load_job
+from decentralized_verl.orphans import guard_descendants
 from decentralized_verl.plan import plan_job
 from decentralized_verl.spec import with_defaults
 
@@ -103,13 +105,18 @@ def run_job(
     plan = plan_job(job.spec, job.metadata.name)
     (output / "summary.json").unlink(missing_ok=True)
     extra_args = {"learner": ["--resume"]} if resume else {}
+    guard_descendants()  # a `kill -9` of this process must not leave workers or their helpers running
     cluster = LocalCluster(plan, config, output, extra_args=extra_args)
-    learner = cluster.by_role("learner")[0]
+    learners = cluster.by_role("learner")
+    learner = learners[0]
+    clock = ProgressClock(job.spec.training.stall_factor)
+    learner_restarts = 0
     bar = None
     previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         cluster.start()
+        clock.restarted(time.monotonic())
         if progress:
             from tqdm import tqdm
 
@@ -117,44 +124,57 @@ def run_job(
                 total=job.spec.training.steps or 0, desc=job.metadata.name, unit="step", dynamic_ncols=True
             )
         started = time.monotonic()
-        while learner.alive():
+        while learner.process.poll() != 0:
+            now = time.monotonic()
+            status = coordinator_status(learner.address)
+            clock.observe(status.step if status is not None else None, now)
+            why = _learner_down(learners, clock, now)
+            if why is not None and job.spec.roles.failure_policy("learner") == "failJob":
+                raise RunFailed(f"learner {why} and roles.learner.failurePolicy is failJob")
+            if why is not None:
+                # Like the operator: the learner gang restarts and resumes from its newest checkpoint.
+                if learner_restarts >= job.spec.backoff_limit:
+                    raise RunFailed(
+                        f"learner {why}; restarted {learner_restarts} times already (backoffLimit "
+                        f"{job.spec.backoff_limit}); last lines of {learner.log_path}:\n{learner.log_tail()}"
+                    )
+                learner_restarts += 1
+                log.warning("learner %s; restarting it from its newest checkpoint", why)
+                cluster.restart_gang("learner", extra_args=["--resume"])
+                clock.restarted(time.monotonic())
             for dead in cluster.failed():
-                # Like the operator: a serving worker that dies is started again, up to backoffLimit;
-                # meanwhile the coordinator re-dispatches its work to the others.
+                # A serving worker that dies is started again, up to backoffLimit; meanwhile the
+                # coordinator re-dispatches its work to the others and holds it out until it is ready.
                 if dead.worker.role == "learner":
-                    break
+                    continue
                 if dead.restarts >= job.spec.backoff_limit:
                     raise RunFailed(
                         f"worker {dead.worker.name} exited with code {dead.process.returncode} "
                         f"{dead.restarts + 1} times (backoffLimit {job.spec.backoff_limit}); "
                         f"last lines of {dead.log_path}:\n{dead.log_tail()}"
                     )
-                log.warning(
-                    "worker %s exited with code %s; restarting", dead.worker.name, dead.process.returncode
-                )
-                cluster.restart(dead.worker.name)
-            if timeout is not None and time.monotonic() - started > timeout:
-                raise RunFailed(f"run exceeded {timeout:.0f} s; see {output / 'logs'}")
-            if bar is not None:
-                status = coordinator_status(learner.address)
-                if status is not None:
-                    if status.total_steps and bar.total != status.total_steps:
-                        bar.total = status.total_steps
-                    bar.n = status.step
-                    bar.set_postfix(
-                        phase=status.phase,
-                        reward=f"{status.reward_mean:.3f}",
-                        kl=f"{status.kl:.4f}",
-                        tok_s=f"{status.tokens_per_second:.0f}",
-                        refresh=False,
+                policy = job.spec.roles.failure_policy(dead.worker.role)
+                if policy == "failJob":
+                    raise RunFailed(
+                        f"worker {dead.worker.name} exited with code {dead.process.returncode} and "
+                        f"roles.{dead.worker.role}.failurePolicy is failJob; last lines of {dead.log_path}:\n"
+                        f"{dead.log_tail()}"
                     )
-                    bar.refresh()
+                log.warning(
+                    "worker %s exited with code %s; restarting %s",
+                    dead.worker.name,
+                    dead.process.returncode,
+                    f"every {dead.worker.role} worker" if policy == "restartRole" else "it",
+                )
+                if policy == "restartRole":
+                    cluster.restart_gang(dead.worker.role)
+                else:
+                    cluster.restart(dead.worker.name)
+            if timeout is not None and now - started > timeout:
+                raise RunFailed(f"run exceeded {timeout:.0f} s; see {output / 'logs'}")
+            if bar is not None and status is not None:
+                _show(bar, status)
             time.sleep(0.5)
-        code = learner.process.returncode if learner.process else 1
-        if code != 0:
-            raise RunFailed(
-                f"learner exited with code {code}; last lines of {learner.log_path}:\n{learner.log_tail()}"
-            )
     finally:
         if bar is not None:
             bar.close()
@@ -163,7 +183,53 @@ def run_job(
     summary_path = output / "summary.json"
     if not summary_path.exists():
         raise RunFailed(f"learner finished without writing {summary_path}")
-    return json.loads(summary_path.read_text())
+    summary = json.loads(summary_path.read_text())
+    summary["learner_restarts"] = learner_restarts
+    summary["worker_restarts"] = {
+        lw.worker.name: lw.restarts for lw in cluster.workers.values() if lw.restarts
+    }
+    summary.update(_reward_window(output / "metrics.jsonl") or {})
+    summary_path.write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    return summary
+
+
+def _learner_down(learners: list, clock: ProgressClock, now: float) -> str | None:
+    """Why the learner gang must restart (a rank died, or it stopped making progress), or None."""
+    for rank in learners:
+        code = rank.process.poll() if rank.process is not None else None
+        if code not in (None, 0):
+            return f"{rank.worker.name} exited with code {code}"
+    if clock.stalled(now):
+        return f"made no progress for {now - clock.last_change:.0f}s"
+    return None
+
+
+def _show(bar: Any, status: JobStatus) -> None:
+    if status.total_steps and bar.total != status.total_steps:
+        bar.total = status.total_steps
+    bar.n = status.step
+    bar.set_postfix(
+        phase=status.phase,
+        reward=f"{status.reward_mean:.3f}",
+        kl=f"{status.kl:.4f}",
+        tok_s=f"{status.tokens_per_second:.0f}",
+        refresh=False,
+    )
+    bar.refresh()
+
+
+def _reward_window(metrics: Path) -> dict[str, float] | None:
+    """First and last rewards over the whole run (every learner incarnation), as the summary states them."""
+    from decentralized_verl.metrics import read_metrics
+
+    rewards = [float(r["reward_mean"]) for r in read_metrics(metrics) if r.get("reward_mean") is not None]
+    if not rewards:
+        return None
+    window = max(1, min(5, len(rewards) // 3 or 1))
+    return {
+        "reward_first": sum(rewards[:window]) / window,
+        "reward_last": sum(rewards[-window:]) / window,
+    }
 
 
 def format_summary(summary: dict[str, Any], output: Path) -> str:

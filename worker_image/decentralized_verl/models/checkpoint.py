@@ -1,14 +1,18 @@
 """Hugging Face-format checkpoints (safetensors) that any stage, worker or user tool can load.
 
-A checkpoint is written to a temporary sibling folder and renamed into place, so a crash never
-leaves a half-written folder under a `checkpoint-N` name and `latest_checkpoint` can trust any it sees.
-LoRA models store the base weights unmerged plus `adapter/`, so training can resume on the adapters.
+A checkpoint is written to a temporary sibling folder and renamed into place, so a crash never leaves a
+half-written folder under a `checkpoint-N` name. Its last file is `manifest.json`, the sha256 of every other
+file: `latest_checkpoint` skips a folder whose files no longer match it (a disk that corrupted or truncated
+them) with a logged reason and falls back to the one before. LoRA models store the base weights unmerged
+plus `adapter/`, so training can resume on the adapters.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -24,9 +28,11 @@ from decentralized_verl.errors import ModelError
 from decentralized_verl.models.lora import is_lora
 
 TRAINER_STATE = "trainer_state.json"
+MANIFEST = "manifest.json"
 OPTIMIZER_STATE = "optimizer.pt"
 ADAPTER_DIR = "adapter"
 _STEP_DIR = re.compile(r"^checkpoint-(\d+)$")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -48,8 +54,10 @@ def save_checkpoint(
     tokenizer: Any,
     extra_state: dict[str, Any] | None = None,
     optimizer_state: dict[str, Any] | None = None,
+    extra_objects: dict[str, Any] | None = None,
 ) -> Path:
-    """Write model (safetensors), tokenizer, `trainer_state.json` and optionally `optimizer.pt` atomically.
+    """Write model (safetensors), tokenizer, `trainer_state.json`, optionally `optimizer.pt` and other
+    torch-saved objects by file name (a colocated critic's state) atomically.
 
     An existing folder at `path` is replaced only after the new one is complete.
     """
@@ -66,6 +74,9 @@ def save_checkpoint(
         (tmp / TRAINER_STATE).write_text(json.dumps(extra_state or {}, indent=2, sort_keys=True) + "\n")
         if optimizer_state is not None:
             torch.save(optimizer_state, tmp / OPTIMIZER_STATE)
+        for name, obj in (extra_objects or {}).items():
+            torch.save(obj, tmp / name)
+        write_manifest(tmp)
         old = None
         if target.exists():
             old = target.parent / f".old-{target.name}-{uuid.uuid4().hex[:8]}"
@@ -132,10 +143,58 @@ def load_checkpoint(
     return Checkpoint(folder, model.to(device), tokenizer, extra, optimizer_state)
 
 
-def latest_checkpoint(root: str | Path) -> Path | None:
-    """The `checkpoint-N` folder with the largest N under `root` (temporary folders are ignored)."""
+def write_manifest(folder: Path) -> None:
+    """Record the sha256 of every file in `folder` (written last, so its presence means complete)."""
+    files = {
+        str(path.relative_to(folder)): _sha256_file(path)
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() and path.name != MANIFEST
+    }
+    (folder / MANIFEST).write_text(json.dumps({"sha256": files}, indent=2, sort_keys=True) + "\n")
+
+
+def checkpoint_problem(folder: Path) -> str | None:
+    """Why `folder` cannot be trusted (a file missing, changed or unlisted), or None when it checks out.
+    A folder without a manifest predates manifests and is trusted as it is."""
+    manifest = folder / MANIFEST
+    if not manifest.exists():
+        return None
+    try:
+        listed = json.loads(manifest.read_text())["sha256"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"unreadable {MANIFEST} ({exc})"
+    for name, digest in sorted(listed.items()):
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if _sha256_file(path) != digest:
+            return f"{name} does not match its sha256 in {MANIFEST}"
+    return None
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while block := handle.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def checkpoints(root: str | Path) -> list[Path]:
+    """Every `checkpoint-N` folder under `root`, newest (largest N) first; temporary folders ignored."""
     base = Path(root)
     if not base.is_dir():
-        return None
+        return []
     steps = [(int(m.group(1)), p) for p in base.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
-    return max(steps)[1] if steps else None
+    return [p for _, p in sorted(steps, reverse=True)]
+
+
+def latest_checkpoint(root: str | Path, *, verify: bool = False) -> Path | None:
+    """The newest `checkpoint-N` under `root`; with `verify`, the newest whose files match its manifest
+    (each one skipped is logged with the reason)."""
+    for folder in checkpoints(root):
+        problem = checkpoint_problem(folder) if verify else None
+        if problem is None:
+            return folder
+        log.warning("checkpoint %s cannot be used: %s; trying the one before", folder, problem)
+    return None

@@ -10,6 +10,7 @@ volunteer hub, the in-cluster scaling watcher) and says how to let go of it at t
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from typing import Any
 
 from decentralized_verl.core.samples import Prompt
 from decentralized_verl.core.status import StatusBoard
-from decentralized_verl.metrics import MetricsLog
+from decentralized_verl.metrics import MetricsLog, truncate_after
 from decentralized_verl.orchestration.coordinator import Coordinator, LoopParts
 from decentralized_verl.orchestration.dispatch import Dispatcher
 from decentralized_verl.orchestration.wiring import RoleClients
@@ -61,11 +62,34 @@ class Loop:
         return await self.coordinator.run()
 
     async def close(self) -> None:
-        for close in reversed(self.closers):
-            try:
-                await close()
-            except Exception:  # one failed release must not keep the others from running
-                log.exception("closing the training loop")
+        await release(self.closers)
+
+
+async def release(closers: Sequence[Closer]) -> None:
+    """Run every closer, newest first; one that fails does not keep the others from running."""
+    for close in reversed(closers):
+        try:
+            await close()
+        except Exception:
+            log.exception("closing the training loop")
+
+
+CRITIC_STATE = "critic-state.pt"
+
+
+def colocated_critic(roles: RoleClients) -> Any | None:
+    """The critic worker running in this process (its state belongs in the learner's checkpoints)."""
+    worker = getattr(roles.critic, "worker", None)
+    return worker if hasattr(worker, "load_state") else None
+
+
+def restore_colocated_critic(roles: RoleClients, folder: Path) -> None:
+    critic = colocated_critic(roles)
+    path = folder / CRITIC_STATE
+    if critic is not None and path.exists():
+        import torch
+
+        critic.load_state(torch.load(path, weights_only=False))
 
 
 async def build_loop(
@@ -83,16 +107,18 @@ async def build_loop(
     scatter: Callable[[list[Any]], Any] | None = None,
     on_step: Callable[[dict[str, Any]], None] | None = None,
     attach: Sequence[Attachment] = (),
+    checkpoint: bool = False,
 ) -> Loop:
     """Put the loop together from a spec, a trainer and the roles it talks to.
 
-    `output` holds metrics.jsonl and, when the spec asks for them, checkpoints (none without it).
+    `output` holds metrics.jsonl and, with `checkpoint` (a learner that can be resumed), checkpoints at the
+    spec's interval (automatic unless `training.checkpoint.every` says otherwise; 0 turns them off).
     `prompts` defaults to the spec's training file rendered for `tokenizer`. `scatter` sends data-parallel
     learner replicas their shards (None for one learner).
     """
     from decentralized_verl.data import PromptSampler
     from decentralized_verl.orchestration.prompts import prepare_prompts
-    from decentralized_verl.training.checkpoints import checkpoint_root, save_training_checkpoint
+    from decentralized_verl.training.checkpoints import CheckpointClock, CheckpointWriter, checkpoint_root
 
     status = status or StatusBoard()
     closers: list[Closer] = [roles.close]
@@ -111,20 +137,28 @@ async def build_loop(
             seed=spec.training.seed,
             drop_last=True,
         )
-        start_step = start_version = 0
+        start_step, start_version = 0, roles.start_version
         if resume is not None:
             sampler.load_state(resume.sampler_state)
-            start_step, start_version = resume.step, resume.policy_version
+            start_step = resume.step
+            start_version = max(resume.policy_version, roles.start_version)
             status.update(last_checkpoint=str(resume.folder))
+            if output is not None:  # the steps after the checkpoint are done again: their rows go
+                truncate_after(output / "metrics.jsonl", start_step)
+            restore_colocated_critic(roles, resume.folder)
 
-        checkpoint = None
-        if output is not None and spec.training.checkpoint.every:
-            root = checkpoint_root(spec, output)
+        writer = clock = None
+        if checkpoint and output is not None and spec.training.checkpoint.every != 0:
+            keep = spec.training.checkpoint.keep
+            critic = colocated_critic(roles)
+            extras = {CRITIC_STATE: critic.state} if critic is not None else None
+            writer = CheckpointWriter(checkpoint_root(spec, output), trainer, tokenizer, keep, extras)
+            clock = CheckpointClock(spec.training.checkpoint.every, last_step=start_step)
 
-            def checkpoint(step: int, state: dict[str, Any]) -> str:
-                keep = spec.training.checkpoint.keep
-                return str(save_training_checkpoint(root, trainer, tokenizer, step, state, keep))
+            async def close_writer() -> None:
+                await asyncio.to_thread(writer.close)
 
+            closers.append(close_writer)
         dispatcher = Dispatcher(roles.rollout, roles.priors)
         context = LoopContext(spec, job, trainer, tokenizer, roles, dispatcher, status, start_version)
         for attachment in attach:
@@ -151,14 +185,15 @@ async def build_loop(
             pad_token_id=tokenizer.pad_token_id,
             publish=roles.publish,
             scatter=scatter,
-            checkpoint=checkpoint,
+            checkpoints=writer,
+            checkpoint_clock=clock,
             status=status,
             metrics=metrics,
             on_step=on_step,
             async_capable=roles.remote_rollout,
         )
     except BaseException:
-        await Loop(None, None, closers).close()  # type: ignore[arg-type]
+        await release(closers)
         raise
     coordinator = Coordinator(parts, start_step=start_step, start_version=start_version)
     return Loop(coordinator, parts, closers)

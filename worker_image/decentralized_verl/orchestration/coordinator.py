@@ -25,6 +25,7 @@ from decentralized_verl.metrics import MetricsLog
 from decentralized_verl.orchestration.dispatch import Dispatcher
 from decentralized_verl.spec import JobSpec
 from decentralized_verl.training.advantage_step import AlgorithmSettings, attach_advantages, select_samples
+from decentralized_verl.training.checkpoints import CheckpointClock, CheckpointWriter
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,9 @@ class LoopParts:
     """Make policy version v available to rollout workers (weights out)."""
     scatter: Callable[[list[Any]], Any] | None = None
     """Data-parallel: send each learner rank its shard, return rank 0's (None for one learner)."""
-    checkpoint: Callable[[int, dict[str, Any]], str] | None = None
+    checkpoints: CheckpointWriter | None = None
+    """Takes a snapshot when `checkpoint_clock` says one is due (None: no checkpoints)."""
+    checkpoint_clock: CheckpointClock | None = None
     status: StatusBoard = field(default_factory=StatusBoard)
     metrics: MetricsLog | None = None
     on_step: Callable[[dict[str, Any]], None] | None = None
@@ -243,16 +246,20 @@ class Coordinator:
             done = self._phase("eval", timings)
             record.update(await self.evaluate())
             done()
-        if (
-            parts.checkpoint
-            and self.spec.training.checkpoint.every
-            and (self.step % self.spec.training.checkpoint.every == 0 or self.step == self.total_steps)
-        ):
-            done = self._phase("checkpoint", timings)
-            path = await asyncio.to_thread(parts.checkpoint, self.step, self.resume_state())
-            parts.status.update(last_checkpoint=path)
-            record["checkpoint"] = path
-            done()
+        clock, writer = parts.checkpoint_clock, parts.checkpoints
+        if writer is not None and clock is not None:
+            now = time.monotonic()
+            if clock.due(self.step, self.total_steps, elapsed, writer.snapshot_seconds, now):
+                done = self._phase("checkpoint", timings)
+                path = str(await asyncio.to_thread(writer.take, self.step, self.resume_state()))
+                clock.taken(self.step, now)
+                parts.status.update(last_checkpoint=path)
+                record["checkpoint"] = path
+                record["checkpoint_snapshot_seconds"] = writer.snapshot_seconds
+                record["checkpoint_write_seconds"] = (
+                    writer.write_seconds
+                )  # the previous one's, in the background
+                done()
         self._publish_progress(record, timings)
         return record
 
@@ -322,6 +329,8 @@ class Coordinator:
                 task.cancel()
             raise
         after = await self.evaluate() if self.p.eval_prompts else {}
+        if self.p.checkpoints is not None:
+            await asyncio.to_thread(self.p.checkpoints.flush)  # the last checkpoint is on disk
         window = max(1, min(5, len(first_rewards) // 3 or 1))
         summary = {
             "steps": self.step,

@@ -2,8 +2,10 @@
 
 Each step's work items are split across healthy rollout workers in proportion to their measured
 tokens/s (a prior from the node pool's GPU type until measured), so a slow worker gets less work.
-A worker that fails or answers out of contract loses its unanswered items to the others; a sample
-is accepted once per (prompt, sample index), late or repeated answers are counted and dropped.
+A worker that fails, answers out of contract or misses the deadline its own measured speed implies (a
+hung or stopped worker) loses its unanswered items to the others and stays out of dispatch until its
+Health says ready again (health.py); a sample is accepted once per (prompt, sample index), late or
+repeated answers are counted and dropped. With every worker down, dispatch waits for one to come back.
 """
 
 from __future__ import annotations
@@ -18,8 +20,13 @@ from dataclasses import dataclass, field
 from decentralized_verl.core.interfaces import RolloutClient, WorkerFailure, WorkItem, closed_under_us
 from decentralized_verl.core.samples import Sample
 from decentralized_verl.core.sampling import SamplingParams
+from decentralized_verl.orchestration.health import HealthGate
 
 log = logging.getLogger(__name__)
+
+DEADLINE_FLOOR_S = 30.0
+DEADLINE_FACTOR = 4.0
+"""A share may take DEADLINE_FLOOR_S + DEADLINE_FACTOR x the time the worker's measured speed implies."""
 
 GPU_PRIORS = {"h100": 4.0, "h200": 4.5, "a100": 3.0, "l40s": 2.0, "rtx4090": 2.0, "a10": 1.0, "t4": 0.5}
 """Relative throughput before anything is measured; measurements replace it after the first step."""
@@ -83,8 +90,13 @@ class Dispatcher:
         clients: Sequence[RolloutClient],
         priors: dict[str, float] | None = None,
         max_rounds: int = 5,
+        *,
+        wait_s: float = 900.0,
     ) -> None:
         self.clients = {c.worker_id: c for c in clients}
+        self.gate = HealthGate()
+        self.wait_s = wait_s
+        """How long a step waits for a worker to come back when every one is down."""
         self.stats = {
             wid: WorkerStats(tokens_per_second=(priors or {}).get(wid, 1.0)) for wid in self.clients
         }
@@ -97,6 +109,16 @@ class Dispatcher:
 
     def remove(self, worker_id: str) -> None:
         self.clients.pop(worker_id, None)
+        self.gate.forget(worker_id)
+
+    def deadline(self, worker_id: str, n_items: int, sampling: SamplingParams) -> float | None:
+        """Seconds a share may take: a generous multiple of what the worker's measured speed implies (so a
+        worker that stops answering is noticed), None until it has been measured."""
+        stats = self.stats.get(worker_id)
+        if stats is None or not stats.measured:
+            return None
+        expected = n_items * sampling.max_new_tokens / max(stats.tokens_per_second, 1e-6)
+        return DEADLINE_FLOOR_S + DEADLINE_FACTOR * expected
 
     def _weights(self, healthy: list[str]) -> list[float]:
         return [max(self.stats[w].tokens_per_second, 1e-6) for w in healthy]
@@ -113,7 +135,14 @@ class Dispatcher:
         expected = {(p.prompt_id, i) for p, i in items}
         rounds = 0
         while pending:
-            healthy = [wid for wid in healthy if wid in self.clients]
+            healthy = self.gate.up(wid for wid in healthy if wid in self.clients)
+            # Every worker failed or is restarting: wait for one to answer its Health again.
+            if (
+                not healthy
+                and rounds < self.max_rounds
+                and await self.gate.wait_any(self.clients, self.wait_s)
+            ):
+                healthy = self.gate.up(self.clients)
             if not healthy or rounds >= self.max_rounds:
                 raise NoWorkersLeft(
                     f"{len(pending)} items unanswered after {rounds} rounds; failures: {report.failures}"
@@ -146,6 +175,16 @@ class Dispatcher:
         ordered = [results[(p.prompt_id, i)] for p, i in items]
         return ordered, report
 
+    def _failed(self, client: RolloutClient, reason: str, report: DispatchReport) -> bool:
+        """Count the failure, hold the worker out until it is healthy again; True (it failed)."""
+        wid = client.worker_id
+        self.stats.setdefault(wid, WorkerStats(tokens_per_second=1.0)).failures += 1
+        report.failures.append(f"{wid}: {reason}")
+        log.warning("rollout worker %s failed: %s; re-dispatching its unanswered items", wid, reason)
+        if wid in self.clients:
+            self.gate.mark_down(wid, client)
+        return True
+
     async def _one(
         self,
         client: RolloutClient,
@@ -163,35 +202,30 @@ class Dispatcher:
         tokens = 0
         wanted = {(p.prompt_id, i) for p, i in share}
         try:
-            async for sample in client.generate(share, sampling, version):
-                if sample.key not in wanted or sample.key not in expected:
-                    raise WorkerFailure(wid, f"answered an item it was not given: {sample.key}")
-                if sample.key in results:
-                    report.duplicates_dropped += 1
-                    continue
-                results[sample.key] = sample
-                tokens += len(sample.response_ids)
+            async with asyncio.timeout(self.deadline(wid, len(share), sampling)):
+                async for sample in client.generate(share, sampling, version):
+                    if sample.key not in wanted or sample.key not in expected:
+                        raise WorkerFailure(wid, f"answered an item it was not given: {sample.key}")
+                    if sample.key in results:
+                        report.duplicates_dropped += 1
+                        continue
+                    results[sample.key] = sample
+                    tokens += len(sample.response_ids)
             missing = wanted - results.keys()
             if missing:
                 raise WorkerFailure(wid, f"stream ended with {len(missing)} items unanswered")
         except WorkerFailure as exc:
-            stats.failures += 1
-            report.failures.append(str(exc))
-            log.warning("rollout worker %s failed: %s; re-dispatching its unanswered items", wid, exc.reason)
-            return True
-        except (TimeoutError, ConnectionError, OSError) as exc:
-            stats.failures += 1
-            report.failures.append(f"{wid}: {exc!r}")
-            log.warning("rollout worker %s failed: %r; re-dispatching", wid, exc)
-            return True
+            return self._failed(client, exc.reason, report)
+        except TimeoutError:
+            deadline = self.deadline(wid, len(share), sampling)
+            return self._failed(client, f"no answer within the {deadline:.0f}s its speed allows", report)
+        except (ConnectionError, OSError) as exc:
+            return self._failed(client, repr(exc), report)
         except asyncio.CancelledError:
             if not closed_under_us():
                 raise  # this step itself is being cancelled
             # The worker was removed (its channel closed) while it held work: its failure, not the step's.
-            stats.failures += 1
-            report.failures.append(f"{wid}: removed while generating")
-            log.warning("rollout worker %s removed mid-step; re-dispatching its items", wid)
-            return True
+            return self._failed(client, "removed while generating", report)
         finally:
             report.tokens += tokens
         stats.items += len(share)

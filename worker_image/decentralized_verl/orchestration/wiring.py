@@ -1,7 +1,8 @@
 """Connect the coordinator to every serving role: remote workers where the plan put them, else in-process.
 
 One function for the learner process and the Python API facade, so a colocated role and a remote one are
-reached through the same protocol and built in one place.
+reached through the same protocol and built in one place. Remote reward, reference and critic workers are
+reached through a `ScoringPool` (every replica, with failover); rollout workers through the dispatcher.
 
 Weights to remote rollout workers go through `transport.fanout_runtime.WeightFanout`: each version is held by
 the learner's publisher (served for pulls by the learner's Weights service) and, with two or more remote
@@ -12,13 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from decentralized_verl.core.interfaces import CriticClient, ReferenceClient, RewardClient, RolloutClient
 from decentralized_verl.orchestration.dispatch import GPU_PRIORS
+from decentralized_verl.orchestration.failover import ScoringPool
 from decentralized_verl.spec import JobSpec
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -30,6 +35,9 @@ class RoleClients:
     reward: RewardClient
     reference: ReferenceClient | None
     critic: CriticClient | None
+    start_version: int = 0
+    """The first policy version to publish: the checkpoint's, or past any version rollout workers still
+    hold from before a learner restart (never reuse a version number for other weights)."""
     remote_rollout: bool = False
     """Rollout runs in processes of its own, so generation may overlap the update (async RL)."""
     weights: Any | None = None
@@ -37,11 +45,34 @@ class RoleClients:
     worker that joins at run time with `weights.add_receiver(address)`; close with `await weights.close()`."""
 
     async def close(self) -> None:
-        """Release the rollout clients and the weight fan-out (scoring clients hold nothing to release)."""
-        for client in self.rollout:
-            await client.close()
+        """Release every client and the weight fan-out."""
+        for client in [*self.rollout, self.reward, self.reference, self.critic]:
+            close = getattr(client, "close", None)
+            if close is not None:
+                await close()
         if self.weights is not None:
             await self.weights.close()
+
+
+async def past_held_versions(rollout: list[Any], start_version: int) -> int:
+    """`start_version`, or one past the newest version a rollout worker still holds when that is newer: a
+    learner restarted from a checkpoint must not publish other weights under a number already used."""
+    held = []
+    for client in rollout:
+        try:
+            held.append((await client.info()).policy_version)
+        except Exception as exc:  # a worker that cannot say is one that will be sent the new version
+            log.info("%s: held version unknown (%s)", client.worker_id, exc)
+    newest = max(held, default=start_version)
+    if newest > start_version:
+        log.warning(
+            "rollout workers hold policy version %d from before this learner restarted; publishing the "
+            "checkpoint's weights as version %d",
+            newest,
+            newest + 1,
+        )
+        return newest + 1
+    return start_version
 
 
 async def connect_roles(
@@ -72,11 +103,15 @@ async def connect_roles(
         addresses = addresses or settings.addresses
         pools = pools or settings.pools
 
-    async def first_ready(role: str) -> str | None:
+    async def pool(role: str, client_type: Any, *, split: bool) -> ScoringPool | None:
+        """The role's remote workers behind failover (all replicas, not only the first), once ready."""
         found = addresses(role)
         for address in found:
             await clients.wait_ready(address, timeout=ready_timeout)
-        return found[0] if found else None
+        if not found:
+            return None
+        workers = [client_type(a, worker_id=f"{job}-{role}-{i}") for i, a in enumerate(found)]
+        return ScoringPool(role, workers, split=split)
 
     remote = addresses("rollout")
     if remote and publisher is not None:
@@ -89,6 +124,7 @@ async def connect_roles(
             for i, address in enumerate(remote)
         ]
         priors = {f"{job}-rollout-{i}": GPU_PRIORS.get(pool, 1.0) for i, pool in enumerate(pools("rollout"))}
+        start_version = await past_held_versions(rollout, start_version)
         weights = WeightFanout(publisher, remote)
         await weights.publish(rollout_state_dict(model), start_version)
         loop = asyncio.get_running_loop()
@@ -109,18 +145,12 @@ async def connect_roles(
 
     reward = reward_override
     if reward is None:
-        address = await first_ready("reward")
-        reward = (
-            clients.GrpcRewardClient(address)
-            if address
-            else local.LocalRewardClient(scoring.RewardWorker.from_spec(spec))
-        )
+        reward = await pool("reward", clients.GrpcRewardClient, split=True)
+        reward = reward or local.LocalRewardClient(scoring.RewardWorker.from_spec(spec))
     reference = None
     if spec.roles.reference is not None:
-        address = await first_ready("reference")
-        if address:
-            reference = clients.GrpcReferenceClient(address)
-        else:
+        reference = await pool("reference", clients.GrpcReferenceClient, split=True)
+        if reference is None:
             frozen = copy.deepcopy(model).eval()
             for param in frozen.parameters():
                 param.requires_grad_(False)
@@ -132,11 +162,17 @@ async def connect_roles(
             )
     critic = None
     if spec.roles.critic is not None:
-        address = await first_ready("critic")
-        critic = (
-            clients.GrpcCriticClient(address)
-            if address
-            else local.LocalCriticClient(scoring.CriticWorker.from_spec(spec))
-        )
+        critic = await pool("critic", clients.GrpcCriticClient, split=False)
+        critic = critic or local.LocalCriticClient(scoring.CriticWorker.from_spec(spec))
     remote_rollout = bool(remote) and publisher is not None
-    return RoleClients(rollout, priors, publish, reward, reference, critic, remote_rollout, weights)
+    return RoleClients(
+        rollout,
+        priors,
+        publish,
+        reward,
+        reference,
+        critic,
+        start_version=start_version,
+        remote_rollout=remote_rollout,
+        weights=weights,
+    )

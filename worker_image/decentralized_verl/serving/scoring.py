@@ -178,6 +178,23 @@ class CriticWorker:
     def _values(self, batch: TrainBatch) -> torch.Tensor:
         return self.model.values(batch)
 
+    def state(self) -> dict[str, Any]:
+        """A copy of everything the critic has learned (weights, optimizer, updates taken)."""
+        import copy
+
+        with self._lock:
+            return {
+                "model": copy.deepcopy(self.model.state_dict()),
+                "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+                "version": self.version,
+            }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        with self._lock:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.version = int(state["version"])
+
     def values(self, samples: Sequence[Sample]) -> list[tuple[float, ...]]:
         out: list[tuple[float, ...]] = []
         with self._lock, torch.no_grad():

@@ -52,10 +52,21 @@ class NodePool(SpecModel):
     resources: Resources | None = None
 
 
+FailurePolicy = Literal["restartPod", "restartRole", "failJob"]
+
+
 class RoleSpec(SpecModel):
     """One role's workers. replicas 0 runs the role colocated inside the learner process."""
 
     replicas: NonNegativeInt = 1
+    failure_policy: FailurePolicy | None = Field(
+        default=None,
+        description=(
+            "When a worker of this role fails: restartPod (it alone; the default for serving roles), "
+            "restartRole (every worker of the role; the learner's default and only restart, as a gang) "
+            "or failJob"
+        ),
+    )
     backend: BackendName = "hf"
     batch_size: PositiveInt | None = Field(default=None, description="Prompts per request (rollout)")
     microbatch_size: PositiveInt | None = None
@@ -70,6 +81,12 @@ class RolesSpec(SpecModel):
     critic: RoleSpec | None = None
     reward: RoleSpec | None = None
     reference: RoleSpec | None = None
+
+    def failure_policy(self, name: str) -> str:
+        """The role's failure policy with its default filled in."""
+        role = getattr(self, name)
+        default = "restartRole" if name == "learner" else "restartPod"
+        return (role.failure_policy if role is not None else None) or default
 
     def items(self) -> list[tuple[str, RoleSpec]]:
         """The roles present in this job, in a fixed order."""

@@ -115,6 +115,11 @@ def role_problems(spec: JobSpec) -> Iterator[Problem]:
                 if pool.name in seen:
                     yield _problem(f"roles.{name}.nodePools[{i}].name", f"duplicate pool {pool.name!r}")
                 seen.add(pool.name)
+        if name == "learner" and role.failure_policy == "restartPod":
+            yield _problem(
+                "roles.learner.failurePolicy",
+                "learner ranks restart together (restartRole) or fail the job (failJob), not one by one",
+            )
         if role.backend == "vllm" and name != "rollout":
             yield _problem(f"roles.{name}.backend", "only the rollout role generates; use hf here")
     if spec.roles.learner.replicas < 1:
@@ -162,7 +167,7 @@ def training_problems(spec: JobSpec) -> Iterator[Problem]:
     training = spec.training
     if training.steps is not None and training.epochs is not None:
         yield _problem("training.epochs", "set either training.steps or training.epochs, not both")
-    if training.checkpoint.every > 0 and not training.checkpoint.dir:
+    if training.checkpoint.every and not training.checkpoint.dir:
         yield _problem("training.checkpoint.dir", "required when checkpoint.every > 0")
     if training.checkpoint.persistent_volume_claim and not (training.checkpoint.dir or "").startswith("/"):
         yield _problem(

@@ -50,6 +50,10 @@ class RLHFJobStatus(SpecModel):
     tokens_per_second: float | None = None
     eval_accuracy: float | None = None
     last_checkpoint: str | None = None
+    last_progress_time: str | None = Field(
+        default=None, description="when the reported step last advanced (the learner stall watchdog's clock)"
+    )
+    step_seconds: float | None = Field(default=None, description="the last step's duration, as reported")
     observed_generation: NonNegativeInt = 0
     start_time: str | None = None
     completion_time: str | None = None

@@ -10,7 +10,13 @@ from decentralized_verl.spec.base import SpecModel
 
 
 class CheckpointSpec(SpecModel):
-    every: NonNegativeInt = 0
+    every: NonNegativeInt | None = Field(
+        default=None,
+        description=(
+            "Checkpoint every N steps; 0 turns checkpoints off; unset: automatic (every step while a "
+            "snapshot costs under 5% of the training time, else less often, at least every 10 minutes)"
+        ),
+    )
     dir: str | None = Field(default=None, description="Checkpoint root; a PVC mount path in a cluster")
     keep: PositiveInt = 2
     persistent_volume_claim: str | None = Field(
@@ -33,6 +39,10 @@ class TrainingSpec(SpecModel):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     eval_every: NonNegativeInt = 0
     max_staleness: NonNegativeInt = 0
+    stall_factor: Annotated[float, Field(gt=1)] = Field(
+        default=10.0,
+        description="Restart a learner whose step has not advanced for this many times its step time",
+    )
     seed: NonNegativeInt = 0
     logging: list[Literal["tensorboard", "wandb"]] = Field(default_factory=list)
 

@@ -1,25 +1,43 @@
-"""The learner's training checkpoints: where they live, how one is written, how a run resumes from one.
+"""The learner's training checkpoints: where they live, when one is due, how one is taken without stopping
+training for the write, and how a run resumes from the newest one that checks out.
 
-A checkpoint is a Hugging Face folder (`models.checkpoint`, written atomically) plus the optimizer and
-scheduler state and the loop's position (step, policy version, sampler state), so a restarted learner
-continues with the same data order and weights.
+A checkpoint is a Hugging Face folder (`models.checkpoint`: written to a temporary folder, renamed into
+place, sha256 manifest last) plus the optimizer and scheduler state and the loop's position (step, policy
+version, sampler state). Taking one copies the model and optimizer state in memory at the step boundary
+(the snapshot, the only pause) and writes it from a background thread while the next step runs; one write
+is in flight at a time. A torn or corrupt newest checkpoint is skipped with a logged reason.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import copy
 import json
 import logging
+import math
 import shutil
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from decentralized_verl.models.checkpoint import checkpoint_dir, latest_checkpoint, save_checkpoint
+from decentralized_verl.models.checkpoint import (
+    checkpoint_dir,
+    checkpoints,
+    latest_checkpoint,
+    save_checkpoint,
+)
 from decentralized_verl.spec import JobSpec
 
 log = logging.getLogger(__name__)
+
+SNAPSHOT_BUDGET = 0.05
+"""With automatic checkpoints, snapshots may cost at most this share of the training time."""
+MAX_INTERVAL_S = 600.0
+"""With automatic checkpoints, at most this long between two of them, whatever a snapshot costs."""
 
 
 @dataclass(frozen=True)
@@ -41,9 +59,105 @@ def checkpoint_root(spec: JobSpec, output: Path) -> Path:
     return path if path.is_absolute() else output / path
 
 
+@dataclass
+class CheckpointClock:
+    """When a checkpoint is due. `every` N steps, or automatically (None): every step while a snapshot
+    costs at most SNAPSHOT_BUDGET of a step, else as often as that budget allows, and at least every
+    MAX_INTERVAL_S. The last step always gets one. Pure."""
+
+    every: int | None
+    last_step: int = 0
+    last_time: float | None = None
+
+    def due(
+        self, step: int, total: int, step_seconds: float, snapshot_seconds: float | None, now: float
+    ) -> bool:
+        if step >= total:
+            return True
+        if self.every is not None:
+            return step % self.every == 0
+        if snapshot_seconds is None:
+            return True  # the first one measures what a snapshot costs
+        interval = max(1, math.ceil(snapshot_seconds / (SNAPSHOT_BUDGET * max(step_seconds, 1e-9))))
+        overdue = self.last_time is not None and now - self.last_time >= MAX_INTERVAL_S
+        return step - self.last_step >= interval or overdue
+
+    def taken(self, step: int, now: float) -> None:
+        self.last_step, self.last_time = step, now
+
+
+class CheckpointWriter:
+    """Takes snapshots on the training thread and writes them in the background, one at a time."""
+
+    def __init__(
+        self,
+        root: Path,
+        trainer: Any,
+        tokenizer: Any,
+        keep: int,
+        extras: dict[str, Callable[[], Any]] | None = None,
+    ) -> None:
+        """`extras`: file name -> a function returning a copy of more state to keep with each checkpoint."""
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # a bar per checkpoint would fill the learner's log
+        self.root = root
+        self.extras = extras or {}
+        self.trainer = trainer
+        self.tokenizer = tokenizer
+        self.keep = keep
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+        self._pending: concurrent.futures.Future[Path] | None = None
+        self.snapshot_seconds: float | None = None
+        self.write_seconds: float | None = None
+
+    def take(self, step: int, loop_state: dict[str, Any]) -> Path:
+        """Snapshot now (waiting for the previous write first), write in the background; returns where."""
+        self.flush()
+        began = time.perf_counter()
+        model = copy.deepcopy(self.trainer.model)
+        optimizer = {
+            "optimizer": copy.deepcopy(self.trainer.optimizer.state_dict()),
+            "scheduler": copy.deepcopy(self.trainer.scheduler.state_dict()),
+        }
+        extras = {name: take() for name, take in self.extras.items()}
+        self.snapshot_seconds = time.perf_counter() - began
+        folder = checkpoint_dir(self.root, step)
+        self._pending = self._pool.submit(self._write, folder, model, dict(loop_state), optimizer, extras)
+        return folder
+
+    def _write(
+        self, folder: Path, model: Any, loop_state: dict[str, Any], optimizer: dict[str, Any], extras: dict
+    ) -> Path:
+        began = time.perf_counter()
+        save_checkpoint(
+            folder,
+            model,
+            self.tokenizer,
+            extra_state=loop_state,
+            optimizer_state=optimizer,
+            extra_objects=extras,
+        )
+        prune(self.root, self.keep)
+        self.write_seconds = time.perf_counter() - began
+        return folder
+
+    def flush(self) -> None:
+        """Wait for the write in flight; a failed write is raised here (training must know)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self) -> None:
+        try:
+            self.flush()
+        finally:
+            self._pool.shutdown(wait=True)
+
+
 def restore_latest(trainer: Any, root: Path) -> ResumePoint | None:
-    """Load the newest checkpoint under `root` into the trainer's model and optimizer (None: none)."""
-    folder = latest_checkpoint(root)
+    """Load the newest checkpoint that checks out into the trainer's model and optimizer (None: none)."""
+    folder = latest_checkpoint(root, verify=True)
     if folder is None:
         return None
     state = _restore(trainer, folder)
@@ -69,29 +183,7 @@ def _restore(trainer: Any, folder: Path) -> dict[str, Any]:
     return json.loads((folder / "trainer_state.json").read_text())
 
 
-def save_training_checkpoint(
-    root: Path, trainer: Any, tokenizer: Any, step: int, loop_state: dict[str, Any], keep: int
-) -> Path:
-    """Write checkpoint-STEP (weights, tokenizer, optimizer, loop state) and keep only the newest `keep`."""
-    folder = save_checkpoint(
-        checkpoint_dir(root, step),
-        trainer.model,
-        tokenizer,
-        extra_state=loop_state,
-        optimizer_state={
-            "optimizer": trainer.optimizer.state_dict(),
-            "scheduler": trainer.scheduler.state_dict(),
-        },
-    )
-    prune(root, keep)
-    return folder
-
-
 def prune(root: Path, keep: int) -> None:
     """Delete all but the newest `keep` checkpoint-N folders."""
-    folders = sorted(
-        (p for p in root.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()),
-        key=lambda p: int(p.name.split("-")[-1]),
-    )
-    for old in folders[:-keep]:
+    for old in checkpoints(root)[keep:]:
         shutil.rmtree(old, ignore_errors=True)

@@ -43,6 +43,7 @@ SCORE = Method("Reward", "Score")
 LOGPROBS = Method("Reference", "LogProbs")
 VALUES = Method("Critic", "Values")
 TRAIN = Method("Critic", "Train")
+READY = Method("Health", "Ready")
 
 
 class CarrierError(Exception):

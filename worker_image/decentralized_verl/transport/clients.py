@@ -29,6 +29,7 @@ from decentralized_verl.transport.carriers import (
     GENERATE,
     INFO,
     LOGPROBS,
+    READY,
     SCORE,
     TRAIN,
     VALUES,
@@ -195,25 +196,35 @@ class RemoteCriticClient(RemoteClient):
 
 
 # ------------------------------------------------------------------- the same clients, by transport
-class GrpcRolloutClient(RemoteRolloutClient):
+class _HealthProbe:
+    """In-cluster workers answer Health: dispatch holds a failed one out until it says ready again."""
+
+    carrier: Carrier
+
+    async def ready(self, timeout: float) -> bool:
+        reply = await self.carrier.unary(READY, pb.ReadyRequest(), pb.ReadyReply, timeout)
+        return m.readiness_from_proto(reply).ready
+
+
+class GrpcRolloutClient(_HealthProbe, RemoteRolloutClient):
     def __init__(self, address: str, worker_id: str | None = None, **options: Any) -> None:
         super().__init__(GrpcCarrier(address, worker_id), **options)
         self.address = address
 
 
-class GrpcRewardClient(RemoteRewardClient):
+class GrpcRewardClient(_HealthProbe, RemoteRewardClient):
     def __init__(self, address: str, worker_id: str | None = None, *, deadline_s: float = 600.0) -> None:
         super().__init__(GrpcCarrier(address, worker_id), deadline_s=deadline_s)
         self.address = address
 
 
-class GrpcReferenceClient(RemoteReferenceClient):
+class GrpcReferenceClient(_HealthProbe, RemoteReferenceClient):
     def __init__(self, address: str, worker_id: str | None = None, *, deadline_s: float = 600.0) -> None:
         super().__init__(GrpcCarrier(address, worker_id), deadline_s=deadline_s)
         self.address = address
 
 
-class GrpcCriticClient(RemoteCriticClient):
+class GrpcCriticClient(_HealthProbe, RemoteCriticClient):
     def __init__(self, address: str, worker_id: str | None = None, *, deadline_s: float = 600.0) -> None:
         super().__init__(GrpcCarrier(address, worker_id), deadline_s=deadline_s)
         self.address = address

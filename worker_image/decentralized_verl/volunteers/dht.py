@@ -54,9 +54,13 @@ class PeerOptions:
 
 
 def start_dht(options: PeerOptions, *, wait_timeout: float = 60.0):
-    """Start a hivemind.DHT (its own process) and return it once it is running."""
+    """Start a hivemind.DHT (its own process, which starts `p2pd`) and return it once it is running; a
+    watchdog ends both should this process be killed without cleaning up (`orphans`)."""
     import hivemind
 
+    from decentralized_verl.orphans import guard_descendants
+
+    guard_descendants()
     return hivemind.DHT(start=True, await_ready=True, wait_timeout=wait_timeout, **options.dht_kwargs())
 
 
