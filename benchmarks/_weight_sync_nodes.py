@@ -17,8 +17,16 @@ from dataclasses import dataclass
 # ------------------------------------------------------------------------------------------ receivers
 
 
-def _receiver(conn, grpc_options: list[tuple[str, int]], verify_threads: int) -> None:
-    """A receiver process: obeys (command, *args) messages from the driver until ("stop",)."""
+def _receiver(
+    conn, grpc_options: list[tuple[str, int]], verify_threads: int, tls_dir: str | None = None
+) -> None:
+    """A receiver process: obeys (command, *args) messages from the driver until ("stop",). With
+    `tls_dir` it is a worker of a secured job: TLS, the job token, and signed weights only."""
+    import os
+
+    os.environ.pop("DVERL_TLS_DIR", None)
+    if tls_dir:
+        os.environ["DVERL_TLS_DIR"] = tls_dir
     from decentralized_verl.transport.fanout import WeightRelay, serve_relay
     from decentralized_verl.transport.weight_service import WeightPublisher
 
@@ -80,12 +88,14 @@ class Receiver:
     raw_port: int
 
 
-def start_receivers(n: int, grpc_options: list[tuple[str, int]], verify_threads: int) -> list[Receiver]:
+def start_receivers(
+    n: int, grpc_options: list[tuple[str, int]], verify_threads: int, tls_dir: str | None = None
+) -> list[Receiver]:
     ctx = mp.get_context("spawn")  # a clean process: no inherited gRPC state
     out = []
     for _ in range(n):
         parent, child = ctx.Pipe()
-        p = ctx.Process(target=_receiver, args=(child, grpc_options, verify_threads), daemon=True)
+        p = ctx.Process(target=_receiver, args=(child, grpc_options, verify_threads, tls_dir), daemon=True)
         p.start()
         grpc_port, raw_port = parent.recv()
         out.append(Receiver(p, parent, f"127.0.0.1:{grpc_port}", raw_port))
@@ -139,14 +149,16 @@ def run_raw(payload: bytes, receivers: list[Receiver], piece: int, chain: bool) 
 
 
 class Learner:
-    """The learner's WeightRelay served from a background event loop in this process."""
+    """The learner's WeightRelay served from a background event loop in this process; with
+    `credentials` (security.credentials.JobCredentials) it signs each version and talks TLS + token."""
 
-    def __init__(self, chunk_bytes: int, grpc_options: list[tuple[str, int]]) -> None:
+    def __init__(self, chunk_bytes: int, grpc_options: list[tuple[str, int]], credentials=None) -> None:
         from decentralized_verl.transport.fanout import WeightRelay, serve_relay
         from decentralized_verl.transport.weight_service import WeightPublisher
 
-        publisher = WeightPublisher(dtype="bfloat16", chunk_bytes=chunk_bytes, keep=1)
-        self.relay = WeightRelay(publisher, grpc_options=grpc_options)
+        signing = credentials.signing_key if credentials is not None else None
+        publisher = WeightPublisher(dtype="bfloat16", chunk_bytes=chunk_bytes, keep=1, signing_key=signing)
+        self.relay = WeightRelay(publisher, grpc_options=grpc_options, credentials=credentials)
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
         self.server = self.call(serve_relay(self.relay))

@@ -9,6 +9,7 @@ cascade deletion), and tests play the kubelet by patching pod status.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import copy
 import os
@@ -43,6 +44,26 @@ def tiny_spec(**overrides: Any) -> dict[str, Any]:
     for key, value in overrides.items():
         spec[key] = value
     return spec
+
+
+class RecentRequests(list):
+    """kmock's record of requests, cut to the newest on every append: kmock scans the whole record on each
+    new request (once per registered reaction), so an unbounded one makes every request slower than the
+    last. The newest entries stay, so a request still being routed (at most the operator's concurrent
+    calls, well under the bound) is always found."""
+
+    KEEP = 128
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: collections.Counter[str] = collections.Counter()
+        """Every request ever made, by `METHOD /path` (what tests that count API reads look at)."""
+
+    def append(self, item: Any) -> None:
+        self.counts[f"{item.method.name} {item.url.path}"] += 1
+        super().append(item)
+        if len(self) > self.KEEP:
+            del self[: len(self) - self.KEEP]
 
 
 class Emulator:
@@ -82,6 +103,7 @@ class Emulator:
                 }
             )
         )
+        self.kmock._requests = RecentRequests()
         self._gc = asyncio.create_task(self._collect_garbage())
         return self
 
@@ -193,21 +215,11 @@ class Emulator:
         key = (kmock.resource(group, version, plural), namespace, name)
         return list(self.kmock.objects[key].history) if key in self.kmock.objects else []
 
-    def _trim_request_log(self, keep: int = 300) -> None:
-        """kmock records every request and scans that record on each new one (quadratic); keep it short.
-
-        The newest entries stay, so a request still being routed is always found.
-        """
-        log = self.kmock._requests
-        if len(log) > keep:
-            del log[: len(log) - keep]
-
     # ------------------------------------------------------------------------ garbage collection
     async def _collect_garbage(self) -> None:
         """Delete objects whose controlling owner no longer exists (the cluster's GC controller)."""
         while True:
             await asyncio.sleep(0.2)
-            self._trim_request_log()
             live_uids = {
                 (obj.get("metadata") or {}).get("uid")
                 for (resource, _, _), obj in list(self.kmock.objects.items())

@@ -7,6 +7,7 @@ conftest-less import mode) and when a test file runs as a script.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -104,7 +105,5 @@ class ProcessGroup:
         for name in self.procs:
             self.stop(name)
         for proc in self.procs.values():  # children left behind by a process killed outright
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass

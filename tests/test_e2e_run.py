@@ -2,7 +2,8 @@
 
 These are the issue's acceptance runs (a few minutes on 2 cores in all): GRPO learns, PPO with a critic
 runs and its critic learns, two gloo learners stay identical, a killed rollout worker loses no sample,
-and --resume continues from the checkpoint.
+and --resume continues from the checkpoint. `run_job` runs the secured path (TLS, the job token on every
+call, signed weights), as `dverl run` does.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from decentralized_verl.manifest import load_job
 from decentralized_verl.metrics import read_metrics
 from decentralized_verl.plan import plan_job
 from decentralized_verl.plotting import plot_run
+from decentralized_verl.security.credentials import load as load_credentials
+from decentralized_verl.security.credentials import run_folder_credentials
 
 ROOT = Path(__file__).parents[1]
 TOY = ROOT / "examples" / "data" / "toy"
@@ -142,21 +145,28 @@ def test_killed_rollout_worker_mid_step_loses_no_sample(tmp_path: Path) -> None:
     job = load_job(path)
     output = tmp_path / "run"
     config = write_config(job, path, output)
-    cluster = LocalCluster(plan_job(job.spec, job.metadata.name), config, output)
+    # The secured path `dverl run` takes: TLS, the job token on every call, signed weights.
+    folders = run_folder_credentials(output, job.metadata.name)
+    creds = load_credentials(folders.worker)
+    cluster = LocalCluster(plan_job(job.spec, job.metadata.name), config, output, credentials=folders)
     learner = cluster.by_role("learner")[0]
     victim = cluster.by_role("rollout")[1]
-    killed_at = None
+    killed_at = refused = None
     with cluster:
         cluster.start()
         deadline = time.monotonic() + 600
         while learner.alive() and time.monotonic() < deadline:
-            status = coordinator_status(learner.address)
+            status = coordinator_status(learner.address, creds)
+            if status is not None and refused is None:
+                refused = refusal(learner.address, creds.ca)  # the same call without the token
             if killed_at is None and status and status.phase == "rollout" and status.step >= 2:
                 cluster.kill(victim.worker.name, signal.SIGKILL)
                 killed_at = status.step
             time.sleep(0.02)
         assert learner.process.wait(timeout=60) == 0, learner.log_tail()
     assert killed_at is not None
+    assert refused is not None and refused.startswith("Status from 127.0.0.1:"), refused
+    assert "no valid job token" in refused
     records = read_metrics(output / "metrics.jsonl")
     assert len(records) == 12
     hit = [r for r in records if r["worker_failures"]]
@@ -165,6 +175,20 @@ def test_killed_rollout_worker_mid_step_loses_no_sample(tmp_path: Path) -> None:
     for r in records:  # every prompt x sample answered exactly once, also in the steps after the kill
         assert r["samples"] == r["expected_samples"] == r["unique_samples"] == 128
         assert r["duplicates_dropped"] == 0
+
+
+def refusal(address: str, ca: bytes) -> str:
+    """What a caller that trusts the job's CA but holds no job token hears from a secured worker."""
+    import grpc
+
+    from decentralized_verl.proto import dverl_pb2, dverl_pb2_grpc
+
+    with grpc.secure_channel(address, grpc.ssl_channel_credentials(ca)) as channel:
+        try:
+            dverl_pb2_grpc.CoordinatorStub(channel).Status(dverl_pb2.StatusRequest(), timeout=5)
+        except grpc.RpcError as exc:
+            return exc.details() or ""
+    return "answered"
 
 
 def test_resume_continues_from_the_checkpoint(tmp_path: Path) -> None:

@@ -32,6 +32,13 @@ JOB_RULES = {
     ("", "services", frozenset({"create", "get", "list", "watch", "patch", "delete"}), ()),
     ("", "configmaps", frozenset({"create", "get", "list", "watch", "patch", "delete"}), ()),
     ("", "events", frozenset({"create", "patch"}), ()),
+    ("", "secrets", frozenset({"create", "delete"}), ()),
+    ("networking.k8s.io", "networkpolicies", frozenset({"create", "get", "patch", "delete"}), ()),
+}
+POLICY_RULE = ("networking.k8s.io", "networkpolicies", frozenset({"create", "get", "patch", "delete"}), ())
+IDENTITY_RULES = {
+    ("", "secrets", frozenset({"get"}), ("dverl-identity",)),
+    ("", "secrets", frozenset({"create"}), ()),
 }
 NAMESPACES_RULE = ("", "namespaces", frozenset({"list", "watch"}), ())
 CRD_RULE = ("apiextensions.k8s.io", "customresourcedefinitions", frozenset({"get", "list", "watch"}), ())
@@ -45,6 +52,7 @@ LEASE_RULE = (
 SCENARIOS = {
     "default": [],
     "namespaced": ["--set", "watchNamespaces={a,b}"],
+    "no-policy": ["--set", "networkPolicy.enabled=false"],
     "gateway": [
         "--set", "volunteers.gateway.enabled=true",
         "--set", "volunteers.gateway.serviceType=NodePort",
@@ -210,10 +218,11 @@ def test_default_render_is_cluster_mode(helm: list[str]) -> None:
             "ServiceAccount": 1,
             "ClusterRole": 2,
             "ClusterRoleBinding": 2,
-            "Role": 1,
-            "RoleBinding": 1,
+            "Role": 2,
+            "RoleBinding": 2,
             "Service": 1,
             "Deployment": 1,
+            "NetworkPolicy": 1,
         }
     )
     for doc in docs:
@@ -223,6 +232,7 @@ def test_default_render_is_cluster_mode(helm: list[str]) -> None:
     assert _rules(_one(docs, "ClusterRole", "dverl")) == JOB_RULES | {NAMESPACES_RULE}
     assert _rules(_one(docs, "ClusterRole", "dverl-crd-reader")) == {CRD_RULE}
     assert _rules(_one(docs, "Role", "dverl-leader-election", RELEASE_NS)) == {LEASE_RULE}
+    assert _rules(_one(docs, "Role", "dverl-identity", RELEASE_NS)) == IDENTITY_RULES
 
     args = _container(docs)["args"]
     assert args[0] == "operator" and "--all-namespaces" in args and "--namespace" not in args
@@ -263,8 +273,8 @@ def test_rbac_has_no_wildcards_or_dangerous_verbs(helm: list[str], scenario: str
         for group, resource, verbs, names in _rules(role):
             assert "*" not in group and "*" not in resource and "*" not in verbs
             assert not verbs & {"escalate", "bind", "impersonate", "deletecollection"}
-            if resource == "secrets":
-                assert verbs == {"get"} and names, "secrets must be get-only and by name"
+            if resource == "secrets":  # read only by name; made and removed, never listed or watched
+                assert (verbs == {"get"} and names) or (verbs <= {"create", "delete"} and not names)
             assert resource not in {"nodes", "pods/exec", "serviceaccounts/token", "clusterroles", "roles"}
 
 
@@ -309,6 +319,30 @@ def test_volunteer_gateway_env(helm: list[str]) -> None:
     assert env["DVERL_VOLUNTEER_SERVICE_TYPE"] == "NodePort"
     assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+
+
+def test_network_policies_are_on_by_default_and_can_be_turned_off(helm: list[str]) -> None:
+    docs = _render(helm, "--set", "metrics.port=9191", "--set", "health.port=8181")
+    env = _env(_container(docs))
+    assert env["DVERL_NETWORK_POLICY"] == "true"
+    assert env["DVERL_IDENTITY_SECRET"] == "dverl-identity"
+    deployment = _one(docs, "Deployment")
+    labels = dict(pair.split("=") for pair in str(env["DVERL_OPERATOR_POD_LABELS"]).split(","))
+    # the labels a job's policy admits for Status are exactly those that select the operator's pods
+    assert labels == deployment["spec"]["selector"]["matchLabels"]
+    assert labels.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    policy = _one(docs, "NetworkPolicy", "dverl", RELEASE_NS)
+    assert policy["spec"]["podSelector"] == {"matchLabels": labels}
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["ingress"] == [
+        {"ports": [{"protocol": "TCP", "port": 9191}, {"protocol": "TCP", "port": 8181}]}
+    ]
+    assert POLICY_RULE in _rules(_one(docs, "ClusterRole", "dverl"))
+
+    docs = _render(helm, *SCENARIOS["no-policy"])
+    assert _env(_container(docs))["DVERL_NETWORK_POLICY"] == "false"
+    assert not [d for d in docs if d["kind"] == "NetworkPolicy"]
+    assert _rules(_one(docs, "ClusterRole", "dverl")) == (JOB_RULES - {POLICY_RULE}) | {NAMESPACES_RULE}
 
 
 def test_deployment_ports_probes_and_services_line_up(helm: list[str]) -> None:

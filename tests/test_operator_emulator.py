@@ -7,6 +7,7 @@ Tests play the kubelet by patching pod status; the fixture plays the garbage col
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import shutil
@@ -18,32 +19,62 @@ import pytest
 import pytest_asyncio
 import yaml
 from operator_fixtures import WORKER_IMAGE, Emulator, Operator, tiny_spec, wait_for
+from processes import free_port
 
 from decentralized_verl.proto import dverl_pb2, dverl_pb2_grpc
+from decentralized_verl.security.credentials import issue
+from decentralized_verl.transport import secure
+from dverl_operator.identity import OperatorIdentity
+
+IDENTITY = "dverl-operator-identity"
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(180)]
 
 
 class FakeCoordinator(dverl_pb2_grpc.CoordinatorServicer):
-    """A real gRPC Coordinator service whose progress the test sets."""
+    """A real gRPC Coordinator service whose progress the test sets; it records the token each call
+    presented (only calls that passed the job-token check reach it)."""
 
     def __init__(self) -> None:
         self.reply = dverl_pb2.JobStatus(step=0, total_steps=10, state="Running")
         self.calls = 0
+        self.tokens: list[str] = []
 
     async def Status(self, request, context):
         self.calls += 1
+        self.tokens.append(dict(context.invocation_metadata()).get("authorization", ""))
         return self.reply
+
+
+class AnyJobsToken(secure.RequireJobToken):
+    """Every job's coordinator checks its own token; this one coordinator stands in for all the jobs, so
+    it accepts the token of any job whose credentials Secret the emulator holds."""
+
+    def __init__(self, emu: Emulator) -> None:
+        self.emu = emu
+        self.tokens: set[str] = set()
+        """Tokens seen in credentials Secrets; re-read only for a token not seen yet, since every job's
+        Status polls run through here and the emulator serves the operator from the same event loop."""
+
+    def _refresh(self) -> None:
+        self.tokens = {
+            "Bearer " + base64.b64decode(obj["data"]["token"]).decode()
+            for (resource, _, name), obj in list(self.emu.kmock.objects.items())
+            if resource.plural == "secrets" and not obj.deleted and name.endswith("-credentials")
+        }
+
+    def _valid(self, metadata) -> bool:
+        presented = [value for key, value in metadata or () if key == secure.TOKEN_KEY]
+        if any(value not in self.tokens for value in presented):
+            self._refresh()
+        return any(value in self.tokens for value in presented)
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def cluster(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("operator")
     coordinator = FakeCoordinator()
-    server = grpc.aio.server()
-    dverl_pb2_grpc.add_CoordinatorServicer_to_server(coordinator, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
+    port = free_port()
     async with Emulator(tmp) as emu:
         env = {
             "DVERL_COORDINATOR_ADDRESS_TEMPLATE": f"127.0.0.1:{port}",
@@ -52,6 +83,14 @@ async def cluster(tmp_path_factory):
             "DVERL_VOLUNTEER_SERVICE_TYPE": "NodePort",
         }
         op = Operator(emu, "op-a", env=env).start()
+        # The coordinator's certificate comes from the operator's CA, as a job's would.
+        secret = await wait_for(lambda: emu.get("secrets", IDENTITY), timeout=30, what="identity Secret")
+        identity = OperatorIdentity.from_secret(secret)
+        own = issue("coordinator", authority=identity.authority)
+        server = grpc.aio.server(interceptors=[AnyJobsToken(emu)])
+        dverl_pb2_grpc.add_CoordinatorServicer_to_server(coordinator, server)
+        assert server.add_secure_port(f"127.0.0.1:{port}", grpc.ssl_server_credentials([(own.key, own.cert)]))
+        await server.start()
         try:
             yield emu, op, coordinator
         finally:
@@ -447,6 +486,83 @@ async def test_status_progress_from_coordinator(cluster):
     status = await status_of(emu, "progress", lambda s: s.get("step") == 8, "step 8")
     assert status["reward"] == 0.75
     assert coordinator.calls >= 2
+    # Between full passes (watch events, the 2 s resync) only progress is polled: the job's children
+    # are not read from the API server at every 0.3 s status poll.
+    reads = emu.kmock._requests.counts
+    path = "GET /api/v1/namespaces/default/configmaps/progress-config"
+    calls, before = coordinator.calls, reads[path]
+    await asyncio.sleep(4.0)
+    assert coordinator.calls - calls >= 4, coordinator.calls - calls
+    assert reads[path] - before <= 3, reads[path] - before
+    # over TLS, with the job's own token (which the coordinator's servers check on every call)
+    secret = await emu.get("secrets", "progress-credentials")
+    token = base64.b64decode(secret["data"]["token"]).decode()
+    assert f"Bearer {token}" in coordinator.tokens
+
+
+# ------------------------------------------------------------------------------------ security
+async def test_job_credentials_and_network_policy_are_owned_by_the_job_and_go_with_it(cluster):
+    from cryptography import x509
+
+    emu, _, _ = cluster
+    job = await emu.create_job("guarded", tiny_spec())
+    uid = job["metadata"]["uid"]
+    pods = await children_of(emu, "guarded", 3)
+    secret = await wait_for(lambda: emu.get("secrets", "guarded-credentials"), timeout=30, what="Secret")
+    owner = {"apiVersion": "dverl.io/v1alpha1", "kind": "RLHFJob", "name": "guarded", "uid": uid,
+             "controller": True, "blockOwnerDeletion": True}  # fmt: skip
+    assert secret["metadata"]["ownerReferences"] == [owner]
+    files = {k: base64.b64decode(v) for k, v in secret["data"].items()}
+    assert sorted(files) == ["ca.crt", "tls.crt", "tls.key", "token", "weights.key", "weights.pub"]
+    identity = OperatorIdentity.from_secret(await emu.get("secrets", IDENTITY))
+    assert files["token"] == identity.job_token("default", "guarded", uid)  # what the Status client sends
+    cert = x509.load_pem_x509_certificate(files["tls.crt"])
+    cert.verify_directly_issued_by(x509.load_pem_x509_certificate(identity.authority.cert))
+    assert "*.guarded-workers.default.svc" in cert.extensions.get_extension_for_class(
+        x509.SubjectAlternativeName
+    ).value.get_values_for_type(x509.DNSName)
+
+    def mounted(pod) -> list[str]:
+        (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == "credentials"]
+        assert volume["secret"]["secretName"] == "guarded-credentials"
+        assert env_of(pod)["DVERL_TLS_DIR"] == "/var/run/dverl/credentials"
+        assert pod["spec"]["securityContext"] == {"fsGroup": 10001}
+        return sorted(item["key"] for item in volume["secret"]["items"])
+
+    assert mounted(pods["guarded-learner-0"]) == sorted(files)  # the learner alone can sign weights
+    assert mounted(pods["guarded-rollout-0"]) == sorted(set(files) - {"weights.key"})
+
+    guard = await wait_for(lambda: policy(emu, "guarded-workers"), timeout=30, what="NetworkPolicy")
+    assert guard["metadata"]["ownerReferences"] == [owner]
+    assert guard["spec"]["podSelector"] == {"matchLabels": {"dverl.io/job": "guarded"}}
+    assert guard["spec"]["policyTypes"] == ["Ingress"]
+    own_pods, operator = guard["spec"]["ingress"]
+    assert own_pods == {"from": [{"podSelector": {"matchLabels": {"dverl.io/job": "guarded"}}}]}
+    assert operator["ports"] == [{"protocol": "TCP", "port": 50051}]
+    (peer,) = operator["from"]
+    assert peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "default"}}
+    assert peer["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "dverl"}}
+
+    # a hand-edited policy is put back
+    await emu.call(
+        "PATCH",
+        "apis/networking.k8s.io/v1/namespaces/default/networkpolicies/guarded-workers",
+        {"spec": {"ingress": [{}]}},
+        content_type="application/merge-patch+json",
+    )
+    await wait_for(
+        lambda: _policy_spec_is(emu, "guarded-workers", guard["spec"]), timeout=30, what="policy restored"
+    )
+
+    await emu.delete_job("guarded")
+    await wait_for(lambda: _absent(emu, "secrets", "guarded-credentials"), timeout=30, what="Secret gone")
+    await wait_for(lambda: _no_policy(emu, "guarded-workers"), timeout=30, what="NetworkPolicy gone")
+    assert await emu.get("secrets", IDENTITY) is not None  # the operator's own identity stays
+
+
+async def _policy_spec_is(emu: Emulator, name: str, spec) -> bool:
+    found = await policy(emu, name)
+    return found is not None and found["spec"] == spec
 
 
 # ------------------------------------------------------------------------------------ volunteers
@@ -465,6 +581,11 @@ async def test_volunteer_job_gets_a_gateway_service_of_the_chart_type(cluster):
         {"name": "dht", "port": 31337, "targetPort": 31337, "protocol": "TCP"}
     ]
     assert gateway["metadata"]["ownerReferences"][0]["name"] == "vol"
+    # Volunteers may reach the DHT peer's port, on that pod only; nothing else of the job.
+    opening = await wait_for(lambda: policy(emu, "vol-volunteers"), timeout=30, what="gateway policy")
+    assert opening["spec"]["podSelector"] == {"matchLabels": {"dverl.io/job": "vol", "dverl.io/role": "dht"}}
+    assert opening["spec"]["ingress"] == [{"ports": [{"protocol": "TCP", "port": 31337}]}]
+    assert "DVERL_TLS_DIR" not in env_of(pods["vol-dht-0"])  # it serves no gRPC: no credentials
     # The API server assigns the node port; the operator reports where volunteers dial in.
     ports = [{**gateway["spec"]["ports"][0], "nodePort": 30337}]
     await emu.call(
@@ -480,6 +601,15 @@ async def test_volunteer_job_gets_a_gateway_service_of_the_chart_type(cluster):
     # A job without volunteers gets none; turning volunteers off removes it.
     await emu.patch_job_spec("vol", {"volunteers": {"enabled": False}})
     await wait_for(lambda: _absent(emu, "services", "vol-volunteers"), timeout=30, what="gateway removed")
+    await wait_for(lambda: _no_policy(emu, "vol-volunteers"), timeout=30, what="gateway policy removed")
+
+
+async def policy(emu: Emulator, name: str, namespace: str = "default"):
+    return await emu.call("GET", f"apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies/{name}")
+
+
+async def _no_policy(emu: Emulator, name: str) -> bool:
+    return await policy(emu, name) is None
 
 
 async def _absent(emu, plural, name):

@@ -24,10 +24,18 @@ NOW = 1_800_000_000.0
 BACKOFF = (10.0, 60.0)
 
 
-def children_of(spec_dict, name="j", gateway_type=None):
+SCOPE = kids.PolicyScope("dverl-system", {"app.kubernetes.io/name": "dverl"})
+
+
+def children_of(spec_dict, name="j", gateway_type=None, policy=None):
     spec = parse_spec(spec_dict)
     return spec, kids.for_job(
-        kids.Owner(name, "ns", "u-1"), spec, plan_job(spec, name), "img:1", gateway_type=gateway_type
+        kids.Owner(name, "ns", "u-1"),
+        spec,
+        plan_job(spec, name),
+        "img:1",
+        gateway_type=gateway_type,
+        policy=policy,
     )
 
 
@@ -71,21 +79,91 @@ def test_shared_children_are_created_then_patched_only_when_they_drift() -> None
     _, want = children_of(
         tiny_spec(volunteers={"enabled": True, "tokenSecretRef": {"name": "s"}}), gateway_type="NodePort"
     )
-    create, patch, delete = sync_shared(None, None, None, want, "j-volunteers")
+    create, patch, delete = sync_shared(None, None, None, want, "j")
     assert [o["kind"] for o in create] == ["ConfigMap", "Service", "Service"] and not patch and not delete
-    create, patch, delete = sync_shared(want.config_map, want.service, want.gateway, want, "j-volunteers")
+    create, patch, delete = sync_shared(want.config_map, want.service, want.gateway, want, "j")
     assert (create, patch, delete) == ([], [], [])
     stale = {**want.config_map, "metadata": {**want.config_map["metadata"], "annotations": {}}}
     retyped = {**want.gateway, "spec": {**want.gateway["spec"], "type": "LoadBalancer"}}
-    create, patch, delete = sync_shared(stale, want.service, retyped, want, "j-volunteers")
+    create, patch, delete = sync_shared(stale, want.service, retyped, want, "j")
     assert [(k, n) for k, n, _ in patch] == [
         ("ConfigMap", want.config_map["metadata"]["name"]),
         ("Service", "j-volunteers"),
     ]
     _, plain = children_of(tiny_spec())
-    assert sync_shared(want.config_map, want.service, want.gateway, plain, "j-volunteers")[2] == [
+    assert sync_shared(want.config_map, want.service, want.gateway, plain, "j")[2] == [
         ("Service", "j-volunteers")
     ]
+
+
+def test_network_policies_are_made_restored_and_removed_when_turned_off() -> None:
+    volunteers = tiny_spec(volunteers={"enabled": True, "tokenSecretRef": {"name": "s"}})
+    _, want = children_of(volunteers, gateway_type="NodePort", policy=SCOPE)
+    create, patch, delete = sync_shared(None, None, None, want, "j")
+    policies = [o for o in create if o["kind"] == "NetworkPolicy"]
+    assert [o["metadata"]["name"] for o in policies] == ["j-workers", "j-volunteers"]
+    observed = (want.network_policy, want.gateway_policy)
+    assert sync_shared(want.config_map, want.service, want.gateway, want, "j", observed) == ([], [], [])
+    edited = {**want.network_policy, "spec": {**want.network_policy["spec"], "ingress": [{}]}}
+    _, patch, _ = sync_shared(want.config_map, want.service, want.gateway, want, "j", (edited, observed[1]))
+    assert patch == [("NetworkPolicy", "j-workers", {"spec": want.network_policy["spec"]})]
+    # no gateway, no opening for volunteers; policies off (the chart's value), both go
+    _, no_gateway = children_of(volunteers, policy=SCOPE)
+    assert no_gateway.network_policy is not None and no_gateway.gateway_policy is None
+    _, off = children_of(volunteers, gateway_type="NodePort")
+    assert off.network_policy is None and off.gateway_policy is None
+    _, _, delete = sync_shared(want.config_map, want.service, want.gateway, off, "j", observed)
+    assert delete == [("NetworkPolicy", "j-workers"), ("NetworkPolicy", "j-volunteers")]
+
+
+def test_the_job_policy_admits_its_own_pods_everywhere_and_the_operator_on_the_coordinator_port() -> None:
+    _, want = children_of(
+        tiny_spec(roles={"learner": {"replicas": 2}, "rollout": {"replicas": 2}}), policy=SCOPE
+    )
+    spec = want.network_policy["spec"]
+    assert spec["podSelector"] == {"matchLabels": {kids.LABEL_JOB: "j"}}
+    own, operator = spec["ingress"]
+    assert own == {"from": [{"podSelector": {"matchLabels": {kids.LABEL_JOB: "j"}}}]}
+    assert operator == {
+        "from": [
+            {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "dverl-system"}},
+                "podSelector": {"matchLabels": {"app.kubernetes.io/name": "dverl"}},
+            }
+        ],
+        "ports": [{"protocol": "TCP", "port": 50051}],
+    }
+    assert want.network_policy["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+
+
+def test_credentials_go_to_every_serving_pod_and_the_signing_key_to_learners_only() -> None:
+    from decentralized_verl.security.credentials import SIGNING_KEY_FILE, WORKER_FILES, issue
+
+    spec_dict = tiny_spec(
+        roles={"learner": {"replicas": 2}, "rollout": {"replicas": 2}, "reward": {"replicas": 1}},
+        volunteers={"enabled": True, "tokenSecretRef": {"name": "s"}},
+    )
+    _, want = children_of(spec_dict)
+    for name, pod in want.pods.items():
+        container = pod["spec"]["containers"][0]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+        if name == "j-dht-0":
+            assert "credentials" not in volumes and "DVERL_TLS_DIR" not in env
+            continue
+        assert env["DVERL_TLS_DIR"] == kids.CREDENTIALS_PATH
+        assert {"name": "credentials", "mountPath": kids.CREDENTIALS_PATH, "readOnly": True} in container[
+            "volumeMounts"
+        ]
+        items = [i["key"] for i in volumes["credentials"]["secret"]["items"]]
+        learner = pod["metadata"]["labels"][kids.LABEL_ROLE] == "learner"
+        assert items == [*WORKER_FILES, SIGNING_KEY_FILE] if learner else items == list(WORKER_FILES)
+        assert volumes["credentials"]["secret"]["defaultMode"] == 0o440
+        assert pod["spec"]["securityContext"] == {"fsGroup": kids.WORKER_GID}
+    secret = kids.credentials_secret(kids.Owner("j", "ns", "u-1"), issue("j", "ns"))
+    assert secret["metadata"]["name"] == "j-credentials" and secret["type"] == "Opaque"
+    assert sorted(secret["data"]) == sorted([*WORKER_FILES, SIGNING_KEY_FILE])
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == "u-1"
 
 
 # ------------------------------------------------------------------------------------------- pods

@@ -115,6 +115,7 @@ def test_scheduler_name_and_gang_annotations_pass_through():
 def test_fresh_job_creates_everything_once():
     actions = reconcile.decide(observed(tiny_spec()), SETTINGS)
     assert created_names(actions) == ["j-config", "j-learner-0", "j-rollout-0", "j-rollout-1", "j-workers"]
+    assert actions.issue_credentials  # the Secret is issued where actions are applied, before the pods
     assert actions.status["phase"] == "Pending" and actions.status["workers"] == "0/3"
     # Applying it and deciding again: nothing to do (idempotent).
     want = desired(tiny_spec())
@@ -130,6 +131,14 @@ def test_fresh_job_creates_everything_once():
     )
     assert (again.create, again.delete, again.patch) == ([], [], [])
     assert st.merge_patch(actions.status, again.status) == {}
+    known = reconcile.Observed(**{**again_observed(want, actions).__dict__, "credentials_ready": True})
+    assert not reconcile.decide(known, SETTINGS).issue_credentials
+
+
+def again_observed(want, actions):
+    return observed(
+        tiny_spec(), pods=want.pods, config_map=want.config_map, service=want.service, status=actions.status
+    )
 
 
 def test_invalid_spec_creates_nothing_and_reports_paths():

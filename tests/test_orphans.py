@@ -124,3 +124,77 @@ def test_the_guard_kills_what_its_owner_left_and_nothing_else(tmp_path: Path) ->
     finally:
         stranger.kill()
         parent.kill()
+
+
+DAEMON_STARTER = """
+import os, subprocess, sys, time
+from decentralized_verl.orphans import guard_descendants
+guard_descendants()
+# A daemon that leaves the process tree at once (double fork), started before the watchdog's first look.
+subprocess.run([sys.executable, "-c", "import os, sys, time\\nif os.fork(): os._exit(0)\\n"
+                "open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(600)", sys.argv[1]])
+print("started", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_daemon_that_left_the_tree_is_still_ended_by_the_guard_mark(tmp_path: Path) -> None:
+    pid_file = tmp_path / "daemon.pid"
+    group = ProcessGroup(tmp_path)
+    try:
+        owner = group.start("owner", [sys.executable, "-c", DAEMON_STARTER, str(pid_file)])
+        group.wait_for("owner", "started", timeout=60)
+        deadline = time.monotonic() + 10
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.monotonic() < deadline, "the daemon never wrote its pid"
+            time.sleep(0.1)
+        daemon = int(pid_file.read_text())
+        started = _start_time(daemon)
+        assert started is not None and daemon not in descendants(owner.pid)  # out of the tree
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait()
+        deadline = time.monotonic() + 15
+        while _start_time(daemon) == started and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _start_time(daemon) != started, "the daemon outlived its guarded starter"
+    finally:
+        group.close()
+
+
+CHILD = """
+import sys, time
+from decentralized_verl.orphans import die_with_parent
+die_with_parent()
+print("alive", flush=True)
+time.sleep(60)
+"""
+
+PARENT = """
+import os, subprocess, sys, time
+from decentralized_verl.orphans import PARENT_VARIABLE
+env = {**os.environ, PARENT_VARIABLE: str(os.getpid())}
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1]], env=env)
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_launched_worker_dies_with_its_launcher_and_not_with_a_stranger(tmp_path: Path) -> None:
+    from decentralized_verl.orphans import PARENT_VARIABLE
+
+    # The launcher named some other pid: the child is not where it was meant to be and ends at once.
+    env = {**os.environ, PARENT_VARIABLE: str(os.getpid() + 1_000_000)}
+    stray = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=60)
+    assert stray.returncode == -signal.SIGTERM and "alive" not in stray.stdout
+    # The launcher is SIGKILLed: the kernel sends its child SIGTERM.
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, CHILD], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    started = _start_time(child)
+    time.sleep(1.0)
+    assert _start_time(child) == started
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 15
+    while _start_time(child) == started and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _start_time(child) != started, "the child outlived its launcher"

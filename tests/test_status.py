@@ -69,7 +69,7 @@ async def test_both_readers_get_the_board_back_over_a_real_status_rpc() -> None:
     address = f"127.0.0.1:{server.port}"
     try:
         client = CoordinatorClient(template=address)
-        got = await client.progress("j", "ns")
+        got = await client.progress("j", "ns", None)
         assert got == board.current
         assert await asyncio.to_thread(coordinator_status, address) == board.current
         await client.close()
@@ -91,7 +91,7 @@ async def test_a_malformed_status_reply_is_no_progress_for_either_reader(reply) 
     address = f"127.0.0.1:{server.port}"
     try:
         client = CoordinatorClient(template=address)
-        assert await client.progress("j", "ns") is None
+        assert await client.progress("j", "ns", None) is None
         assert await asyncio.to_thread(coordinator_status, address) is None
         await client.close()
     finally:

@@ -19,6 +19,8 @@ import pytest
 import yaml
 from processes import ProcessGroup, free_port
 
+from decentralized_verl.security.credentials import run_folder_credentials
+
 ROOT = Path(__file__).parents[1]
 TOY = ROOT / "examples" / "data" / "toy"
 SECRET = "volunteer-e2e-secret-0123456789"
@@ -99,6 +101,9 @@ def start_job(procs: Procs, tmp_path: Path, job: str, volunteers: int, **kw) -> 
             str(out),
         ],
         {
+            # A secured learner, as the operator starts one: it signs every weight version, and the
+            # volunteers it admits refuse any version its key did not sign.
+            "DVERL_TLS_DIR": str(run_folder_credentials(tmp_path / "credentials", job).learner),
             "DVERL_DHT_ADDR": f"127.0.0.1:{port}",
             "DVERL_JOIN_SECRET": SECRET,
             "DVERL_WAIT_VOLUNTEERS": f"{volunteers}:180",
@@ -144,6 +149,7 @@ def test_two_volunteers_train_and_every_prompt_is_answered_once(procs: Procs, tm
     for i in range(2):
         joined = procs.wait_for(f"vol{i}", r"joined job vol-e2e as rollout: weights v0 \((\d+) bytes\)", 180)
         assert int(joined.group(1)) > 10_000  # the tiny model's weights really came over P2P
+        assert "weights: only versions signed with the job's key" in procs.log(f"vol{i}")
     records, report = finish(procs, out)
     assert [r["step"] for r in records] == [1, 2, 3]
     assert all(r["samples"] == r["expected_samples"] == r["unique_samples"] == 16 for r in records)

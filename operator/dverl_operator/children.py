@@ -1,4 +1,5 @@
-"""Pure: a job's plan -> the Kubernetes objects it needs (ConfigMap, headless Service, one Pod per worker).
+"""Pure: a job's plan -> the Kubernetes objects it needs (ConfigMap, headless Service, NetworkPolicies,
+one Pod per worker, and the body of its credentials Secret).
 
 Nothing here talks to an API server. Every object carries the job's labels and an ownerReference to the
 RLHFJob, so deleting the job cascades to its children through the garbage collector. Each pod carries a
@@ -8,6 +9,7 @@ a pod whose hash differs from the desired one is replaced, anything else is left
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 from collections.abc import Mapping
@@ -17,6 +19,7 @@ from typing import Any
 import yaml
 
 from decentralized_verl.plan import CONFIG_PATH, Plan, PlannedWorker, worker_env
+from decentralized_verl.security.credentials import SIGNING_KEY_FILE, WORKER_FILES, JobCredentials
 from decentralized_verl.settings import env_name
 from decentralized_verl.spec import API_GROUP, API_VERSION, KIND, JobSpec, with_defaults
 
@@ -32,6 +35,9 @@ WORKERS_KEY = "workers.yaml"
 DEFAULT_POOL = "default"
 GPU_RESOURCE = "nvidia.com/gpu"
 CONTAINER_NAME = "worker"
+CREDENTIALS_PATH = "/var/run/dverl/credentials"
+WORKER_GID = 10001
+"""The worker image's group (Dockerfile USER 10001:10001): the credentials are readable by it alone."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,18 @@ class Children:
     """Keyed by pod name, in plan order (learners first)."""
     gateway: dict[str, Any] | None = None
     """The volunteer gateway Service (only for jobs with volunteers, when the chart enables gateways)."""
+    network_policy: dict[str, Any] | None = None
+    """Ingress to the job's pods from its own pods and the operator only (None: policies turned off)."""
+    gateway_policy: dict[str, Any] | None = None
+    """Ingress to the DHT bootstrap pod's port from anywhere (only beside a gateway and a policy)."""
+
+
+@dataclass(frozen=True)
+class PolicyScope:
+    """Who, besides the job's own pods, may reach them: the operator's pods (for Status)."""
+
+    operator_namespace: str
+    operator_labels: Mapping[str, str]
 
 
 def service_name(job: str) -> str:
@@ -73,6 +91,18 @@ def gateway_name(job: str) -> str:
 
 def config_map_name(job: str) -> str:
     return f"{job}-config"
+
+
+def credentials_secret_name(job: str) -> str:
+    return f"{job}-credentials"
+
+
+def network_policy_name(job: str) -> str:
+    return f"{job}-workers"
+
+
+def gateway_policy_name(job: str) -> str:
+    return f"{job}-volunteers"
 
 
 def job_labels(job: str) -> dict[str, str]:
@@ -170,6 +200,76 @@ def gateway_service(owner: Owner, plan: Plan, service_type: str) -> dict[str, An
     }
 
 
+def credentials_secret(owner: Owner, credentials: JobCredentials) -> dict[str, Any]:
+    """The job's credentials (security.credentials), owned by the job: deleted with it."""
+    data = credentials.files(signing=True)
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": _metadata(owner, credentials_secret_name(owner.name), job_labels(owner.name)),
+        "data": {key: base64.b64encode(value).decode() for key, value in sorted(data.items())},
+    }
+
+
+def network_policy(owner: Owner, plan: Plan, scope: PolicyScope) -> dict[str, Any]:
+    """Ingress to every pod of the job from the job's own pods (any port: gRPC, the learners'
+    rendezvous, the DHT) and from the operator's pods to the coordinator's gRPC port; nothing else."""
+    coordinator_ports = sorted({w.ports["grpc"] for w in plan.by_role("learner")})
+    operator_peer = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": scope.operator_namespace}},
+        "podSelector": {"matchLabels": dict(scope.operator_labels)},
+    }
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(owner, network_policy_name(owner.name), job_labels(owner.name)),
+        "spec": {
+            "podSelector": {"matchLabels": {LABEL_JOB: owner.name}},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [{"podSelector": {"matchLabels": {LABEL_JOB: owner.name}}}]},
+                {
+                    "from": [operator_peer],
+                    "ports": [{"protocol": "TCP", "port": port} for port in coordinator_ports],
+                },
+            ],
+        },
+    }
+
+
+def gateway_policy(owner: Owner, plan: Plan) -> dict[str, Any] | None:
+    """Volunteers dial the DHT bootstrap peer from outside the cluster: its port, on that pod only."""
+    dht = plan.by_role("dht")
+    if not dht:
+        return None
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(
+            owner, gateway_policy_name(owner.name), {**job_labels(owner.name), LABEL_ROLE: "dht"}
+        ),
+        "spec": {
+            "podSelector": {"matchLabels": {LABEL_JOB: owner.name, LABEL_ROLE: "dht"}},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"ports": [{"protocol": "TCP", "port": dht[0].ports["grpc"]}]}],
+        },
+    }
+
+
+def _credentials_volume(owner: Owner, worker: PlannedWorker) -> dict[str, Any]:
+    """Learners get every key; other workers everything but the weight-signing key."""
+    keys = [*WORKER_FILES, SIGNING_KEY_FILE] if worker.role == "learner" else list(WORKER_FILES)
+    return {
+        "name": "credentials",
+        "secret": {
+            "secretName": credentials_secret_name(owner.name),
+            "defaultMode": 0o440,
+            "items": [{"key": key, "path": key} for key in keys],
+        },
+    }
+
+
 def _resources(worker: PlannedWorker) -> dict[str, dict[str, str]]:
     amounts: dict[str, str] = {}
     if worker.cpu:
@@ -209,6 +309,11 @@ def pod(
     checkpoint = spec.training.checkpoint
     mounts = [{"name": "config", "mountPath": CONFIG_PATH.rsplit("/", 1)[0], "readOnly": True}]
     volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": config_map_name(owner.name)}}]
+    secured = worker.role != "dht"  # the DHT peer serves no gRPC and loads no weights
+    if secured:
+        mounts.append({"name": "credentials", "mountPath": CREDENTIALS_PATH, "readOnly": True})
+        volumes.append(_credentials_volume(owner, worker))
+        env[env_name("tls_dir")] = CREDENTIALS_PATH
     if worker.role == "learner":
         # A restarted learner gang continues from the newest checkpoint (a no-op when there is none).
         command = [*command, "--resume"]
@@ -245,6 +350,7 @@ def pod(
         "restartPolicy": "Never",
         "containers": [container],
         "volumes": volumes,
+        "securityContext": {"fsGroup": WORKER_GID},
     }
     if worker.node_selector:
         pod_spec["nodeSelector"] = dict(worker.node_selector)
@@ -266,6 +372,8 @@ def pod(
         "resources": resources,
         "placement": [pod_spec.get("nodeSelector"), pod_spec.get("tolerations"), spec.scheduler_name],
         "rendezvous": {key: env.get(key) for key in _RENDEZVOUS_ENV},
+        # Pods from before the job had credentials talk plaintext: replaced, not mixed with secured ones.
+        "credentials": secured,
     }
     meta = _metadata(owner, worker.name, labels)
     meta["annotations"] = {**spec.pod_annotations, ANNOTATION_TEMPLATE_HASH: content_hash(template)}
@@ -273,13 +381,26 @@ def pod(
 
 
 def for_job(
-    owner: Owner, spec: JobSpec, plan: Plan, image: str, *, gateway_type: str | None = None
+    owner: Owner,
+    spec: JobSpec,
+    plan: Plan,
+    image: str,
+    *,
+    gateway_type: str | None = None,
+    policy: PolicyScope | None = None,
 ) -> Children:
     """Everything the job should have in the cluster, given its (valid) spec and plan; `gateway_type` is
-    the volunteer gateway's Service type, None when the chart does not expose gateways."""
+    the volunteer gateway's Service type, None when the chart does not expose gateways; `policy` None
+    when the chart turns NetworkPolicies off. (The credentials Secret is random, so it is issued where
+    it is applied, not here.)"""
     addrs = addresses(owner, plan)
     pods = {w.name: pod(owner, spec, plan, w, image, addrs) for w in plan.workers}
     gateway = gateway_service(owner, plan, gateway_type) if gateway_type else None
     return Children(
-        config_map=config_map(owner, spec, plan), service=service(owner, plan), pods=pods, gateway=gateway
+        config_map=config_map(owner, spec, plan),
+        service=service(owner, plan),
+        pods=pods,
+        gateway=gateway,
+        network_policy=network_policy(owner, plan, policy) if policy is not None else None,
+        gateway_policy=gateway_policy(owner, plan) if policy is not None and gateway is not None else None,
     )

@@ -31,6 +31,8 @@ KINDS: dict[str, tuple[str, str]] = {
     "Pod": ("api/v1", "pods"),
     "Service": ("api/v1", "services"),
     "ConfigMap": ("api/v1", "configmaps"),
+    "Secret": ("api/v1", "secrets"),
+    "NetworkPolicy": ("apis/networking.k8s.io/v1", "networkpolicies"),
     "Event": ("api/v1", "events"),
     "Lease": ("apis/coordination.k8s.io/v1", "leases"),
     "RLHFJob": (f"apis/{API_GROUP}/{API_VERSION}", PLURAL),

@@ -15,6 +15,8 @@ from decentralized_verl.core.status import JobStatus
 from decentralized_verl.errors import WireError
 from decentralized_verl.plan import GRPC_PORT
 from decentralized_verl.proto import dverl_pb2, dverl_pb2_grpc
+from decentralized_verl.security.credentials import CallerCredentials
+from decentralized_verl.transport import secure
 from decentralized_verl.transport.wire.status import job_status_from_proto
 
 DEFAULT_TEMPLATE = "{job}-learner-0.{job}-workers.{namespace}.svc:" + str(GRPC_PORT)
@@ -23,27 +25,32 @@ log = logging.getLogger(__name__)
 
 
 class CoordinatorClient:
-    """One cached gRPC channel per coordinator address; `progress` never raises for a dead peer or a
-    malformed reply (both read as \"no progress now\")."""
+    """One cached gRPC channel per coordinator address (TLS checked against the operator's CA, the job's
+    token on every call); `progress` never raises for a dead peer, a refusal or a malformed reply (all
+    read as \"no progress now\")."""
 
     def __init__(self, template: str = DEFAULT_TEMPLATE, timeout: float = 2.0) -> None:
         self.template = template
         self.timeout = timeout
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._channels: dict[tuple[str, CallerCredentials | None], grpc.aio.Channel] = {}
 
     def address(self, job: str, namespace: str) -> str:
         return self.template.format(job=job, namespace=namespace)
 
-    async def progress(self, job: str, namespace: str) -> JobStatus | None:
+    async def progress(
+        self, job: str, namespace: str, credentials: CallerCredentials | None
+    ) -> JobStatus | None:
         address = self.address(job, namespace)
-        channel = self._channels.get(address)
+        key = (address, credentials)
+        channel = self._channels.get(key)
         if channel is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(address)
+            channel = self._channels[key] = secure.aio_channel(address, credentials)
         stub = dverl_pb2_grpc.CoordinatorStub(channel)
         try:
             reply = await stub.Status(dverl_pb2.StatusRequest(), timeout=self.timeout)
         except grpc.aio.AioRpcError as exc:
-            log.debug("coordinator %s unreachable: %s", address, exc.code().name)
+            level = logging.WARNING if exc.code() == grpc.StatusCode.UNAUTHENTICATED else logging.DEBUG
+            log.log(level, "coordinator %s: %s %s", address, exc.code().name, exc.details())
             return None
         try:
             return job_status_from_proto(reply)
@@ -52,9 +59,11 @@ class CoordinatorClient:
             return None
 
     async def forget(self, job: str, namespace: str) -> None:
-        channel = self._channels.pop(self.address(job, namespace), None)
-        if channel is not None and not any(c is channel for c in self._channels.values()):
-            await channel.close()
+        address = self.address(job, namespace)
+        for key in [k for k in self._channels if k[0] == address]:
+            channel = self._channels.pop(key)
+            if not any(c is channel for c in self._channels.values()):
+                await channel.close()
 
     async def close(self) -> None:
         channels, self._channels = self._channels, {}

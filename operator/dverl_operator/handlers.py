@@ -13,7 +13,7 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
@@ -26,10 +26,12 @@ from dverl_operator import reconcile
 from dverl_operator import status as st
 from dverl_operator.cluster import ApiError, Cluster, gather_limited
 from dverl_operator.coordinator import CoordinatorClient
+from dverl_operator.identity import OperatorIdentity
 from dverl_operator.metrics import Metrics
 
 log = logging.getLogger(__name__)
 DEBOUNCE_SECONDS = 0.2
+CREDENTIALS_RECHECK_SECONDS = 300.0
 
 
 @dataclass
@@ -58,6 +60,8 @@ class Runtime:
     settings: reconcile.Settings
     coordinator: CoordinatorClient
     metrics: Metrics
+    identity: OperatorIdentity
+    """Issues each job's credentials and rebuilds what the Status client needs (identity.py)."""
     status_interval: float = 5.0
     max_concurrent: int = 16
     """Passes running at once across all jobs (controller-runtime's MaxConcurrentReconciles)."""
@@ -65,27 +69,51 @@ class Runtime:
     _progress: dict[tuple[str, str], tuple[float, JobStatus | None]] = field(default_factory=dict)
     _spec_seen: dict[tuple[str, str], str] = field(default_factory=dict)
     first_reconciled: dict[tuple[str, str], float] = field(default_factory=dict)
+    _credentials_seen: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    """(namespace, job, uid) -> when its credentials Secret was last made or found to exist."""
+    _observed: dict[tuple[str, str], reconcile.Observed] = field(default_factory=dict)
+    """Each job's last full observation, its status as the last pass left it."""
     _slots: asyncio.Semaphore | None = None
 
-    async def reconcile_when_free(self, namespace: str, name: str) -> float:
+    async def reconcile_when_free(self, namespace: str, name: str, *, light: bool = False) -> float:
         """A pass, once one of `max_concurrent` slots is free: many jobs never flood the API server."""
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.max_concurrent)
         async with self._slots:
-            return await self.reconcile_once(namespace, name)
+            return await self.reconcile_once(namespace, name, light=light)
+
+    async def _progress_only(self, namespace: str, name: str) -> reconcile.Observed | None:
+        """The last full observation with fresh coordinator progress, without reading the API server:
+        between full passes (which run on every watch event of the job or its pods, and at each resync)
+        only progress changes, so polling it must not cost each job six API reads every few seconds."""
+        cached = self._observed.get((namespace, name))
+        if cached is None:
+            return None
+        uid = str(cached.job["metadata"].get("uid") or "")
+        progress = await self._poll(namespace, name, uid, cached.pods)
+        return replace(
+            cached,
+            progress=progress,
+            now=time.time(),
+            credentials_ready=self._credentials_fresh(namespace, name, uid),
+        )
 
     async def observe(self, namespace: str, name: str) -> reconcile.Observed | None:
         job = await self.cluster.get("RLHFJob", namespace, name)
         if job is None:
             return None
-        pods, config_map, service, gateway = await asyncio.gather(
+        policies = self.settings.network_policy is not None
+        pods, config_map, service, gateway, policy, gateway_policy = await asyncio.gather(
             self.cluster.list("Pod", namespace, {kids.LABEL_JOB: name}),
             self.cluster.get("ConfigMap", namespace, kids.config_map_name(name)),
             self.cluster.get("Service", namespace, kids.service_name(name)),
             self.cluster.get("Service", namespace, kids.gateway_name(name)),
+            self._maybe_get(policies, "NetworkPolicy", namespace, kids.network_policy_name(name)),
+            self._maybe_get(policies, "NetworkPolicy", namespace, kids.gateway_policy_name(name)),
         )
         pods_by_name = {p["metadata"]["name"]: p for p in pods}
-        progress = await self._poll(namespace, name, pods_by_name)
+        uid = str(job["metadata"].get("uid") or "")
+        progress = await self._poll(namespace, name, uid, pods_by_name)
         return reconcile.Observed(
             job=job,
             pods=pods_by_name,
@@ -94,9 +122,33 @@ class Runtime:
             progress=progress,
             now=time.time(),
             gateway=gateway,
+            policies=(policy, gateway_policy),
+            credentials_ready=self._credentials_fresh(namespace, name, uid),
         )
 
-    async def _poll(self, namespace: str, name: str, pods: Mapping[str, Any]) -> JobStatus | None:
+    async def _maybe_get(self, wanted: bool, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """With NetworkPolicies turned off the operator is granted no access to them: it does not look
+        (policies it made earlier stay until the job goes)."""
+        return await self.cluster.get(kind, namespace, name) if wanted else None
+
+    def _credentials_fresh(self, namespace: str, name: str, uid: str) -> bool:
+        """Known to exist within the last few minutes; after that, one create (409: still there) confirms
+        it again, so a Secret deleted by hand is made anew before a restarted pod needs it. The operator
+        never reads a job's Secret."""
+        seen = self._credentials_seen.get((namespace, name, uid))
+        return seen is not None and time.monotonic() - seen < CREDENTIALS_RECHECK_SECONDS
+
+    async def _issue_credentials(self, job: Mapping[str, Any]) -> None:
+        meta = job["metadata"]
+        namespace, name, uid = meta.get("namespace") or "default", meta["name"], str(meta.get("uid") or "")
+        owner = kids.Owner(name=name, namespace=namespace, uid=uid)
+        credentials = await asyncio.to_thread(self.identity.job_credentials, namespace, name, uid)
+        created = await self.cluster.create("Secret", namespace, kids.credentials_secret(owner, credentials))
+        if created:
+            log.info("issued the job's credentials", extra={"job": name, "namespace": namespace})
+        self._credentials_seen[(namespace, name, uid)] = time.monotonic()
+
+    async def _poll(self, namespace: str, name: str, uid: str, pods: Mapping[str, Any]) -> JobStatus | None:
         """The coordinator's progress, at most every status_interval; only once learner 0 runs."""
         learner0 = pods.get(f"{name}-learner-0")
         if learner0 is None or st.pod_phase(learner0) != "Running":
@@ -105,7 +157,9 @@ class Runtime:
         polled_at, last = self._progress.get(key, (0.0, None))
         if time.monotonic() - polled_at < self.status_interval:
             return last
-        progress = await self.coordinator.progress(name, namespace)
+        progress = await self.coordinator.progress(
+            name, namespace, self.identity.caller(namespace, name, uid)
+        )
         progress = progress if progress is not None else last
         self._progress[key] = (time.monotonic(), progress)
         return progress
@@ -113,6 +167,8 @@ class Runtime:
     async def apply(self, observed: reconcile.Observed, actions: reconcile.Actions) -> None:
         job = observed.job
         namespace, name = job["metadata"].get("namespace") or "default", job["metadata"]["name"]
+        if actions.issue_credentials:  # before any pod: a pod mounts it
+            await self._issue_credentials(job)
         await gather_limited(
             [self.cluster.patch(kind, namespace, obj, patch) for kind, obj, patch in actions.patch]
         )
@@ -156,15 +212,23 @@ class Runtime:
         except ApiError as exc:  # events are best effort
             log.warning("could not post event: %s", exc)
 
-    async def reconcile_once(self, namespace: str, name: str) -> float:
-        """One level-based pass; returns how long to wait before the next one."""
+    async def reconcile_once(self, namespace: str, name: str, *, light: bool = False) -> float:
+        """One level-based pass; returns how long to wait before the next one.
+
+        `light`: from the last observation and fresh progress (`_progress_only`); if that asks for more than
+        status and events, the pass observes the cluster properly before acting."""
         started = time.monotonic()
         try:
-            observed = await self.observe(namespace, name)
-            if observed is None:
-                return self.settings.resync_seconds
-            actions = reconcile.decide(observed, self.settings)
+            observed = await self._progress_only(namespace, name) if light else None
+            actions = reconcile.decide(observed, self.settings) if observed is not None else None
+            if actions is None or actions.changes_children:
+                observed = await self.observe(namespace, name)
+                if observed is None:
+                    return self.settings.resync_seconds
+                actions = reconcile.decide(observed, self.settings)
             await self.apply(observed, actions)
+            applied = {**observed.job, "status": actions.status}
+            self._observed[(namespace, name)] = replace(observed, job=applied)
         except (TimeoutError, ApiError, OSError, aiohttp.ClientError) as exc:
             self.metrics.errors.labels(kind=type(exc).__name__).inc()
             self.metrics.reconciles.labels(result="error").inc()
@@ -209,7 +273,10 @@ class Runtime:
     async def forget(self, namespace: str, name: str) -> None:
         self.wakeups.forget(namespace, name)
         self._progress.pop((namespace, name), None)
+        self._observed.pop((namespace, name), None)
         self._spec_seen.pop((namespace, name), None)
+        for key in [k for k in self._credentials_seen if k[:2] == (namespace, name)]:
+            del self._credentials_seen[key]
         self.metrics.job_phase(namespace, name, None)
         await self.coordinator.forget(name, namespace)
 
@@ -225,10 +292,14 @@ def build_registry() -> kopf.OperatorRegistry:
         runtime: Runtime = memo.runtime
         wake = runtime.wakeups.get(namespace, name)
         stop = asyncio.ensure_future(stopped.wait())
+        light = False
+        full_at = 0.0
         try:
             while not stopped:
                 wake.clear()
-                delay = await runtime.reconcile_when_free(namespace, name)
+                if not light:
+                    full_at = time.monotonic()
+                delay = await runtime.reconcile_when_free(namespace, name, light=light)
                 if stopped:
                     break
                 # Let a burst of watch events (a pass creates several pods) coalesce into one pass.
@@ -238,6 +309,9 @@ def build_registry() -> kopf.OperatorRegistry:
                     await asyncio.wait({waiter, stop}, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
                 finally:
                     waiter.cancel()
+                # A watch event or the resync interval: observe the cluster; else only progress is due.
+                resync = runtime.settings.resync_seconds
+                light = not wake.is_set() and time.monotonic() - full_at < resync
         finally:
             stop.cancel()
             await runtime.forget(namespace, name)

@@ -19,8 +19,10 @@ from collections.abc import Sequence
 
 import kopf
 
+from dverl_operator import children as kids
 from dverl_operator import coordinator, handlers, metrics, reconcile
 from dverl_operator.cluster import Cluster, load_connection
+from dverl_operator.identity import load_or_create
 from dverl_operator.leader import LeaderElector, identity_from_env
 
 log = logging.getLogger("dverl_operator")
@@ -102,6 +104,22 @@ def parser() -> argparse.ArgumentParser:
         default=os.environ.get("DVERL_VOLUNTEER_SERVICE_TYPE", "LoadBalancer"),
         help="Service type of that gateway (the chart's volunteers.gateway.serviceType)",
     )
+    p.add_argument(
+        "--network-policy",
+        choices=("true", "false"),
+        default=os.environ.get("DVERL_NETWORK_POLICY", "true").lower(),
+        help="give each job a NetworkPolicy: ingress from its own pods and the operator only",
+    )
+    p.add_argument(
+        "--operator-pod-labels",
+        default=os.environ.get("DVERL_OPERATOR_POD_LABELS", "app.kubernetes.io/name=dverl"),
+        help="k=v,... labels of the operator's pods, which the NetworkPolicy lets call Status",
+    )
+    p.add_argument(
+        "--identity-secret",
+        default=os.environ.get("DVERL_IDENTITY_SECRET", "dverl-operator-identity"),
+        help="Secret (in the operator's namespace) holding the CA and key that job credentials come from",
+    )
     p.add_argument("--identity", default=None, help="Lease holder identity (default: $POD_NAME)")
     p.add_argument(
         "--lease-namespace",
@@ -115,10 +133,24 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def pod_labels(text: str) -> dict[str, str]:
+    labels = dict(part.split("=", 1) for part in text.split(",") if "=" in part)
+    if not labels:
+        raise SystemExit(f"--operator-pod-labels: expected k=v[,k=v...] (got {text!r})")
+    return labels
+
+
 async def run(args: argparse.Namespace) -> int:
     identity = args.identity or identity_from_env()
+    own_namespace = args.lease_namespace or os.environ.get("POD_NAMESPACE") or "default"
     connection = load_connection(args.kubeconfig)
     cluster = Cluster(connection, user_agent=f"dverl-operator/{identity}")
+    credentials_from = await load_or_create(cluster, own_namespace, args.identity_secret)
+    policy = (
+        kids.PolicyScope(own_namespace, pod_labels(args.operator_pod_labels))
+        if args.network_policy == "true"
+        else None
+    )
     # The Lease gets its own connections, so renewals never queue behind reconcile traffic.
     lease_cluster = Cluster(connection, user_agent=f"dverl-operator/{identity}/leader-election")
     runtime = handlers.Runtime(
@@ -130,8 +162,10 @@ async def run(args: argparse.Namespace) -> int:
             resync_seconds=args.resync_seconds,
             volunteer_gateway=args.volunteer_gateway == "true",
             volunteer_service_type=args.volunteer_service_type,
+            network_policy=policy,
         ),
         coordinator=coordinator.CoordinatorClient(args.coordinator_address_template),
+        identity=credentials_from,
         metrics=metrics.Metrics(),
         status_interval=args.status_interval,
         max_concurrent=args.max_concurrent_reconciles,
@@ -153,10 +187,9 @@ async def run(args: argparse.Namespace) -> int:
 
     elector = None
     if not args.no_leader_election:
-        namespace = args.lease_namespace or os.environ.get("POD_NAMESPACE") or "default"
         elector = LeaderElector(
             lease_cluster,
-            namespace,
+            own_namespace,
             identity,
             lease_seconds=args.lease_seconds,
             renew_seconds=args.renew_seconds,

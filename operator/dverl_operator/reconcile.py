@@ -56,6 +56,9 @@ class Settings:
     volunteer_gateway: bool = False
     """Expose each volunteer job's DHT bootstrap peer outside the cluster (chart: volunteers.gateway)."""
     volunteer_service_type: str = "LoadBalancer"
+    network_policy: kids.PolicyScope | None = None
+    """Who may reach a job's pods besides its own (the operator); None: no NetworkPolicies (chart:
+    networkPolicy.enabled=false, for clusters without a policy engine)."""
 
 
 GATEWAY_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
@@ -72,6 +75,10 @@ class Observed:
     now: float
     gateway: Mapping[str, Any] | None = None
     """The volunteer gateway Service, when one exists."""
+    policies: tuple[Mapping[str, Any] | None, Mapping[str, Any] | None] = (None, None)
+    """The job's NetworkPolicy and its gateway NetworkPolicy, when they exist."""
+    credentials_ready: bool = False
+    """The job's credentials Secret is known to exist (this operator made or met it recently)."""
 
 
 @dataclass
@@ -87,9 +94,18 @@ class Actions:
     """(type Normal|Warning, reason, message)."""
     requeue_after: float | None = None
     """Come back sooner than the resync interval (a backoff that ends, pods that terminate)."""
+    issue_credentials: bool = False
+    """Create the job's credentials Secret (before any pod): issued where it is applied, since it is
+    random; an existing one is kept."""
+
+    @property
+    def changes_children(self) -> bool:
+        """More than status and events: something in the cluster is made, changed or removed."""
+        return bool(self.create or self.delete or self.patch or self.issue_credentials)
 
     def summary(self) -> str:
         return (
+            f"{'credentials ' if self.issue_credentials else ''}"
             f"create={[o['metadata']['name'] for o in self.create]} "
             f"delete={[name for _, name in self.delete]} patch={[name for _, name, _ in self.patch]}"
         )
@@ -167,10 +183,13 @@ def decide(observed: Observed, settings: Settings) -> Actions:
     owner = kids.Owner(name=name, namespace=namespace, uid=str(meta.get("uid") or ""))
     gateway_type = settings.volunteer_service_type if settings.volunteer_gateway else None
     image = refusal.effective.image or settings.default_image
-    desired = kids.for_job(owner, refusal.effective, plan, image, gateway_type=gateway_type)
-    create, patch, delete = sync_shared(
-        observed.config_map, observed.service, observed.gateway, desired, kids.gateway_name(name)
+    desired = kids.for_job(
+        owner, refusal.effective, plan, image, gateway_type=gateway_type, policy=settings.network_policy
     )
+    create, patch, delete = sync_shared(
+        observed.config_map, observed.service, observed.gateway, desired, name, observed.policies
+    )
+    actions.issue_credentials = not observed.credentials_ready
     actions.create.extend(create)
     actions.patch.extend(patch)
     actions.delete.extend(delete)

@@ -1,5 +1,6 @@
 """The job's shared children (the rendered-config ConfigMap, the headless Service, the volunteer gateway
-Service): create when missing, patch when their content drifted, remove the gateway when not wanted. Pure."""
+Service, the NetworkPolicies): create when missing, patch when their content drifted, remove the optional
+ones when not wanted. Pure."""
 
 from __future__ import annotations
 
@@ -15,17 +16,46 @@ def _annotations(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return (obj.get("metadata") or {}).get("annotations") or {}
 
 
+def _sync_spec(
+    kind: str,
+    name: str,
+    observed: Mapping[str, Any] | None,
+    want: Mapping[str, Any] | None,
+    create: list[dict[str, Any]],
+    patch: list[Patch],
+    delete: list[tuple[str, str]],
+) -> None:
+    """An optional child whose whole `spec` is ours: gone when not wanted, made, or its spec restored."""
+    if want is None:
+        if observed is not None:
+            delete.append((kind, name))
+    elif observed is None:
+        create.append(dict(want))
+    elif observed.get("spec") != want["spec"]:
+        patch.append((kind, name, {"spec": want["spec"]}))
+
+
 def sync_shared(
     observed_config_map: Mapping[str, Any] | None,
     observed_service: Mapping[str, Any] | None,
     observed_gateway: Mapping[str, Any] | None,
     desired: kids.Children,
-    gateway_name: str,
+    job: str,
+    observed_policies: tuple[Mapping[str, Any] | None, Mapping[str, Any] | None] = (None, None),
 ) -> tuple[list[dict[str, Any]], list[Patch], list[tuple[str, str]]]:
     """(create, patch, delete) that bring the shared children to what the job wants."""
     create: list[dict[str, Any]] = []
     patch: list[Patch] = []
     delete: list[tuple[str, str]] = []
+    gateway_name = kids.gateway_name(job)
+    _sync_spec(
+        "NetworkPolicy", kids.network_policy_name(job), observed_policies[0], desired.network_policy,
+        create, patch, delete,
+    )  # fmt: skip
+    _sync_spec(
+        "NetworkPolicy", kids.gateway_policy_name(job), observed_policies[1], desired.gateway_policy,
+        create, patch, delete,
+    )  # fmt: skip
     if observed_config_map is None:
         create.append(desired.config_map)
     elif _annotations(observed_config_map).get(kids.ANNOTATION_CONFIG_HASH) != _annotations(

@@ -348,6 +348,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from decentralized_verl.orphans import die_with_parent
+
+    die_with_parent()  # a worker `dverl run` started ends with it
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["operator"]:
         # The operator owns its flags (and its --help); hand them over untouched.

@@ -2,9 +2,13 @@
 
 A process that starts helper daemons it does not spawn itself (hivemind's DHT process and its `p2pd`, which
 holds the DHT port) cannot tie them to its own life: `kill -9` runs no cleanup, and those daemons are not
-its direct children. `guard_descendants()` starts a small watchdog process that notes every descendant of
-the guarded process while it lives and, once it is gone, kills whatever of them is left. Process identity
-is (pid, start time), so a reused pid is never killed. Linux only (reads /proc); elsewhere it does nothing.
+its direct children. `guard_descendants()` starts a small watchdog process that, once the guarded process is
+gone, kills whatever it started: every descendant it saw while polling, and every process that carries the
+guard's mark in its environment (`DVERL_GUARDED_BY`, set in the guarded process before the watchdog starts,
+so every process it starts afterwards inherits it). The mark covers what polling can miss: a daemon started
+between two polls, or one already re-parented when the owner died (hivemind's forked DHT process and p2pd
+under a loaded machine). Process identity is (pid, start time), so a reused pid is never killed. Linux only
+(reads /proc); elsewhere it does nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +22,11 @@ import time
 from pathlib import Path
 
 POLL_S = 0.5
+PARENT_VARIABLE = "DVERL_DIE_WITH_PARENT"
+"""Set by a launcher to its pid: the child asks the kernel for SIGTERM when that parent dies."""
+_PR_SET_PDEATHSIG = 1
+MARK_VARIABLE = "DVERL_GUARDED_BY"
+"""`pid:start` of every guard above a process, comma-separated (guards nest: `dverl run`, then a worker)."""
 _started_for: int | None = None
 
 
@@ -61,8 +70,28 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
+def marked(mark: str) -> set[int]:
+    """Processes whose environment carries `mark` among its guards (this user's processes; others are not
+    readable and were not started by the guarded process anyway)."""
+    needle = f"{MARK_VARIABLE}=".encode()
+    found: set[int] = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        for variable in environ.split(b"\0"):
+            guards = variable[len(needle) :].decode(errors="replace").split(",")
+            if variable.startswith(needle) and mark in guards:
+                found.add(int(entry.name))
+    return found
+
+
 def watch(owner: int, owner_started: int) -> None:
-    """The watchdog's loop: remember the owner's descendants; when the owner is gone, kill them."""
+    """The watchdog's loop: remember the owner's descendants; when the owner is gone, kill them and every
+    process marked with the owner's guard."""
     me = os.getpid()
     seen: dict[int, int] = {}
     while _start_time(owner) == owner_started:
@@ -71,10 +100,33 @@ def watch(owner: int, owner_started: int) -> None:
             if started is not None:
                 seen[pid] = started
         time.sleep(POLL_S)
+    for pid in marked(f"{owner}:{owner_started}") - {me} - set(seen):
+        started = _start_time(pid)
+        if started is not None:
+            seen[pid] = started
     for pid, started in seen.items():
         if _start_time(pid) == started:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def die_with_parent(environ: dict[str, str] | None = None) -> None:
+    """Honour the launcher's request (PARENT_VARIABLE): SIGTERM to this process when that parent dies.
+
+    Done here, in the child, rather than in a `preexec_fn` between fork and exec, which is unsafe in a
+    parent that runs threads. The variable is removed so this process's own children do not inherit it;
+    a parent already gone by now (the kernel then would never signal) ends this process at once.
+    """
+    environ = os.environ if environ is None else environ
+    expected = environ.pop(PARENT_VARIABLE, None)
+    if not expected or not Path("/proc/self/stat").exists():
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != int(expected):
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def guard_descendants() -> subprocess.Popen | None:
@@ -85,6 +137,9 @@ def guard_descendants() -> subprocess.Popen | None:
     if started is None or _started_for == me:
         return None
     _started_for = me
+    mark = f"{me}:{started}"
+    above = os.environ.get(MARK_VARIABLE)
+    os.environ[MARK_VARIABLE] = f"{above},{mark}" if above else mark  # inherited by all it starts from now
     return subprocess.Popen(
         [sys.executable, "-m", "decentralized_verl.orphans", str(me), str(started)],
         stdin=subprocess.DEVNULL,

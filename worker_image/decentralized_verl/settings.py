@@ -84,6 +84,12 @@ class WorkerSettings(BaseModel):
         alias="DVERL_BIND_HOST",
         description="where servers listen (default: 0.0.0.0 in a pod, else 127.0.0.1)",
     )
+    tls_dir: str | None = Field(
+        None,
+        alias="DVERL_TLS_DIR",
+        description="operator, `dverl run`: the job's credentials (TLS, job token, weight keys); "
+        "servers refuse calls without the token, receivers refuse unsigned weights",
+    )
 
     # -- tuning, set by hand
     workers_file: str | None = Field(

@@ -39,6 +39,11 @@ app.kubernetes.io/name: {{ include "dverl.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
+{{/* The Secret the operator keeps its identity (CA and key) in, in the release namespace. */}}
+{{- define "dverl.identitySecretName" -}}
+{{- printf "%s-identity" (include "dverl.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
 {{- define "dverl.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "dverl.fullname" .) .Values.serviceAccount.name }}
@@ -80,6 +85,17 @@ all of them). Every verb list is the smallest that the reconcile loop uses; no w
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
+# Each job's credentials Secret: created once (a 409 means it exists) and deleted with the job; never
+# read, listed or watched (the operator derives what it needs from its own identity).
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create", "delete"]
+{{- if .Values.networkPolicy.enabled }}
+# Each job's NetworkPolicies: created, read back to restore a hand-edited spec, removed when unwanted.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["create", "get", "patch", "delete"]
+{{- end }}
 {{- with .Values.volunteers.joinTokenSecretNames }}
 # Volunteer join tokens: read-only, and only the Secrets named in values (never list/watch all secrets).
 - apiGroups: [""]

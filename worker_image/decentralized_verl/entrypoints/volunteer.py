@@ -98,7 +98,16 @@ async def run_volunteer(
         backend = make_backend(
             spec.roles.rollout.backend, model, tokenizer, seed=spec.training.seed, version=-1
         )
-        source = wire.P2PWeightSource(p2p, claims.coordinator, asyncio.get_running_loop())
+        # The key the admitting coordinator gave: weights it did not sign are refused; an unsecured job
+        # (no key) publishes unsigned weights.
+        if reply.weights_verify_key:
+            log.info(
+                "weights: only versions signed with the job's key %s are loaded",
+                reply.weights_verify_key.hex()[:16],
+            )
+        source = wire.P2PWeightSource(
+            p2p, claims.coordinator, asyncio.get_running_loop(), verify_key=reply.weights_verify_key or None
+        )
         worker = RolloutWorker(
             backend, f"volunteer-{me[-8:]}", source, backend_name=spec.roles.rollout.backend
         )

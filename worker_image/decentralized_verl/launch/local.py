@@ -1,13 +1,13 @@
 """Run a plan as local processes on 127.0.0.1: the second executor of a plan (the operator is the first).
 
 Every worker gets a free port, its environment from `plan.worker_env`, and a log file. Children die
-with their parent (PR_SET_PDEATHSIG) and are stopped as process groups, so no worker outlives a run.
+with their parent (each sets PR_SET_PDEATHSIG on itself at start, `orphans.die_with_parent`) and are
+stopped as process groups, so no worker outlives a run.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import socket
@@ -17,23 +17,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from decentralized_verl.orphans import PARENT_VARIABLE
 from decentralized_verl.plan import Plan, PlannedWorker, worker_env
-
-_PR_SET_PDEATHSIG = 1
+from decentralized_verl.security.credentials import CredentialFolders
+from decentralized_verl.settings import env_name
 
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
 
 
 @dataclass
@@ -68,12 +61,15 @@ class LocalCluster:
         output_dir: Path,
         extra_env: dict[str, str] | None = None,
         extra_args: dict[str, list[str]] | None = None,
+        credentials: CredentialFolders | None = None,
     ) -> None:
         self.plan = plan
         self.config_path = config_path
         self.output_dir = output_dir
         self.extra_env = extra_env or {}
         self.extra_args = extra_args or {}
+        self.credentials = credentials
+        """Each process's DVERL_TLS_DIR (None: the processes talk plaintext, as in-process tests do)."""
         logs = output_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         self.workers = {w.name: LocalWorker(w, free_port(), logs / f"{w.name}.log") for w in plan.workers}
@@ -90,9 +86,14 @@ class LocalCluster:
         env = dict(os.environ)
         env.update(worker_env(self.plan, lw.worker, self.addresses()))
         env.update(self.extra_env)
+        if self.credentials is not None:
+            env[env_name("tls_dir")] = str(self.credentials.for_role(lw.worker.role))
         # On-policy phases alternate (rollout, then update), so each worker may use every core.
         env.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 2))
         env["PYTHONUNBUFFERED"] = "1"
+        # No preexec_fn: this process runs gRPC threads, and Python code between fork and exec in a
+        # threaded parent can deadlock on a lock a thread held at the fork (seen: restarts stuck ~60 s).
+        env[PARENT_VARIABLE] = str(os.getpid())
         return env
 
     def command_for(self, lw: LocalWorker) -> list[str]:
@@ -141,7 +142,6 @@ class LocalCluster:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
             )
 
     def by_role(self, role: str) -> list[LocalWorker]:

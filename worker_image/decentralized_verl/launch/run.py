@@ -24,6 +24,8 @@ from decentralized_verl.launch.watchdog import ProgressClock
 from decentralized_verl.manifest import load_job
 from decentralized_verl.orphans import guard_descendants
 from decentralized_verl.plan import plan_job
+from decentralized_verl.security.credentials import JobCredentials, run_folder_credentials
+from decentralized_verl.security.credentials import load as load_credentials
 from decentralized_verl.spec import with_defaults
 
 log = logging.getLogger(__name__)
@@ -71,16 +73,17 @@ def write_config(job, manifest: Path, output: Path) -> Path:
     return path
 
 
-def coordinator_status(address: str) -> JobStatus | None:
+def coordinator_status(address: str, credentials: JobCredentials | None = None) -> JobStatus | None:
     """The learner's progress from its Status RPC, validated like every message; None while it cannot
     answer (starting, restarting) or when its reply is malformed."""
     import grpc
 
     from decentralized_verl.proto import dverl_pb2, dverl_pb2_grpc
+    from decentralized_verl.transport import secure
     from decentralized_verl.transport.wire.status import job_status_from_proto
 
     try:
-        with grpc.insecure_channel(address) as channel:
+        with secure.sync_channel(address, credentials) as channel:
             reply = dverl_pb2_grpc.CoordinatorStub(channel).Status(dverl_pb2.StatusRequest(), timeout=2)
         return job_status_from_proto(reply)
     except grpc.RpcError:
@@ -106,7 +109,10 @@ def run_job(
     (output / "summary.json").unlink(missing_ok=True)
     extra_args = {"learner": ["--resume"]} if resume else {}
     guard_descendants()  # a `kill -9` of this process must not leave workers or their helpers running
-    cluster = LocalCluster(plan, config, output, extra_args=extra_args)
+    # The secured path, as in a cluster: TLS and the job token on every call, signed weights.
+    credentials = run_folder_credentials(output, job.metadata.name)
+    cluster = LocalCluster(plan, config, output, extra_args=extra_args, credentials=credentials)
+    status_credentials = load_credentials(credentials.worker)
     learners = cluster.by_role("learner")
     learner = learners[0]
     clock = ProgressClock(job.spec.training.stall_factor)
@@ -126,7 +132,7 @@ def run_job(
         started = time.monotonic()
         while learner.process.poll() != 0:
             now = time.monotonic()
-            status = coordinator_status(learner.address)
+            status = coordinator_status(learner.address, status_credentials)
             clock.observe(status.step if status is not None else None, now)
             why = _learner_down(learners, clock, now)
             if why is not None and job.spec.roles.failure_policy("learner") == "failJob":

@@ -122,7 +122,7 @@ class ManifestRequest(_message.Message):
     def __init__(self, version: _Optional[int] = ..., latest: _Optional[bool] = ...) -> None: ...
 
 class WeightManifest(_message.Message):
-    __slots__ = ("version", "total_bytes", "sha256", "chunk_sha256", "chunk_bytes", "format", "dtype", "is_adapter")
+    __slots__ = ("version", "total_bytes", "sha256", "chunk_sha256", "chunk_bytes", "format", "dtype", "is_adapter", "signature")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
@@ -131,6 +131,7 @@ class WeightManifest(_message.Message):
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     IS_ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     version: int
     total_bytes: int
     sha256: str
@@ -139,7 +140,8 @@ class WeightManifest(_message.Message):
     format: str
     dtype: str
     is_adapter: bool
-    def __init__(self, version: _Optional[int] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., chunk_sha256: _Optional[_Iterable[str]] = ..., chunk_bytes: _Optional[int] = ..., format: _Optional[str] = ..., dtype: _Optional[str] = ..., is_adapter: _Optional[bool] = ...) -> None: ...
+    signature: bytes
+    def __init__(self, version: _Optional[int] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., chunk_sha256: _Optional[_Iterable[str]] = ..., chunk_bytes: _Optional[int] = ..., format: _Optional[str] = ..., dtype: _Optional[str] = ..., is_adapter: _Optional[bool] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
     __slots__ = ("version", "from_chunk")
@@ -335,18 +337,20 @@ class JoinRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ..., token: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., hardware: _Optional[str] = ..., tokens_per_second: _Optional[float] = ...) -> None: ...
 
 class JoinReply(_message.Message):
-    __slots__ = ("accepted", "peer_id", "reason", "policy_version", "weights_address")
+    __slots__ = ("accepted", "peer_id", "reason", "policy_version", "weights_address", "weights_verify_key")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_VERIFY_KEY_FIELD_NUMBER: _ClassVar[int]
     accepted: bool
     peer_id: str
     reason: str
     policy_version: int
     weights_address: str
-    def __init__(self, accepted: _Optional[bool] = ..., peer_id: _Optional[str] = ..., reason: _Optional[str] = ..., policy_version: _Optional[int] = ..., weights_address: _Optional[str] = ...) -> None: ...
+    weights_verify_key: bytes
+    def __init__(self, accepted: _Optional[bool] = ..., peer_id: _Optional[str] = ..., reason: _Optional[str] = ..., policy_version: _Optional[int] = ..., weights_address: _Optional[str] = ..., weights_verify_key: _Optional[bytes] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("peer_id", "policy_version", "load")

@@ -21,7 +21,7 @@ from decentralized_verl.serving import handlers
 from decentralized_verl.serving.rollout import RolloutWorker
 from decentralized_verl.serving.scoring import CriticWorker, ReferenceWorker, RewardWorker
 from decentralized_verl.transport import messages as m
-from decentralized_verl.transport.grpc_options import server_options
+from decentralized_verl.transport import secure
 
 log = logging.getLogger(__name__)
 
@@ -169,20 +169,23 @@ _ADDERS = (
 )
 
 
-async def serve(port: int, *servicers: object, host: str = "127.0.0.1") -> grpc.aio.Server:
+async def serve(
+    port: int, *servicers: object, host: str = "127.0.0.1", credentials: Any = secure.PROCESS
+) -> grpc.aio.Server:
     """Start a grpc.aio server on host:port with every given servicer (any generated service base).
 
     With port 0 the OS picks a free port; it is available as `server.port` (set here). Stop with
-    `await server.stop(grace)`.
+    `await server.stop(grace)`. `credentials` default to this process's job credentials (TLS, and the
+    job token required on every call); None serves plaintext.
     """
-    server = grpc.aio.server(options=server_options())
+    server = secure.aio_server(credentials=credentials)
     for servicer in servicers:
         matched = [add for base, add in _ADDERS if isinstance(servicer, base)]
         if not matched:
             raise TypeError(f"{type(servicer).__name__} is not a servicer of any dverl service")
         for add in matched:
             add(servicer, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    bound = secure.bind(server, host, port)
     if bound == 0:
         raise OSError(f"cannot bind {host}:{port}")
     server.port = bound  # type: ignore[attr-defined]

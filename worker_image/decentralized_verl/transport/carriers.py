@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import grpc
 
 from decentralized_verl.core.interfaces import closed_under_us
-from decentralized_verl.transport.grpc_options import channel_options
+from decentralized_verl.transport import secure
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class GrpcCarrier:
     def __init__(self, address: str, worker_id: str | None = None) -> None:
         self.address = address
         self.worker_id = worker_id or address
-        self._channel = grpc.aio.insecure_channel(address, options=channel_options())
+        self._channel = secure.aio_channel(address)
 
     async def unary(self, method: Method, request: Any, reply_type: type, timeout: float) -> Any:
         call = self._channel.unary_unary(

@@ -25,6 +25,7 @@ from decentralized_verl.errors import WireError
 from decentralized_verl.proto import dverl_pb2 as pb
 from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc
 from decentralized_verl.transport import messages as m
+from decentralized_verl.transport import secure
 from decentralized_verl.transport.carriers import (
     GENERATE,
     INFO,
@@ -40,7 +41,6 @@ from decentralized_verl.transport.carriers import (
     P2PCarrier,
     rpc_reason,
 )
-from decentralized_verl.transport.grpc_options import channel_options
 from decentralized_verl.transport.rollout_stream import BadResult, ResultStream, generate_request
 
 
@@ -252,7 +252,7 @@ async def wait_ready(address: str, timeout: float, *, poll_s: float = 0.2) -> m.
     """Poll Health.Ready until the worker says ready; TimeoutError (with the last reason) otherwise."""
     deadline = time.monotonic() + timeout
     last = "no answer yet"
-    async with grpc.aio.insecure_channel(address, options=channel_options()) as channel:
+    async with secure.aio_channel(address) as channel:
         stub = pb_grpc.HealthStub(channel)
         while True:
             left = deadline - time.monotonic()

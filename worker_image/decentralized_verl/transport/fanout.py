@@ -42,12 +42,14 @@ import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import grpc
 
 from decentralized_verl.errors import WireError
 from decentralized_verl.proto import dverl_pb2 as pb
 from decentralized_verl.transport import messages as m
+from decentralized_verl.transport import secure
 from decentralized_verl.transport.fanout_push import (
     RESULT_KEY,
     SERVICE,
@@ -57,7 +59,6 @@ from decentralized_verl.transport.fanout_push import (
     wire_messages,
 )
 from decentralized_verl.transport.fanout_route import ROUTE_KEY, Hop, route_from_json
-from decentralized_verl.transport.grpc_options import channel_options, server_options
 from decentralized_verl.transport.weight_receive import BundleBuilder, ChunkFetch
 from decentralized_verl.transport.weight_service import Published, WeightPublisher, WeightsServicer
 from decentralized_verl.transport.weights import WeightChunk
@@ -83,8 +84,11 @@ class WeightRelay:
         timeout_s: float = 300.0,
         verify_threads: int = 2,
         grpc_options: Sequence[tuple[str, int]] = (),
+        credentials: Any = secure.PROCESS,
     ) -> None:
         self.publisher = publisher or WeightPublisher(chunk_bytes=FANOUT_CHUNK_BYTES)
+        self.credentials = credentials
+        """What this node's channels and server use (default: this process's job credentials)."""
         self.timeout_s = timeout_s
         self.grpc_options = tuple(grpc_options)
         """Extra gRPC options for this node's channels and server, after the project's defaults."""
@@ -103,9 +107,7 @@ class WeightRelay:
 
     def channel(self, address: str) -> grpc.aio.Channel:
         if address not in self._channels:
-            self._channels[address] = grpc.aio.insecure_channel(
-                address, options=[*channel_options(), *self.grpc_options]
-            )
+            self._channels[address] = secure.aio_channel(address, self.credentials, self.grpc_options)
         return self._channels[address]
 
     async def close(self) -> None:
@@ -221,8 +223,9 @@ class WeightRelay:
             msg = pb.WeightChunk.FromString(first)
             if not msg.HasField("manifest"):
                 raise WireError("chunk[0].manifest", "the first pushed chunk must carry the manifest")
-            builder = BundleBuilder(m.manifest_from_proto(msg.manifest, "chunk[0].manifest"))
-            version = builder.manifest.version
+            manifest = m.manifest_from_proto(msg.manifest, "chunk[0].manifest")
+            version = manifest.version
+            builder = BundleBuilder(manifest)
             self.receiving[version] = self.receiving.get(version, 0) + 1
 
             async def parsed() -> AsyncIterator[tuple[bytes, pb.WeightChunk]]:
@@ -236,6 +239,7 @@ class WeightRelay:
             published = await loop.run_in_executor(self._verify, builder.finish)
             self._store(published, session.backlog)
         except (WireError, ValueError) as exc:
+            log.warning("refused weights v%d pushed from %s: %s", version, context.peer(), exc)
             if builder is not None:
                 builder.close()
             results = session.abort(route, str(exc))
@@ -369,11 +373,11 @@ async def serve_relay(
 ) -> grpc.aio.Server:
     """A grpc.aio server with ``relay``'s Weights service (and whatever each ``add`` registers, e.g. a
     rollout worker's own services, so the relay shares its port); its port is ``server.port``."""
-    server = grpc.aio.server(options=[*server_options(), *relay.grpc_options])
+    server = secure.aio_server(list(relay.grpc_options), relay.credentials)
     relay.add_to_server(server)
     for register in add:
         register(server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    bound = secure.bind(server, host, port)
     if bound == 0:
         raise OSError(f"cannot bind {host}:{port}")
     server.port = bound  # type: ignore[attr-defined]

@@ -21,6 +21,7 @@ from google.protobuf import wrappers_pb2
 
 from decentralized_verl.errors import WireError
 from decentralized_verl.proto import dverl_pb2 as pb
+from decentralized_verl.security.trust import PROCESS_KEY
 from decentralized_verl.transport import messages as m
 
 log = logging.getLogger(__name__)
@@ -165,8 +166,11 @@ class P2PWeightSource:
         wait_s: float = 120.0,
         timeout_s: float = 300.0,
         poll_s: float = 0.25,
+        verify_key: bytes | object | None = PROCESS_KEY,
     ) -> None:
         self.p2p, self.coordinator, self.loop = p2p, coordinator, loop
+        self.verify_key = verify_key
+        """The job's weight key (a volunteer's, from its JoinReply): every version must be signed with it."""
         self.wait_s, self.timeout_s, self.poll_s = wait_s, timeout_s, poll_s
         self.fetch_calls: list[tuple[int, int]] = []
         self.bytes_received = 0
@@ -191,7 +195,7 @@ class P2PWeightSource:
     async def _fetch_async(self, manifest: m.WeightManifest):
         from decentralized_verl.transport.weight_receive import ChunkFetch, decode_held
 
-        fetch = ChunkFetch(manifest, self.coordinator)
+        fetch = ChunkFetch(manifest, self.coordinator, self.verify_key)
         while (start := fetch.next_start()) is not None:
             self.fetch_calls.append((manifest.version, start))
             try:

@@ -18,9 +18,11 @@ from torch import Tensor
 from decentralized_verl.errors import WireError
 from decentralized_verl.proto import dverl_pb2 as pb
 from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc
+from decentralized_verl.security import signing
+from decentralized_verl.security.trust import PROCESS_KEY, weights_verify_key
 from decentralized_verl.transport import messages as m
+from decentralized_verl.transport import secure
 from decentralized_verl.transport.carriers import rpc_reason
-from decentralized_verl.transport.grpc_options import channel_options
 from decentralized_verl.transport.weight_service import Published, WeightPublisher, header_of
 from decentralized_verl.transport.weights import WeightAssembler, WeightChunk, bundle_sha256, decode_bundle
 
@@ -44,13 +46,17 @@ class BundleBuilder:
     against the manifest, then kept by the codec's `WeightAssembler`; `finish` checks the bundle digest
     and returns the verified version (not decoded).
 
-    The manifest's own consistency (its bundle digest over its chunk digests) is checked up front, so
-    a forged or garbled manifest is refused before any chunk is received.
+    The manifest's own consistency (its bundle digest over its chunk digests) and its signature (when
+    this process trusts a weight key: every worker of a secured job, a volunteer once admitted) are
+    checked up front, so a forged, garbled or unsigned manifest is refused before any chunk is received.
     """
 
-    def __init__(self, manifest: m.WeightManifest) -> None:
+    def __init__(self, manifest: m.WeightManifest, verify_key: bytes | object | None = PROCESS_KEY) -> None:
         if bundle_sha256(manifest.chunk_sha256) != manifest.sha256:
             raise WireError("manifest.sha256", "does not match the bundle digest of its chunk_sha256 list")
+        key = weights_verify_key() if verify_key is PROCESS_KEY else verify_key
+        if key is not None:
+            signing.check(manifest, key)  # type: ignore[arg-type]
         self.manifest = manifest
         self.assembler = WeightAssembler(header_of(manifest))
         self._lock = threading.Lock()  # `add` may run in several hashing threads at once
@@ -91,8 +97,10 @@ class ChunkFetch:
     stream breaks or brings a bad chunk, resume once from the next missing chunk; a second failure
     raises `WireError` and nothing is held. Every puller (gRPC, P2P, a relay catching up) follows it."""
 
-    def __init__(self, manifest: m.WeightManifest, source: str) -> None:
-        self.builder = BundleBuilder(manifest)
+    def __init__(
+        self, manifest: m.WeightManifest, source: str, verify_key: bytes | object | None = PROCESS_KEY
+    ) -> None:
+        self.builder = BundleBuilder(manifest, verify_key)
         self.source = source
         self.failures: list[str] = []
 
@@ -162,7 +170,7 @@ class GrpcWeightSource:
         self.wait_s = wait_s
         self.timeout_s = timeout_s
         self.poll_s = poll_s
-        self._channel = grpc.insecure_channel(address, options=channel_options())
+        self._channel = secure.sync_channel(address)
         self._stub = pb_grpc.WeightsStub(self._channel)
         self.fetch_calls: list[tuple[int, int]] = []
         """(version, from_chunk) of every Fetch started, for logs and tests."""

@@ -24,6 +24,8 @@ from torch import Tensor
 from decentralized_verl.errors import WireError
 from decentralized_verl.proto import dverl_pb2 as pb
 from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc
+from decentralized_verl.security import signing
+from decentralized_verl.security.trust import PROCESS_KEY, weights_signing_key
 from decentralized_verl.transport import messages as m
 from decentralized_verl.transport.weights import (
     DEFAULT_CHUNK_BYTES,
@@ -78,7 +80,8 @@ class WeightPublisher:
     """Learner side: encode each new version once and hold the newest `keep` for fetching.
 
     `dtype` is the wire dtype of floating tensors ("bfloat16" halves the bytes; None keeps the model's
-    own dtype, bit-exact). `is_adapter` marks LoRA-only state dicts in the manifest. Thread-safe:
+    own dtype, bit-exact). `is_adapter` marks LoRA-only state dicts in the manifest. `signing_key` signs
+    every manifest it publishes (default: this process's, which only the job's learner holds). Thread-safe:
     `publish` runs on the learner's thread while the gRPC service reads from the event loop.
     """
 
@@ -89,6 +92,7 @@ class WeightPublisher:
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         keep: int = 2,
         is_adapter: bool = False,
+        signing_key: bytes | object | None = PROCESS_KEY,
     ) -> None:
         if keep < 1:
             raise ValueError(f"keep: must be >= 1 (got {keep})")
@@ -96,6 +100,7 @@ class WeightPublisher:
         self.chunk_bytes = chunk_bytes
         self.keep = keep
         self.is_adapter = is_adapter
+        self.signing_key = weights_signing_key() if signing_key is PROCESS_KEY else signing_key
         self._held: dict[int, Published] = {}
         self._changed = threading.Condition()
 
@@ -103,6 +108,8 @@ class WeightPublisher:
         """Encode `state_dict` as `version` (must be newer than every held version) and hold it."""
         bundle = encode_state_dict(state_dict, version, dtype=self.dtype, chunk_bytes=self.chunk_bytes)
         manifest = manifest_of(bundle, is_adapter=self.is_adapter)
+        if self.signing_key is not None:
+            manifest = signing.sign(manifest, self.signing_key)
         self.store(Published(manifest, bundle))
         return manifest
 
@@ -196,13 +203,15 @@ class WeightsServicer(pb_grpc.WeightsServicer):
         from decentralized_verl.transport.weight_receive import BundleBuilder, decode_held
 
         builder: BundleBuilder | None = None
-        received = 0
+        received = version = 0
         try:
             async for msg in request_iterator:
                 if builder is None:
                     if not msg.HasField("manifest"):
                         raise WireError("chunk[0].manifest", "the first pushed chunk must carry the manifest")
-                    builder = BundleBuilder(m.manifest_from_proto(msg.manifest, "chunk[0].manifest"))
+                    manifest = m.manifest_from_proto(msg.manifest, "chunk[0].manifest")
+                    version = manifest.version
+                    builder = BundleBuilder(manifest)
                 builder.add(msg)
                 received += 1
             if builder is None:
@@ -211,6 +220,6 @@ class WeightsServicer(pb_grpc.WeightsServicer):
             decode_held(published)  # a decodable payload, too: this servicer's pullers trust what it holds
             self.publisher.store(published)
         except (WireError, ValueError) as exc:
-            version = builder.manifest.version if builder is not None else 0
+            log.warning("refused weights v%d pushed from %s: %s", version, context.peer(), exc)
             return pb.PushAck(ok=False, version=version, chunks_received=received, reason=str(exc))
         return pb.PushAck(ok=True, version=published.manifest.version, chunks_received=received)

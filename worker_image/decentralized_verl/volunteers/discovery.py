@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from decentralized_verl.orchestration.dispatch import GPU_PRIORS
+from decentralized_verl.security.trust import weights_verify_key
 from decentralized_verl.transport import messages as m
 from decentralized_verl.volunteers.announce import VolunteerRecord, read_records
 from decentralized_verl.volunteers.tokens import TokenError, verify_token
@@ -137,7 +138,13 @@ class VolunteerHub:
         self._event("Joined", caller, f"role={role} hardware={request.hardware!r}")
         version = self.publisher.latest_version if self.publisher is not None else 0
         own = self.p2p.peer_id.to_base58() if self.p2p is not None else "coordinator"
-        return m.JoinReply(True, peer_id=caller, policy_version=version or 0, weights_address=own)
+        return m.JoinReply(
+            True,
+            peer_id=caller,
+            policy_version=version or 0,
+            weights_address=own,
+            weights_verify_key=weights_verify_key() or b"",
+        )
 
     def is_admitted(self, peer_id: str) -> bool:
         if self.config.open:

@@ -40,6 +40,8 @@ class JoinReply:
     reason: str = ""
     policy_version: int = 0
     weights_address: str = ""
+    weights_verify_key: bytes = b""
+    """The job's public key for weight manifests (empty: the job does not sign its weights)."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,7 @@ def join_reply_to_proto(r: JoinReply) -> pb.JoinReply:
         reason=r.reason,
         policy_version=r.policy_version,
         weights_address=r.weights_address,
+        weights_verify_key=r.weights_verify_key,
     )
 
 
@@ -96,7 +99,13 @@ def join_reply_from_proto(msg: pb.JoinReply) -> JoinReply:
         _check_nonempty_text(msg.weights_address, "weights_address")
     else:
         _check_nonempty_text(msg.reason, "reason")
-    return JoinReply(msg.accepted, msg.peer_id, msg.reason, msg.policy_version, msg.weights_address)
+    if msg.weights_verify_key and len(msg.weights_verify_key) != 32:
+        raise WireError(
+            "weights_verify_key", f"an Ed25519 public key has 32 bytes (got {len(msg.weights_verify_key)})"
+        )
+    return JoinReply(
+        msg.accepted, msg.peer_id, msg.reason, msg.policy_version, msg.weights_address, msg.weights_verify_key
+    )
 
 
 def heartbeat_to_proto(h: Heartbeat) -> pb.HeartbeatRequest:

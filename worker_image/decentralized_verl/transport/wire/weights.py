@@ -26,6 +26,8 @@ class WeightManifest:
     format: str = "safetensors"
     dtype: str = "float32"
     is_adapter: bool = False
+    signature: bytes = b""
+    """The learner's Ed25519 signature over the fields above (`security.signing`); empty when unsigned."""
 
     def chunk_size(self, index: int) -> int:
         """Bytes in chunk `index`: chunk_bytes for all but the last, the remainder for the last."""
@@ -56,6 +58,7 @@ def manifest_to_proto(m: WeightManifest) -> pb.WeightManifest:
         format=m.format,
         dtype=m.dtype,
         is_adapter=m.is_adapter,
+        signature=m.signature,
     )
 
 
@@ -81,6 +84,8 @@ def manifest_from_proto(msg: pb.WeightManifest, path: str = "manifest") -> Weigh
             f"{len(msg.chunk_sha256)} chunk hashes, but {msg.total_bytes} bytes in chunks of "
             f"{msg.chunk_bytes} make {want}",
         )
+    if msg.signature and len(msg.signature) != 64:
+        raise WireError(f"{path}.signature", f"an Ed25519 signature has 64 bytes (got {len(msg.signature)})")
     return WeightManifest(
         version=msg.version,
         total_bytes=msg.total_bytes,
@@ -90,6 +95,7 @@ def manifest_from_proto(msg: pb.WeightManifest, path: str = "manifest") -> Weigh
         format=msg.format,
         dtype=msg.dtype,
         is_adapter=msg.is_adapter,
+        signature=msg.signature,
     )
 
 
