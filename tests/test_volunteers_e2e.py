@@ -203,11 +203,13 @@ def test_volunteer_without_valid_token_gets_no_work(procs: Procs, tmp_path: Path
     good = token(job)
     tampered = good[:-4] + ("AAAA" if not good.endswith("AAAA") else "BBBB")
     expired = issue_token(SECRET.encode(), job, 1, now=time.time() - 100)
+    # The learner waits for one volunteer, trains two steps and exits: the honest volunteer starts only
+    # once the tampered one has been refused, so the coordinator is surely still there to refuse it.
     procs.start("tampered", volunteer_cmd(maddr, job, tampered))
     procs.start("rogue", volunteer_cmd(maddr, job, good, "rogue"))  # announces without joining
-    procs.start("honest", volunteer_cmd(maddr, job, good))
     assert procs.procs["tampered"].wait(180) == 2
     assert "refused to let this peer join: bad signature" in procs.log("tampered")
+    procs.start("honest", volunteer_cmd(maddr, job, good))
     procs.start("expired", volunteer_cmd(maddr, job, expired))
     assert procs.procs["expired"].wait(60) == 2
     assert "expired" in procs.log("expired")

@@ -44,6 +44,7 @@ async def _join_with_retry(p2p, coordinator: str, request, timeout: float):
             return await wire.join(p2p, coordinator, request, timeout=min(30.0, timeout))
         except Exception as exc:  # the coordinator is not up yet, or not reachable yet
             last = f"{type(exc).__name__}: {exc}"
+            log.info("coordinator %s not reachable yet (%s); retrying", coordinator, last)
             await asyncio.sleep(1.0)
     raise VolunteerError(f"could not reach the coordinator {coordinator} in {timeout:g}s ({last})")
 
