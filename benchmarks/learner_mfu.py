@@ -93,17 +93,21 @@ def flop_counts(model: Any, batch: Any) -> dict[str, float]:
     }
 
 
-def measure_model(args: argparse.Namespace, name: str, settings: c.GRPOSettings) -> dict[str, Any]:
+def measure_model(
+    args: argparse.Namespace, name: str, settings: c.GRPOSettings, *, plain: bool
+) -> dict[str, Any]:
     import torch
 
     from decentralized_verl.training.advantage_step import attach_advantages
     from decentralized_verl.training.trainer import PolicyTrainer
 
     dtype = c.default_dtype(name) if args.dtype == "auto" else args.dtype
+    torch.manual_seed(0)
     model, tokenizer, _ = c.load_model(name, dtype)
     model.train()
     spec = ours_spec(settings, dtype, steps=args.repeats + 1)
     trainer = PolicyTrainer(model, spec)
+    trainer.force_plain = plain
     timer = _Timer()
     trainer._loss = timer.wrap("forward", trainer._loss)
     timer.hook_optimizer(trainer.optimizer)
@@ -124,8 +128,10 @@ def measure_model(args: argparse.Namespace, name: str, settings: c.GRPOSettings)
     after = {d: matmul_ceiling(args.matmul_size, d, args.matmul_repeats) for d in ("bfloat16", "float32")}
     update_s, fwd_bwd_s = c.median(updates), c.median(fwd_bwd)
     out: dict[str, Any] = {
+        "forward": "plain" if plain else "shared",
         "dtype": dtype,
         **counts,
+        "tokens_per_s": counts["tokens"] / update_s,
         "update_s": updates,
         "median_update_s": update_s,
         "median_fwd_bwd_s": fwd_bwd_s,
@@ -156,6 +162,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--matmul-size", type=int, default=2048)
     parser.add_argument("--matmul-repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    parser.add_argument(
+        "--forward",
+        default="both",
+        choices=["both", "plain", "shared"],
+        help="plain: the model's call over the padded batch (the old path); shared: a prompt pass per group",
+    )
     parser.add_argument("--out", default=None, help="also write the JSON report here")
     parser.add_argument("--tiny", action="store_true", help="smoke: tiny model, 2 prompts x 4 x 8 tokens")
     args = parser.parse_args(argv)
@@ -172,37 +184,58 @@ def main(argv: list[str] | None = None) -> int:
         "models": {},
     }
     rows = []
+    forwards = {"both": (True, False), "plain": (True,), "shared": (False,)}[args.forward]
     for name in args.models:
-        result = measure_model(args, name, settings)
-        report["models"][name] = result
-        ceiling = max(result[k]["bfloat16"]["median_gflops"] for k in ("ceiling_before", "ceiling_after"))
-        rows.append(
-            [
-                name,
-                result["dtype"],
-                f"{result['parameters'] / 1e6:.2f} M",
-                result["tokens"],
-                result["median_update_s"],
-                result["achieved_gflops_6nt"],
-                result["achieved_gflops_model"],
-                ceiling,
-                f"{100 * result['mfu_6nt_vs_bfloat16']:.1f}%",
-                f"{100 * result['mfu_model_vs_bfloat16']:.1f}%",
-            ]
-        )
-        log(f"{name}: {result['median_update_s']:.2f} s/update, {result['achieved_gflops_6nt']:.1f} GFLOP/s")
+        report["models"][name] = {}
+        for plain in forwards:
+            result = measure_model(args, name, settings, plain=plain)
+            report["models"][name][result["forward"]] = result
+            dtype_ceiling = max(
+                result[k][result["dtype"]]["median_gflops"] for k in ("ceiling_before", "ceiling_after")
+            )
+            ceiling = max(result[k]["bfloat16"]["median_gflops"] for k in ("ceiling_before", "ceiling_after"))
+            spread = f"{min(result['update_s']):.2f}-{max(result['update_s']):.2f}"
+            rows.append(
+                [
+                    name,
+                    result["forward"],
+                    result["dtype"],
+                    f"{result['parameters'] / 1e6:.2f} M",
+                    result["tokens"],
+                    f"{result['median_update_s']:.2f} ({spread})",
+                    f"{result['tokens_per_s']:.0f}",
+                    result["achieved_gflops_6nt"],
+                    dtype_ceiling,
+                    ceiling,
+                    f"{100 * result['achieved_gflops_6nt'] / dtype_ceiling:.1f}%",
+                    f"{100 * result['mfu_6nt_vs_bfloat16']:.1f}%",
+                ]
+            )
+            log(
+                f"{name} {result['forward']}: {result['median_update_s']:.2f} s/update, "
+                f"{result['tokens_per_s']:.0f} tok/s"
+            )
+        if len(report["models"][name]) == 2:
+            ratio = (
+                report["models"][name]["shared"]["tokens_per_s"]
+                / report["models"][name]["plain"]["tokens_per_s"]
+            )
+            report["models"][name]["speedup"] = ratio
+            log(f"{name}: shared-prompt forward {ratio:.2f}x the plain forward's learner tokens/s")
     table = c.markdown_table(
         [
             "model",
+            "forward",
             "dtype",
             "params",
             "tokens/update",
-            "update (s)",
-            "GFLOP/s (6NT)",
-            "GFLOP/s (model)",
-            "bf16 matmul ceiling GFLOP/s",
+            "update s (min-max)",
+            "learner tokens/s",
+            "GFLOP/s (6NT, useful tokens)",
+            "matmul ceiling of its dtype",
+            "bf16 matmul ceiling",
+            "MFU 6NT vs its dtype",
             "MFU 6NT vs bf16",
-            "MFU model vs bf16",
         ],
         rows,
     )

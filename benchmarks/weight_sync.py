@@ -16,7 +16,7 @@ Methods (each delivers the whole payload into every receiver's memory):
 - grpc fetch:       every receiver Fetches the version from the learner concurrently (the simple path).
 - grpc chain:       `WeightRelay.fan_out` along a chain (learner -> r1 -> r2 -> ...), chunks pipelined.
 - grpc tree:        the same along a binary tree (learner -> r1, r2; r1 -> r3, r4).
-The gRPC methods hash every chunk once (sha256, checked against the manifest, up to --verify-threads
+The gRPC methods hash every chunk once (BLAKE3, checked against the manifest, up to --verify-threads
 chunks at a time per receiver) and check the bundle digest over the chunk digests before a receiver
 holds the version (decoding into tensors, which a rollout worker does when it loads them, is not timed).
 
@@ -38,6 +38,8 @@ import sys
 import time
 
 from _weight_sync_nodes import Learner, receiver_cpu, run_grpc, run_raw, start_receivers, stop_receivers
+
+from decentralized_verl.transport.digest import digest_hex
 
 BF16_BYTES = 2
 VOCAB, HIDDEN, INTER, HEADS_KV = 49152, 576, 1536, 3 * 64  # SmolLM2-135M: 30 layers, 9 heads, 3 kv heads
@@ -118,6 +120,7 @@ def micro_costs(mb: int = 64) -> str:
     raw = pb.WeightChunk(data=data).SerializeToString()
     return (
         "- per-byte costs here (single thread, 4 MiB pieces): "
+        f"BLAKE3 (the chunk digest) {rate(lambda: digest_hex(data)):.2f} GB/s, "
         f"sha256 {rate(lambda: hashlib.sha256(data)):.2f} GB/s, "
         f"protobuf serialize {rate(lambda: pb.WeightChunk(data=data).SerializeToString()):.2f} GB/s, "
         f"parse+read {rate(lambda: pb.WeightChunk.FromString(raw).data):.2f} GB/s, "

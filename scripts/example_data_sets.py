@@ -43,6 +43,13 @@ def is_small_sum(item: dict) -> bool:
     return len(parts) == 3 and parts[1] == "+" and all(int(x) <= 20 for x in (parts[0], parts[2]))
 
 
+def is_two_digit_sum(item: dict) -> bool:
+    """`a + b` with two-digit operands: one-shot SmolLM2-135M starts near 26% greedy (11% per sample at T=1,
+    pass@8 45%), so GRPO groups carry signal and accuracy has room to rise; README's first command."""
+    parts = item["messages"]["content"].removeprefix("What is ").removesuffix("?").split(" ")
+    return len(parts) == 3 and parts[1] == "+" and all(10 <= int(x) <= 99 for x in (parts[0], parts[2]))
+
+
 def arithmetic(rng: random.Random) -> tuple[list[dict], list[dict]]:
     train: list[dict] = []
     evals: list[dict] = []

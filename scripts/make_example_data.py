@@ -4,6 +4,7 @@
     python scripts/make_example_data.py [--out examples/data] [--seed 0]
 
 What it writes and why:
+  arithmetic/two_digit_*.jsonl          the 2-digit sums of the splits above (README's first command).
   arithmetic/train.jsonl, eval.jsonl   seed-004 math layout ({"messages": {...}, "gt_answer": "82"}).
       Mostly 2-digit addition (a one-shot SmolLM2-135M starts at ~11% per sample there: headroom
       for GRPO), plus a+b with 1..20 and a*b with 2..12 x 2..20. Train and eval share no problem,
@@ -40,6 +41,7 @@ from example_data_sets import (  # noqa: E402
     arithmetic,
     code,
     is_small_sum,
+    is_two_digit_sum,
     sft_sets,
     toy,
 )
@@ -73,6 +75,8 @@ def generate(out: Path, seed: int = 0) -> list[Path]:
     jsonl("arithmetic/eval.jsonl", evals)
     jsonl("arithmetic/small_train.jsonl", [x for x in train if is_small_sum(x)])
     jsonl("arithmetic/small_eval.jsonl", [x for x in evals if is_small_sum(x)])
+    jsonl("arithmetic/two_digit_train.jsonl", [x for x in train if is_two_digit_sum(x)])
+    jsonl("arithmetic/two_digit_eval.jsonl", [x for x in evals if is_two_digit_sum(x)])
     code_train, code_eval = code(random.Random(f"code:{seed}"))
     jsonl("code/train.jsonl", code_train)
     jsonl("code/eval.jsonl", code_eval)

@@ -81,7 +81,11 @@ def test_grpo_vs_trl_trl_side(grpo_report: dict) -> None:
 
 def test_learner_mfu_smoke() -> None:
     report = report_of(run("learner_mfu.py", "--tiny", "--threads", "1"))
-    result = report["models"]["tiny-smoke"]
+    both = report["models"]["tiny-smoke"]
+    assert set(both) == {"plain", "shared", "speedup"}
+    assert both["speedup"] == pytest.approx(both["shared"]["tokens_per_s"] / both["plain"]["tokens_per_s"])
+    assert both["shared"]["tokens"] == both["plain"]["tokens"]  # the same batch, two forwards
+    result = both["shared"]
     # Hand count: 8 rows (2 prompts x 4 samples); each row is its prompt plus 8 response tokens.
     from decentralized_verl.models.tokenizer import build_char_tokenizer
 

@@ -157,12 +157,12 @@ def test_fan_out_to_three_receivers_delivers_identical_verified_state(nodes, fan
     results = source.call(source.relay.fan_out(1, route))
     assert results == {r.address: OK for r in receivers}
 
-    want_sha = source.relay.publisher.get(1).manifest.sha256
+    want_sha = source.relay.publisher.get(1).manifest.digest
     want = bf16(model_state())
     for r in receivers:
         assert r.relay.pushes_received == 1  # one push each: nobody got the version twice
         held = r.relay.publisher.get(1)
-        assert held.manifest.sha256 == want_sha and held.manifest.dtype == "bfloat16"
+        assert held.manifest.digest == want_sha and held.manifest.dtype == "bfloat16"
         version, state = r.state()
         assert version == 1
         assert_same(state, want)  # bf16 on the wire: exactly the bf16 cast of the learner's weights
@@ -234,7 +234,7 @@ class TamperingRelay(WeightRelay):
         msg = pb.WeightChunk.FromString(raw)
         data = bytearray(msg.data)
         data[0] ^= 0xFF
-        msg.data = bytes(data)  # the sha256 field still claims the original bytes
+        msg.data = bytes(data)  # the digest field still claims the original bytes
         return msg.SerializeToString()
 
 
@@ -246,7 +246,7 @@ def test_corrupted_chunk_at_a_relay_is_rejected_by_its_child_and_the_rest_are_se
     r3 = nodes()
     results = source.call(source.relay.fan_out(1, plan_chain([r1.address, r2.address, r3.address])))
     assert results[r1.address] == OK
-    assert results[r2.address].startswith("failed") and "sha256" in results[r2.address]
+    assert results[r2.address].startswith("failed") and "digest" in results[r2.address]
     assert results[r3.address] == OK  # r1 adopted r3 when r2 rejected the push
     assert r2.relay.publisher.latest_version is None  # nothing partial or corrupt is held
     assert_same(r3.state()[1], bf16(model_state()))
@@ -268,7 +268,7 @@ def test_dead_child_is_skipped_and_catches_up_by_fetch_later(nodes):
     revived = nodes(port=int(dead.rsplit(":", 1)[1]))
     assert revived.relay.publisher.latest_version is None
     assert revived.call(revived.relay.catch_up(r1.address, 1)) == 1
-    assert revived.relay.publisher.get(1).manifest.sha256 == source.relay.publisher.get(1).manifest.sha256
+    assert revived.relay.publisher.get(1).manifest.digest == source.relay.publisher.get(1).manifest.digest
     assert_same(revived.state()[1], bf16(model_state()))
     # catching up again is a no-op; waiting for a version nobody has is a clear error
     assert revived.call(revived.relay.catch_up(r1.address, 1)) == 1
@@ -306,9 +306,9 @@ def test_concurrent_fetch_baseline_and_bad_pushes(nodes):
     assert not ack.ok and "manifest" in ack.reason
 
     forged = pb.WeightChunk.FromString(raws[0])
-    forged.manifest.sha256 = "0" * 64  # every chunk still matches its hash; the whole does not
+    forged.manifest.digest = "0" * 64  # every chunk still matches its hash; the whole does not
     ack = source.call(push([forged.SerializeToString(), *raws[1:]]))
-    assert not ack.ok and "sha256" in ack.reason
+    assert not ack.ok and "digest" in ack.reason
     assert target.relay.publisher.latest_version is None
 
     ack = source.call(push(raws[:-1]))  # a truncated push
@@ -324,20 +324,19 @@ def test_fan_out_of_a_version_not_held_is_an_error(nodes):
 
 
 class CountingHash:
-    """Stands in for the `hashlib` module of `transport.wire.weights` (chunk checks): counts the bytes
-    sha256 is fed."""
+    """Stands in for `digest_hex` in `transport.wire.weights` (chunk checks): counts the bytes hashed."""
 
     def __init__(self) -> None:
-        import hashlib
+        from decentralized_verl.transport.digest import digest_hex
 
-        self.real = hashlib
+        self.real = digest_hex
         self.bytes = 0
         self.lock = threading.Lock()
 
-    def sha256(self, data=b""):
+    def __call__(self, data=b""):
         with self.lock:
             self.bytes += len(data)
-        return self.real.sha256(data)
+        return self.real(data)
 
 
 def test_each_receiver_hashes_every_byte_exactly_once(nodes, monkeypatch):
@@ -345,7 +344,7 @@ def test_each_receiver_hashes_every_byte_exactly_once(nodes, monkeypatch):
     receivers = [nodes(WeightRelay(WeightPublisher(chunk_bytes=CHUNK), verify_threads=3)) for _ in range(2)]
     total = source.relay.publisher.get(1).manifest.total_bytes
     counter = CountingHash()
-    monkeypatch.setattr(wire_weights, "hashlib", counter)  # where chunk_from_proto hashes
+    monkeypatch.setattr(wire_weights, "digest_hex", counter)  # where chunk_from_proto hashes
     results = source.call(source.relay.fan_out(1, plan_chain([r.address for r in receivers])))
     assert set(results.values()) == {OK}
     assert counter.bytes == 2 * total  # two receivers, one pass each (was two passes each)
@@ -374,7 +373,7 @@ def test_parallel_verification_still_stops_at_a_corrupted_chunk(nodes):
 
     r2.relay.forward = spy
     results = source.call(source.relay.fan_out(1, plan_chain([r1.address, r2.address, r3.address])))
-    assert results[r2.address].startswith("failed") and "chunk[2].sha256" in results[r2.address]
+    assert results[r2.address].startswith("failed") and "chunk[2].digest" in results[r2.address]
     assert max(forwarded, default=-1) < 2  # chunks 0 and 1 at most went on to r3 before the failure
     assert r2.relay.publisher.latest_version is None and r2.relay.receiving == {}
     assert results[r3.address] == OK  # adopted by r1

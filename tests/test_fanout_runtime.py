@@ -168,7 +168,7 @@ async def test_publish_reaches_every_worker_through_the_chain_and_a_dead_worker_
         learner_manifest = publisher.get(1).manifest
         for address in addresses:
             held = await held_manifest(address)
-            assert held.version == 1 and held.sha256 == learner_manifest.sha256
+            assert held.version == 1 and held.digest == learner_manifest.digest
         pull = GrpcWeightSource(addresses[2], wait_s=1)  # the chain's tail holds the learner's exact bytes
         try:
             version, got = await asyncio.to_thread(pull.fetch_latest, 1)
@@ -192,8 +192,8 @@ async def test_publish_reaches_every_worker_through_the_chain_and_a_dead_worker_
         assert results[addresses[1]].startswith("failed")
         # still one copy from the learner: worker 0 adopted worker 2 when worker 1 did not answer
         assert sent == {addresses[0]: sum(len(raw) for raw in fanout.relay.wire(publisher.get(2)))}
-        sha2 = publisher.get(2).manifest.sha256
-        assert (await held_manifest(addresses[2])).sha256 == sha2
+        sha2 = publisher.get(2).manifest.digest
+        assert (await held_manifest(addresses[2])).digest == sha2
         v2_outputs = await generate(addresses[0], tok, 2)
         assert v2_outputs != outputs[0] and all(v == 2 for _, v in v2_outputs)
         assert weights_service.fetches == []
@@ -204,7 +204,7 @@ async def test_publish_reaches_every_worker_through_the_chain_and_a_dead_worker_
         revived = await generate(addresses[1], tok, 2)
         assert revived == v2_outputs
         assert weights_service.fetches == [2]  # one pull, from the learner
-        assert (await held_manifest(addresses[1])).sha256 == sha2
+        assert (await held_manifest(addresses[1])).digest == sha2
         await fanout.close()
         for client in roles.rollout:
             await client.close()

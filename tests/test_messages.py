@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Callable
 
 import pytest
+from blake3 import blake3
 
 from decentralized_verl.errors import DverlError, WireError
 from decentralized_verl.proto import dverl_pb2 as pb
 from decentralized_verl.transport import messages as m
+from decentralized_verl.transport.digest import digest_hex
 
 LIMITS = m.WireLimits(vocab_size=50, max_batch=8, max_prompt_tokens=6, max_new_tokens=16)
 NAN, INF = math.nan, math.inf
@@ -471,8 +472,8 @@ def _manifest(**kw: object) -> m.WeightManifest:
     base = dict(
         version=9,
         total_bytes=len(BLOB),
-        sha256=hashlib.sha256(BLOB).hexdigest(),
-        chunk_sha256=tuple(hashlib.sha256(c).hexdigest() for c in chunks),
+        digest=digest_hex(BLOB),
+        chunk_digests=tuple(digest_hex(c) for c in chunks),
         chunk_bytes=4,
         format="safetensors",
         dtype="bfloat16",
@@ -484,7 +485,7 @@ def _manifest(**kw: object) -> m.WeightManifest:
 
 def _chunk(index: int, **kw: object) -> pb.WeightChunk:
     data = BLOB[index * 4 : index * 4 + 4]
-    fields = dict(version=9, index=index, total=3, data=data, sha256=hashlib.sha256(data).hexdigest())
+    fields = dict(version=9, index=index, total=3, data=data, digest=digest_hex(data))
     fields.update(kw)
     return pb.WeightChunk(**fields)  # type: ignore[arg-type]
 
@@ -493,11 +494,11 @@ def test_manifest_and_chunks_verify_and_reassemble() -> None:
     manifest = m.manifest_from_proto(m.manifest_to_proto(_manifest()))
     assert manifest == _manifest()
     assert [manifest.chunk_size(i) for i in range(3)] == [4, 4, 2]
-    first = m.chunk_to_proto(m.WeightChunk(9, 0, 3, BLOB[:4], hashlib.sha256(BLOB[:4]).hexdigest(), manifest))
+    first = m.chunk_to_proto(m.WeightChunk(9, 0, 3, BLOB[:4], blake3(BLOB[:4]).hexdigest(), manifest))
     pieces = [m.chunk_from_proto(first, manifest)] + [m.chunk_from_proto(_chunk(i), manifest) for i in (1, 2)]
     assert pieces[0].manifest == manifest
     whole = b"".join(p.data for p in pieces)
-    assert whole == BLOB and hashlib.sha256(whole).hexdigest() == manifest.sha256
+    assert whole == BLOB and digest_hex(whole) == manifest.digest
 
 
 @pytest.mark.parametrize(
@@ -505,12 +506,16 @@ def test_manifest_and_chunks_verify_and_reassemble() -> None:
     [
         (_manifest(format="pickle"), "manifest.format", "unsupported format 'pickle'"),
         (_manifest(dtype=""), "manifest.dtype", "must not be empty"),
-        (_manifest(sha256="abc"), "manifest.sha256", "64 lowercase hex"),
-        (_manifest(sha256="A" * 64), "manifest.sha256", "64 lowercase hex"),
-        (_manifest(chunk_sha256=("0" * 64, "zz", "0" * 64)), "manifest.chunk_sha256[1]", "64 lowercase hex"),
+        (_manifest(digest="abc"), "manifest.digest", "64 lowercase hex"),
+        (_manifest(digest="A" * 64), "manifest.digest", "64 lowercase hex"),
         (
-            _manifest(chunk_sha256=("0" * 64,) * 2),
-            "manifest.chunk_sha256",
+            _manifest(chunk_digests=("0" * 64, "zz", "0" * 64)),
+            "manifest.chunk_digests[1]",
+            "64 lowercase hex",
+        ),
+        (
+            _manifest(chunk_digests=("0" * 64,) * 2),
+            "manifest.chunk_digests",
             "2 chunk hashes, but 10 bytes in chunks of 4 make 3",
         ),
         (_manifest(total_bytes=0), "manifest.total_bytes", "must be > 0"),
@@ -531,17 +536,17 @@ def _corrupt(msg: pb.WeightChunk) -> pb.WeightChunk:
     [
         (_chunk(1, version=8), "chunk.version", "got 8, expected 9"),
         (_chunk(1, total=4), "chunk.total", "got 4, the manifest has 3 chunks"),
-        (_chunk(3, data=b"", sha256=hashlib.sha256(b"").hexdigest()), "chunk.index", "3 is outside [0, 3)"),
+        (_chunk(3, data=b"", digest=blake3(b"").hexdigest()), "chunk.index", "3 is outside [0, 3)"),
         (
-            _chunk(2, data=BLOB[8:9], sha256=hashlib.sha256(BLOB[8:9]).hexdigest()),
+            _chunk(2, data=BLOB[8:9], digest=blake3(BLOB[8:9]).hexdigest()),
             "chunk.data",
             "1 bytes, chunk 2 must have 2",
         ),
-        (_corrupt(_chunk(1)), "chunk.sha256", "does not match the data"),
+        (_corrupt(_chunk(1)), "chunk.digest", "does not match the data"),
         (
-            _chunk(1, data=b"\xff" * 4, sha256=hashlib.sha256(b"\xff" * 4).hexdigest()),
-            "chunk.sha256",
-            "manifest's chunk_sha256[1]",
+            _chunk(1, data=b"\xff" * 4, digest=blake3(b"\xff" * 4).hexdigest()),
+            "chunk.digest",
+            "manifest's chunk_digests[1]",
         ),
         (
             _chunk(0, manifest=m.manifest_to_proto(_manifest(format="gguf"))),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import re
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from decentralized_verl.proto import dverl_pb2 as pb
 from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc
 from decentralized_verl.proto import generate
 from decentralized_verl.transport import messages as m
+from decentralized_verl.transport.digest import digest_hex
 from decentralized_verl.transport.grpc_options import (
     MAX_MESSAGE_BYTES,
     channel_options,
@@ -140,8 +140,8 @@ class _Rollout(pb_grpc.RolloutServicer):
 
 class _Weights(pb_grpc.WeightsServicer):
     async def Fetch(self, request: pb.FetchRequest, context: grpc.aio.ServicerContext):
-        digest = hashlib.sha256(BIG_CHUNK).hexdigest()
-        yield pb.WeightChunk(version=request.version, index=0, total=1, data=BIG_CHUNK, sha256=digest)
+        digest = digest_hex(BIG_CHUNK)
+        yield pb.WeightChunk(version=request.version, index=0, total=1, data=BIG_CHUNK, digest=digest)
 
 
 @pytest.fixture

@@ -14,8 +14,9 @@ torch = pytest.importorskip("torch")
 grpc = pytest.importorskip("grpc")
 
 from decentralized_verl.backends.base import make_backend  # noqa: E402
+from decentralized_verl.core.forward import response_logprobs  # noqa: E402
 from decentralized_verl.core.interfaces import RolloutClient, WorkerFailure  # noqa: E402
-from decentralized_verl.core.samples import Prompt, collate, response_logits, token_logprobs  # noqa: E402
+from decentralized_verl.core.samples import Prompt, collate  # noqa: E402
 from decentralized_verl.core.sampling import SamplingParams  # noqa: E402
 from decentralized_verl.models.loading import load_model_and_tokenizer  # noqa: E402
 from decentralized_verl.proto import dverl_pb2 as pb  # noqa: E402
@@ -45,7 +46,7 @@ def recompute_logprobs(model, samples, pad_id, temperature):
     """The learner's way: one padded forward pass without cache over prompt + response."""
     batch = collate(list(samples), pad_id)
     with torch.no_grad():
-        logp = token_logprobs(response_logits(model, batch, temperature), batch)
+        logp = response_logprobs(model, batch, temperature)[0]
     return [logp[i, : len(s.response_ids)].tolist() for i, s in enumerate(samples)]
 
 

@@ -13,8 +13,9 @@ torch = pytest.importorskip("torch")
 grpc = pytest.importorskip("grpc")
 
 from decentralized_verl.backends.base import make_backend  # noqa: E402
+from decentralized_verl.core.forward import response_logprobs  # noqa: E402
 from decentralized_verl.core.interfaces import WorkerFailure  # noqa: E402
-from decentralized_verl.core.samples import Prompt, collate, response_logits, token_logprobs  # noqa: E402
+from decentralized_verl.core.samples import Prompt, collate  # noqa: E402
 from decentralized_verl.core.sampling import SamplingParams  # noqa: E402
 from decentralized_verl.errors import WireError  # noqa: E402
 from decentralized_verl.models.loading import load_model_and_tokenizer  # noqa: E402
@@ -92,8 +93,14 @@ async def test_version_bump_pulls_new_weights_and_outputs_follow_them(rollout, l
         reference.load_state_dict(learner_states[1])
         batch = collate(samples, tok.pad_token_id)
         with torch.no_grad():
-            logits = response_logits(reference, batch)
-            logp = token_logprobs(logits, batch)
+            logp, _ = response_logprobs(reference, batch)
+            p, r = batch.prompt_length, batch.response_mask.shape[1]
+            full = reference(
+                input_ids=batch.input_ids,
+                attention_mask=batch.attention_mask,
+                position_ids=batch.position_ids,
+            )
+            logits = full.logits[:, p - 1 : p - 1 + r]
         for i, s in enumerate(samples):
             n = len(s.response_ids)
             assert s.logprobs == pytest.approx(logp[i, :n].tolist(), abs=1e-4)
@@ -172,12 +179,12 @@ async def test_corrupted_chunk_is_rejected_and_weights_stay(rollout, learner_sta
     rollout_server = await serve(0, RolloutServicer(worker))
     client = GrpcRolloutClient(f"127.0.0.1:{rollout_server.port}", "r0")
     try:
-        with pytest.raises(WireError, match=r"failed twice: .*chunk\[1\]\.sha256"):
+        with pytest.raises(WireError, match=r"failed twice: .*chunk\[1\]\.digest"):
             await asyncio.to_thread(source.fetch_latest, 1)
         assert source.fetch_calls == [(1, 0), (1, 1)]  # retried once, from the bad chunk
         # through the rollout service: the coordinator gets a WorkerFailure naming the cause
         item = (Prompt("p", 0, tuple(tok.encode("ab")), "ab"), 0)
-        with pytest.raises(WorkerFailure, match=r"UNAVAILABLE.*sha256"):
+        with pytest.raises(WorkerFailure, match=r"UNAVAILABLE.*digest"):
             _ = [s async for s in client.generate([item], SamplingParams(max_new_tokens=3), 1)]
         assert worker.version == 0 and worker.weight_loads == 0
         assert same_weights(model, before)
@@ -222,7 +229,7 @@ async def test_local_source_and_publisher_rules(learner_states):
         publisher.publish(learner_states[1], 1)
     manifest = publisher.get().manifest
     assert manifest.dtype == "native" and manifest.format == "safetensors" and not manifest.is_adapter
-    assert len(manifest.chunk_sha256) == -(-manifest.total_bytes // CHUNK)
+    assert len(manifest.chunk_digests) == -(-manifest.total_bytes // CHUNK)
 
 
 async def test_manifest_not_found_and_push_is_verified(learner_states):
@@ -244,12 +251,12 @@ async def test_manifest_not_found_and_push_is_verified(learner_states):
             b.CopyFrom(good)
         bad[-1].data = bytes(len(bad[-1].data))  # zeros: same size, wrong bytes
         ack = await stub.Push(iter(bad))
-        assert not ack.ok and "sha256" in ack.reason and relay_pub.latest_version is None
+        assert not ack.ok and "digest" in ack.reason and relay_pub.latest_version is None
 
         ack = await stub.Push(iter(msgs))
         assert ack.ok and ack.version == 1 and ack.chunks_received == len(msgs)
         manifest = await stub.GetManifest(pb.ManifestRequest(version=1))
-        assert manifest.sha256 == held.manifest.sha256
+        assert manifest.digest == held.manifest.digest
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await stub.GetManifest(pb.ManifestRequest(version=7))
         assert info.value.code() == grpc.StatusCode.NOT_FOUND

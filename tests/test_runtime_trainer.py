@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from decentralized_verl.core.samples import Prompt, Sample, collate, response_logits, token_logprobs
+from decentralized_verl.core.forward import response_logprobs
+from decentralized_verl.core.samples import Prompt, Sample, collate
 from decentralized_verl.manifest import parse_job
 from decentralized_verl.models.loading import load_model_and_tokenizer
 from decentralized_verl.training.advantage_step import AlgorithmSettings, attach_advantages
@@ -77,7 +78,7 @@ def test_collate_aligns_responses_and_logprobs_match_unpadded(tiny):
         assert batch.input_ids[i, p : p + len(s.response_ids)].tolist() == list(s.response_ids)
         assert batch.response_mask[i].sum() == len(s.response_ids)
     with torch.no_grad():
-        logp = token_logprobs(response_logits(model, batch), batch)
+        logp = response_logprobs(model, batch)[0]
     for i, s in enumerate(samples):
         got = logp[i, : len(s.response_ids)]
         assert torch.allclose(got, torch.tensor(s.logprobs), atol=1e-4), (got, s.logprobs)
@@ -97,7 +98,7 @@ def test_update_raises_logprob_of_rewarded_samples(tiny):
     for _ in range(4):
         metrics = trainer.update(batch)
     with torch.no_grad():
-        after = token_logprobs(response_logits(model, batch), batch)
+        after = response_logprobs(model, batch)[0]
     good = batch.scores > 0.5
     gain = ((after - before) * batch.response_mask).sum(1)
     assert torch.all(gain[good] > 0) and torch.all(gain[~good] < 0)

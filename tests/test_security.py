@@ -365,7 +365,7 @@ def test_a_manifest_signature_covers_every_field_it_binds(job) -> None:
         {"dtype": "float32"},
         {"is_adapter": True},
         {"total_bytes": manifest.total_bytes + 1},
-        {"sha256": "0" * 64},
+        {"digest": "0" * 64},
     ):
         with pytest.raises(WireError, match="not signed by this job's learner"):
             signing.check(dataclasses.replace(manifest, **change), job.verify_key)

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import random
 
 import pytest
+from blake3 import blake3
 
 torch = pytest.importorskip("torch")
 
 from decentralized_verl.errors import WireError  # noqa: E402
+from decentralized_verl.transport.digest import digest_hex  # noqa: E402
 from decentralized_verl.transport.weights import (  # noqa: E402
     WeightAssembler,
     WeightChunk,
-    bundle_sha256,
+    bundle_digest,
     cast_like,
     decode_bundle,
     decode_state_dict,
@@ -48,12 +49,12 @@ def test_float32_round_trip_is_exact_and_keeps_every_dtype():
     bundle = encode_state_dict(sd, version=4, dtype=None, chunk_bytes=512)
     assert bundle.version == 4 and bundle.header.num_chunks > 5
     assert all(len(c.data) == 512 for c in bundle.chunks[:-1]) and 0 < len(bundle.chunks[-1].data) <= 512
-    # the bundle digest, worked out independently: sha256 of each slice of the payload, digests joined
+    # the bundle digest, worked out independently: BLAKE3 of each slice of the payload, digests joined
     payload = bundle.payload()
     slices = [payload[i : i + 512] for i in range(0, len(payload), 512)]
     assert [c.data for c in bundle.chunks] == slices
-    joined = b"".join(hashlib.sha256(piece).digest() for piece in slices)
-    assert bundle.header.sha256 == hashlib.sha256(joined).hexdigest()
+    joined = b"".join(blake3(piece).digest() for piece in slices)
+    assert bundle.header.digest == digest_hex(joined)
     out = assemble(bundle)
     assert out.keys() == sd.keys()
     for name, tensor in sd.items():
@@ -115,7 +116,7 @@ def test_corrupted_chunk_is_rejected_by_index_and_can_be_resent():
     assembler = WeightAssembler(bundle.header)
     good = bundle.chunks[2]
     flipped = bytes([good.data[0] ^ 1]) + good.data[1:]
-    with pytest.raises(WireError, match=r"weights\.chunk\[2\].*sha256"):
+    with pytest.raises(WireError, match=r"weights\.chunk\[2\].*digest"):
         assembler.add(dataclasses.replace(good, data=flipped))
     with pytest.raises(WireError, match=r"weights\.chunk\[2\].*bytes"):
         assembler.add(dataclasses.replace(good, data=good.data[:-1]))
@@ -129,8 +130,8 @@ def test_consistent_but_forged_chunk_fails_the_bundle_hash():
     bundle = encode_state_dict(sample_state_dict(), version=3, dtype=None, chunk_bytes=256)
     last = bundle.chunks[-1]
     forged_data = bytes(len(last.data))
-    forged = WeightChunk(last.version, last.index, forged_data, hashlib.sha256(forged_data).hexdigest())
-    with pytest.raises(WireError, match=r"weights\.sha256"):
+    forged = WeightChunk(last.version, last.index, forged_data, digest_hex(forged_data))
+    with pytest.raises(WireError, match=r"weights\.digest"):
         assemble(bundle, [*bundle.chunks[:-1], forged])
 
 
@@ -236,11 +237,11 @@ def test_round_trip_into_the_hf_backend():
 
 
 def test_bundle_digest_hand_worked_and_bound_to_order():
-    a, b = hashlib.sha256(b"a").hexdigest(), hashlib.sha256(b"b").hexdigest()
-    want = hashlib.sha256(hashlib.sha256(b"a").digest() + hashlib.sha256(b"b").digest()).hexdigest()
-    assert bundle_sha256([a, b]) == want
-    assert bundle_sha256([b, a]) != want and bundle_sha256([a]) != want  # order and count matter
-    assert bundle_sha256([]) == hashlib.sha256(b"").hexdigest()
+    a, b = blake3(b"a").hexdigest(), blake3(b"b").hexdigest()
+    want = blake3(blake3(b"a").digest() + blake3(b"b").digest()).hexdigest()
+    assert bundle_digest([a, b]) == want
+    assert bundle_digest([b, a]) != want and bundle_digest([a]) != want  # order and count matter
+    assert bundle_digest([]) == blake3(b"").hexdigest()
 
 
 def test_hashed_flag_skips_only_the_hash_and_decode_bundle_needs_no_assembler():
@@ -249,11 +250,11 @@ def test_hashed_flag_skips_only_the_hash_and_decode_bundle_needs_no_assembler():
     data = bytes([good.data[0] ^ 1]) + good.data[1:]
     # the caller hashed the (altered) bytes itself: they are not hashed again, and the bundle digest
     # over the chunk digests still catches the substitution at finish
-    altered = dataclasses.replace(good, data=data, sha256=hashlib.sha256(data).hexdigest())
+    altered = dataclasses.replace(good, data=data, digest=digest_hex(data))
     assembler = WeightAssembler(bundle.header)
     for chunk in bundle.chunks:
         assembler.add(altered if chunk.index == 1 else chunk, hashed=True)
-    with pytest.raises(WireError, match=r"weights\.sha256"):
+    with pytest.raises(WireError, match=r"weights\.digest"):
         assembler.finish()
     with pytest.raises(WireError, match=r"weights\.chunk\[1\].*bytes"):  # sizes are still checked
         WeightAssembler(bundle.header).add(dataclasses.replace(good, data=good.data[:-1]), hashed=True)

@@ -263,6 +263,9 @@ def _train(parser: argparse.ArgumentParser) -> Command:
     quick.add_argument("--port", type=int, default=0, help="this peer's P2P port")
 
     def run(args: argparse.Namespace) -> int:
+        from decentralized_verl.cpus import configure_from_environment
+
+        configure_from_environment()
         if args.initial_peers:
             from decentralized_verl.entrypoints.quickstart import QuickstartOptions, main_quickstart
             from decentralized_verl.volunteers.rewards import QUICKSTART_REWARD

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
+EVAL_FILE = "eval.jsonl"
 
 
 class MetricsLog:
@@ -22,6 +23,8 @@ class MetricsLog:
         self.stage = stage
         """Written into every record when set (the SFT and reward-model stages share one file format)."""
         self._file = path.open("a", encoding="utf-8")
+        self.eval_path = path.with_name(EVAL_FILE)
+        """Evaluations, one line each (step 0 is the one before training): accuracy, its 95% interval."""
         self._tensorboard = None
         self._wandb = None
         for name in loggers or []:
@@ -55,6 +58,11 @@ class MetricsLog:
         if self._wandb is not None:
             self._wandb.log(numbers, step=step)
 
+    def write_eval(self, record: dict[str, Any]) -> None:
+        record = {"time": round(time.time(), 3), **record}
+        with self.eval_path.open("a", encoding="utf-8") as out:
+            out.write(json.dumps(record, sort_keys=True) + "\n")
+
     def __enter__(self) -> MetricsLog:
         return self
 
@@ -73,6 +81,13 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def read_evals(path: Path) -> list[dict[str, Any]]:
+    """The evaluations of a run folder's `eval.jsonl` by step, the last one of a step winning (a learner
+    that restarted evaluates again where it resumes)."""
+    by_step = {int(r["step"]): r for r in read_metrics(path)}
+    return [by_step[step] for step in sorted(by_step)]
 
 
 def truncate_after(path: Path, step: int) -> int:

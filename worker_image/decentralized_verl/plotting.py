@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from decentralized_verl.errors import DataError
-from decentralized_verl.metrics import read_metrics
+from decentralized_verl.metrics import EVAL_FILE, read_evals, read_metrics
 
 PANELS = (
     ("reward_mean", "reward (mean per step)"),
@@ -30,17 +30,25 @@ def plot_run(run_dir: str | Path) -> list[Path]:
         raise DataError(f"{folder / 'metrics.jsonl'}: no metrics to plot (has the run made a step?)")
     out_dir = folder / "plots"
     out_dir.mkdir(parents=True, exist_ok=True)
+    evals = read_evals(folder / EVAL_FILE)
+    if evals:  # the step-0 evaluation and the 95% intervals live there, not in the per-step rows
+        records = [{k: v for k, v in r.items() if not k.startswith("eval_")} for r in records] + evals
     present = [(key, title) for key, title in PANELS if any(r.get(key) is not None for r in records)]
     written: list[Path] = []
     fig, axes = plt.subplots(len(present), 1, figsize=(7, 2.4 * len(present)), sharex=True, squeeze=False)
     for ax, (key, title) in zip(axes[:, 0], present, strict=True):
-        points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
+        points = sorted((r["step"], r[key]) for r in records if r.get(key) is not None)
         xs, ys = zip(*points, strict=True)
+        band = _interval_band(records, key)
         ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, linewidth=1.2)
         ax.set_ylabel(title, fontsize=8)
         ax.grid(alpha=0.3)
         single, single_ax = plt.subplots(figsize=(6, 3.5))
         single_ax.plot(xs, ys, marker="o" if len(xs) < 30 else None)
+        if band is not None:
+            for target in (ax, single_ax):
+                target.fill_between(*band, alpha=0.2, label="95% interval")
+            single_ax.legend(fontsize=8)
         single_ax.set_xlabel("step")
         single_ax.set_title(title)
         single_ax.grid(alpha=0.3)
@@ -55,3 +63,14 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     fig.savefig(overview, dpi=100)
     plt.close(fig)
     return [overview, *written]
+
+
+def _interval_band(records: list[dict], key: str) -> tuple[list[float], list[float], list[float]] | None:
+    """(steps, low, high) where the records carry `<key>_low` / `<key>_high` (evaluations do)."""
+    rows = sorted(
+        (r["step"], r[f"{key}_low"], r[f"{key}_high"]) for r in records if r.get(f"{key}_low") is not None
+    )
+    if not rows:
+        return None
+    steps, low, high = zip(*rows, strict=True)
+    return list(steps), list(low), list(high)

@@ -91,6 +91,14 @@ class WorkerSettings(BaseModel):
         "servers refuse calls without the token, receivers refuse unsigned weights",
     )
 
+    cpus: float | None = Field(
+        None,
+        gt=0,
+        alias="DVERL_CPUS",
+        description="`dverl run`, or by hand: cores this worker computes on (torch's thread pools); the "
+        "smaller of it, the cgroup CPU quota and the CPU affinity wins",
+    )
+
     # -- tuning, set by hand
     workers_file: str | None = Field(
         None,

@@ -140,37 +140,3 @@ def collate(samples: list[Sample], pad_token_id: int) -> TrainBatch:
         ref_logprobs=per_token("ref_logprobs"),
         values=per_token("values"),
     )
-
-
-def response_logits(model, batch: TrainBatch, temperature: float = 1.0) -> torch.Tensor:
-    """Logits predicting each response token ([B, R, V]), divided by the sampling temperature.
-
-    Responses are the last R columns, so only the last R + 1 positions' logits are computed
-    (`logits_to_keep`): with a 49k vocabulary the prompt positions' logits would dominate memory.
-    """
-    r = batch.response_mask.shape[1]
-    inputs = {
-        "input_ids": batch.input_ids,
-        "attention_mask": batch.attention_mask,
-        "position_ids": batch.position_ids,
-        "use_cache": False,
-    }
-    try:
-        out = model(**inputs, logits_to_keep=r + 1)
-        logits = out.logits[:, :r, :]
-    except TypeError:  # a model without logits_to_keep
-        out = model(**inputs)
-        p = batch.prompt_length
-        logits = out.logits[:, p - 1 : p - 1 + r, :]
-    logits = logits.float()
-    return logits / temperature if temperature and temperature != 1.0 else logits
-
-
-def token_logprobs(logits: torch.Tensor, batch: TrainBatch) -> torch.Tensor:
-    """log p(response token) from response logits, zero at padding."""
-    import torch
-
-    p = batch.prompt_length
-    targets = batch.input_ids[:, p : p + logits.shape[1]]
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    return logp * batch.response_mask

@@ -84,6 +84,9 @@ def worker_kind(args: WorkerArgs) -> WorkerKind:
 
 def main_worker(args: WorkerArgs) -> int:
     kind = worker_kind(args)
+    from decentralized_verl.cpus import configure_from_environment
+
+    configure_from_environment()
     reach = {
         "initial_peers": tuple(args.initial_peers),
         "port": args.p2p_port,

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from decentralized_verl.cpus import available_cpus, share_cores
 from decentralized_verl.orphans import PARENT_VARIABLE
 from decentralized_verl.plan import Plan, PlannedWorker, worker_env
 from decentralized_verl.security.credentials import CredentialFolders
@@ -62,6 +63,8 @@ class LocalCluster:
         extra_env: dict[str, str] | None = None,
         extra_args: dict[str, list[str]] | None = None,
         credentials: CredentialFolders | None = None,
+        overlapped: bool = False,
+        cores: int | None = None,
     ) -> None:
         self.plan = plan
         self.config_path = config_path
@@ -74,6 +77,10 @@ class LocalCluster:
         logs.mkdir(parents=True, exist_ok=True)
         self.workers = {w.name: LocalWorker(w, free_port(), logs / f"{w.name}.log") for w in plan.workers}
         self.dist_port = free_port()
+        self.cores = share_cores(
+            cores or available_cpus(), [(w.name, w.role) for w in plan.workers], overlapped=overlapped
+        )
+        """Cores each process computes on: the phases' processes split this process's cores."""
 
     def addresses(self) -> dict[str, str]:
         out = {name: lw.address for name, lw in self.workers.items()}
@@ -88,8 +95,8 @@ class LocalCluster:
         env.update(self.extra_env)
         if self.credentials is not None:
             env[env_name("tls_dir")] = str(self.credentials.for_role(lw.worker.role))
-        # On-policy phases alternate (rollout, then update), so each worker may use every core.
-        env.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 2))
+        env[env_name("cpus")] = str(self.cores[lw.worker.name])
+        env["OMP_NUM_THREADS"] = str(self.cores[lw.worker.name])
         env["PYTHONUNBUFFERED"] = "1"
         # No preexec_fn: this process runs gRPC threads, and Python code between fork and exec in a
         # threaded parent can deadlock on a lock a thread held at the fork (seen: restarts stuck ~60 s).

@@ -111,7 +111,14 @@ def run_job(
     guard_descendants()  # a `kill -9` of this process must not leave workers or their helpers running
     # The secured path, as in a cluster: TLS and the job token on every call, signed weights.
     credentials = run_folder_credentials(output, job.metadata.name)
-    cluster = LocalCluster(plan, config, output, extra_args=extra_args, credentials=credentials)
+    cluster = LocalCluster(
+        plan,
+        config,
+        output,
+        extra_args=extra_args,
+        credentials=credentials,
+        overlapped=job.spec.training.max_staleness > 0,  # asynchronous rollouts overlap the update
+    )
     status_credentials = load_credentials(credentials.worker)
     learners = cluster.by_role("learner")
     learner = learners[0]
@@ -195,6 +202,7 @@ def run_job(
         lw.worker.name: lw.restarts for lw in cluster.workers.values() if lw.restarts
     }
     summary.update(_reward_window(output / "metrics.jsonl") or {})
+    summary.update(_eval_ends(output / "eval.jsonl") or {})
     summary_path.write_text(json.dumps(summary, indent=2, default=str) + "\n")
     return summary
 
@@ -238,15 +246,39 @@ def _reward_window(metrics: Path) -> dict[str, float] | None:
     }
 
 
-def format_summary(summary: dict[str, Any], output: Path) -> str:
-    def pct(value: float | None) -> str:
-        return "n/a" if value is None else f"{100 * value:.1f}%"
+def _eval_ends(evals: Path) -> dict[str, Any] | None:
+    """The first evaluation (before training, even if the learner restarted since) and the last one."""
+    from decentralized_verl.metrics import read_evals
 
+    rows = read_evals(evals)
+    if not rows:
+        return None
+    first, last = rows[0], rows[-1]
+    return {
+        "eval_accuracy_before": first["eval_accuracy"],
+        "eval_interval_before": [first["eval_accuracy_low"], first["eval_accuracy_high"]],
+        "eval_accuracy_after": last["eval_accuracy"],
+        "eval_interval_after": [last["eval_accuracy_low"], last["eval_accuracy_high"]],
+        "eval_problems": last["eval_problems"],
+    }
+
+
+def format_summary(summary: dict[str, Any], output: Path) -> str:
+    def pct(value: float | None, interval: list[float] | None = None) -> str:
+        if value is None:
+            return "n/a"
+        if not interval:
+            return f"{100 * value:.1f}%"
+        return f"{100 * value:.1f}% [{100 * interval[0]:.1f}-{100 * interval[1]:.1f}]"
+
+    problems = (
+        f" on {summary['eval_problems']} problems, 95% intervals" if summary.get("eval_problems") else ""
+    )
     return (
         f"done: {summary['steps']} steps in {summary['seconds']:.0f} s; "
         f"reward {summary['reward_first']:.3f} -> {summary['reward_last']:.3f}; "
-        f"eval accuracy {pct(summary.get('eval_accuracy_before'))} -> "
-        f"{pct(summary.get('eval_accuracy_after'))}\n"
+        f"eval accuracy {pct(summary.get('eval_accuracy_before'), summary.get('eval_interval_before'))} -> "
+        f"{pct(summary.get('eval_accuracy_after'), summary.get('eval_interval_after'))}{problems}\n"
         f"metrics: {output / 'metrics.jsonl'}  (plot: dverl plot {output})"
         + (f"\ncheckpoint: {summary['last_checkpoint']}" if summary.get("last_checkpoint") else "")
     )

@@ -19,7 +19,7 @@ from typing import Any
 
 from decentralized_verl.core.samples import Prompt
 from decentralized_verl.core.status import StatusBoard
-from decentralized_verl.metrics import MetricsLog, truncate_after
+from decentralized_verl.metrics import EVAL_FILE, MetricsLog, truncate_after
 from decentralized_verl.orchestration.coordinator import Coordinator, LoopParts
 from decentralized_verl.orchestration.dispatch import Dispatcher
 from decentralized_verl.orchestration.wiring import RoleClients
@@ -145,6 +145,7 @@ async def build_loop(
             status.update(last_checkpoint=str(resume.folder))
             if output is not None:  # the steps after the checkpoint are done again: their rows go
                 truncate_after(output / "metrics.jsonl", start_step)
+                truncate_after(output / EVAL_FILE, start_step)
             restore_colocated_critic(roles, resume.folder)
 
         writer = clock = None

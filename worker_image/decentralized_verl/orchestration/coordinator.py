@@ -24,6 +24,7 @@ from decentralized_verl.core.status import StatusBoard
 from decentralized_verl.metrics import MetricsLog
 from decentralized_verl.orchestration.dispatch import Dispatcher
 from decentralized_verl.spec import JobSpec
+from decentralized_verl.stats import wilson_interval
 from decentralized_verl.training.advantage_step import AlgorithmSettings, attach_advantages, select_samples
 from decentralized_verl.training.checkpoints import CheckpointClock, CheckpointWriter
 
@@ -125,10 +126,21 @@ class Coordinator:
         samples, _ = await self.p.dispatcher.run(items, self.sampling(greedy=True), self.version)
         scores = await self.p.reward.score(samples, self.spec.data.reward_type)
         values = [s for s, _ in scores]
-        accuracy = sum(1.0 for v in values if v >= 1.0 - 1e-6) / len(values)
+        correct = sum(1 for v in values if v >= 1.0 - 1e-6)
+        accuracy = correct / len(values)
+        low, high = wilson_interval(correct, len(values))
         self.eval_history.append((self.step, accuracy))
         self.p.status.update(eval_accuracy=accuracy)
-        return {"eval_accuracy": accuracy, "eval_reward_mean": statistics.fmean(values)}
+        result = {
+            "eval_accuracy": accuracy,
+            "eval_accuracy_low": low,
+            "eval_accuracy_high": high,
+            "eval_problems": len(values),
+            "eval_reward_mean": statistics.fmean(values),
+        }
+        if self.p.metrics is not None:  # every evaluation, the one before training (step 0) too
+            self.p.metrics.write_eval({"step": self.step, **result})
+        return result
 
     # ---------------------------------------------------------------------------------------- step
     def next_items(self) -> list[tuple[Prompt, int]]:
@@ -340,7 +352,17 @@ class Coordinator:
             "reward_last": statistics.fmean(last_rewards[-window:]) if last_rewards else math.nan,
             "eval_accuracy_before": before.get("eval_accuracy"),
             "eval_accuracy_after": after.get("eval_accuracy"),
+            "eval_interval_before": _interval(before),
+            "eval_interval_after": _interval(after),
+            "eval_problems": after.get("eval_problems") or before.get("eval_problems"),
             "last_checkpoint": status.current.last_checkpoint,
         }
         status.update(state="Succeeded", phase="done")
         return summary
+
+
+def _interval(evaluation: dict[str, Any]) -> list[float] | None:
+    """The 95% interval of an evaluation's accuracy, for the summary."""
+    if "eval_accuracy_low" not in evaluation:
+        return None
+    return [evaluation["eval_accuracy_low"], evaluation["eval_accuracy_high"]]

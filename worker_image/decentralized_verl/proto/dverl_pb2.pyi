@@ -122,11 +122,11 @@ class ManifestRequest(_message.Message):
     def __init__(self, version: _Optional[int] = ..., latest: _Optional[bool] = ...) -> None: ...
 
 class WeightManifest(_message.Message):
-    __slots__ = ("version", "total_bytes", "sha256", "chunk_sha256", "chunk_bytes", "format", "dtype", "is_adapter", "signature")
+    __slots__ = ("version", "total_bytes", "digest", "chunk_digests", "chunk_bytes", "format", "dtype", "is_adapter", "signature")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
-    SHA256_FIELD_NUMBER: _ClassVar[int]
-    CHUNK_SHA256_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_DIGESTS_FIELD_NUMBER: _ClassVar[int]
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -134,14 +134,14 @@ class WeightManifest(_message.Message):
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     version: int
     total_bytes: int
-    sha256: str
-    chunk_sha256: _containers.RepeatedScalarFieldContainer[str]
+    digest: str
+    chunk_digests: _containers.RepeatedScalarFieldContainer[str]
     chunk_bytes: int
     format: str
     dtype: str
     is_adapter: bool
     signature: bytes
-    def __init__(self, version: _Optional[int] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., chunk_sha256: _Optional[_Iterable[str]] = ..., chunk_bytes: _Optional[int] = ..., format: _Optional[str] = ..., dtype: _Optional[str] = ..., is_adapter: _Optional[bool] = ..., signature: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, version: _Optional[int] = ..., total_bytes: _Optional[int] = ..., digest: _Optional[str] = ..., chunk_digests: _Optional[_Iterable[str]] = ..., chunk_bytes: _Optional[int] = ..., format: _Optional[str] = ..., dtype: _Optional[str] = ..., is_adapter: _Optional[bool] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
     __slots__ = ("version", "from_chunk")
@@ -152,20 +152,20 @@ class FetchRequest(_message.Message):
     def __init__(self, version: _Optional[int] = ..., from_chunk: _Optional[int] = ...) -> None: ...
 
 class WeightChunk(_message.Message):
-    __slots__ = ("version", "index", "total", "data", "sha256", "manifest")
+    __slots__ = ("version", "index", "total", "data", "digest", "manifest")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     TOTAL_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
-    SHA256_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
     version: int
     index: int
     total: int
     data: bytes
-    sha256: str
+    digest: str
     manifest: WeightManifest
-    def __init__(self, version: _Optional[int] = ..., index: _Optional[int] = ..., total: _Optional[int] = ..., data: _Optional[bytes] = ..., sha256: _Optional[str] = ..., manifest: _Optional[_Union[WeightManifest, _Mapping]] = ...) -> None: ...
+    def __init__(self, version: _Optional[int] = ..., index: _Optional[int] = ..., total: _Optional[int] = ..., data: _Optional[bytes] = ..., digest: _Optional[str] = ..., manifest: _Optional[_Union[WeightManifest, _Mapping]] = ...) -> None: ...
 
 class PushAck(_message.Message):
     __slots__ = ("ok", "version", "chunks_received", "reason")

@@ -19,10 +19,10 @@ DOMAIN = b"dverl-weights-v1\x00"
 
 def signed_bytes(manifest: WeightManifest) -> bytes:
     """The exact bytes a signature covers (the signature itself excluded)."""
-    fields = (manifest.format, manifest.dtype, manifest.sha256)
+    fields = (manifest.format, manifest.dtype, manifest.digest)
     text = b"\x00".join(f.encode() for f in fields)
     numbers = struct.pack(
-        ">QQQQ?", manifest.version, manifest.total_bytes, manifest.chunk_bytes, len(manifest.chunk_sha256),
+        ">QQQQ?", manifest.version, manifest.total_bytes, manifest.chunk_bytes, len(manifest.chunk_digests),
         manifest.is_adapter,
     )  # fmt: skip
     return DOMAIN + numbers + text

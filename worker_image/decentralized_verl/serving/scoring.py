@@ -1,27 +1,22 @@
 """The scoring roles: reference log-probs (KL), critic values and updates (PPO), and rewards.
 
 Transport-free and synchronous: the gRPC servicers and the colocated clients wrap these. Per-token
-numbers are computed on `samples.collate`'s layout with `response_logits` / `token_logprobs`, the same
-functions the learner uses, so a reference log-prob and the learner's log-prob of a token are computed
-identically; results are cut back to each sample's response length.
+numbers are computed on `samples.collate`'s layout by `core.forward`, the learner's own forward (one
+prompt pass per group, logits only at response tokens), so a reference log-prob and the learner's
+log-prob of a token are computed identically; results are cut back to each sample's response length.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from decentralized_verl.core.samples import (
-    Prompt,
-    Sample,
-    TrainBatch,
-    collate,
-    response_logits,
-    token_logprobs,
-)
+from decentralized_verl.core.forward import ForwardChooser, response_logprobs
+from decentralized_verl.core.samples import Prompt, Sample, TrainBatch, collate
 from decentralized_verl.transport.messages import Score, ScoreItem, SequencePair
 
 
@@ -84,6 +79,7 @@ class ReferenceWorker:
         self.pad_token_id = _pad_id(model, pad_token_id)
         self.worker_id = worker_id
         self._lock = threading.Lock()
+        self.chooser = ForwardChooser(next(self.model.parameters()).device.type)
 
     @classmethod
     def from_spec(cls, spec: Any, *, device: str = "cpu", worker_id: str = "reference") -> ReferenceWorker:
@@ -107,8 +103,11 @@ class ReferenceWorker:
         with self._lock, torch.no_grad():
             for mb in _microbatches(_bare(samples), self.microbatch_size):
                 batch = collate(mb, self.pad_token_id)
-                logp = token_logprobs(response_logits(self.model, batch, self.temperature), batch)
-                out.extend(_rows(logp, mb))
+                plain = self.chooser.plain_next()
+                began = time.perf_counter()
+                logp, _ = response_logprobs(self.model, batch, self.temperature, plain=plain)
+                out.extend(_rows(logp, mb))  # reading the rows waits for a GPU to finish
+                self.chooser.record(plain, time.perf_counter() - began, int(batch.input_ids.numel()))
         return out
 
 

@@ -155,6 +155,11 @@ def batch_problems(spec: JobSpec) -> Iterator[Problem]:
         yield _problem(
             "training.microbatchSize", f"must divide training.minibatchSize ({mini}) (got {micro})"
         )
+    if training.microbatch_tokens is not None and training.microbatch_size is not None:
+        yield _problem(
+            "training.microbatchTokens",
+            "set either training.microbatchSize (prompts) or training.microbatchTokens (tokens), not both",
+        )
     rollout_micro = roles.rollout.microbatch_size
     if rollout_micro is not None and rollout_micro > spec.rollout_batch_size:
         yield _problem(

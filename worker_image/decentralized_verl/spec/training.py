@@ -31,6 +31,14 @@ class TrainingSpec(SpecModel):
     batch_size: PositiveInt = Field(default=8, description="Prompts per learner step per learner replica")
     minibatch_size: PositiveInt | None = None
     microbatch_size: PositiveInt | None = None
+    microbatch_tokens: PositiveInt | None = Field(
+        default=None,
+        description=(
+            "Pack each learner micro-batch up to this many token positions (a prompt shared by its group "
+            "counts once; padding counts) instead of microbatchSize prompts; rows of like length go "
+            "together and the loss is the same"
+        ),
+    )
     learning_rate: Annotated[float, Field(gt=0, lt=1)] = 1e-6
     critic_learning_rate: Annotated[float, Field(gt=0, lt=1)] | None = None
     weight_decay: Annotated[float, Field(ge=0)] = 0.0

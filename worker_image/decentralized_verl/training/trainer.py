@@ -8,21 +8,35 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from typing import Any
 
 import torch
 from torch import nn
 
 from decentralized_verl.algorithms import registry
-from decentralized_verl.algorithms.entropy import masked_entropy
 from decentralized_verl.algorithms.kl import kl_in_loss
-from decentralized_verl.core.samples import TrainBatch, response_logits, token_logprobs
+from decentralized_verl.algorithms.policy_loss import aggregate
+from decentralized_verl.core.forward import ForwardChooser, response_logprobs
+from decentralized_verl.core.samples import TrainBatch
 from decentralized_verl.spec import JobSpec
+from decentralized_verl.training import microbatches
 from decentralized_verl.training.advantage_step import AlgorithmSettings
 
 
-def chunks(index: torch.Tensor, size: int) -> list[torch.Tensor]:
-    return [index[i : i + size] for i in range(0, len(index), max(1, size))]
+class PolicyForward(nn.Module):
+    """The policy's log-probs (and entropy) of a micro-batch as one module call, so DistributedDataParallel
+    sees the shared-prompt forward's two passes as one forward."""
+
+    def __init__(self, model: nn.Module, temperature: float) -> None:
+        super().__init__()
+        self.model = model
+        self.temperature = temperature
+        self.plain = False
+        """The model's own call over the padded batch instead of the shared-prompt forward."""
+
+    def forward(self, batch: TrainBatch, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return response_logprobs(self.model, batch, self.temperature, entropy=entropy, plain=self.plain)
 
 
 class PolicyTrainer:
@@ -33,12 +47,18 @@ class PolicyTrainer:
         self.spec = spec
         self.settings = AlgorithmSettings.from_spec(spec)
         self.distributed = distributed
+        forward = PolicyForward(model, self.settings.temperature)
+        self.forward = forward
+        device = next(model.parameters()).device
+        self.chooser = ForwardChooser(device.type)
+        self.force_plain = False
+        """Always the model's own call over the padded batch (benchmarks compare the two forwards)."""
         if distributed:
             from torch.nn.parallel import DistributedDataParallel
 
-            self.module: nn.Module = DistributedDataParallel(model)
+            self.module: nn.Module = DistributedDataParallel(forward)
         else:
-            self.module = model
+            self.module = forward
         params = [p for p in model.parameters() if p.requires_grad]
         training = spec.training
         self.optimizer = torch.optim.AdamW(
@@ -51,32 +71,44 @@ class PolicyTrainer:
         self.generator = torch.Generator().manual_seed(training.seed + 17)
         self.updates = 0
 
-    def sizes(self, n_samples: int) -> tuple[int, int]:
-        """(minibatch, microbatch) in samples: the spec counts prompts, each has samplesPerPrompt samples."""
-        training, n = self.spec.training, self.spec.algorithm.samples_per_prompt
-        mini = (training.minibatch_size or training.batch_size) * n
-        micro = (training.microbatch_size or training.minibatch_size or training.batch_size) * n
-        return min(mini, n_samples), min(micro, n_samples)
+    def microbatch_plan(self, batch: TrainBatch) -> list[list[torch.Tensor]]:
+        """Row indices per micro-batch, per mini-batch, for one epoch (whole prompt groups together)."""
+        training = self.spec.training
+        mini = training.minibatch_size or training.batch_size
+        micro = training.microbatch_size or mini
+        prompt_lengths = batch.attention_mask[:, : batch.prompt_length].sum(dim=1)
+        groups = microbatches.groups_of(batch.group_index, prompt_lengths, batch.response_lengths)
+        plan = []
+        for minibatch in microbatches.minibatches(groups, mini, self.generator):
+            if training.microbatch_tokens:
+                parts = microbatches.by_tokens(minibatch, training.microbatch_tokens)
+            else:
+                parts = microbatches.by_rows(minibatch, micro)
+            plan.append([torch.tensor(microbatches.rows_of(part), dtype=torch.long) for part in parts])
+        return plan
 
     def update(self, batch: TrainBatch) -> dict[str, float]:
         """PPO-style epochs over mini-batches with gradient accumulation over micro-batches."""
         assert batch.advantages is not None, "attach_advantages must run before update"
         s = self.settings
         self.module.train()
-        mini, micro = self.sizes(batch.size)
         sums: dict[str, float] = {}
         count = 0
         for _ in range(s.ppo_epochs):
-            order = torch.randperm(batch.size, generator=self.generator)
-            for minibatch in chunks(order, mini):
+            for parts in self.microbatch_plan(batch):
                 self.optimizer.zero_grad(set_to_none=True)
-                parts = chunks(minibatch, micro)
-                for k, part in enumerate(parts):
+                weights = microbatches.loss_weights(batch.response_mask, parts, s.aggregation)
+                for k, (part, weight) in enumerate(zip(parts, weights, strict=True)):
                     sync = not self.distributed or k == len(parts) - 1
                     ctx = contextlib.nullcontext() if sync else self.module.no_sync()  # type: ignore[operator]
+                    micro = batch.select(part)
+                    plain = self.force_plain or self.chooser.plain_next()
+                    self.forward.plain = plain
+                    began = time.perf_counter()
                     with ctx:
-                        loss, metrics = self._loss(batch.select(part))
-                        (loss / len(parts)).backward()
+                        loss, metrics = self._loss(micro)
+                        (loss * weight).backward()
+                    self.chooser.record(plain, _synced(began), int(micro.input_ids.numel()))
                     for key, value in metrics.items():
                         sums[key] = sums.get(key, 0.0) + value
                     count += 1
@@ -98,8 +130,7 @@ class PolicyTrainer:
 
     def _loss(self, mb: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
         s = self.settings
-        logits = response_logits(self.module, mb, s.temperature)
-        logprobs = token_logprobs(logits, mb)
+        logprobs, entropy = self.module(mb, entropy=s.entropy_coef > 0)
         policy_loss = registry.lookup(registry.POLICY_LOSSES, "policy loss", s.policy_loss)
         loss, metrics = policy_loss(
             logprobs,
@@ -126,10 +157,17 @@ class PolicyTrainer:
             loss = loss + term
             metrics["kl_loss"] = kl_metrics["kl"]
         if s.entropy_coef > 0:
-            _, entropy = masked_entropy(logits, mb.response_mask, s.aggregation)
-            loss = loss - s.entropy_coef * entropy
-            metrics["entropy"] = float(entropy.detach())
+            bonus = aggregate(entropy, mb.response_mask, s.aggregation)
+            loss = loss - s.entropy_coef * bonus
+            metrics["entropy"] = float(bonus.detach())
         return loss, metrics
+
+
+def _synced(began: float) -> float:
+    """Seconds since `began`, after the GPU (if any) finished what was queued."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    return time.perf_counter() - began
 
 
 def rollout_state_dict(model: nn.Module) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """The PPO critic: the policy's transformer backbone with a one-output linear head per token.
 
 The value of response token t, V(s_t), is read from the hidden state at the column whose logits predict
-token t (prompt_length - 1 + t): the same column `samples.response_logits` reads, so values, log-probs
-and advantages line up token for token in the learner's [B, R] layout.
+token t (prompt_length - 1 + t): the column `core.forward` reads log-probs from (with the same shared
+prompt pass), so values, log-probs and advantages line up token for token in the learner's [B, R] layout.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from decentralized_verl.core.forward import response_values
 from decentralized_verl.core.samples import TrainBatch
 
 
@@ -48,16 +49,7 @@ class ValueModel(nn.Module):
 
     def values(self, batch: TrainBatch) -> torch.Tensor:
         """[B, R] values, zero at response padding."""
-        out = self.backbone(
-            input_ids=batch.input_ids,
-            attention_mask=batch.attention_mask,
-            position_ids=batch.position_ids,
-            use_cache=False,
-        )
-        p = batch.prompt_length
-        r = batch.response_mask.shape[1]
-        hidden = out.last_hidden_state[:, p - 1 : p - 1 + r, :]
-        return self.value_head(hidden).squeeze(-1).float() * batch.response_mask
+        return response_values(self.backbone, self.value_head, batch)
 
     forward = values
 

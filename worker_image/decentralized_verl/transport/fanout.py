@@ -12,7 +12,7 @@ subtree, so the learner learns who holds the version.
 
 Failure rules:
 - every chunk is hash-checked (against the manifest) before it is forwarded, and the whole-bundle
-  sha256 is checked before a relay holds the version; a bad chunk ends the push at that relay, and its
+  digest is checked before a relay holds the version; a bad chunk ends the push at that relay, and its
   children's streams are cancelled so they hold nothing partial;
 - a child that cannot be reached, breaks, or rejects the data is skipped: its parent adopts the child's
   own children (replaying the chunks already sent), so one broken worker never cuts off the others.
@@ -138,7 +138,7 @@ class WeightRelay:
 
     def wire(self, held: Published) -> tuple[bytes, ...]:
         """The serialized messages of a held version, built once and shared by every stream."""
-        key = (held.manifest.version, held.manifest.sha256)
+        key = (held.manifest.version, held.manifest.digest)
         if key not in self._wire:
             self._wire[key] = wire_messages(held)
         self._remember(key, self._wire[key])
@@ -159,10 +159,10 @@ class WeightRelay:
     def _store(self, published: Published, raws: Sequence[bytes]) -> None:
         """Hold a verified version; one already held with the same bytes is fine (caught up earlier)."""
         held = self.publisher.get(published.manifest.version)
-        if held is not None and held.manifest.sha256 == published.manifest.sha256:
+        if held is not None and held.manifest.digest == published.manifest.digest:
             return
         self.publisher.store(published)
-        self._remember((published.manifest.version, published.manifest.sha256), tuple(raws))
+        self._remember((published.manifest.version, published.manifest.digest), tuple(raws))
 
     # ----------------------------------------------------------------- sending
 
@@ -261,7 +261,7 @@ class WeightRelay:
         """Each message once ``builder`` has verified it, in arrival order.
 
         Up to ``verify_threads`` chunks are hashed at once (``hashlib`` releases the GIL), so a receiver
-        with spare cores verifies faster than one sha256 stream; nothing is yielded (forwarded, kept)
+        with spare cores verifies faster than one hashing stream; nothing is yielded (forwarded, kept)
         before its own check passed. On an error every chunk still being hashed is waited for, so the
         builder is settled when the caller resumes from ``builder.missing``.
         """
@@ -326,7 +326,7 @@ class WeightRelay:
                 )
             await asyncio.sleep(poll_s)
         held = self.publisher.get(manifest.version)
-        if held is not None and held.manifest.sha256 == manifest.sha256:
+        if held is not None and held.manifest.digest == manifest.digest:
             return manifest.version
         fetch = ChunkFetch(manifest, parent)
         builder = fetch.builder

@@ -24,7 +24,7 @@ from decentralized_verl.transport import messages as m
 from decentralized_verl.transport import secure
 from decentralized_verl.transport.carriers import rpc_reason
 from decentralized_verl.transport.weight_service import Published, WeightPublisher, header_of
-from decentralized_verl.transport.weights import WeightAssembler, WeightChunk, bundle_sha256, decode_bundle
+from decentralized_verl.transport.weights import WeightAssembler, WeightChunk, bundle_digest, decode_bundle
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +33,12 @@ log = logging.getLogger(__name__)
 
 
 def checked_chunk(msg: pb.WeightChunk, manifest: m.WeightManifest, path: str) -> WeightChunk:
-    """`messages.chunk_from_proto` (place, size, its own and the manifest's sha256; the bytes hashed
+    """`messages.chunk_from_proto` (place, size, its own and the manifest's digest; the bytes hashed
     once), plus: a manifest riding on the chunk must be the one this transfer started with."""
     chunk = m.chunk_from_proto(msg, manifest, path)
     if chunk.manifest is not None and chunk.manifest != manifest:
         raise WireError(f"{path}.manifest", "differs from the manifest this transfer started with")
-    return WeightChunk(chunk.version, chunk.index, chunk.data, chunk.sha256)
+    return WeightChunk(chunk.version, chunk.index, chunk.data, chunk.digest)
 
 
 class BundleBuilder:
@@ -52,8 +52,8 @@ class BundleBuilder:
     """
 
     def __init__(self, manifest: m.WeightManifest, verify_key: bytes | object | None = PROCESS_KEY) -> None:
-        if bundle_sha256(manifest.chunk_sha256) != manifest.sha256:
-            raise WireError("manifest.sha256", "does not match the bundle digest of its chunk_sha256 list")
+        if bundle_digest(manifest.chunk_digests) != manifest.digest:
+            raise WireError("manifest.digest", "does not match the bundle digest of its chunk_digests list")
         key = weights_verify_key() if verify_key is PROCESS_KEY else verify_key
         if key is not None:
             signing.check(manifest, key)  # type: ignore[arg-type]

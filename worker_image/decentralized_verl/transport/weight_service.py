@@ -46,10 +46,10 @@ def header_of(manifest: m.WeightManifest) -> BundleHeader:
     dtype = None if manifest.dtype == NATIVE_DTYPE else manifest.dtype
     return BundleHeader(
         version=manifest.version,
-        num_chunks=len(manifest.chunk_sha256),
+        num_chunks=len(manifest.chunk_digests),
         total_bytes=manifest.total_bytes,
         chunk_bytes=manifest.chunk_bytes,
-        sha256=manifest.sha256,
+        digest=manifest.digest,
         dtype=dtype,
     )
 
@@ -59,8 +59,8 @@ def manifest_of(bundle: WeightBundle, *, is_adapter: bool = False) -> m.WeightMa
     return m.WeightManifest(
         version=h.version,
         total_bytes=h.total_bytes,
-        sha256=h.sha256,
-        chunk_sha256=tuple(c.sha256 for c in bundle.chunks),
+        digest=h.digest,
+        chunk_digests=tuple(c.digest for c in bundle.chunks),
         chunk_bytes=h.chunk_bytes,
         format="safetensors",
         dtype=h.dtype or NATIVE_DTYPE,
@@ -194,7 +194,7 @@ class WeightsServicer(pb_grpc.WeightsServicer):
                 index=chunk.index,
                 total=len(held.bundle.chunks),
                 data=chunk.data,
-                sha256=chunk.sha256,
+                digest=chunk.digest,
                 manifest=held.manifest if first else None,
             )
         )

@@ -4,14 +4,17 @@ Pure (no sockets, no gRPC): the learner encodes once and the transport streams t
 of rollout workers; each receiver feeds them to a ``WeightAssembler`` in whatever order they arrive.
 
 Trust model: the ``BundleHeader`` (version, chunk count, sizes, bundle digest) comes first from the
-learner; every chunk is checked against its own sha256 on arrival (so a corrupted chunk is named and can
+learner; every chunk is checked against its own digest on arrival (so a corrupted chunk is named and can
 be re-requested) and, at the end, the chunk digests in order against the header's digest.
 
-The bundle digest is ``bundle_sha256``: the sha256 of the chunks' sha256 digests concatenated in order
+Digests are BLAKE3 (`transport.digest`): hashing is the receivers' largest cost, so the hash sets the
+rate a receiver can verify weights at.
+
+The bundle digest is ``bundle_digest``: the BLAKE3 of the chunks' digests concatenated in order
 (a one-level hash tree, as BitTorrent's piece list). Since every chunk's bytes are hashed on arrival and
-must match its digest, the digest binds every byte, the order and the count, like a sha256 of the whole
-blob would, but the receiver hashes each byte once instead of twice (per chunk, then the whole blob):
-hashing was the receivers' largest cost in ``benchmarks/weight_sync.py``.
+must match its digest, the digest binds every byte, the order and the count, like a hash of the whole
+blob would, but the receiver hashes each byte once instead of twice (per chunk, then the whole blob).
+The learner signs the manifest holding the bundle digest (`security.signing`), so no relay can forge it.
 
 Tied weights and other aliases: safetensors refuses tensors that share storage. A tensor that is the
 exact same view as an earlier one (e.g. ``lm_head.weight`` tied to ``model.embed_tokens.weight``) is
@@ -25,7 +28,6 @@ receiver casts back to its model's dtypes with ``cast_like``. Integer and bool t
 
 from __future__ import annotations
 
-import hashlib
 import json
 import struct
 from collections.abc import Iterable, Mapping
@@ -37,6 +39,7 @@ from safetensors.torch import save as safetensors_save
 from torch import Tensor
 
 from decentralized_verl.errors import WireError
+from decentralized_verl.transport.digest import blake3, digest_hex
 
 WIRE_DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
@@ -49,29 +52,25 @@ _VERSION_KEY = "dverl.version"
 _ALIASES_KEY = "dverl.aliases"
 
 
-def sha256_hex(data: bytes | memoryview) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def bundle_sha256(chunk_sha256: Iterable[str]) -> str:
-    """The bundle digest: sha256 over the chunks' 32-byte digests in order (hex in, hex out).
+def bundle_digest(chunk_digests: Iterable[str]) -> str:
+    """The bundle digest: BLAKE3 over the chunks' 32-byte digests in order (hex in, hex out).
 
     Cheap (32 bytes a chunk), so checking it costs nothing next to hashing the chunks themselves.
     """
-    whole = hashlib.sha256()
-    for digest in chunk_sha256:
+    whole = blake3()
+    for digest in chunk_digests:
         whole.update(bytes.fromhex(digest))
     return whole.hexdigest()
 
 
 @dataclass(frozen=True)
 class WeightChunk:
-    """Bytes ``[index * chunk_bytes, ...)`` of one bundle, with their own sha256 (hex)."""
+    """Bytes ``[index * chunk_bytes, ...)`` of one bundle, with their own digest (hex)."""
 
     version: int
     index: int
     data: bytes
-    sha256: str
+    digest: str
 
 
 @dataclass(frozen=True)
@@ -82,7 +81,7 @@ class BundleHeader:
     num_chunks: int
     total_bytes: int
     chunk_bytes: int
-    sha256: str
+    digest: str
     dtype: str | None
 
     def chunk_size(self, index: int) -> int:
@@ -164,12 +163,12 @@ def encode_state_dict(
     blob = safetensors_save(tensors, metadata=metadata)
     view = memoryview(blob)
     chunks = tuple(
-        WeightChunk(version, i, bytes(part), sha256_hex(part))
+        WeightChunk(version, i, bytes(part), digest_hex(part))
         for i, part in enumerate(
             view[start : start + chunk_bytes] for start in range(0, len(blob), chunk_bytes)
         )
     )
-    digest = bundle_sha256(c.sha256 for c in chunks)
+    digest = bundle_digest(c.digest for c in chunks)
     header = BundleHeader(version, len(chunks), len(blob), chunk_bytes, digest, dtype)
     return WeightBundle(header, chunks)
 
@@ -217,7 +216,7 @@ class WeightAssembler:
     The one assembler every receiver uses (the gRPC and P2P pullers and relays reach it through
     `weight_service.BundleBuilder`, which adds the wire manifest's checks). Errors are ``WireError``
     naming the chunk: wrong version, index out of range, a second copy of an index (a resend is an
-    error: the receiver starts a new assembler rather than guessing), wrong length, or a sha256 mismatch.
+    error: the receiver starts a new assembler rather than guessing), wrong length, or a digest mismatch.
     A rejected chunk leaves the assembler as it was, so it can be resent.
     """
 
@@ -242,7 +241,7 @@ class WeightAssembler:
     def add(self, chunk: WeightChunk, *, hashed: bool = False) -> bool:
         """Accept one chunk after checking it; return whether the bundle is now complete.
 
-        ``hashed=True`` says the caller computed ``chunk.sha256`` from ``chunk.data`` itself (e.g.
+        ``hashed=True`` says the caller computed ``chunk.digest`` from ``chunk.data`` itself (e.g.
         `weight_service.checked_chunk`), so the bytes are not hashed a second time.
         """
         where = f"weights.chunk[{chunk.index}]"
@@ -257,8 +256,8 @@ class WeightAssembler:
         expected = self.header.chunk_size(chunk.index)
         if len(chunk.data) != expected:
             raise WireError(where, f"has {len(chunk.data)} bytes, expected {expected}")
-        if not hashed and sha256_hex(chunk.data) != chunk.sha256:
-            raise WireError(where, "sha256 mismatch (corrupted in transit)")
+        if not hashed and digest_hex(chunk.data) != chunk.digest:
+            raise WireError(where, "digest mismatch (corrupted in transit)")
         self.received[chunk.index] = chunk
         return self.complete
 
@@ -267,8 +266,8 @@ class WeightAssembler:
         if not self.complete:
             raise WireError("weights.chunks", f"missing chunk(s) {self.missing} of {self.header.num_chunks}")
         chunks = tuple(self.received[i] for i in range(self.header.num_chunks))
-        if bundle_sha256(c.sha256 for c in chunks) != self.header.sha256:
-            raise WireError("weights.sha256", "the assembled bundle does not match the header's sha256")
+        if bundle_digest(c.digest for c in chunks) != self.header.digest:
+            raise WireError("weights.digest", "the assembled bundle does not match the header's digest")
         return WeightBundle(self.header, chunks)
 
     def finish(self) -> dict[str, Tensor]:

@@ -76,14 +76,15 @@ def model_logprobs(
     """log p(response token | prefix) under `model` for each sample, in the learner's layout."""
     import torch
 
-    from decentralized_verl.core.samples import collate, response_logits, token_logprobs
+    from decentralized_verl.core.forward import response_logprobs
+    from decentralized_verl.core.samples import collate
 
     out: list[tuple[float, ...]] = []
     with torch.no_grad():
         for start in range(0, len(samples), microbatch):
             mb = list(samples[start : start + microbatch])
             batch = collate(mb, pad_token_id)
-            logp = token_logprobs(response_logits(model, batch, temperature), batch)
+            logp, _ = response_logprobs(model, batch, temperature)
             out.extend(tuple(logp[i, : len(s.response_ids)].tolist()) for i, s in enumerate(mb))
     return out
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 
+from decentralized_verl.transport.digest import digest_hex
 from decentralized_verl.transport.wire.common import (
     _HEX64,
     WEIGHT_FORMATS,
@@ -20,8 +20,8 @@ class WeightManifest:
 
     version: int
     total_bytes: int
-    sha256: str
-    chunk_sha256: tuple[str, ...]
+    digest: str
+    chunk_digests: tuple[str, ...]
     chunk_bytes: int
     format: str = "safetensors"
     dtype: str = "float32"
@@ -31,9 +31,9 @@ class WeightManifest:
 
     def chunk_size(self, index: int) -> int:
         """Bytes in chunk `index`: chunk_bytes for all but the last, the remainder for the last."""
-        if index < len(self.chunk_sha256) - 1:
+        if index < len(self.chunk_digests) - 1:
             return self.chunk_bytes
-        return self.total_bytes - self.chunk_bytes * (len(self.chunk_sha256) - 1)
+        return self.total_bytes - self.chunk_bytes * (len(self.chunk_digests) - 1)
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class WeightChunk:
     index: int
     total: int
     data: bytes
-    sha256: str
+    digest: str
     manifest: WeightManifest | None = field(default=None, compare=False)
 
 
@@ -52,8 +52,8 @@ def manifest_to_proto(m: WeightManifest) -> pb.WeightManifest:
     return pb.WeightManifest(
         version=m.version,
         total_bytes=m.total_bytes,
-        sha256=m.sha256,
-        chunk_sha256=list(m.chunk_sha256),
+        digest=m.digest,
+        chunk_digests=list(m.chunk_digests),
         chunk_bytes=m.chunk_bytes,
         format=m.format,
         dtype=m.dtype,
@@ -68,20 +68,20 @@ def manifest_from_proto(msg: pb.WeightManifest, path: str = "manifest") -> Weigh
         known = ", ".join(sorted(WEIGHT_FORMATS))
         raise WireError(f"{path}.format", f"unsupported format {msg.format!r} (one of {known})")
     _check_nonempty_text(msg.dtype, f"{path}.dtype")
-    if not _HEX64.fullmatch(msg.sha256):
-        raise WireError(f"{path}.sha256", "must be 64 lowercase hex digits")
-    for i, h in enumerate(msg.chunk_sha256):
+    if not _HEX64.fullmatch(msg.digest):
+        raise WireError(f"{path}.digest", "must be 64 lowercase hex digits")
+    for i, h in enumerate(msg.chunk_digests):
         if not _HEX64.fullmatch(h):
-            raise WireError(f"{path}.chunk_sha256[{i}]", "must be 64 lowercase hex digits")
+            raise WireError(f"{path}.chunk_digests[{i}]", "must be 64 lowercase hex digits")
     if msg.total_bytes == 0:
         raise WireError(f"{path}.total_bytes", "must be > 0")
     if msg.chunk_bytes == 0:
         raise WireError(f"{path}.chunk_bytes", "must be > 0")
     want = -(-msg.total_bytes // msg.chunk_bytes)
-    if len(msg.chunk_sha256) != want:
+    if len(msg.chunk_digests) != want:
         raise WireError(
-            f"{path}.chunk_sha256",
-            f"{len(msg.chunk_sha256)} chunk hashes, but {msg.total_bytes} bytes in chunks of "
+            f"{path}.chunk_digests",
+            f"{len(msg.chunk_digests)} chunk hashes, but {msg.total_bytes} bytes in chunks of "
             f"{msg.chunk_bytes} make {want}",
         )
     if msg.signature and len(msg.signature) != 64:
@@ -89,8 +89,8 @@ def manifest_from_proto(msg: pb.WeightManifest, path: str = "manifest") -> Weigh
     return WeightManifest(
         version=msg.version,
         total_bytes=msg.total_bytes,
-        sha256=msg.sha256,
-        chunk_sha256=tuple(msg.chunk_sha256),
+        digest=msg.digest,
+        chunk_digests=tuple(msg.chunk_digests),
         chunk_bytes=msg.chunk_bytes,
         format=msg.format,
         dtype=msg.dtype,
@@ -100,7 +100,7 @@ def manifest_from_proto(msg: pb.WeightManifest, path: str = "manifest") -> Weigh
 
 
 def chunk_to_proto(c: WeightChunk) -> pb.WeightChunk:
-    msg = pb.WeightChunk(version=c.version, index=c.index, total=c.total, data=c.data, sha256=c.sha256)
+    msg = pb.WeightChunk(version=c.version, index=c.index, total=c.total, data=c.data, digest=c.digest)
     if c.manifest is not None:
         msg.manifest.CopyFrom(manifest_to_proto(c.manifest))
     return msg
@@ -110,12 +110,12 @@ def chunk_from_proto(msg: pb.WeightChunk, manifest: WeightManifest, path: str = 
     """Validate one chunk against the manifest of its version: place, size and both hashes.
 
     ``msg.data`` is read once: with upb every read of a bytes field is a fresh copy, which at multi-MiB
-    chunks costs a good part of a sha256 pass.
+    chunks costs a good part of a hashing pass.
     """
     data = msg.data
     if msg.version != manifest.version:
         raise WireError(f"{path}.version", f"got {msg.version}, expected {manifest.version}")
-    n = len(manifest.chunk_sha256)
+    n = len(manifest.chunk_digests)
     if msg.total != n:
         raise WireError(f"{path}.total", f"got {msg.total}, the manifest has {n} chunks")
     if msg.index >= n:
@@ -123,10 +123,10 @@ def chunk_from_proto(msg: pb.WeightChunk, manifest: WeightManifest, path: str = 
     size = manifest.chunk_size(msg.index)
     if len(data) != size:
         raise WireError(f"{path}.data", f"{len(data)} bytes, chunk {msg.index} must have {size}")
-    digest = hashlib.sha256(data).hexdigest()
-    if msg.sha256 != digest:
-        raise WireError(f"{path}.sha256", f"does not match the data (data hashes to {digest[:12]}...)")
-    if digest != manifest.chunk_sha256[msg.index]:
-        raise WireError(f"{path}.sha256", f"does not match the manifest's chunk_sha256[{msg.index}]")
+    digest = digest_hex(data)
+    if msg.digest != digest:
+        raise WireError(f"{path}.digest", f"does not match the data (data hashes to {digest[:12]}...)")
+    if digest != manifest.chunk_digests[msg.index]:
+        raise WireError(f"{path}.digest", f"does not match the manifest's chunk_digests[{msg.index}]")
     attached = manifest_from_proto(msg.manifest, f"{path}.manifest") if msg.HasField("manifest") else None
     return WeightChunk(msg.version, msg.index, msg.total, data, digest, attached)

@@ -1,0 +1,259 @@
+"""The learner's forward (shared prompt per group, logits only at response tokens, trimmed padding) gives
+the log-probs, entropies, critic values and gradients of a plain full-sequence forward."""
+
+from __future__ import annotations
+
+import copy
+import os
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+import transformers
+
+from decentralized_verl.core.forward import (
+    positions_computed,
+    response_logprobs,
+    response_values,
+    shared_prompts,
+)
+from decentralized_verl.core.samples import Prompt, Sample, TrainBatch, collate
+from decentralized_verl.training.value_model import ValueModel
+
+PAD = 0
+
+
+def llama(seed: int, *, smollm_shaped: bool = False) -> transformers.LlamaForCausalLM:
+    """A tiny Llama; `smollm_shaped` copies SmolLM2's layout (tied embeddings, 3:1 grouped-query heads,
+    SiLU MLP of 8/3 width, rope theta 1e5) at a size a test can run."""
+    if smollm_shaped:
+        config = transformers.LlamaConfig(
+            vocab_size=512, hidden_size=96, intermediate_size=256, num_hidden_layers=4,
+            num_attention_heads=6, num_key_value_heads=2, rope_theta=100000.0, rms_norm_eps=1e-5,
+            tie_word_embeddings=True, max_position_embeddings=256, pad_token_id=PAD,
+        )  # fmt: skip
+    else:
+        config = transformers.LlamaConfig(
+            vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.2, pad_token_id=PAD,
+        )  # fmt: skip
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    return transformers.LlamaForCausalLM(config).float()
+
+
+def grouped_samples(vocab: int, group_sizes=(3, 1, 4), seed: int = 0) -> list[Sample]:
+    """Groups with prompts of different lengths (so left padding differs) and responses of varied lengths."""
+    g = torch.Generator().manual_seed(seed)
+    samples = []
+    for group, size in enumerate(group_sizes):
+        prompt = tuple(torch.randint(1, vocab, (4 + 3 * group,), generator=g).tolist())
+        for k in range(size):
+            n = int(torch.randint(1, 9, (1,), generator=g))
+            response = tuple(torch.randint(1, vocab, (n,), generator=g).tolist())
+            samples.append(
+                Sample(Prompt(f"p{group}", group, prompt, ""), k, response, (0.0,) * n, "stop", "", 0)
+            )
+    return samples
+
+
+def plain_logprobs(model, batch: TrainBatch, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference: the whole padded sequence through the model, logits at every position."""
+    logits = model(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
+    ).logits.float()
+    p, r = batch.prompt_length, batch.response_mask.shape[1]
+    logits = logits[:, p - 1 : p - 1 + r] / temperature
+    log_probs = torch.log_softmax(logits, -1)
+    picked = log_probs.gather(-1, batch.input_ids[:, p : p + r, None]).squeeze(-1) * batch.response_mask
+    entropy = -(log_probs.exp() * log_probs).sum(-1) * batch.response_mask
+    return picked, entropy
+
+
+def grads(model) -> torch.Tensor:
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+
+def decoder_calls(model) -> list[tuple[int, int]]:
+    """(rows, columns) of every decoder call on `model`, recorded as they happen."""
+    calls: list[tuple[int, int]] = []
+    model.get_decoder().register_forward_pre_hook(
+        lambda _m, _a, kw: calls.append(tuple(kw["input_ids"].shape)), with_kwargs=True
+    )
+    return calls
+
+
+def check_equal(model, batch: TrainBatch, *, temperature: float = 1.0, atol: float = 1e-5) -> None:
+    a, b = copy.deepcopy(model), copy.deepcopy(model)
+    want, want_entropy = plain_logprobs(a, batch, temperature)
+    calls = decoder_calls(b)
+    got, got_entropy = response_logprobs(b, batch, temperature, entropy=True)
+    plan = shared_prompts(batch.input_ids[:, : batch.prompt_length])
+    rows = batch.size
+    assert calls[0][0] == (rows if plan is None else len(plan[0]))  # one prompt pass per distinct prompt
+    assert len(calls) == (1 if plan is None or batch.response_lengths.max() == 1 else 2)
+    assert got.shape == want.shape
+    assert torch.allclose(got, want, atol=atol), (got - want).abs().max()
+    assert torch.allclose(got_entropy, want_entropy, atol=atol)
+    weights = torch.linspace(-1, 1, want.numel()).view_as(want)
+    ((want * weights).sum() + want_entropy.sum() * 0.1).backward()
+    ((got * weights).sum() + got_entropy.sum() * 0.1).backward()
+    ga, gb = grads(a), grads(b)
+    assert ga.shape == gb.shape
+    assert (ga - gb).norm() <= 1e-5 * ga.norm() + 1e-7, float((ga - gb).norm() / ga.norm())
+
+
+@pytest.mark.parametrize("smollm_shaped", [False, True])
+def test_shared_prompt_forward_equals_the_full_forward(smollm_shaped: bool) -> None:
+    model = llama(0, smollm_shaped=smollm_shaped)
+    batch = collate(grouped_samples(model.config.vocab_size), PAD)
+    assert shared_prompts(batch.input_ids[:, : batch.prompt_length]) is not None
+    check_equal(model, batch)
+    check_equal(model, batch, temperature=0.7)
+
+
+def test_micro_batch_slices_rows_in_any_order_and_extra_padding() -> None:
+    model = llama(1)
+    samples = grouped_samples(model.config.vocab_size, (2, 3, 2), seed=4)
+    batch = collate(samples, PAD)
+    part = batch.select(torch.tensor([6, 0, 3, 1]))  # two groups split, rows interleaved
+    check_equal(model, part)
+    wide = collate([*samples, samples[0].with_(prompt=Prompt("long", 9, tuple(range(1, 30)), ""))], PAD)
+    check_equal(model, wide.select(torch.arange(7)))  # 20+ prompt columns that are padding in every row
+
+
+def test_single_token_responses_and_no_repeated_prompt() -> None:
+    model = llama(2)
+    one = [s.with_(response_ids=s.response_ids[:1], logprobs=(0.0,)) for s in grouped_samples(96, (3, 2))]
+    check_equal(model, collate(one, PAD))
+    distinct = grouped_samples(96, (1, 1, 1))
+    batch = collate(distinct, PAD)
+    assert shared_prompts(batch.input_ids[:, : batch.prompt_length]) is None
+    check_equal(model, batch)
+
+
+def test_lora_model_trains_only_adapters_with_equal_gradients() -> None:
+    from peft import LoraConfig, get_peft_model
+
+    base = llama(3)
+    model = get_peft_model(
+        base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "lm_head"])
+    )
+    with torch.no_grad():  # B != 0 so the adapters change the outputs and get gradients of their own
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    check_equal(model, collate(grouped_samples(96, (4, 2), seed=5), PAD))
+
+
+def test_critic_values_equal_the_full_forward() -> None:
+    lm = llama(4)
+    critic = ValueModel.from_causal_lm(lm, init_std=0.5)
+    batch = collate(grouped_samples(96, (3, 3, 1), seed=6), PAD)
+    a, b = copy.deepcopy(critic), copy.deepcopy(critic)
+    out = a.backbone(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
+    ).last_hidden_state
+    p, r = batch.prompt_length, batch.response_mask.shape[1]
+    want = a.value_head(out[:, p - 1 : p - 1 + r]).squeeze(-1) * batch.response_mask
+    got = response_values(b.backbone, b.value_head, batch)
+    assert torch.allclose(got, want, atol=1e-5)
+    want.sum().backward()
+    got.sum().backward()
+    assert torch.allclose(grads(a), grads(b), atol=1e-5, rtol=1e-4)
+
+
+def test_positions_computed_counts_each_prompt_once() -> None:
+    samples = grouped_samples(96, (4, 4), seed=7)
+    batch = collate(samples, PAD)
+    prompts = sorted({len(s.prompt.token_ids) for s in samples})
+    longest_response = max(len(s.response_ids) for s in samples)
+    assert positions_computed(batch) == 2 * prompts[-1] + 8 * (longest_response - 1)
+    single = collate([samples[0]], PAD)
+    assert positions_computed(single) == len(samples[0].prompt.token_ids) + len(samples[0].response_ids)
+
+
+def test_models_with_transformed_logits_take_the_plain_path() -> None:
+    model = llama(5)
+    model.config.logit_scale = 0.5  # e.g. Cohere: logits are scaled after the head
+    batch = collate(grouped_samples(96, (2, 2)), PAD)
+    got, _ = response_logprobs(model, batch)
+    want, _ = plain_logprobs(model, batch)  # the plain reference ignores the scale too: same model call
+    assert torch.allclose(got, want, atol=1e-5)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Scorer(torch.nn.Module):
+    """What the trainer wraps in DDP: both passes of the shared forward inside one DDP forward."""
+
+    def __init__(self, model, shared: bool) -> None:
+        super().__init__()
+        self.model, self.shared = model, shared
+
+    def forward(self, batch: TrainBatch) -> torch.Tensor:
+        if self.shared:
+            return response_logprobs(self.model, batch)[0]
+        return plain_logprobs(self.model, batch)[0]
+
+
+def _ddp_grads(rank: int, port: int, queue) -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    out = {}
+    for shared in (True, False):
+        model = llama(6)
+        ddp = DistributedDataParallel(_Scorer(model, shared))
+        batch = collate(grouped_samples(96, (3, 2), seed=10 + rank), PAD)
+        ddp(batch).sum().backward()
+        out[shared] = grads(model)
+    queue.put((rank, out[True].numpy(), out[False].numpy()))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_data_parallel_gradients_equal_the_full_forward() -> None:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_ddp_grads, args=(r, port, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = {rank: (shared, plain) for rank, shared, plain in (queue.get(timeout=120) for _ in procs)}
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    shared0, plain0 = (torch.from_numpy(x) for x in results[0])
+    shared1, _ = (torch.from_numpy(x) for x in results[1])
+    assert torch.equal(shared0, shared1)  # averaged across ranks
+    assert (shared0 - plain0).norm() <= 1e-5 * plain0.norm()
+
+
+def test_forward_chooser_keeps_the_faster_path_on_a_gpu_and_shared_on_a_cpu() -> None:
+    from decentralized_verl.core.forward import ForwardChooser
+
+    cpu = ForwardChooser("cpu")
+    assert cpu.plain_next() is False and cpu.choice is False
+    gpu = ForwardChooser("cuda", trials=2)
+    timings = {False: 3.0, True: 1.0}  # the plain call is faster per position here
+    seen = []
+    while gpu.choice is None:
+        plain = gpu.plain_next()
+        seen.append(plain)
+        gpu.record(plain, timings[plain] * 100, 100)
+    assert seen == [False, True, False, True] and gpu.choice is True
+    gpu.record(False, 0.0, 100)  # decided: later timings change nothing
+    assert gpu.plain_next() is True
+    other = ForwardChooser("cuda", trials=1)
+    other.record(False, 1.0, 1000)  # shared: 1 ms per position over a bigger micro-batch
+    other.record(True, 1.0, 100)  # plain: 10 ms per position
+    assert other.choice is False
