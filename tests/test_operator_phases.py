@@ -9,7 +9,8 @@ from decentralized_verl.core.status import JobStatus
 from decentralized_verl.manifest import parse_spec
 from decentralized_verl.plan import plan_job
 from dverl_operator import children as kids
-from dverl_operator import outcome
+from dverl_operator import guard_children as guard
+from dverl_operator import outcome, owned
 from dverl_operator import status as st
 from dverl_operator.pod_decisions import (
     ANNOTATION_FAILED_AT,
@@ -24,13 +25,13 @@ NOW = 1_800_000_000.0
 BACKOFF = (10.0, 60.0)
 
 
-SCOPE = kids.PolicyScope("dverl-system", {"app.kubernetes.io/name": "dverl"})
+SCOPE = guard.PolicyScope("dverl-system", {"app.kubernetes.io/name": "dverl"})
 
 
 def children_of(spec_dict, name="j", gateway_type=None, policy=None):
     spec = parse_spec(spec_dict)
     return spec, kids.for_job(
-        kids.Owner(name, "ns", "u-1"),
+        owned.Owner(name, "ns", "u-1"),
         spec,
         plan_job(spec, name),
         "img:1",
@@ -121,9 +122,9 @@ def test_the_job_policy_admits_its_own_pods_everywhere_and_the_operator_on_the_c
         tiny_spec(roles={"learner": {"replicas": 2}, "rollout": {"replicas": 2}}), policy=SCOPE
     )
     spec = want.network_policy["spec"]
-    assert spec["podSelector"] == {"matchLabels": {kids.LABEL_JOB: "j"}}
+    assert spec["podSelector"] == {"matchLabels": {owned.LABEL_JOB: "j"}}
     own, operator = spec["ingress"]
-    assert own == {"from": [{"podSelector": {"matchLabels": {kids.LABEL_JOB: "j"}}}]}
+    assert own == {"from": [{"podSelector": {"matchLabels": {owned.LABEL_JOB: "j"}}}]}
     assert operator == {
         "from": [
             {
@@ -156,11 +157,11 @@ def test_credentials_go_to_every_serving_pod_and_the_signing_key_to_learners_onl
             "volumeMounts"
         ]
         items = [i["key"] for i in volumes["credentials"]["secret"]["items"]]
-        learner = pod["metadata"]["labels"][kids.LABEL_ROLE] == "learner"
+        learner = pod["metadata"]["labels"][owned.LABEL_ROLE] == "learner"
         assert items == [*WORKER_FILES, SIGNING_KEY_FILE] if learner else items == list(WORKER_FILES)
         assert volumes["credentials"]["secret"]["defaultMode"] == 0o440
         assert pod["spec"]["securityContext"] == {"fsGroup": kids.WORKER_GID}
-    secret = kids.credentials_secret(kids.Owner("j", "ns", "u-1"), issue("j", "ns"))
+    secret = guard.credentials_secret(owned.Owner("j", "ns", "u-1"), issue("j", "ns"))
     assert secret["metadata"]["name"] == "j-credentials" and secret["type"] == "Opaque"
     assert sorted(secret["data"]) == sorted([*WORKER_FILES, SIGNING_KEY_FILE])
     assert secret["metadata"]["ownerReferences"][0]["uid"] == "u-1"

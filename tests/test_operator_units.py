@@ -16,7 +16,7 @@ from decentralized_verl.manifest import parse_spec
 from decentralized_verl.plan import plan_job
 from decentralized_verl.transport.wire.status import job_status_from_proto
 from dverl_operator import children as kids
-from dverl_operator import reconcile
+from dverl_operator import owned, reconcile
 from dverl_operator import status as st
 from dverl_operator.coordinator import DEFAULT_TEMPLATE, CoordinatorClient
 from dverl_operator.leader import may_acquire, micro_time
@@ -38,7 +38,7 @@ def job(spec, name="j", status=None, **meta):
 
 def desired(spec_dict, name="j"):
     spec = parse_spec(spec_dict)
-    return kids.for_job(kids.Owner(name, "ns", "u-1"), spec, plan_job(spec, name), "img:1")
+    return kids.for_job(owned.Owner(name, "ns", "u-1"), spec, plan_job(spec, name), "img:1")
 
 
 def observed(
@@ -85,7 +85,7 @@ def test_template_hash_ignores_serving_addresses_but_not_learner_world_size():
             training={"steps": 5, "batchSize": 1},
         )
     )
-    h = kids.ANNOTATION_TEMPLATE_HASH
+    h = owned.ANNOTATION_TEMPLATE_HASH
     # More rollout workers: the learner's address list grows, but the learner is not replaced.
     assert (
         a.pods["j-learner-0"]["metadata"]["annotations"][h]
@@ -276,7 +276,7 @@ def test_role_counts_need_running_and_ready():
     def pod(phase, ready=None):
         conditions = [] if ready is None else [{"type": "Ready", "status": ready}]
         return {
-            "metadata": {"labels": {kids.LABEL_ROLE: "rollout"}},
+            "metadata": {"labels": {owned.LABEL_ROLE: "rollout"}},
             "status": {"phase": phase, "conditions": conditions},
         }
 
@@ -445,7 +445,7 @@ def test_gateway_only_for_volunteer_jobs_and_only_when_the_chart_enables_it():
 
 def test_gateway_type_change_is_patched_and_a_gateway_without_volunteers_is_deleted():
     vol = tiny_spec(volunteers=VOLUNTEERS)
-    have = kids.gateway_service(kids.Owner("j", "ns", "u-1"), plan_job(parse_spec(vol), "j"), "ClusterIP")
+    have = kids.gateway_service(owned.Owner("j", "ns", "u-1"), plan_job(parse_spec(vol), "j"), "ClusterIP")
     actions = reconcile.decide(reconcile.Observed(**{**vars(observed(vol)), "gateway": have}), GATEWAY)
     patches = [p for p in actions.patch if p[1] == "j-volunteers"]
     assert patches and patches[0][2]["spec"]["type"] == "LoadBalancer"

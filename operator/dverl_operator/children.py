@@ -1,5 +1,5 @@
-"""Pure: a job's plan -> the Kubernetes objects it needs (ConfigMap, headless Service, NetworkPolicies,
-one Pod per worker, and the body of its credentials Secret).
+"""Pure: a job's plan -> the Kubernetes objects it needs (ConfigMap, headless Service, one Pod per worker;
+the NetworkPolicies and the credentials Secret come from guard_children, labels from owned).
 
 Nothing here talks to an API server. Every object carries the job's labels and an ownerReference to the
 RLHFJob, so deleting the job cascades to its children through the garbage collector. Each pod carries a
@@ -9,7 +9,6 @@ a pod whose hash differs from the desired one is replaced, anything else is left
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 from collections.abc import Mapping
@@ -19,17 +18,26 @@ from typing import Any
 import yaml
 
 from decentralized_verl.plan import CONFIG_PATH, Plan, PlannedWorker, worker_env
-from decentralized_verl.security.credentials import SIGNING_KEY_FILE, WORKER_FILES, JobCredentials
 from decentralized_verl.settings import env_name
-from decentralized_verl.spec import API_GROUP, API_VERSION, KIND, JobSpec, with_defaults
+from decentralized_verl.spec import API_GROUP, JobSpec, with_defaults
+from dverl_operator.guard_children import (
+    PolicyScope,
+    credentials_volume,
+    gateway_policy,
+    network_policy,
+)
+from dverl_operator.owned import (
+    ANNOTATION_CONFIG_HASH,
+    ANNOTATION_TEMPLATE_HASH,
+    LABEL_INDEX,
+    LABEL_JOB,
+    LABEL_POOL,
+    LABEL_ROLE,
+    Owner,
+    job_labels,
+    metadata,
+)
 
-LABEL_JOB = f"{API_GROUP}/job"
-LABEL_ROLE = f"{API_GROUP}/role"
-LABEL_POOL = f"{API_GROUP}/pool"
-LABEL_INDEX = f"{API_GROUP}/index"
-ANNOTATION_TEMPLATE_HASH = f"{API_GROUP}/template-hash"
-ANNOTATION_CONFIG_HASH = f"{API_GROUP}/config-hash"
-MANAGED_BY = {"app.kubernetes.io/managed-by": "dverl-operator"}
 CONFIG_KEY = "job.yaml"
 WORKERS_KEY = "workers.yaml"
 DEFAULT_POOL = "default"
@@ -38,25 +46,6 @@ CONTAINER_NAME = "worker"
 CREDENTIALS_PATH = "/var/run/dverl/credentials"
 WORKER_GID = 10001
 """The worker image's group (Dockerfile USER 10001:10001): the credentials are readable by it alone."""
-
-
-@dataclass(frozen=True)
-class Owner:
-    """The RLHFJob the children belong to (what ownerReferences and addresses need)."""
-
-    name: str
-    namespace: str
-    uid: str
-
-    def reference(self) -> dict[str, Any]:
-        return {
-            "apiVersion": f"{API_GROUP}/{API_VERSION}",
-            "kind": KIND,
-            "name": self.name,
-            "uid": self.uid,
-            "controller": True,
-            "blockOwnerDeletion": True,
-        }
 
 
 @dataclass(frozen=True)
@@ -73,14 +62,6 @@ class Children:
     """Ingress to the DHT bootstrap pod's port from anywhere (only beside a gateway and a policy)."""
 
 
-@dataclass(frozen=True)
-class PolicyScope:
-    """Who, besides the job's own pods, may reach them: the operator's pods (for Status)."""
-
-    operator_namespace: str
-    operator_labels: Mapping[str, str]
-
-
 def service_name(job: str) -> str:
     return f"{job}-workers"
 
@@ -91,22 +72,6 @@ def gateway_name(job: str) -> str:
 
 def config_map_name(job: str) -> str:
     return f"{job}-config"
-
-
-def credentials_secret_name(job: str) -> str:
-    return f"{job}-credentials"
-
-
-def network_policy_name(job: str) -> str:
-    return f"{job}-workers"
-
-
-def gateway_policy_name(job: str) -> str:
-    return f"{job}-volunteers"
-
-
-def job_labels(job: str) -> dict[str, str]:
-    return {LABEL_JOB: job, **MANAGED_BY}
 
 
 def worker_address(owner: Owner, worker: PlannedWorker) -> str:
@@ -123,15 +88,6 @@ def content_hash(value: Any) -> str:
     """A short stable hash of JSON-able data (sorted keys), for change detection."""
     blob = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
-
-
-def _metadata(owner: Owner, name: str, labels: Mapping[str, str]) -> dict[str, Any]:
-    return {
-        "name": name,
-        "namespace": owner.namespace,
-        "labels": dict(labels),
-        "ownerReferences": [owner.reference()],
-    }
 
 
 def config_map(owner: Owner, spec: JobSpec, plan: Plan) -> dict[str, Any]:
@@ -152,7 +108,7 @@ def config_map(owner: Owner, spec: JobSpec, plan: Plan) -> dict[str, Any]:
             sort_keys=False,
         ),
     }
-    meta = _metadata(owner, config_map_name(owner.name), job_labels(owner.name))
+    meta = metadata(owner, config_map_name(owner.name), job_labels(owner.name))
     meta["annotations"] = {ANNOTATION_CONFIG_HASH: content_hash(data)}
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
 
@@ -167,7 +123,7 @@ def service(owner: Owner, plan: Plan) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(owner, service_name(owner.name), job_labels(owner.name)),
+        "metadata": metadata(owner, service_name(owner.name), job_labels(owner.name)),
         "spec": {
             "clusterIP": "None",
             # Rendezvous (torch.distributed, gRPC dial) happens before readiness: publish early.
@@ -191,81 +147,11 @@ def gateway_service(owner: Owner, plan: Plan, service_type: str) -> dict[str, An
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(owner, gateway_name(owner.name), {**job_labels(owner.name), LABEL_ROLE: "dht"}),
+        "metadata": metadata(owner, gateway_name(owner.name), {**job_labels(owner.name), LABEL_ROLE: "dht"}),
         "spec": {
             "type": service_type,
             "selector": {LABEL_JOB: owner.name, LABEL_ROLE: "dht"},
             "ports": [{"name": "dht", "port": port, "targetPort": port, "protocol": "TCP"}],
-        },
-    }
-
-
-def credentials_secret(owner: Owner, credentials: JobCredentials) -> dict[str, Any]:
-    """The job's credentials (security.credentials), owned by the job: deleted with it."""
-    data = credentials.files(signing=True)
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "type": "Opaque",
-        "metadata": _metadata(owner, credentials_secret_name(owner.name), job_labels(owner.name)),
-        "data": {key: base64.b64encode(value).decode() for key, value in sorted(data.items())},
-    }
-
-
-def network_policy(owner: Owner, plan: Plan, scope: PolicyScope) -> dict[str, Any]:
-    """Ingress to every pod of the job from the job's own pods (any port: gRPC, the learners'
-    rendezvous, the DHT) and from the operator's pods to the coordinator's gRPC port; nothing else."""
-    coordinator_ports = sorted({w.ports["grpc"] for w in plan.by_role("learner")})
-    operator_peer = {
-        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": scope.operator_namespace}},
-        "podSelector": {"matchLabels": dict(scope.operator_labels)},
-    }
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": _metadata(owner, network_policy_name(owner.name), job_labels(owner.name)),
-        "spec": {
-            "podSelector": {"matchLabels": {LABEL_JOB: owner.name}},
-            "policyTypes": ["Ingress"],
-            "ingress": [
-                {"from": [{"podSelector": {"matchLabels": {LABEL_JOB: owner.name}}}]},
-                {
-                    "from": [operator_peer],
-                    "ports": [{"protocol": "TCP", "port": port} for port in coordinator_ports],
-                },
-            ],
-        },
-    }
-
-
-def gateway_policy(owner: Owner, plan: Plan) -> dict[str, Any] | None:
-    """Volunteers dial the DHT bootstrap peer from outside the cluster: its port, on that pod only."""
-    dht = plan.by_role("dht")
-    if not dht:
-        return None
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": _metadata(
-            owner, gateway_policy_name(owner.name), {**job_labels(owner.name), LABEL_ROLE: "dht"}
-        ),
-        "spec": {
-            "podSelector": {"matchLabels": {LABEL_JOB: owner.name, LABEL_ROLE: "dht"}},
-            "policyTypes": ["Ingress"],
-            "ingress": [{"ports": [{"protocol": "TCP", "port": dht[0].ports["grpc"]}]}],
-        },
-    }
-
-
-def _credentials_volume(owner: Owner, worker: PlannedWorker) -> dict[str, Any]:
-    """Learners get every key; other workers everything but the weight-signing key."""
-    keys = [*WORKER_FILES, SIGNING_KEY_FILE] if worker.role == "learner" else list(WORKER_FILES)
-    return {
-        "name": "credentials",
-        "secret": {
-            "secretName": credentials_secret_name(owner.name),
-            "defaultMode": 0o440,
-            "items": [{"key": key, "path": key} for key in keys],
         },
     }
 
@@ -312,7 +198,7 @@ def pod(
     secured = worker.role != "dht"  # the DHT peer serves no gRPC and loads no weights
     if secured:
         mounts.append({"name": "credentials", "mountPath": CREDENTIALS_PATH, "readOnly": True})
-        volumes.append(_credentials_volume(owner, worker))
+        volumes.append(credentials_volume(owner, worker))
         env[env_name("tls_dir")] = CREDENTIALS_PATH
     if worker.role == "learner":
         # A restarted learner gang continues from the newest checkpoint (a no-op when there is none).
@@ -375,7 +261,7 @@ def pod(
         # Pods from before the job had credentials talk plaintext: replaced, not mixed with secured ones.
         "credentials": secured,
     }
-    meta = _metadata(owner, worker.name, labels)
+    meta = metadata(owner, worker.name, labels)
     meta["annotations"] = {**spec.pod_annotations, ANNOTATION_TEMPLATE_HASH: content_hash(template)}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
 

@@ -22,7 +22,8 @@ import kopf
 from decentralized_verl.core.status import JobStatus
 from decentralized_verl.spec import API_GROUP, API_VERSION, KIND, PLURAL
 from dverl_operator import children as kids
-from dverl_operator import reconcile
+from dverl_operator import guard_children as guard
+from dverl_operator import owned, reconcile
 from dverl_operator import status as st
 from dverl_operator.cluster import ApiError, Cluster, gather_limited
 from dverl_operator.coordinator import CoordinatorClient
@@ -104,12 +105,12 @@ class Runtime:
             return None
         policies = self.settings.network_policy is not None
         pods, config_map, service, gateway, policy, gateway_policy = await asyncio.gather(
-            self.cluster.list("Pod", namespace, {kids.LABEL_JOB: name}),
+            self.cluster.list("Pod", namespace, {owned.LABEL_JOB: name}),
             self.cluster.get("ConfigMap", namespace, kids.config_map_name(name)),
             self.cluster.get("Service", namespace, kids.service_name(name)),
             self.cluster.get("Service", namespace, kids.gateway_name(name)),
-            self._maybe_get(policies, "NetworkPolicy", namespace, kids.network_policy_name(name)),
-            self._maybe_get(policies, "NetworkPolicy", namespace, kids.gateway_policy_name(name)),
+            self._maybe_get(policies, "NetworkPolicy", namespace, guard.network_policy_name(name)),
+            self._maybe_get(policies, "NetworkPolicy", namespace, guard.gateway_policy_name(name)),
         )
         pods_by_name = {p["metadata"]["name"]: p for p in pods}
         uid = str(job["metadata"].get("uid") or "")
@@ -141,9 +142,9 @@ class Runtime:
     async def _issue_credentials(self, job: Mapping[str, Any]) -> None:
         meta = job["metadata"]
         namespace, name, uid = meta.get("namespace") or "default", meta["name"], str(meta.get("uid") or "")
-        owner = kids.Owner(name=name, namespace=namespace, uid=uid)
+        owner = owned.Owner(name=name, namespace=namespace, uid=uid)
         credentials = await asyncio.to_thread(self.identity.job_credentials, namespace, name, uid)
-        created = await self.cluster.create("Secret", namespace, kids.credentials_secret(owner, credentials))
+        created = await self.cluster.create("Secret", namespace, guard.credentials_secret(owner, credentials))
         if created:
             log.info("issued the job's credentials", extra={"job": name, "namespace": namespace})
         self._credentials_seen[(namespace, name, uid)] = time.monotonic()
@@ -322,9 +323,9 @@ def build_registry() -> kopf.OperatorRegistry:
         if runtime.spec_changed(namespace, name, body):
             runtime.wakeups.wake(namespace, name)
 
-    @kopf.on.event("", "v1", "pods", labels={kids.LABEL_JOB: kopf.PRESENT}, registry=registry)
+    @kopf.on.event("", "v1", "pods", labels={owned.LABEL_JOB: kopf.PRESENT}, registry=registry)
     async def pod_event(labels: Mapping[str, str], namespace: str, memo: kopf.Memo, **_: Any) -> None:
-        memo.runtime.wakeups.wake(namespace, labels[kids.LABEL_JOB])
+        memo.runtime.wakeups.wake(namespace, labels[owned.LABEL_JOB])
 
     @kopf.on.login(registry=registry)
     def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:

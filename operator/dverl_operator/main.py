@@ -19,8 +19,8 @@ from collections.abc import Sequence
 
 import kopf
 
-from dverl_operator import children as kids
 from dverl_operator import coordinator, handlers, metrics, reconcile
+from dverl_operator import guard_children as guard
 from dverl_operator.cluster import Cluster, load_connection
 from dverl_operator.identity import load_or_create
 from dverl_operator.leader import LeaderElector, identity_from_env
@@ -147,7 +147,7 @@ async def run(args: argparse.Namespace) -> int:
     cluster = Cluster(connection, user_agent=f"dverl-operator/{identity}")
     credentials_from = await load_or_create(cluster, own_namespace, args.identity_secret)
     policy = (
-        kids.PolicyScope(own_namespace, pod_labels(args.operator_pod_labels))
+        guard.PolicyScope(own_namespace, pod_labels(args.operator_pod_labels))
         if args.network_policy == "true"
         else None
     )

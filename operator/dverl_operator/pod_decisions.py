@@ -9,7 +9,7 @@ from typing import Any
 
 from decentralized_verl.launch.watchdog import STARTUP_S, allowance
 from decentralized_verl.spec import JobSpec
-from dverl_operator import children as kids
+from dverl_operator import owned
 from dverl_operator import status as st
 
 ANNOTATION_FAILURE_COUNTED = "dverl.io/failure-counted"
@@ -47,7 +47,7 @@ def _annotations(obj: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def learner_names(desired_pods: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    return [n for n, p in desired_pods.items() if p["metadata"]["labels"][kids.LABEL_ROLE] == LEARNER]
+    return [n for n, p in desired_pods.items() if p["metadata"]["labels"][owned.LABEL_ROLE] == LEARNER]
 
 
 def decide_pods(
@@ -62,12 +62,12 @@ def decide_pods(
     out = PodDecision(restarts=dict(restarts))
     by_role: dict[str, list[str]] = {}
     for name, pod in desired_pods.items():
-        by_role.setdefault(pod["metadata"]["labels"][kids.LABEL_ROLE], []).append(name)
+        by_role.setdefault(pod["metadata"]["labels"][owned.LABEL_ROLE], []).append(name)
     out.scaled_away = [n for n, p in pods.items() if n not in desired_pods and not st.pod_deleting(p)]
     learners = learner_names(desired_pods)
     gang_restart = False
     for pod_name, want in desired_pods.items():
-        role = want["metadata"]["labels"][kids.LABEL_ROLE]
+        role = want["metadata"]["labels"][owned.LABEL_ROLE]
         have = pods.get(pod_name)
         if have is None:
             out.to_create.append(pod_name)
@@ -90,8 +90,8 @@ def decide_pods(
                 out.restart_messages.append(f"restarting every {role} worker (failurePolicy restartRole)")
             gang_restart |= replace and role == LEARNER
             continue
-        if _annotations(have).get(kids.ANNOTATION_TEMPLATE_HASH) != _annotations(want).get(
-            kids.ANNOTATION_TEMPLATE_HASH
+        if _annotations(have).get(owned.ANNOTATION_TEMPLATE_HASH) != _annotations(want).get(
+            owned.ANNOTATION_TEMPLATE_HASH
         ):
             out.to_delete.add(pod_name)  # placement, image or rendezvous changed: replace
             gang_restart |= role == LEARNER

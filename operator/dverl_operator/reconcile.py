@@ -19,7 +19,8 @@ from decentralized_verl.errors import ManifestError, Problem
 from decentralized_verl.manifest import parse_spec
 from decentralized_verl.plan import plan_job
 from dverl_operator import children as kids
-from dverl_operator import outcome
+from dverl_operator import guard_children as guard
+from dverl_operator import outcome, owned
 from dverl_operator import status as st
 from dverl_operator.pod_decisions import (
     ANNOTATION_FAILED_AT,
@@ -56,7 +57,7 @@ class Settings:
     volunteer_gateway: bool = False
     """Expose each volunteer job's DHT bootstrap peer outside the cluster (chart: volunteers.gateway)."""
     volunteer_service_type: str = "LoadBalancer"
-    network_policy: kids.PolicyScope | None = None
+    network_policy: guard.PolicyScope | None = None
     """Who may reach a job's pods besides its own (the operator); None: no NetworkPolicies (chart:
     networkPolicy.enabled=false, for clusters without a policy engine)."""
 
@@ -180,7 +181,7 @@ def decide(observed: Observed, settings: Settings) -> Actions:
 
     # The children the (effective) spec wants; the shared ones first.
     plan = plan_job(refusal.effective, name)
-    owner = kids.Owner(name=name, namespace=namespace, uid=str(meta.get("uid") or ""))
+    owner = owned.Owner(name=name, namespace=namespace, uid=str(meta.get("uid") or ""))
     gateway_type = settings.volunteer_service_type if settings.volunteer_gateway else None
     image = refusal.effective.image or settings.default_image
     desired = kids.for_job(

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from dverl_operator import children as kids
+from dverl_operator import guard_children as guard
+from dverl_operator import owned
 
 Patch = tuple[str, str, dict[str, Any]]
 
@@ -49,18 +51,18 @@ def sync_shared(
     delete: list[tuple[str, str]] = []
     gateway_name = kids.gateway_name(job)
     _sync_spec(
-        "NetworkPolicy", kids.network_policy_name(job), observed_policies[0], desired.network_policy,
+        "NetworkPolicy", guard.network_policy_name(job), observed_policies[0], desired.network_policy,
         create, patch, delete,
     )  # fmt: skip
     _sync_spec(
-        "NetworkPolicy", kids.gateway_policy_name(job), observed_policies[1], desired.gateway_policy,
+        "NetworkPolicy", guard.gateway_policy_name(job), observed_policies[1], desired.gateway_policy,
         create, patch, delete,
     )  # fmt: skip
     if observed_config_map is None:
         create.append(desired.config_map)
-    elif _annotations(observed_config_map).get(kids.ANNOTATION_CONFIG_HASH) != _annotations(
+    elif _annotations(observed_config_map).get(owned.ANNOTATION_CONFIG_HASH) != _annotations(
         desired.config_map
-    ).get(kids.ANNOTATION_CONFIG_HASH):
+    ).get(owned.ANNOTATION_CONFIG_HASH):
         metadata = desired.config_map["metadata"]
         patch.append(
             (

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from decentralized_verl.core.status import JobStatus
-from dverl_operator.children import LABEL_ROLE
+from dverl_operator.owned import LABEL_ROLE
 
 # Condition types the operator writes.
 READY = "Ready"

@@ -1,0 +1,104 @@
+"""Pure: the objects that keep a job's pods to themselves: its credentials Secret (TLS, job token,
+weight-signing key), the NetworkPolicies that admit only the job's own pods and the operator, and the
+Secret volume each pod mounts (learners alone get the signing key)."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from decentralized_verl.plan import Plan, PlannedWorker
+from decentralized_verl.security.credentials import SIGNING_KEY_FILE, WORKER_FILES, JobCredentials
+from dverl_operator.owned import LABEL_JOB, LABEL_ROLE, Owner, job_labels, metadata
+
+
+@dataclass(frozen=True)
+class PolicyScope:
+    """Who, besides the job's own pods, may reach them: the operator's pods (for Status)."""
+
+    operator_namespace: str
+    operator_labels: Mapping[str, str]
+
+
+def credentials_secret_name(job: str) -> str:
+    return f"{job}-credentials"
+
+
+def network_policy_name(job: str) -> str:
+    return f"{job}-workers"
+
+
+def gateway_policy_name(job: str) -> str:
+    return f"{job}-volunteers"
+
+
+def credentials_secret(owner: Owner, credentials: JobCredentials) -> dict[str, Any]:
+    """The job's credentials (security.credentials), owned by the job: deleted with it."""
+    data = credentials.files(signing=True)
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": metadata(owner, credentials_secret_name(owner.name), job_labels(owner.name)),
+        "data": {key: base64.b64encode(value).decode() for key, value in sorted(data.items())},
+    }
+
+
+def network_policy(owner: Owner, plan: Plan, scope: PolicyScope) -> dict[str, Any]:
+    """Ingress to every pod of the job from the job's own pods (any port: gRPC, the learners'
+    rendezvous, the DHT) and from the operator's pods to the coordinator's gRPC port; nothing else."""
+    coordinator_ports = sorted({w.ports["grpc"] for w in plan.by_role("learner")})
+    operator_peer = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": scope.operator_namespace}},
+        "podSelector": {"matchLabels": dict(scope.operator_labels)},
+    }
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata(owner, network_policy_name(owner.name), job_labels(owner.name)),
+        "spec": {
+            "podSelector": {"matchLabels": {LABEL_JOB: owner.name}},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [{"podSelector": {"matchLabels": {LABEL_JOB: owner.name}}}]},
+                {
+                    "from": [operator_peer],
+                    "ports": [{"protocol": "TCP", "port": port} for port in coordinator_ports],
+                },
+            ],
+        },
+    }
+
+
+def gateway_policy(owner: Owner, plan: Plan) -> dict[str, Any] | None:
+    """Volunteers dial the DHT bootstrap peer from outside the cluster: its port, on that pod only."""
+    dht = plan.by_role("dht")
+    if not dht:
+        return None
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata(
+            owner, gateway_policy_name(owner.name), {**job_labels(owner.name), LABEL_ROLE: "dht"}
+        ),
+        "spec": {
+            "podSelector": {"matchLabels": {LABEL_JOB: owner.name, LABEL_ROLE: "dht"}},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"ports": [{"protocol": "TCP", "port": dht[0].ports["grpc"]}]}],
+        },
+    }
+
+
+def credentials_volume(owner: Owner, worker: PlannedWorker) -> dict[str, Any]:
+    """Learners get every key; other workers everything but the weight-signing key."""
+    keys = [*WORKER_FILES, SIGNING_KEY_FILE] if worker.role == "learner" else list(WORKER_FILES)
+    return {
+        "name": "credentials",
+        "secret": {
+            "secretName": credentials_secret_name(owner.name),
+            "defaultMode": 0o440,
+            "items": [{"key": key, "path": key} for key in keys],
+        },
+    }
