@@ -1,23 +1,26 @@
-"""Time to a target held-out accuracy on the shipped arithmetic task: our runtime vs TRL, same wall budget.
+"""Time to a target held-out accuracy on the shipped arithmetic task: ours vs TRL, several seeds a side.
 
-    python benchmarks/time_to_accuracy.py --budget 600                 # SmolLM2-135M bf16, 10 min a side
-    python benchmarks/time_to_accuracy.py --budget 600 --target 0.55
-    python benchmarks/time_to_accuracy.py --tiny                       # smoke: < 60 s (the test suite)
+    python benchmarks/time_to_accuracy.py --budget 600 --seeds 0 1 2     # SmolLM2-135M, 10 min a run
+    python benchmarks/time_to_accuracy.py --budget 600 --target 0.35
+    python benchmarks/time_to_accuracy.py --tiny                         # smoke: < 60 s (the test suite)
 
 Both sides train from the same SmolLM2-135M-Instruct weights with the settings of
 examples/smollm2-arithmetic-grpo.yaml: GRPO (Dr.GRPO: no std scaling), 8 prompts x 8 samples x 32 tokens,
-micro-batches of 2 prompts, lr 1e-5, the one-shot \\boxed{} demo, data/arithmetic/small_train.jsonl. Our
-side is the runtime's colocated Coordinator; TRL's is GRPOTrainer (gradient checkpointing off, no autocast,
-loss bnpo, scale_rewards none). Each side gets `--budget` seconds of training time; every `--eval-every`
-steps the clock stops and the same evaluator (greedy decoding, our HF backend, the `boxed` reward) scores
-the held-out small_eval.jsonl. Accuracy = share of prompts answered exactly. Time to target = training
-seconds at the first evaluation that reaches it. Writes `curves.jsonl` (one point per evaluation) and
-`curves.png` under --out-dir, and prints one JSON object on stdout.
+micro-batches of 2 prompts, the one-shot \\boxed{} demo, two-digit sums (two_digit_train.jsonl). Our side is
+the runtime's colocated Coordinator; TRL's is GRPOTrainer (gradient checkpointing off, no autocast, loss
+bnpo, scale_rewards none). Every seed runs each side once (alternating), each run gets `--budget` seconds
+of training time; every `--eval-every` steps the clock stops and the same evaluator (greedy decoding, our
+HF backend, the `boxed` reward) scores the 240 held-out sums. Accuracy = share answered exactly. The
+target, unless given, is the accuracy TRL's median seed ends at; time to target = training seconds at the
+first evaluation that reaches it. Reported per side: median time to target and final accuracy over seeds,
+with each seed's value. Writes `curves.jsonl` and `curves.png` under --out-dir and one JSON object on
+stdout.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -114,28 +117,61 @@ def run_trl(args, base, tokenizer, prompts, eval_prompts, settings, start_point)
     return recorder
 
 
-def plot(curves: list[c.Curve], target: float, path: Path) -> None:
+def plot(curves: list[c.Curve], target: float, path: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    colours = {"ours": "tab:blue", "trl": "tab:orange"}
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    labelled: set[str] = set()
     for curve in curves:
+        side = curve.side.split("/")[0]
         ax.plot(
             [p["train_s"] for p in curve.points],
             [p["accuracy"] for p in curve.points],
             "o-",
-            label=curve.side,
+            color=colours.get(side),
+            alpha=0.8,
+            markersize=3,
+            label=None if side in labelled else side,
         )
-    ax.axhline(target, color="grey", linestyle="--", label=f"target {target:.2f}")
+        labelled.add(side)
+    ax.axhline(target, color="grey", linestyle="--", label=f"target {target:.3f}")
     ax.set_xlabel("training time (s, evaluation excluded)")
     ax.set_ylabel("held-out greedy accuracy")
-    ax.set_title("time to accuracy: arithmetic (small sums), GRPO")
+    ax.set_title(title)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def first_reach(points: list[dict[str, Any]], target: float) -> dict[str, Any] | None:
+    """The first evaluation at or above the target (None: never)."""
+    return next((p for p in points if p["accuracy"] >= target - 1e-9), None)
+
+
+def side_summary(runs: list[dict[str, Any]], target: float) -> dict[str, Any]:
+    """Median (and range) over seeds of the time to the target and of the final accuracy. A run that
+    never reached the target counts as slower than any that did (the median can be "not reached")."""
+    times = sorted(
+        (hit["train_s"] if (hit := first_reach(r["curve"], target)) else float("inf")) for r in runs
+    )
+    finals = [r["final_accuracy"] for r in runs]
+    median_time = c.median(times)
+    return {
+        "seeds": [r["seed"] for r in runs],
+        "time_to_target_s": [None if t == float("inf") else t for t in times],
+        "median_time_to_target_s": None if median_time == float("inf") else median_time,
+        "reached": sum(t != float("inf") for t in times),
+        "final_accuracy": finals,
+        "median_final_accuracy": c.median(finals),
+        "final_accuracy_range": [min(finals), max(finals)],
+        "median_step_s": c.median([s for r in runs for s in r["step_times"]]),
+        "steps": [r["steps"] for r in runs],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,10 +180,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
     parser.add_argument("--budget", type=float, default=600.0, help="training seconds per side")
     parser.add_argument("--eval-every", type=int, default=2, help="steps between evaluations")
-    parser.add_argument("--eval-limit", type=int, default=None, help="held-out prompts (default: all 33)")
+    parser.add_argument("--eval-limit", type=int, default=None, help="held-out prompts (default: all)")
+    parser.add_argument("--train", default="two_digit_train", help="examples/data/arithmetic/NAME.jsonl")
+    parser.add_argument("--eval", default="two_digit_eval", help="held-out set (240 two-digit sums)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one run a side per seed")
     parser.add_argument("--target", type=float, default=None, help="accuracy to reach")
     parser.add_argument(
-        "--target-gain", type=float, default=0.09, help="without --target: start accuracy + this (3 of 33)"
+        "--target-gain",
+        type=float,
+        default=0.05,
+        help="without --target and without a TRL side: start accuracy + this",
     )
     parser.add_argument("--sides", nargs="+", default=["ours", "trl"], choices=["ours", "trl"])
     parser.add_argument("--prompts", type=int, default=8)
@@ -163,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.tiny:
         args.model, args.budget, args.eval_every, args.eval_limit = "tiny-smoke", 4.0, 1, 4
         args.prompts, args.samples, args.new_tokens, args.microbatch_prompts = 2, 4, 8, 1
+        args.train, args.eval, args.seeds = "small_train", "small_eval", [0]
     if args.budget <= 0:
         parser.error(f"--budget: must be > 0 (got {args.budget})")
     c.check_batch_args(parser, args, ("eval_every", "prompts", "samples", "new_tokens", "microbatch_prompts"))
@@ -176,8 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     dtype = c.default_dtype(args.model) if args.dtype == "auto" else args.dtype
     settings = c.grpo_settings(args, learning_rate=args.learning_rate, norm_adv_by_std=False)
     base, tokenizer, _ = c.load_model(args.model, dtype)
-    prompts = c.arithmetic_prompts(tokenizer, "small_train")
-    eval_prompts = c.arithmetic_prompts(tokenizer, "small_eval", limit=args.eval_limit)
+    prompts = c.arithmetic_prompts(tokenizer, args.train)
+    eval_prompts = c.arithmetic_prompts(tokenizer, args.eval, limit=args.eval_limit)
     began = time.perf_counter()
     start_accuracy = evaluate(base, tokenizer, eval_prompts, args.new_tokens)
     start_point = {"step": 0, "train_s": 0.0, "accuracy": start_accuracy, "reward_mean": None}
@@ -185,74 +228,101 @@ def main(argv: list[str] | None = None) -> int:
     target = args.target if args.target is not None else min(1.0, start_accuracy + args.target_gain)
     log(f"start accuracy {start_accuracy:.3f}; target {target:.3f}; budget {args.budget:.0f} s a side")
 
-    recorders: list[Recorder] = []
-    for side in args.sides:
-        log(f"{side}: training")
-        if side == "ours":
-            recorders.append(
-                run_ours(args, base, tokenizer, prompts, eval_prompts, settings, dtype, start_point)
+    import torch
+
+    from decentralized_verl.stats import wilson_interval
+
+    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in args.sides}
+    curves: list[c.Curve] = []
+    for seed in args.seeds:
+        seeded = dataclasses.replace(settings, seed=seed)
+        for side in args.sides:
+            log(f"{side} seed {seed}: training")
+            torch.manual_seed(seed)
+            if side == "ours":
+                recorder = run_ours(args, base, tokenizer, prompts, eval_prompts, seeded, dtype, start_point)
+            else:
+                recorder = run_trl(args, base, tokenizer, prompts, eval_prompts, seeded, start_point)
+            recorder.curve.side = f"{side}/seed{seed}"
+            curves.append(recorder.curve)
+            runs[side].append(
+                {
+                    "seed": seed,
+                    "steps": recorder.steps,
+                    "train_s": recorder.train_s,
+                    "step_times": recorder.step_times,
+                    "final_accuracy": recorder.curve.points[-1]["accuracy"],
+                    "curve": recorder.curve.points,
+                }
             )
-        else:
-            recorders.append(run_trl(args, base, tokenizer, prompts, eval_prompts, settings, start_point))
+
+    if args.target is not None:
+        target, target_from = args.target, "--target"
+    elif runs.get("trl"):
+        # The bar TRL sets: the accuracy its median seed ends at after the budget.
+        target = c.median([r["final_accuracy"] for r in runs["trl"]])
+        target_from = "median final accuracy of TRL's seeds"
+    else:
+        target, target_from = min(1.0, start_accuracy + args.target_gain), "start + --target-gain"
+    log(f"target {target:.3f} ({target_from})")
 
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     with (out_dir / "curves.jsonl").open("w") as handle:
-        for recorder in recorders:
-            for point in recorder.curve.points:
-                handle.write(json.dumps(point) + "\n")
-    plot([r.curve for r in recorders], target, out_dir / "curves.png")
+        for curve in curves:
+            for point in curve.points:
+                handle.write(json.dumps({**point, "side": curve.side}) + "\n")
+    title = f"time to accuracy: {args.train} -> {args.eval} ({len(eval_prompts)} held out)"
+    plot(curves, target, out_dir / "curves.png", title)
 
-    sides: dict[str, Any] = {}
+    sides = {side: side_summary(side_runs, target) for side, side_runs in runs.items()}
     rows = []
-    for recorder in recorders:
-        hit = recorder.curve.reached(target)
-        best = max(p["accuracy"] for p in recorder.curve.points)
-        sides[recorder.curve.side] = {
-            "steps": recorder.steps,
-            "train_s": recorder.train_s,
-            "median_step_s": c.median(recorder.step_times),
-            "final_accuracy": recorder.curve.points[-1]["accuracy"],
-            "best_accuracy": best,
-            "time_to_target_s": hit["train_s"] if hit else None,
-            "steps_to_target": hit["step"] if hit else None,
-            "curve": recorder.curve.points,
-        }
+    for side, summary in sides.items():
+        median_time = summary["median_time_to_target_s"]
+        times = ", ".join("-" if t is None else f"{t:.0f}" for t in summary["time_to_target_s"])
+        low, high = summary["final_accuracy_range"]
         rows.append(
             [
-                recorder.curve.side,
-                recorder.steps,
-                c.median(recorder.step_times),
-                f"{start_accuracy:.3f}",
-                f"{recorder.curve.points[-1]['accuracy']:.3f}",
-                f"{best:.3f}",
-                f"{hit['train_s']:.0f} s (step {hit['step']})" if hit else "not reached",
+                side,
+                len(summary["seeds"]),
+                summary["median_step_s"],
+                f"{median_time:.0f} s" if median_time is not None else "not reached",
+                f"{times} ({summary['reached']}/{len(summary['seeds'])} reached)",
+                f"{summary['median_final_accuracy']:.3f} [{low:.3f}, {high:.3f}]",
             ]
         )
     table = c.markdown_table(
         [
             "side",
-            "steps in budget",
+            "seeds",
             "median step (s)",
-            "start acc",
-            "final acc",
-            "best acc",
-            "time to target",
+            "median time to target",
+            "time to target per seed (s)",
+            "final acc: median [min, max]",
         ],
         rows,
     )
-    log("\n" + table + "\n")
+    low, high = wilson_interval(round(start_accuracy * len(eval_prompts)), len(eval_prompts))
+    log(
+        f"\nstart accuracy {start_accuracy:.3f} (95% [{low:.3f}, {high:.3f}]), target {target:.3f} "
+        f"({target_from}), {args.budget:.0f} s of training a run\n\n{table}\n"
+    )
     report = {
         **c.report_header("time_to_accuracy", argv, threads, settings),
         "model": args.model,
         "dtype": dtype,
         "budget_s": args.budget,
         "eval_every": args.eval_every,
+        "train": args.train,
+        "eval": args.eval,
         "eval_prompts": len(eval_prompts),
         "start_accuracy": start_accuracy,
+        "start_interval": [low, high],
         "target": target,
+        "target_from": target_from,
         "trl_skipped": trl_skipped,
         "sides": sides,
+        "runs": runs,
         "curves_jsonl": str(out_dir / "curves.jsonl"),
         "curves_png": str(out_dir / "curves.png"),
         "markdown": table,

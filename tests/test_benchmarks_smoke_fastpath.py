@@ -111,14 +111,18 @@ def test_time_to_accuracy_smoke(tmp_path: Path) -> None:
     assert report["eval_prompts"] == 4 and report["budget_s"] == 4.0
     lines = [json.loads(x) for x in (tmp_path / "curves.jsonl").read_text().splitlines()]
     expected = {"ours"} if report["trl_skipped"] else {"ours", "trl"}
-    assert {p["side"] for p in lines} == expected
+    assert {p["side"] for p in lines} == {f"{side}/seed0" for side in expected}
     for side in expected:
-        points = [p for p in lines if p["side"] == side]
+        points = [p for p in lines if p["side"] == f"{side}/seed0"]
         assert points[0]["step"] == 0 and points[0]["accuracy"] == report["start_accuracy"]
         times = [p["train_s"] for p in points]
         assert times == sorted(times) and times[-1] >= 4.0  # trains until the budget is spent
         assert all(0.0 <= p["accuracy"] <= 1.0 for p in points)
-        assert report["sides"][side]["steps"] == points[-1]["step"]
+        summary = report["sides"][side]
+        assert summary["seeds"] == [0] and summary["steps"] == [points[-1]["step"]]
+        assert summary["final_accuracy"] == [points[-1]["accuracy"]]
+        reached = [p for p in points if p["accuracy"] >= report["target"] - 1e-9]
+        assert summary["time_to_target_s"] == [reached[0]["train_s"] if reached else None]
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     if report["trl_skipped"]:
         pytest.skip(f"TRL side not run: {report['trl_skipped']}")

@@ -11,7 +11,7 @@ import pytest
 from decentralized_verl.launch.run import _eval_ends, format_summary
 from decentralized_verl.metrics import MetricsLog, read_evals
 from decentralized_verl.plotting import _interval_band, plot_run
-from decentralized_verl.stats import wilson_interval
+from decentralized_verl.stats import difference_interval, wilson_interval
 
 
 @pytest.mark.parametrize(
@@ -55,6 +55,22 @@ def test_evaluations_go_to_eval_jsonl_and_a_repeated_step_keeps_the_last(tmp_pat
         {"steps": 20, "seconds": 61.0, "reward_first": 0.1, "reward_last": 0.3, **ends}, tmp_path
     )
     assert "eval accuracy 26.0% [20.4-32.5] -> 45.0% [38.3-51.9] on 200 problems, 95% intervals" in line
+    low, high = difference_interval((52, 200), (90, 200))
+    assert ends["eval_gain"] == pytest.approx(0.19)
+    assert ends["eval_gain_interval"] == pytest.approx([low, high])
+    assert f"gain +19.0 points [{100 * low:+.1f}, {100 * high:+.1f}]" in line
+
+
+def test_difference_interval_matches_newcombes_worked_example() -> None:
+    # Newcombe (1998), Statistics in Medicine 17:873, table II example (56/70 vs 48/80): method 10 gives
+    # 0.0524 to 0.3339 for p1 - p2 = 0.2.
+    low, high = difference_interval((48, 80), (56, 70))
+    assert (round(low, 4), round(high, 4)) == (0.0524, 0.3339)
+    assert difference_interval((5, 10), (5, 10))[0] < 0 < difference_interval((5, 10), (5, 10))[1]
+    # Equal counts on a larger set: a narrower interval around 0; a real gain excludes 0.
+    small, large = difference_interval((30, 100), (30, 100)), difference_interval((240, 800), (240, 800))
+    assert large[1] - large[0] < small[1] - small[0]
+    assert difference_interval((62, 240), (100, 240))[0] > 0
 
 
 def test_plot_draws_the_step_zero_evaluation_with_its_band(tmp_path: Path) -> None:

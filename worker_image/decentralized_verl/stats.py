@@ -22,3 +22,18 @@ def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, flo
     low = 0.0 if successes == 0 else max(0.0, centre - half)  # exact at the ends, not off by rounding
     high = 1.0 if successes == n else min(1.0, centre + half)
     return low, high
+
+
+def difference_interval(
+    before: tuple[int, int], after: tuple[int, int], z: float = Z_95
+) -> tuple[float, float]:
+    """95% interval of after - before, two proportions given as (successes, n): Newcombe's hybrid score
+    interval, built from the two Wilson intervals. It treats the two evaluations as independent; on the
+    same held-out problems (paired) that is conservative, so a gain whose interval excludes 0 here is a
+    gain."""
+    (k1, n1), (k2, n2) = before, after
+    p1, p2 = k1 / n1 if n1 else 0.0, k2 / n2 if n2 else 0.0
+    l1, u1 = wilson_interval(k1, n1, z)
+    l2, u2 = wilson_interval(k2, n2, z)
+    d = p2 - p1
+    return d - math.sqrt((p2 - l2) ** 2 + (u1 - p1) ** 2), d + math.sqrt((u2 - p2) ** 2 + (p1 - l1) ** 2)

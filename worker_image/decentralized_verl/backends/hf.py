@@ -5,8 +5,9 @@ under the sampling distribution's convention (see ``GenerationOutput``), stop st
 on decoded text, and a seed must make a response independent of its batch-mates. The loop is:
 
 1. expand requests into rows (``n`` per prompt), sort by prompt length, cut into micro-batches;
-2. left-pad a micro-batch, with position ids counted from each row's first real token, and run one
-   prefill forward pass that fills a ``DynamicCache``;
+2. left-pad the micro-batch's distinct prompts, with position ids counted from each row's first real
+   token, and run one prefill forward pass that fills a ``DynamicCache``; copy each prompt's cache to
+   its rows (a GRPO group's samples share one prompt pass);
 3. per step: sample one token per live row, record its log-prob, check end-of-sequence / stop strings /
    length, drop finished rows from the batch and the cache, and feed the new tokens.
 
@@ -16,6 +17,7 @@ generation, so each output carries the version that actually produced it.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import threading
 import time
@@ -33,9 +35,12 @@ _SEED_MIX = 0x9E3779B97F4A7C15  # spreads (seed, sample_index) pairs over the 63
 _SEED_MASK = (1 << 63) - 1
 
 
-def row_seed(seed: int, sample_index: int) -> int:
-    """The generator seed for sample ``sample_index`` of a request seeded with ``seed``."""
-    return (seed * _SEED_MIX + sample_index * 0x632BE59BD9B4E019 + 1) & _SEED_MASK
+def row_seed(seed: int, sample_index: int, prompt_id: str = "") -> int:
+    """The generator seed for sample ``sample_index`` of prompt ``prompt_id`` in a request seeded with
+    ``seed``. The prompt id is mixed in because a step sends every prompt with the same seed: without it,
+    sample k of every prompt would draw the same uniforms, so a batch's samples would move together."""
+    prompt = int.from_bytes(hashlib.blake2b(prompt_id.encode(), digest_size=8).digest(), "little")
+    return (seed * _SEED_MIX + sample_index * 0x632BE59BD9B4E019 + prompt + 1) & _SEED_MASK
 
 
 def filter_logits(scaled: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
@@ -237,19 +242,24 @@ class HFBackend:
                     gen = self._generator
                 else:
                     gen = torch.Generator(device=self.device)
-                    gen.manual_seed(row_seed(request.params.seed, index))
+                    gen.manual_seed(row_seed(request.params.seed, index, request.prompt_id))
                 rows.append(_Row(request.prompt_id, index, prompt, request.params, gen))
         return rows
 
     @torch.no_grad()
     def _run_batch(self, rows: list[_Row]) -> None:
         device = self.device
-        width = max(len(r.prompt) for r in rows)
-        input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long, device=device)
-        attention = torch.zeros((len(rows), width), dtype=torch.long, device=device)
-        for i, row in enumerate(rows):
-            input_ids[i, width - len(row.prompt) :] = torch.tensor(row.prompt, device=device)
-            attention[i, width - len(row.prompt) :] = 1
+        # Each distinct prompt is prefilled once: a GRPO group's n samples share one prompt, and the prompt
+        # pass is most of a short answer's cost. Its keys/values are then copied to every row of the group.
+        distinct: dict[tuple[int, ...], int] = {}
+        owner = [distinct.setdefault(row.prompt, len(distinct)) for row in rows]
+        prompts = list(distinct)
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long, device=device)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
+        for i, prompt in enumerate(prompts):
+            input_ids[i, width - len(prompt) :] = torch.tensor(prompt, device=device)
+            attention[i, width - len(prompt) :] = 1
         positions = (attention.cumsum(dim=-1) - 1).clamp(min=0)
 
         temperature = torch.tensor([float(r.params.temperature) for r in rows], device=device)
@@ -261,6 +271,10 @@ class HFBackend:
 
         cache = DynamicCache(config=self.model.config)
         logits = self._forward(input_ids, attention, positions, cache)
+        if len(prompts) < len(rows):
+            to_rows = torch.tensor(owner, device=device)
+            cache.batch_select_indices(to_rows)
+            logits, attention, positions = logits[to_rows], attention[to_rows], positions[to_rows]
         next_position = positions[:, -1] + 1
 
         while True:

@@ -249,18 +249,24 @@ def _reward_window(metrics: Path) -> dict[str, float] | None:
 def _eval_ends(evals: Path) -> dict[str, Any] | None:
     """The first evaluation (before training, even if the learner restarted since) and the last one."""
     from decentralized_verl.metrics import read_evals
+    from decentralized_verl.stats import difference_interval
 
     rows = read_evals(evals)
     if not rows:
         return None
     first, last = rows[0], rows[-1]
-    return {
+    ends = {
         "eval_accuracy_before": first["eval_accuracy"],
         "eval_interval_before": [first["eval_accuracy_low"], first["eval_accuracy_high"]],
         "eval_accuracy_after": last["eval_accuracy"],
         "eval_interval_after": [last["eval_accuracy_low"], last["eval_accuracy_high"]],
         "eval_problems": last["eval_problems"],
     }
+    if len(rows) > 1:
+        counts = [(round(r["eval_accuracy"] * r["eval_problems"]), r["eval_problems"]) for r in (first, last)]
+        ends["eval_gain"] = last["eval_accuracy"] - first["eval_accuracy"]
+        ends["eval_gain_interval"] = list(difference_interval(*counts))
+    return ends
 
 
 def format_summary(summary: dict[str, Any], output: Path) -> str:
@@ -274,6 +280,9 @@ def format_summary(summary: dict[str, Any], output: Path) -> str:
     problems = (
         f" on {summary['eval_problems']} problems, 95% intervals" if summary.get("eval_problems") else ""
     )
+    if summary.get("eval_gain_interval"):
+        low, high = summary["eval_gain_interval"]
+        problems += f"; gain {100 * summary['eval_gain']:+.1f} points [{100 * low:+.1f}, {100 * high:+.1f}]"
     return (
         f"done: {summary['steps']} steps in {summary['seconds']:.0f} s; "
         f"reward {summary['reward_first']:.3f} -> {summary['reward_last']:.3f}; "
