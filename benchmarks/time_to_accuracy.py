@@ -6,15 +6,15 @@
 
 Both sides train from the same SmolLM2-135M-Instruct weights with the settings of
 examples/smollm2-arithmetic-grpo.yaml: GRPO (Dr.GRPO: no std scaling), 8 prompts x 8 samples x 32 tokens,
-micro-batches of 2 prompts, the one-shot \\boxed{} demo, two-digit sums (two_digit_train.jsonl). Our side is
-the runtime's colocated Coordinator; TRL's is GRPOTrainer (gradient checkpointing off, no autocast, loss
-bnpo, scale_rewards none). Every seed runs each side once (alternating), each run gets `--budget` seconds
-of training time; every `--eval-every` steps the clock stops and the same evaluator (greedy decoding, our
-HF backend, the `boxed` reward) scores the 240 held-out sums. Accuracy = share answered exactly. The
-target, unless given, is the accuracy TRL's median seed ends at; time to target = training seconds at the
-first evaluation that reaches it. Reported per side: median time to target and final accuracy over seeds,
-with each seed's value. Writes `curves.jsonl` and `curves.png` under --out-dir and one JSON object on
-stdout.
+micro-batches of 2 prompts, lr 2e-5, temperature 0.7, the one-shot \\boxed{} demo, two-digit sums
+(two_digit_train.jsonl). Our side is the runtime's colocated Coordinator; TRL's is GRPOTrainer (gradient
+checkpointing off, no autocast, loss bnpo, scale_rewards none). Every seed runs each side once
+(alternating), each run gets `--budget` seconds of training time; every `--eval-every` steps the clock
+stops and the same evaluator (greedy decoding, our HF backend, the `boxed` reward) scores the 240 held-out
+sums. Accuracy = share answered exactly. The target, unless given, is the accuracy TRL's median seed ends
+at; time to target = training seconds at the first evaluation that reaches it. Reported per side: median
+time to target and final accuracy over seeds, with each seed's value. Writes `curves.jsonl` and
+`curves.png` under --out-dir and one JSON object on stdout.
 """
 
 from __future__ import annotations
@@ -196,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--microbatch-prompts", type=int, default=2)
-    parser.add_argument("--learning-rate", type=float, default=1e-5)
+    parser.add_argument("--learning-rate", type=float, default=2e-5)
+    parser.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (both sides)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     parser.add_argument("--out-dir", default="runs/time_to_accuracy", help="curves.jsonl, curves.png")
     parser.add_argument("--out", default=None, help="also write the JSON report here")
@@ -217,7 +218,9 @@ def main(argv: list[str] | None = None) -> int:
         args.sides = [s for s in args.sides if s != "trl"]
     threads = c.set_threads(args.threads)
     dtype = c.default_dtype(args.model) if args.dtype == "auto" else args.dtype
-    settings = c.grpo_settings(args, learning_rate=args.learning_rate, norm_adv_by_std=False)
+    settings = c.grpo_settings(
+        args, learning_rate=args.learning_rate, temperature=args.temperature, norm_adv_by_std=False
+    )
     base, tokenizer, _ = c.load_model(args.model, dtype)
     prompts = c.arithmetic_prompts(tokenizer, args.train)
     eval_prompts = c.arithmetic_prompts(tokenizer, args.eval, limit=args.eval_limit)
