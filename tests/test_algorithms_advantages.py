@@ -36,12 +36,13 @@ def holey_mask(batch: int, length: int, gen: torch.Generator) -> torch.Tensor:
 
 
 def uneven_groups(batch: int, gen: torch.Generator) -> torch.Tensor:
-    """Shuffled, non-contiguous integer ids; every group has >= 2 members, sizes differ."""
-    sizes: list[int] = []
+    """Shuffled, non-contiguous integer ids; sizes differ, and the first group is a lone sample (a group
+    of one, as a filter can leave) whenever the batch has room for another group."""
+    sizes: list[int] = [1] if batch > 2 else []
     while sum(sizes) < batch:
         sizes.append(int(torch.randint(2, 5, (1,), generator=gen)))
     sizes[-1] -= sum(sizes) - batch
-    if sizes[-1] < 2:
+    if sizes[-1] < 2 and len(sizes) > 1:
         last = sizes.pop()
         sizes[-1] += last
     ids = [7 * g + 3 for g, size in enumerate(sizes) for _ in range(size)]
@@ -145,10 +146,10 @@ def ref_grpo(inp: dict, norm_by_std: bool, eps: float, use_tokens: bool) -> torc
     per_sample = []
     for i in range(len(scores)):
         group = [scores[j] for j in members(inp["group_index"], i)]
-        mean = sum(group) / len(group)
+        mean = sum(group) / len(group) if len(group) > 1 else 0.0  # a lone sample: mean 0, std 1
         value = scores[i] - mean
         if norm_by_std:
-            std = math.sqrt(sum((s - mean) ** 2 for s in group) / (len(group) - 1))
+            std = math.sqrt(sum((s - mean) ** 2 for s in group) / (len(group) - 1)) if len(group) > 1 else 1.0
             value /= std + eps
         per_sample.append(value)
     return ref_broadcast(per_sample, inp["response_mask"])
@@ -159,7 +160,7 @@ def ref_rloo(inp: dict, use_tokens: bool) -> torch.Tensor:
     per_sample = []
     for i in range(len(scores)):
         others = [scores[j] for j in members(inp["group_index"], i) if j != i]
-        per_sample.append(scores[i] - sum(others) / len(others))
+        per_sample.append(scores[i] - (sum(others) / len(others) if others else 0.0))
     return ref_broadcast(per_sample, inp["response_mask"])
 
 
@@ -168,7 +169,7 @@ def ref_rpp_baseline(inp: dict, eps: float, use_tokens: bool) -> torch.Tensor:
     per_sample = []
     for i in range(len(scores)):
         group = [scores[j] for j in members(inp["group_index"], i)]
-        per_sample.append(scores[i] - sum(group) / len(group))
+        per_sample.append(scores[i] - (sum(group) / len(group) if len(group) > 1 else 0.0))
     return ref_whiten(ref_broadcast(per_sample, inp["response_mask"]), inp["response_mask"], eps)
 
 
@@ -378,11 +379,25 @@ def test_unknown_estimator_name_lists_known():
 # ---------------------------------------------------------------- bad inputs
 
 
-def test_singleton_group_is_rejected():
-    inputs = AdvantageInputs(torch.ones(3, 2), scores=torch.zeros(3), group_index=torch.tensor([4, 4, 9]))
+def test_a_group_of_one_gets_mean_0_and_std_1():
+    """Group 4 = {1, 3}: mean 2, unbiased std sqrt(2); group 9's lone sample (score 5) keeps its score."""
+    inputs = AdvantageInputs(
+        torch.ones(3, 2), scores=torch.tensor([1.0, 3.0, 5.0]), group_index=torch.tensor([4, 4, 9])
+    )
+    adv, _ = grpo(inputs, epsilon=0.0)
+    torch.testing.assert_close(adv[:, 0], torch.tensor([-1 / math.sqrt(2), 1 / math.sqrt(2), 5.0]))
+    adv, _ = grpo(inputs, norm_by_std=False)
+    torch.testing.assert_close(adv[:, 0], torch.tensor([-1.0, 1.0, 5.0]))
+    adv, _ = rloo(inputs)  # leave-one-out: 1 - 3, 3 - 1, and no others for the lone sample
+    torch.testing.assert_close(adv[:, 0], torch.tensor([-2.0, 2.0, 5.0]))
+    adv, _ = reinforce_plus_plus_baseline(inputs)  # centred (-1, 1, 5) per token, then whitened
+    centred = torch.tensor([-1.0, 1.0, 5.0]).repeat_interleave(2)
+    expected = (centred - centred.mean()) / torch.sqrt(centred.var() + 1e-8)
+    torch.testing.assert_close(adv.flatten(), expected)
     for fn in (grpo, rloo, reinforce_plus_plus_baseline):
-        with pytest.raises(ValueError, match=r"groups \[9\]"):
-            fn(inputs)
+        assert torch.isfinite(
+            fn(AdvantageInputs(torch.ones(1, 2), scores=torch.ones(1), group_index=torch.zeros(1).long()))[0]
+        ).all()
 
 
 @pytest.mark.parametrize(

@@ -233,7 +233,10 @@ def test_value_loss_hand_worked():
 
 def ref_kl(lp, ref, name):
     x = ref - lp
-    return {"k1": -x, "k2": 0.5 * x * x, "k3": math.exp(x) - x - 1}[name]
+    if name == "k3":  # veRL's low_var_kl: x within +-20, the estimate within +-10
+        x = max(-20.0, min(20.0, x))
+        return max(-10.0, min(10.0, math.exp(x) - x - 1))
+    return {"k1": -x, "k2": 0.5 * x * x}[name]
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -260,6 +263,17 @@ def test_kl_hand_worked_and_properties():
     a, b = rand((50, 4), gen), rand((50, 4), gen)
     assert (token_kl(a, b, torch.ones(50, 4), "k3") >= 0).all()
     assert torch.equal(token_kl(a, a, torch.ones(50, 4), "k3"), torch.zeros(50, 4, dtype=torch.float64))
+
+
+def test_k3_is_clamped_like_verl_and_stops_the_gradient_beyond():
+    """x = ref - logp = 3: e^3 - 4 = 16.09 -> 10; x = -30 -> 30 - 1 = 29 -> 10; x = 2: e^2 - 3 = 4.39 kept."""
+    lp = torch.tensor([[0.0, 30.0, 0.0]], dtype=torch.float64, requires_grad=True)
+    ref = torch.tensor([[3.0, 0.0, 2.0]], dtype=torch.float64)
+    kl = token_kl(lp, ref, torch.ones(1, 3), "k3")
+    torch.testing.assert_close(kl, torch.tensor([[10.0, 10.0, math.exp(2) - 3]], dtype=torch.float64))
+    (grad,) = torch.autograd.grad(kl.sum(), lp)
+    # d/dlogp (e^x - x - 1) = -(e^x - 1); zero where the clamp holds
+    torch.testing.assert_close(grad, torch.tensor([[0.0, 0.0, -(math.exp(2) - 1)]], dtype=torch.float64))
 
 
 def test_kl_expectation_under_sampling():

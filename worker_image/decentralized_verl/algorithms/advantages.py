@@ -16,6 +16,10 @@ Which reward an estimator reads ("token rewards win when present"):
   `token_rewards` per sample (so a KL-in-reward penalty counts), or else `scores`.
 Masked tokens never contribute: returns and GAE skip over holes in the mask, carrying the next
 *valid* token's value/advantage across them (as if the masked tokens were not in the sequence).
+
+A group of one sample (a filter or an uneven split can leave one; `topK: 1` always does) has no peers to
+compare with: the group estimators give it veRL's definition, baseline (mean) 0 and std 1, so its
+advantage is its own score rather than an error mid-job.
 """
 
 from __future__ import annotations
@@ -95,14 +99,22 @@ class AdvantageInputs:
         rewards[rows, last[rows]] = scores[rows]
         return rewards
 
-    def groups(self, min_size: int = 2) -> tuple[Tensor, Tensor]:
+    def groups(self) -> tuple[Tensor, Tensor]:
+        """(dense group id per sample [B], size per group [G]); groups of one are allowed."""
         if self.group_index is None:
             raise ValueError("AdvantageInputs: this estimator needs group_index")
-        return check_groups(self.group_index, self.response_mask.shape[0], min_size)
+        return check_groups(self.group_index, self.response_mask.shape[0], min_size=1)
 
 
 def _broadcast(per_sample: Tensor, mask: Tensor) -> Tensor:
     return zero_masked(per_sample[:, None].expand(mask.shape), mask)
+
+
+def _group_mean(scores: Tensor, dense: Tensor, sizes: Tensor) -> Tensor:
+    """[G] mean score per group; 0 for a group of one (veRL's baseline for a lone sample)."""
+    sizes = sizes.to(scores.dtype)
+    mean = group_sum(scores, dense, sizes.numel()) / sizes
+    return torch.where(sizes > 1, mean, torch.zeros((), dtype=scores.dtype))
 
 
 def _discounted_returns(rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
@@ -149,30 +161,31 @@ def grpo(
     """Group-relative advantage: (score - group mean) / (group std + epsilon).
 
     The std is unbiased (n - 1), as in veRL. `norm_by_std=False` is Dr.GRPO: dividing by the std
-    up-weights prompts that are nearly always solved or failed, a bias Dr.GRPO removes.
+    up-weights prompts that are nearly always solved or failed, a bias Dr.GRPO removes. A group of one
+    takes mean 0 and std 1.
     """
     mask = inputs.mask()
     scores = inputs.sample_scores(mask)
     dense, sizes = inputs.groups()
-    groups = sizes.numel()
-    sizes = sizes.to(scores.dtype)
-    mean = group_sum(scores, dense, groups) / sizes
-    centred = scores - mean[dense]
+    centred = scores - _group_mean(scores, dense, sizes)[dense]
     if norm_by_std:
-        std = torch.sqrt(group_sum(centred**2, dense, groups) / (sizes - 1))
+        n = sizes.to(scores.dtype)
+        variance = group_sum(centred**2, dense, sizes.numel()) / (n - 1).clamp(min=1)
+        std = torch.where(sizes > 1, torch.sqrt(variance), torch.ones((), dtype=scores.dtype))
         centred = centred / (std[dense] + epsilon)
     return _broadcast(centred, mask), _broadcast(centred, mask)
 
 
 @advantage_estimator("rloo")
 def rloo(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
-    """Leave-one-out baseline: each sample is compared with the mean of its group's others."""
+    """Leave-one-out baseline: each sample is compared with the mean of its group's others (a group of
+    one has no others: baseline 0)."""
     mask = inputs.mask()
     scores = inputs.sample_scores(mask)
     dense, sizes = inputs.groups()
-    sizes = sizes.to(scores.dtype)
+    n = sizes.to(scores.dtype)[dense]
     totals = group_sum(scores, dense, sizes.numel())
-    others = (totals[dense] - scores) / (sizes[dense] - 1)
+    others = torch.where(n > 1, (totals[dense] - scores) / (n - 1).clamp(min=1), torch.zeros_like(scores))
     advantages = _broadcast(scores - others, mask)
     return advantages, advantages.clone()
 
@@ -193,11 +206,11 @@ def reinforce_plus_plus(
 
 @advantage_estimator("reinforce_plus_plus_baseline")
 def reinforce_plus_plus_baseline(inputs: AdvantageInputs, *, epsilon: float = 1e-8) -> tuple[Tensor, Tensor]:
-    """REINFORCE++ with a group-mean baseline: score - group mean, broadcast, batch-whitened."""
+    """REINFORCE++ with a group-mean baseline: score - group mean (0 for a group of one), broadcast,
+    batch-whitened."""
     mask = inputs.mask()
     scores = inputs.sample_scores(mask)
     dense, sizes = inputs.groups()
-    mean = group_sum(scores, dense, sizes.numel()) / sizes.to(scores.dtype)
-    centred = _broadcast(scores - mean[dense], mask)
+    centred = _broadcast(scores - _group_mean(scores, dense, sizes)[dense], mask)
     advantages = masked_whiten(centred, mask, epsilon)
     return advantages, advantages.clone()

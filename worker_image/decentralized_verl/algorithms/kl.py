@@ -2,7 +2,10 @@
 
 With x = ref_logprob - logprob on a token sampled from the policy (Schulman's "Approximating KL"):
 k1 = -x (unbiased, high variance, can be negative), k2 = x^2 / 2 (biased, low variance),
-k3 = exp(x) - x - 1 (unbiased, low variance, always >= 0; GRPO's choice).
+k3 = exp(x) - x - 1 (unbiased, low variance, always >= 0; GRPO's choice). k3 is clamped as veRL clamps its
+`low_var_kl`: x to [-20, 20] before the exp and the result to [-10, 10], because exp(x) explodes for a
+token the policy has made far less likely than the reference does, and one such token would otherwise
+own the whole loss (and its gradient).
 
 KL in the reward (PPO/REINFORCE++ style) subtracts kl_coef * kl from the token rewards before the
 advantages are computed; KL in the loss (GRPO style) adds kl_coef * mean kl to the policy loss.
@@ -32,11 +35,16 @@ def k2(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     return 0.5 * (logprobs - ref_logprobs) ** 2
 
 
+K3_LOG_RATIO_BOUND = 20.0
+K3_BOUND = 10.0
+
+
 @kl_estimator("k3")
 def k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
-    """exp(x) - x - 1 with x = log pi_ref - log pi (expm1 keeps it accurate near 0)."""
-    x = ref_logprobs - logprobs
-    return torch.expm1(x) - x
+    """exp(x) - x - 1 with x = log pi_ref - log pi clamped to +-20, the result clamped to [-10, 10]
+    (expm1 keeps it accurate near 0); beyond the clamp a token adds a constant, not a gradient."""
+    x = (ref_logprobs - logprobs).clamp(-K3_LOG_RATIO_BOUND, K3_LOG_RATIO_BOUND)
+    return (torch.expm1(x) - x).clamp(-K3_BOUND, K3_BOUND)
 
 
 def token_kl(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, estimator: str = "k3") -> Tensor:
