@@ -1,5 +1,7 @@
-"""Policy losses (registered by name; today PPO's clipped surrogate with DAPO clip-higher and dual-clip)
-and the ways to aggregate them.
+"""PPO's clipped surrogate (with DAPO clip-higher and dual-clip), the ways to aggregate a per-token loss,
+and what every registered policy loss shares (the clamped log-ratio, per-token weights, ratio metrics).
+The other losses live beside this module: `gspo.py` (sequence-level ratio), `weighted_pg.py` (CISPO and
+the plain policy gradient).
 
 Aggregations decide how much each token weighs. `token_mean` (DAPO) weighs every token alike, so
 long answers are not diluted; `seq_mean_token_mean` (original GRPO) weighs every sample alike;
@@ -22,17 +24,45 @@ from decentralized_verl.algorithms.registry import (
 )
 
 __all__ = [
+    "MAX_LOG_RATIO",
     "POLICY_LOSSES",
     "POLICY_LOSS_AGGREGATIONS",
     "aggregate",
+    "apply_weights",
+    "clamped_log_ratio",
     "ppo_policy_loss",
+    "ratio_metrics",
     "seq_mean_token_mean",
     "seq_mean_token_sum",
     "token_mean",
 ]
 
-_MAX_LOG_RATIO = 20.0
+MAX_LOG_RATIO = 20.0
 """log-ratios are clamped to +-20 before exp, so one wild token cannot overflow to inf."""
+
+
+def clamped_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """log(pi / pi_old) per token, clamped to +-MAX_LOG_RATIO, exactly 0 at masked positions."""
+    return zero_masked(logprobs - old_logprobs, mask).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+
+
+def apply_weights(loss: Tensor, weights: Tensor | None, mask: Tensor) -> Tensor:
+    """`loss * weights` per token, the weights detached (they scale a token's gradient, they are no path
+    for one); None leaves the loss as it is. Rollout-correction importance weights arrive this way."""
+    if weights is None:
+        return loss
+    check_same_shape(mask, weights=weights)
+    return loss * zero_masked(weights.detach(), mask).to(loss.dtype)
+
+
+def ratio_metrics(log_ratio: Tensor, keep: Tensor, mask: Tensor) -> dict[str, float]:
+    """`approx_kl` (mean old - new log-prob), `ratio_mean` over kept tokens, `ratio_max` over all valid."""
+    ratio = torch.exp(log_ratio.detach())
+    return {
+        "approx_kl": masked_mean(-log_ratio.detach(), keep).item(),
+        "ratio_mean": masked_mean(ratio, keep).item(),
+        "ratio_max": ratio[mask].max().item() if bool(mask.any()) else 0.0,
+    }
 
 
 @loss_aggregation("token_mean")
@@ -73,6 +103,7 @@ def ppo_policy_loss(
     dual_clip: float | None = None,
     aggregation: str = "token_mean",
     skip_threshold: float | None = None,
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """PPO clipped surrogate loss over a padded batch; returns (scalar loss, metrics).
 
@@ -84,7 +115,8 @@ def ppo_policy_loss(
 
     `skip_threshold`: a sample whose *mean* ratio over its valid tokens exceeds the threshold is
     left out of the loss entirely (a guard against samples the policy has drifted far from); mean
-    rather than max so one noisy token does not discard a whole answer.
+    rather than max so one noisy token does not discard a whole answer. `weights` ([B, T], detached)
+    multiply each token's loss after the clip (rollout-correction importance weights).
 
     Metrics (python floats, over valid unskipped tokens unless said): `clip_frac` (the clipped
     branch is active), `dual_clip_frac`, `approx_kl` (mean of old - new log-prob), `ratio_mean`,
@@ -101,7 +133,7 @@ def ppo_policy_loss(
     if skip_threshold is not None and skip_threshold <= 0:
         raise ValueError(f"skip_threshold must be > 0 (got {skip_threshold})")
 
-    log_ratio = zero_masked(logprobs - old_logprobs, mask).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    log_ratio = clamped_log_ratio(logprobs, old_logprobs, mask)
     ratio = torch.exp(log_ratio)
     adv = zero_masked(advantages, mask).to(ratio.dtype)
 
@@ -121,14 +153,13 @@ def ppo_policy_loss(
         skipped = mask.any(dim=1) & (sample_ratio > skip_threshold)
         keep = mask & ~skipped[:, None]
 
+    loss = apply_weights(loss, weights, mask)
     total = lookup(POLICY_LOSS_AGGREGATIONS, "loss aggregation", aggregation)(loss, keep)
     with torch.no_grad():
         metrics = {
             "clip_frac": masked_mean((clipped > unclipped).to(ratio.dtype), keep).item(),
             "dual_clip_frac": masked_mean(dual_active.to(ratio.dtype), keep).item(),
-            "approx_kl": masked_mean(-log_ratio, keep).item(),
-            "ratio_mean": masked_mean(ratio, keep).item(),
-            "ratio_max": ratio[mask].max().item() if bool(mask.any()) else 0.0,
+            **ratio_metrics(log_ratio, keep, mask),
             "skipped_frac": skipped.to(ratio.dtype).mean().item() if mask.shape[0] else 0.0,
         }
     return total, metrics

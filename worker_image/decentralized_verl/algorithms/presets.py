@@ -45,3 +45,45 @@ PRESETS: dict[str, AlgorithmPreset] = {
         advantage_estimator="reinforce_plus_plus_baseline", min_samples_per_prompt=2
     ),
 }
+
+
+CLIP_SETTINGS = ("clip_low", "clip_high", "dual_clip", "skip_threshold")
+"""The spec's ratio settings (snake_case) a policy loss may read; `LossDefaults.settings` picks from them."""
+
+
+@dataclass(frozen=True)
+class LossDefaults:
+    """What a policy loss implies for the settings around it.
+
+    The spec refuses a ratio setting the loss does not read (it would silently do nothing); a loss's
+    own clip defaults beat the preset's, because the clip range's scale belongs to the ratio the loss
+    clips (a sequence-level ratio moves far less than a token-level one); an explicit spec value beats both.
+    """
+
+    settings: frozenset[str]
+    """The `CLIP_SETTINGS` the loss reads."""
+    clip_low: float | None = None
+    """None: the preset's (unless `lower_bound` is False)."""
+    clip_high: float | None = None
+    """None: the preset's."""
+    lower_bound: bool = True
+    """False: no lower clip unless `clipLow` is set (CISPO keeps every token's gradient)."""
+    aggregations: tuple[str, ...] | None = None
+    """The loss aggregations that make sense with this loss, the first the default; None: any."""
+
+
+LOSS_DEFAULTS: dict[str, LossDefaults] = {
+    "ppo_clip": LossDefaults(settings=frozenset(CLIP_SETTINGS)),
+    # GSPO clips a length-normalised sequence ratio: its paper's range is 3e-4 / 4e-4, and its objective is
+    # a mean over sequences (each sequence one weight), so only seq_mean_token_mean makes sense.
+    "gspo": LossDefaults(
+        settings=frozenset({"clip_low", "clip_high"}),
+        clip_low=3e-4,
+        clip_high=4e-4,
+        aggregations=("seq_mean_token_mean",),
+    ),
+    # CISPO (MiniMax-M1) bounds the importance weight from above only.
+    "cispo": LossDefaults(settings=frozenset({"clip_low", "clip_high"}), lower_bound=False),
+    "vanilla_pg": LossDefaults(settings=frozenset()),
+}
+"""Per policy loss (every name `registry.POLICY_LOSS_NAMES` declares)."""

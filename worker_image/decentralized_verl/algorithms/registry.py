@@ -10,10 +10,11 @@ torch modules that hold the functions are imported; `load()` does that in one ca
     registry.load()
     advantages, returns = registry.ADVANTAGE_ESTIMATORS[name](inputs, **hparams)
 
-Estimators are registered through a wrapper that lets the trainer pass one shared hparams dict
-to every estimator ("call blindly"): each estimator receives only the keyword arguments its own
-signature names, and a keyword that *no* registered estimator knows is a `TypeError`, so a typo
-in a config never vanishes silently.
+Estimators and policy losses are registered through a wrapper that lets the trainer pass one shared
+dict to every function of the table ("call blindly"): each function receives only the keyword
+arguments its own signature names, and a keyword that *no* registered function of the table knows is a
+`TypeError`, so a typo in a config never vanishes silently. (Which settings make sense for which loss is
+the spec's business: `presets.LOSS_DEFAULTS` says, and the spec rules refuse the rest by field.)
 """
 
 from __future__ import annotations
@@ -44,7 +45,11 @@ KlFn = Callable[["Tensor", "Tensor"], "Tensor"]
 
 
 class PolicyLossFn(Protocol):
-    """`fn(logprobs, old_logprobs, advantages, mask, **settings) -> (scalar loss, metrics)`; [B, T] inputs."""
+    """`fn(logprobs, old_logprobs, advantages, mask, **settings) -> (scalar loss, metrics)`; [B, T] inputs.
+
+    Every loss accepts `weights` ([B, T], detached per-token factors such as rollout-correction
+    importance weights, multiplied onto the per-token loss before aggregation) and `aggregation`.
+    """
 
     def __call__(
         self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, **settings: Any
@@ -58,7 +63,7 @@ ADVANTAGE_ESTIMATOR_NAMES: tuple[str, ...] = (
     "reinforce_plus_plus",
     "reinforce_plus_plus_baseline",
 )
-POLICY_LOSS_NAMES: tuple[str, ...] = ("ppo_clip",)
+POLICY_LOSS_NAMES: tuple[str, ...] = ("ppo_clip", "gspo", "cispo", "vanilla_pg")
 LOSS_AGGREGATION_NAMES: tuple[str, ...] = ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean")
 KL_ESTIMATOR_NAMES: tuple[str, ...] = ("k1", "k2", "k3")
 
@@ -67,12 +72,15 @@ POLICY_LOSSES: dict[str, PolicyLossFn] = {}
 POLICY_LOSS_AGGREGATIONS: dict[str, AggregationFn] = {}
 KL_ESTIMATORS: dict[str, KlFn] = {}
 
-# Keyword arguments each registered estimator accepts (besides `inputs`), for the blind call.
+# Keyword arguments each registered estimator / policy loss accepts, for the blind call.
 _ESTIMATOR_HPARAMS: dict[str, frozenset[str]] = {}
+_LOSS_SETTINGS: dict[str, frozenset[str]] = {}
 
 _IMPLEMENTATIONS = (
     "decentralized_verl.algorithms.advantages",
     "decentralized_verl.algorithms.policy_loss",
+    "decentralized_verl.algorithms.gspo",
+    "decentralized_verl.algorithms.weighted_pg",
     "decentralized_verl.algorithms.kl",
 )
 
@@ -88,6 +96,16 @@ def known_estimator_hparams() -> frozenset[str]:
     return frozenset().union(*_ESTIMATOR_HPARAMS.values()) if _ESTIMATOR_HPARAMS else frozenset()
 
 
+def known_loss_settings() -> frozenset[str]:
+    """Every keyword some registered policy loss accepts; anything else passed is a typo."""
+    return frozenset().union(*_LOSS_SETTINGS.values()) if _LOSS_SETTINGS else frozenset()
+
+
+def _keyword_only(fn: Callable[..., Any]) -> frozenset[str]:
+    params = inspect.signature(fn).parameters.values()
+    return frozenset(p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY)
+
+
 def _check_new(table: dict[str, Any], declared: tuple[str, ...], kind: str, name: str) -> None:
     if name not in declared:
         raise ValueError(f"{kind} {name!r} is not declared in registry ({', '.join(declared)})")
@@ -100,8 +118,7 @@ def advantage_estimator(name: str) -> Callable[[Callable[..., Any]], AdvantageFn
 
     def register(fn: Callable[..., Any]) -> AdvantageFn:
         _check_new(ADVANTAGE_ESTIMATORS, ADVANTAGE_ESTIMATOR_NAMES, "advantage estimator", name)
-        params = inspect.signature(fn).parameters
-        accepted = frozenset(p.name for p in params.values() if p.kind is inspect.Parameter.KEYWORD_ONLY)
+        accepted = _keyword_only(fn)
 
         @functools.wraps(fn)
         def call(inputs: AdvantageInputs, **hparams: Any) -> tuple[Tensor, Tensor]:
@@ -120,13 +137,31 @@ def advantage_estimator(name: str) -> Callable[[Callable[..., Any]], AdvantageFn
     return register
 
 
-def policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    """Register a policy-gradient objective the trainer looks up by `algorithm.policyLoss`."""
+def policy_loss(name: str) -> Callable[[Callable[..., Any]], PolicyLossFn]:
+    """Register `fn(logprobs, old_logprobs, advantages, mask, *, setting=default, ...)` under `name`, the
+    trainer looks it up by `algorithm.policyLoss` and calls it blindly (see the module docstring)."""
 
-    def register(fn: PolicyLossFn) -> PolicyLossFn:
+    def register(fn: Callable[..., Any]) -> PolicyLossFn:
         _check_new(POLICY_LOSSES, POLICY_LOSS_NAMES, "policy loss", name)
-        POLICY_LOSSES[name] = fn
-        return fn
+        accepted = _keyword_only(fn)
+
+        @functools.wraps(fn)
+        def call(
+            logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, **settings: Any
+        ) -> tuple[Tensor, dict[str, float]]:
+            unknown = sorted(set(settings) - known_loss_settings())
+            if unknown:
+                load()  # every loss module registered, so `known` is the whole table's
+                unknown = sorted(set(settings) - known_loss_settings())
+            if unknown:
+                known = sorted(known_loss_settings())
+                raise TypeError(f"policy loss {name!r}: unknown setting(s) {unknown}; known: {known}")
+            chosen = {k: v for k, v in settings.items() if k in accepted}
+            return fn(logprobs, old_logprobs, advantages, mask, **chosen)
+
+        _LOSS_SETTINGS[name] = accepted
+        POLICY_LOSSES[name] = call
+        return call
 
     return register
 
@@ -155,7 +190,7 @@ def kl_estimator(name: str) -> Callable[[KlFn], KlFn]:
 
 def lookup(table: dict[str, Any], kind: str, name: str) -> Any:
     """`table[name]`, or a `ValueError` that lists the names the table does have."""
-    if not table:
+    if name not in table:
         load()
     try:
         return table[name]
