@@ -165,7 +165,7 @@ def ref_weighted_pg(logp, old, adv, mask, mode, low, high, weights=None):
     per_token, clipped, total = {}, 0, 0
     for b in range(mask.shape[0]):
         for t in valid(mask, b):
-            r = math.exp(max(-20.0, min(20.0, float(logp[b, t]) - float(old[b, t]))))
+            r = math.exp(max(-20.0, min(20.0, float(logp[b, t].detach()) - float(old[b, t]))))
             w = 1.0 if high is None else min(max(r, 0.0 if low is None else 1 - low), 1 + high)
             clipped += int(high is not None and w != r)
             total += 1
