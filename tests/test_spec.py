@@ -174,6 +174,118 @@ def test_invalid_manifest_names_the_field(path: str, value: object, field: str, 
     assert any(words.lower() in p.lower() for p in matching), problems
 
 
+LOSS_MISFITS = [
+    # (algorithm fields over BASE's, expected field path, expected words)
+    (
+        {"policyLoss": "gspo", "lossAggregation": "token_mean"},
+        "spec.algorithm.lossAggregation",
+        "seq_mean_token_mean",
+    ),
+    (
+        {"policyLoss": "gspo", "lossAggregation": "seq_mean_token_sum"},
+        "spec.algorithm.lossAggregation",
+        "length",
+    ),
+    ({"policyLoss": "gspo", "dualClip": 3.0}, "spec.algorithm.dualClip", "'gspo' does not read it"),
+    (
+        {"policyLoss": "cispo", "skipThreshold": 2.0},
+        "spec.algorithm.skipThreshold",
+        "'cispo' does not read it",
+    ),
+    ({"policyLoss": "vanilla_pg", "clipLow": 0.2}, "spec.algorithm.clipLow", "reads none of them"),
+    ({"policyLoss": "vanilla_pg", "clipHigh": 0.3}, "spec.algorithm.clipHigh", "does not read it"),
+    ({"policyLoss": "gspo", "clipHigh": 1e-4}, "spec.algorithm.clipHigh", ">= clipLow (0.0003)"),
+    ({"clipHigh": 0.1}, "spec.algorithm.clipHigh", ">= clipLow (0.2)"),
+    (
+        {"rolloutCorrection": {"rejectLow": 2.0, "rejectHigh": 1.5}},
+        "spec.algorithm.rolloutCorrection.rejectLow",
+        "must be <= rejectHigh (1.5)",
+    ),
+    (
+        {"rolloutCorrection": {"rejectLow": 1.2, "rejectHigh": 3.0}},
+        "spec.algorithm.rolloutCorrection.rejectLow",
+        "must hold ratio 1",
+    ),
+    (
+        {"rolloutCorrection": {"rejectHigh": 0.9}},
+        "spec.algorithm.rolloutCorrection.rejectHigh",
+        "must be >= 1",
+    ),
+    ({"rolloutCorrection": {"rejectLow": 0}}, "spec.algorithm.rolloutCorrection.rejectLow", "> 0"),
+    ({"rolloutCorrection": {"cap": 0.5}}, "spec.algorithm.rolloutCorrection.cap", ">= 1"),
+    (
+        {"rolloutCorrection": {"importanceSampling": "tokens"}},
+        "spec.algorithm.rolloutCorrection.importanceSampling",
+        "'off', 'token' or 'sequence'",
+    ),
+    ({"rolloutCorrection": {"rejection": "icepop"}}, "spec.algorithm.rolloutCorrection.rejection", "'token'"),
+    ({"whitenAdvantages": "maybe"}, "spec.algorithm.whitenAdvantages", "boolean"),
+]
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "words"), LOSS_MISFITS, ids=[c[1] + str(i) for i, c in enumerate(LOSS_MISFITS)]
+)
+def test_loss_settings_that_do_not_fit_name_the_field(fields: dict, field: str, words: str) -> None:
+    doc = copy.deepcopy(BASE)
+    doc["spec"]["algorithm"].update(fields)
+    problems = problems_of(doc)
+    matching = [p for p in problems if p.startswith(field + ":")]
+    assert matching, f"no problem names {field}: {problems}"
+    assert any(words.lower() in p.lower() for p in matching), problems
+
+
+def resolved(**fields: object):
+    doc = copy.deepcopy(BASE)
+    backend = fields.pop("backend", None)
+    if backend:
+        doc["spec"]["roles"]["rollout"]["backend"] = backend
+    doc["spec"]["algorithm"].update(fields)
+    return parse_job(doc).spec
+
+
+def test_policy_loss_defaults_and_overrides() -> None:
+    spec = resolved()
+    assert (spec.policy_loss, spec.clip_range, spec.loss_aggregation) == (
+        "ppo_clip",
+        (0.2, 0.2),
+        "token_mean",
+    )
+    spec = resolved(name="dapo")
+    assert spec.clip_range == (0.2, 0.28)
+    spec = resolved(policyLoss="gspo")  # the paper's sequence-level range and the mean over sequences
+    assert (spec.clip_range, spec.loss_aggregation) == ((3e-4, 4e-4), "seq_mean_token_mean")
+    spec = resolved(name="dapo", policyLoss="gspo", clipHigh=5e-4)
+    assert spec.clip_range == (3e-4, 5e-4)
+    spec = resolved(policyLoss="cispo")  # no lower bound unless asked
+    assert spec.clip_range == (None, 0.2)
+    assert resolved(policyLoss="cispo", clipLow=0.5).clip_range == (0.5, 0.2)
+    assert resolved(policyLoss="vanilla_pg").loss_aggregation == "token_mean"
+    assert resolved(lossAggregation="seq_mean_token_sum").loss_aggregation == "seq_mean_token_sum"
+
+
+def test_whitening_is_on_for_ppo_only_unless_set() -> None:
+    assert resolved().whiten_advantages is False
+    assert resolved(whitenAdvantages=True).whiten_advantages is True
+    doc = copy.deepcopy(BASE)
+    doc["spec"]["algorithm"] = {"name": "ppo", "samplesPerPrompt": 4}
+    doc["spec"]["roles"]["critic"] = {"replicas": 1}
+    assert parse_job(doc).spec.whiten_advantages is True
+    doc["spec"]["algorithm"]["whitenAdvantages"] = False
+    assert parse_job(doc).spec.whiten_advantages is False
+
+
+def test_rollout_correction_is_on_by_default_with_vllm_only() -> None:
+    assert resolved().rollout_correction is None  # hf: the rollout runs the learner's kernels
+    vllm = resolved(backend="vllm").rollout_correction
+    assert vllm is not None and (vllm.importance_sampling, vllm.cap, vllm.rejection) == ("token", 2.0, "off")
+    assert resolved(backend="vllm", rolloutCorrection={"enabled": False}).rollout_correction is None
+    chosen = resolved(
+        rolloutCorrection={"importanceSampling": "sequence", "rejection": "token"}
+    ).rollout_correction
+    assert chosen is not None and (chosen.importance_sampling, chosen.rejection) == ("sequence", "token")
+
+
 def test_several_problems_are_reported_together() -> None:
     doc = mutate("spec.training.minibatchSize", 16)
     doc["spec"]["algorithm"]["name"] = "ppo"

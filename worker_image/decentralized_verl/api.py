@@ -69,7 +69,10 @@ class AlgorithmConfig:
     gamma: float = 1.0
     lam: float = 0.95
     kl_coef: float = 0.0
-    clip_range: float = 0.2
+    clip_range: float | None = None
+    """The lower clip range; None: the policy loss's default (0.2 for ppo_clip)."""
+    policy_loss: str = "ppo_clip"
+    """ppo_clip, gspo, cispo or vanilla_pg (`algorithm.policyLoss`)."""
 
 
 @dataclass
@@ -93,7 +96,7 @@ class DecentralizedConfig:
             "algorithm": {
                 "name": algorithm,
                 "samplesPerPrompt": t.samples_per_prompt,
-                "clipLow": a.clip_range,
+                "policyLoss": a.policy_loss,
                 "klCoef": a.kl_coef,
                 "gamma": a.gamma,
                 "lam": a.lam,
@@ -117,6 +120,8 @@ class DecentralizedConfig:
                 "seed": t.seed,
             },
         }
+        if a.clip_range is not None:
+            spec["algorithm"]["clipLow"] = a.clip_range
         if self.model.use_lora:
             spec["model"]["lora"] = {"rank": self.model.lora_rank, "alpha": 2.0 * self.model.lora_rank}
         if algorithm == "ppo":

@@ -135,8 +135,15 @@ def summary(job: RLHFJob) -> str:
     spec = job.spec
     roles = ", ".join(f"{name}={role.replicas}" for name, role in spec.roles.items())
     length = f"{spec.training.steps} steps" if spec.training.steps else f"{spec.training.epochs} epochs"
+    correction = spec.rollout_correction
+    corrected = ""
+    if correction is not None:
+        corrected = (
+            f", rollout correction IS {correction.importance_sampling} / rejection {correction.rejection}"
+        )
     return (
         f"RLHFJob {job.metadata.name}: valid — {spec.algorithm.name} "
-        f"({spec.advantage_estimator} advantages, {spec.algorithm.samples_per_prompt} samples/prompt), "
+        f"({spec.advantage_estimator} advantages, {spec.policy_loss} loss, "
+        f"{spec.algorithm.samples_per_prompt} samples/prompt{corrected}), "
         f"reward {spec.data.reward_type}, {length}, roles {roles}"
     )

@@ -22,13 +22,15 @@ class AlgorithmPreset:
     policy_loss: str = "ppo_clip"
     loss_aggregation: str = "token_mean"
     norm_adv_by_std: bool = True
+    whiten_advantages: bool = False
+    """Whiten the estimator's advantages over the batch's valid tokens (veRL does for GAE)."""
     dynamic_filter: bool = False
     overlong_penalty: bool = False
     mask_truncated: bool = False
 
 
 PRESETS: dict[str, AlgorithmPreset] = {
-    "ppo": AlgorithmPreset(advantage_estimator="gae", needs_critic=True),
+    "ppo": AlgorithmPreset(advantage_estimator="gae", needs_critic=True, whiten_advantages=True),
     "grpo": AlgorithmPreset(advantage_estimator="grpo", min_samples_per_prompt=2),
     # DAPO: clip-higher, token-level loss, dynamic sampling, soft overlong punishment.
     "dapo": AlgorithmPreset(

@@ -72,6 +72,14 @@ class TrainBatch:
     values: torch.Tensor | None = None
     advantages: torch.Tensor | None = None  # [B, R], set by the coordinator before the update
     returns: torch.Tensor | None = None  # [B, R], the critic's targets
+    rollout_weights: torch.Tensor | None = None  # [B, R], rollout-correction weights (set by the trainer)
+    loss_mask: torch.Tensor | None = None
+    """[B, R] the tokens the loss counts, where rollout-correction rejection left out some of
+    `response_mask`'s; the forward still reads `response_mask`, the responses' layout."""
+
+    def trained_mask(self) -> torch.Tensor:
+        """The tokens the loss counts: `loss_mask` when set, else every response token."""
+        return self.response_mask if self.loss_mask is None else self.loss_mask
 
     @property
     def size(self) -> int:

@@ -187,7 +187,8 @@ class Coordinator:
         started = generated.started
         items, report = generated.items, generated.report
         # Samples older than maxStaleness versions are dropped; fresher off-policy ones are importance-
-        # corrected by the PPO ratio against their behaviour log-probs (the rollout's own).
+        # corrected against their behaviour log-probs (the rollout's own): by the loss's ratio, or with a
+        # rollout correction by its truncated weights / rejection (algorithms/rollout_correction.py).
         fresh = [s for s in generated.samples if s.policy_version >= self.version - self.max_staleness]
         stale_dropped = len(generated.samples) - len(fresh)
         samples = fresh

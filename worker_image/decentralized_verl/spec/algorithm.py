@@ -45,6 +45,32 @@ class OverlongSpec(SpecModel):
     penalty_factor: Annotated[float, Field(ge=0)] = 1.0
 
 
+CorrectionLevel = Literal["off", "token", "sequence"]
+
+
+class RolloutCorrectionSpec(SpecModel):
+    """Correct for the rollout engine's log-probs differing from the learner's (and for staleness).
+
+    The learner recomputes the batch's log-probs at its current weights; the loss's ratio is taken against
+    those, and rho = learner / rollout per token is truncated into an importance weight (TIS) or used to
+    reject tokens or samples outside [rejectLow, rejectHigh] (MIS / IcePop). Default: on (token TIS,
+    cap 2) with the vllm rollout backend, off with hf, whose kernels are the learner's.
+    """
+
+    enabled: bool = Field(
+        default=True, description="false: the loss's ratio is against the rollout's log-probs"
+    )
+    importance_sampling: CorrectionLevel = Field(
+        default="token", description="Truncated importance weight per token, per sequence, or off"
+    )
+    cap: Annotated[float, Field(ge=1)] = Field(default=2.0, description="TIS truncation threshold")
+    rejection: CorrectionLevel = Field(
+        default="off", description="Drop tokens (or samples) whose ratio leaves [rejectLow, rejectHigh]"
+    )
+    reject_low: Annotated[float, Field(gt=0)] = 0.5
+    reject_high: Annotated[float, Field(gt=0)] = 2.0
+
+
 class AlgorithmSpec(SpecModel):
     name: AlgorithmName = Field(description="The preset: advantage estimator, clipping, filters and losses")
     advantage_estimator: AdvantageEstimatorName | None = Field(
@@ -52,7 +78,10 @@ class AlgorithmSpec(SpecModel):
     )
     policy_loss: PolicyLossName | None = Field(default=None, description="Override the preset's policy loss")
     samples_per_prompt: PositiveInt = 8
-    clip_low: Annotated[float, Field(gt=0, lt=1)] = 0.2
+    clip_low: Annotated[float, Field(gt=0, lt=1)] | None = Field(
+        default=None,
+        description="Lower clip range; default the policy loss's (gspo 3e-4, cispo none), else 0.2",
+    )
     clip_high: Annotated[float, Field(gt=0, lt=10)] | None = None
     dual_clip: Annotated[float, Field(gt=1)] | None = None
     skip_threshold: Annotated[float, Field(gt=1)] | None = None
@@ -65,6 +94,12 @@ class AlgorithmSpec(SpecModel):
     lam: Annotated[float, Field(ge=0, le=1)] = 0.95
     value_clip: Annotated[float, Field(gt=0)] = 0.2
     norm_adv_by_std: bool | None = None
+    whiten_advantages: bool | None = Field(
+        default=None, description="Whiten advantages over the batch's tokens (default: on for ppo's GAE)"
+    )
+    rollout_correction: RolloutCorrectionSpec | None = Field(
+        default=None, description="Rollout/learner mismatch correction (default: on with a vllm rollout)"
+    )
     top_k: PositiveInt | None = Field(default=None, description="Keep the k best candidates per prompt")
     dynamic_filter: DynamicFilterSpec | None = None
     overlong: OverlongSpec | None = None

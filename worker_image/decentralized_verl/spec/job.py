@@ -7,8 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, model_validator
 
-from decentralized_verl.algorithms.presets import PRESETS, AlgorithmPreset
-from decentralized_verl.spec.algorithm import AlgorithmSpec
+from decentralized_verl.algorithms.presets import LOSS_DEFAULTS, PRESETS, AlgorithmPreset
+from decentralized_verl.spec.algorithm import AlgorithmSpec, RolloutCorrectionSpec
 from decentralized_verl.spec.base import CrossFieldProblems, SpecModel
 from decentralized_verl.spec.data import DataSpec
 from decentralized_verl.spec.model import ModelSpec
@@ -54,6 +54,43 @@ class JobSpec(SpecModel):
     @property
     def advantage_estimator(self) -> str:
         return self.algorithm.advantage_estimator or self.preset.advantage_estimator
+
+    @property
+    def policy_loss(self) -> str:
+        return self.algorithm.policy_loss or self.preset.policy_loss
+
+    @property
+    def clip_range(self) -> tuple[float | None, float]:
+        """(low, high): the spec's, else the policy loss's own, else the preset's; low None means no lower
+        clip (CISPO's default)."""
+        algo, preset = self.algorithm, self.preset
+        loss = LOSS_DEFAULTS[self.policy_loss]
+        low = algo.clip_low
+        if low is None and loss.lower_bound:
+            low = loss.clip_low if loss.clip_low is not None else preset.clip_low
+        high = algo.clip_high
+        if high is None:
+            high = loss.clip_high if loss.clip_high is not None else preset.clip_high
+        return low, high
+
+    @property
+    def loss_aggregation(self) -> str:
+        """The spec's, else the first the policy loss allows, else the preset's."""
+        allowed = LOSS_DEFAULTS[self.policy_loss].aggregations
+        return self.algorithm.loss_aggregation or (allowed[0] if allowed else self.preset.loss_aggregation)
+
+    @property
+    def whiten_advantages(self) -> bool:
+        whiten = self.algorithm.whiten_advantages
+        return self.preset.whiten_advantages if whiten is None else whiten
+
+    @property
+    def rollout_correction(self) -> RolloutCorrectionSpec | None:
+        """The correction in force, None when off: by default on (token TIS) with the vllm backend only."""
+        chosen = self.algorithm.rollout_correction
+        if chosen is None:
+            return RolloutCorrectionSpec() if self.roles.rollout.backend == "vllm" else None
+        return chosen if chosen.enabled else None
 
     @property
     def rollout_batch_size(self) -> int:

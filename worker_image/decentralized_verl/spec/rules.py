@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from decentralized_verl.algorithms.presets import PRESETS
+from decentralized_verl.algorithms.presets import CLIP_SETTINGS, LOSS_DEFAULTS, PRESETS
 from decentralized_verl.errors import Problem
 from decentralized_verl.spec.base import RegisteredName
 
@@ -75,8 +75,6 @@ def algorithm_problems(spec: JobSpec) -> Iterator[Problem]:
         yield _problem(
             "algorithm.samplesPerPrompt", f"estimator {algo.advantage_estimator!r} needs >= 2 (got 1)"
         )
-    if algo.clip_high is not None and algo.clip_high < algo.clip_low:
-        yield _problem("algorithm.clipHigh", f"must be >= clipLow ({algo.clip_low}) (got {algo.clip_high})")
     if algo.top_k is not None and algo.top_k > algo.samples_per_prompt:
         yield _problem(
             "algorithm.topK", f"must be <= samplesPerPrompt ({algo.samples_per_prompt}) (got {algo.top_k})"
@@ -91,6 +89,58 @@ def algorithm_problems(spec: JobSpec) -> Iterator[Problem]:
             yield _problem(
                 "algorithm.overlong.cacheLength",
                 f"must be < data.maxNewTokens ({spec.data.max_new_tokens}) (got {cache})",
+            )
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+def loss_problems(spec: JobSpec) -> Iterator[Problem]:
+    """The policy loss, its ratio settings and aggregation, and the rollout correction fit together."""
+    algo = spec.algorithm
+    if algo.name not in PRESETS or spec.policy_loss not in LOSS_DEFAULTS:
+        return  # reported by name_problems
+    loss = spec.policy_loss
+    defaults = LOSS_DEFAULTS[loss]
+    for setting in CLIP_SETTINGS:
+        if getattr(algo, setting) is not None and setting not in defaults.settings:
+            uses = ", ".join(_camel(s) for s in CLIP_SETTINGS if s in defaults.settings) or "none of them"
+            yield _problem(
+                f"algorithm.{_camel(setting)}",
+                f"policy loss {loss!r} does not read it (it reads {uses}); remove it or choose another "
+                "policyLoss",
+            )
+    low, _ = spec.clip_range
+    if algo.clip_high is not None and low is not None and algo.clip_high < low:
+        yield _problem("algorithm.clipHigh", f"must be >= clipLow ({low}) (got {algo.clip_high})")
+    allowed = defaults.aggregations
+    if algo.loss_aggregation is not None and allowed is not None and algo.loss_aggregation not in allowed:
+        yield _problem(
+            "algorithm.lossAggregation",
+            f"policy loss {loss!r} needs {' or '.join(allowed)} (got {algo.loss_aggregation!r}): "
+            "its objective is a mean over sequences, and the others weigh a sequence by its length",
+        )
+    correction = algo.rollout_correction
+    if correction is not None:
+        where = "algorithm.rolloutCorrection"
+        if correction.reject_low > correction.reject_high:
+            yield _problem(
+                f"{where}.rejectLow",
+                f"must be <= rejectHigh ({correction.reject_high}) (got {correction.reject_low})",
+            )
+        elif correction.reject_low > 1:
+            yield _problem(
+                f"{where}.rejectLow",
+                f"must be <= 1: the band must hold ratio 1, a token both engines agree on (got "
+                f"{correction.reject_low})",
+            )
+        elif correction.reject_high < 1:
+            yield _problem(
+                f"{where}.rejectHigh",
+                f"must be >= 1: the band must hold ratio 1, a token both engines agree on (got "
+                f"{correction.reject_high})",
             )
 
 
@@ -193,6 +243,7 @@ def volunteer_problems(spec: JobSpec) -> Iterator[Problem]:
 RULES: tuple[Callable[[JobSpec], Iterator[Problem]], ...] = (
     name_problems,
     algorithm_problems,
+    loss_problems,
     reward_problems,
     role_problems,
     batch_problems,

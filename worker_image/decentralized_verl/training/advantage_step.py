@@ -19,7 +19,8 @@ from decentralized_verl.algorithms.filters import (
     top_k_keep_mask,
 )
 from decentralized_verl.algorithms.kl import kl_in_reward, token_kl
-from decentralized_verl.algorithms.masking import masked_mean
+from decentralized_verl.algorithms.masking import masked_mean, masked_whiten
+from decentralized_verl.algorithms.rollout_correction import RolloutCorrection
 from decentralized_verl.core.samples import Sample, TrainBatch
 from decentralized_verl.spec import JobSpec
 
@@ -30,12 +31,15 @@ class AlgorithmSettings:
 
     estimator: str
     policy_loss: str
-    clip_low: float
+    clip_low: float | None
+    """None: no lower clip (CISPO's default)."""
     clip_high: float
     dual_clip: float | None
     skip_threshold: float | None
     aggregation: str
     norm_by_std: bool
+    whiten_advantages: bool
+    rollout_correction: RolloutCorrection | None
     kl_coef: float
     kl_estimator: str
     kl_in: str
@@ -62,15 +66,27 @@ class AlgorithmSettings:
         if over.enabled if over else preset.overlong_penalty:
             cache = (over.cache_length if over else None) or max(1, spec.data.max_new_tokens // 4)
             overlong = (cache, over.penalty_factor if over else 1.0)
+        clip_low, clip_high = spec.clip_range
+        correction = spec.rollout_correction
         return cls(
             estimator=spec.advantage_estimator,
-            policy_loss=algo.policy_loss or preset.policy_loss,
-            clip_low=algo.clip_low,
-            clip_high=algo.clip_high if algo.clip_high is not None else preset.clip_high,
+            policy_loss=spec.policy_loss,
+            clip_low=clip_low,
+            clip_high=clip_high,
             dual_clip=algo.dual_clip,
             skip_threshold=algo.skip_threshold,
-            aggregation=algo.loss_aggregation or preset.loss_aggregation,
+            aggregation=spec.loss_aggregation,
             norm_by_std=algo.norm_adv_by_std if algo.norm_adv_by_std is not None else preset.norm_adv_by_std,
+            whiten_advantages=spec.whiten_advantages,
+            rollout_correction=None
+            if correction is None
+            else RolloutCorrection(
+                importance_sampling=correction.importance_sampling,
+                cap=correction.cap,
+                rejection=correction.rejection,
+                reject_low=correction.reject_low,
+                reject_high=correction.reject_high,
+            ),
             kl_coef=algo.kl_coef,
             kl_estimator=algo.kl_estimator,
             kl_in=algo.kl_in,
@@ -150,6 +166,9 @@ def attach_advantages(batch: TrainBatch, settings: AlgorithmSettings) -> dict[st
     advantages, returns = estimator(
         inputs, gamma=settings.gamma, lam=settings.lam, norm_by_std=settings.norm_by_std
     )
+    if settings.whiten_advantages:
+        # After the returns are taken (the critic's targets stay unwhitened), as veRL does for GAE.
+        advantages = masked_whiten(advantages, mask.bool())
     batch.advantages = advantages.float()
     batch.returns = returns.float()
     metrics["advantage_abs_mean"] = float(masked_mean(advantages.abs(), mask.bool()))

@@ -2,11 +2,17 @@
 
 Every learner replica runs the same `PolicyTrainer.update` on its shard; torch.distributed (gloo on CPU,
 nccl on GPU) averages gradients inside DistributedDataParallel, so replicas stay bit-identical.
+
+With a rollout correction in force the update first recomputes the batch's log-probs with the learner's
+current weights: the loss's ratio is then taken against those, and the rollout's own log-probs only set
+the correction's importance weights and rejections (`algorithms.rollout_correction`). Without one, the
+loss's ratio is against the rollout's log-probs directly.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from typing import Any
@@ -17,6 +23,7 @@ from torch import nn
 from decentralized_verl.algorithms import registry
 from decentralized_verl.algorithms.kl import kl_in_loss
 from decentralized_verl.algorithms.policy_loss import aggregate
+from decentralized_verl.algorithms.rollout_correction import correct_rollout
 from decentralized_verl.core.forward import ForwardChooser, response_logprobs
 from decentralized_verl.core.samples import TrainBatch
 from decentralized_verl.spec import JobSpec
@@ -87,17 +94,54 @@ class PolicyTrainer:
             plan.append([torch.tensor(microbatches.rows_of(part), dtype=torch.long) for part in parts])
         return plan
 
+    def learner_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        """[B, R] log-probs of the batch's responses under the current weights, no gradient, computed in the
+        update's micro-batches (whole prompt groups, same row or token budget) in a fixed order."""
+        training = self.spec.training
+        micro = training.microbatch_size or training.minibatch_size or training.batch_size
+        prompt_lengths = batch.attention_mask[:, : batch.prompt_length].sum(dim=1)
+        groups = microbatches.groups_of(batch.group_index, prompt_lengths, batch.response_lengths)
+        if training.microbatch_tokens:
+            parts = microbatches.by_tokens(groups, training.microbatch_tokens)
+        else:
+            parts = microbatches.by_rows(groups, micro)
+        out = torch.zeros_like(batch.old_logprobs)
+        self.forward.plain = self.force_plain
+        with torch.no_grad():
+            for part in parts:
+                rows = torch.tensor(microbatches.rows_of(part), dtype=torch.long)
+                logprobs, _ = self.forward(batch.select(rows))
+                out[rows] = logprobs.to(out.dtype)
+        return out
+
+    def corrected(self, batch: TrainBatch) -> tuple[TrainBatch, dict[str, float]]:
+        """The batch the loss sees: as given without a rollout correction; with one, the learner's log-probs
+        as `old_logprobs`, rejected tokens out of `loss_mask` and the importance weights attached."""
+        config = self.settings.rollout_correction
+        if config is None:
+            return batch, {}
+        learner = self.learner_logprobs(batch)
+        weights, kept, metrics = correct_rollout(learner, batch.old_logprobs, batch.response_mask, config)
+        fixed = dataclasses.replace(
+            batch,
+            old_logprobs=learner,
+            loss_mask=kept.to(batch.response_mask.dtype),
+            rollout_weights=weights.to(learner.dtype),
+        )
+        return fixed, {f"rollout_corr_{key}": value for key, value in metrics.items()}
+
     def update(self, batch: TrainBatch) -> dict[str, float]:
         """PPO-style epochs over mini-batches with gradient accumulation over micro-batches."""
         assert batch.advantages is not None, "attach_advantages must run before update"
         s = self.settings
+        batch, correction_metrics = self.corrected(batch)
         self.module.train()
         sums: dict[str, float] = {}
         count = 0
         for _ in range(s.ppo_epochs):
             for parts in self.microbatch_plan(batch):
                 self.optimizer.zero_grad(set_to_none=True)
-                weights = microbatches.loss_weights(batch.response_mask, parts, s.aggregation)
+                weights = microbatches.loss_weights(batch.trained_mask(), parts, s.aggregation)
                 for k, (part, weight) in enumerate(zip(parts, weights, strict=True)):
                     sync = not self.distributed or k == len(parts) - 1
                     ctx = contextlib.nullcontext() if sync else self.module.no_sync()  # type: ignore[operator]
@@ -126,22 +170,25 @@ class PolicyTrainer:
         out = {key: value / max(count, 1) for key, value in sums.items() if key != "skipped_updates"}
         out["skipped_updates"] = sums.get("skipped_updates", 0.0)
         out["lr"] = self.scheduler.get_last_lr()[0]
+        out.update(correction_metrics)
         return out
 
     def _loss(self, mb: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
         s = self.settings
         logprobs, entropy = self.module(mb, entropy=s.entropy_coef > 0)
+        mask = mb.trained_mask()
         policy_loss = registry.lookup(registry.POLICY_LOSSES, "policy loss", s.policy_loss)
         loss, metrics = policy_loss(
             logprobs,
             mb.old_logprobs,
             mb.advantages,
-            mb.response_mask,
+            mask,
             clip_low=s.clip_low,
             clip_high=s.clip_high,
             dual_clip=s.dual_clip,
             aggregation=s.aggregation,
             skip_threshold=s.skip_threshold,
+            weights=mb.rollout_weights,
         )
         metrics = {f"pg_{k}" if not k.startswith("pg_") else k: v for k, v in metrics.items()}
         metrics["pg_loss"] = float(loss.detach())
@@ -149,7 +196,7 @@ class PolicyTrainer:
             term, kl_metrics = kl_in_loss(
                 logprobs,
                 mb.ref_logprobs,
-                mb.response_mask,
+                mask,
                 kl_coef=s.kl_coef,
                 estimator=s.kl_estimator,
                 aggregation=s.aggregation,
@@ -157,7 +204,7 @@ class PolicyTrainer:
             loss = loss + term
             metrics["kl_loss"] = kl_metrics["kl"]
         if s.entropy_coef > 0:
-            bonus = aggregate(entropy, mb.response_mask, s.aggregation)
+            bonus = aggregate(entropy, mask, s.aggregation)
             loss = loss - s.entropy_coef * bonus
             metrics["entropy"] = float(bonus.detach())
         return loss, metrics
