@@ -373,22 +373,6 @@ def test_each_distinct_prompt_is_prefilled_once_and_its_samples_continue_from_it
         assert max(abs(a - b) for a, b in zip(out.logprobs, expected, strict=True)) < 1e-4
 
 
-def test_prompts_sent_with_one_seed_draw_independently(tokenizer):
-    # A step sends every prompt with the same seed: identical prompts under two ids must still sample
-    # independently, or sample k of every prompt in the batch would move together.
-    model = tiny_llama(0)
-    params = SamplingParams(max_new_tokens=12, temperature=1.0, n=4, seed=7)
-    ids = encode(tokenizer, PROMPTS["mid"])
-    out = by_key(
-        HFBackend(model, tokenizer).generate([GenerationRequest(p, ids, params) for p in ("a", "b")])
-    )
-    assert [out[("a", i)].response_token_ids for i in range(4)] != [
-        out[("b", i)].response_token_ids for i in range(4)
-    ]
-    again = by_key(HFBackend(model, tokenizer).generate([GenerationRequest("a", ids, params)]))
-    assert all(again[("a", i)].response_token_ids == out[("a", i)].response_token_ids for i in range(4))
-
-
 def test_unseeded_requests_follow_the_backend_seed(tokenizer):
     model = tiny_llama(0)
     req = [GenerationRequest("x", encode(tokenizer, "1+2="), SamplingParams(max_new_tokens=12, n=2))]

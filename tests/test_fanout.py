@@ -10,6 +10,7 @@ import asyncio
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,12 @@ from decentralized_verl.transport.fanout_route import (  # noqa: E402
     route_from_json,
     route_to_json,
 )
-from decentralized_verl.transport.fanout_runtime import RelayWeightSource, WeightFanout  # noqa: E402
+from decentralized_verl.transport.fanout_runtime import (  # noqa: E402
+    PUSH_FLOOR_S,
+    RelayWeightSource,
+    WeightFanout,
+    push_deadline_s,
+)
 from decentralized_verl.transport.weight_receive import GrpcWeightSource, LocalWeightSource  # noqa: E402
 from decentralized_verl.transport.weight_service import WeightPublisher  # noqa: E402
 from decentralized_verl.transport.wire import weights as wire_weights  # noqa: E402
@@ -400,6 +406,23 @@ def test_relay_weight_source_reads_pushes_and_pulls_what_it_missed(nodes):
         puller.fetch_latest(3)
     with pytest.raises(RuntimeError, match="event loop"):  # it blocks: never on the relay's own loop
         worker.call(_call_async(puller.fetch_latest, 2))
+
+
+def test_a_receiver_that_hangs_alive_is_cut_off_and_the_push_returns(nodes):
+    relay = WeightRelay(WeightPublisher(chunk_bytes=CHUNK))
+    home = nodes(relay)
+    good, hung = nodes(), nodes()
+    relay.publish(model_state(), 1)
+    # Its event loop stops answering: the port still accepts, nothing reads or acknowledges.
+    hung.loop.call_soon_threadsafe(time.sleep, 6.0)
+    began = time.monotonic()
+    route = [Hop(good.address), Hop(hung.address)]
+    results = home.call(relay.fan_out(1, route, timeout_s=1.5))
+    assert time.monotonic() - began < 5.0
+    assert results[good.address] == OK
+    assert results[hung.address] == "not sent: no answer in 2 s"
+    assert_same(good.state()[1], bf16(model_state()))
+    assert push_deadline_s(0) == PUSH_FLOOR_S and push_deadline_s(500_000_000) == PUSH_FLOOR_S + 10.0
 
 
 async def _call_async(fn, *args):

@@ -138,7 +138,7 @@ async def test_create_makes_configmap_service_and_pods(cluster):
     cm = await emu.get("configmaps", "alpha-config")
     config = yaml.safe_load(cm["data"]["job.yaml"])
     assert config["algorithm"]["name"] == "grpo" and config["training"]["steps"] == 10
-    assert config["algorithm"]["clipLow"] == 0.2  # defaults filled in for the workers
+    assert config["training"]["maxGradNorm"] == 1.0  # defaults filled in for the workers
 
     svc = await emu.get("services", "alpha-workers")
     assert svc["spec"]["clusterIP"] == "None"

@@ -17,7 +17,6 @@ generation, so each output carries the version that actually produced it.
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import threading
 import time
@@ -35,12 +34,10 @@ _SEED_MIX = 0x9E3779B97F4A7C15  # spreads (seed, sample_index) pairs over the 63
 _SEED_MASK = (1 << 63) - 1
 
 
-def row_seed(seed: int, sample_index: int, prompt_id: str = "") -> int:
-    """The generator seed for sample ``sample_index`` of prompt ``prompt_id`` in a request seeded with
-    ``seed``. The prompt id is mixed in because a step sends every prompt with the same seed: without it,
-    sample k of every prompt would draw the same uniforms, so a batch's samples would move together."""
-    prompt = int.from_bytes(hashlib.blake2b(prompt_id.encode(), digest_size=8).digest(), "little")
-    return (seed * _SEED_MIX + sample_index * 0x632BE59BD9B4E019 + prompt + 1) & _SEED_MASK
+def row_seed(seed: int, sample_index: int) -> int:
+    """The generator seed for sample ``sample_index`` of a request seeded with ``seed`` (the rollout worker
+    gives each (prompt, sample) item its own request seed, `serving.rollout.item_seed`)."""
+    return (seed * _SEED_MIX + sample_index * 0x632BE59BD9B4E019 + 1) & _SEED_MASK
 
 
 def filter_logits(scaled: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
@@ -242,7 +239,7 @@ class HFBackend:
                     gen = self._generator
                 else:
                     gen = torch.Generator(device=self.device)
-                    gen.manual_seed(row_seed(request.params.seed, index, request.prompt_id))
+                    gen.manual_seed(row_seed(request.params.seed, index))
                 rows.append(_Row(request.prompt_id, index, prompt, request.params, gen))
         return rows
 

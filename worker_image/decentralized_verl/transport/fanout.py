@@ -166,9 +166,12 @@ class WeightRelay:
 
     # ----------------------------------------------------------------- sending
 
-    async def fan_out(self, version: int | None, route: Sequence[Hop]) -> dict[str, str]:
+    async def fan_out(
+        self, version: int | None, route: Sequence[Hop], *, timeout_s: float | None = None
+    ) -> dict[str, str]:
         """Send a held version (the newest when None) down ``route``; returns address -> "ok" or why not,
-        for every node of the route (a skipped node is reported, the nodes below it are still served)."""
+        for every node of the route (a skipped node is reported, the nodes below it are still served). A
+        child still busy after ``timeout_s`` is cut off with its subtree (they pull instead)."""
         held = self.publisher.get(version)
         if held is None:
             raise WireError(
@@ -180,7 +183,7 @@ class WeightRelay:
             session.open(hop)
         for raw in raws:
             session.send(raw)
-        return await session.finish()
+        return await session.finish(timeout_s)
 
     # ----------------------------------------------------------------- serving
 

@@ -131,16 +131,27 @@ class Session:
         for d in self.downstreams:
             d.queue.put_nowait(raw)
 
-    async def finish(self) -> dict[str, str]:
-        """Seal the stream and wait for every child (and every adopted grandchild) to answer."""
+    async def finish(self, timeout_s: float | None = None) -> dict[str, str]:
+        """Seal the stream and wait for every child (and every adopted grandchild) to answer; a child that
+        has not answered within ``timeout_s`` (a worker that hangs alive) is cancelled with its subtree."""
         self.sealed = True
         for d in self.downstreams:
             d.queue.put_nowait(None)
+        loop = asyncio.get_running_loop()
+        until = None if timeout_s is None else loop.time() + timeout_s
         results: dict[str, str] = {}
         seen = 0
         while seen < len(self.downstreams):  # adoption may open more while we wait
             d = self.downstreams[seen]
-            for address, outcome in (await d.task).items():
+            left = None if until is None else max(0.0, until - loop.time())
+            done, _ = await asyncio.wait({d.task}, timeout=left)
+            if done:
+                outcomes = d.task.result()
+            else:
+                d.cancel()
+                log.warning("fan-out: %s gave no answer in %.0f s; cut off", d.hop.address, timeout_s)
+                outcomes = {a: f"not sent: no answer in {timeout_s:.0f} s" for a in d.hop.addresses()}
+            for address, outcome in outcomes.items():
                 if results.get(address) != OK:
                     results[address] = outcome
             seen += 1

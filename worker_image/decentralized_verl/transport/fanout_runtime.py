@@ -25,6 +25,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+PUSH_FLOOR_S = 10.0
+PUSH_MIN_BYTES_PER_S = 50e6
+"""A push that has not reached the whole route by FLOOR + bytes / MIN_RATE is given up (every worker it
+missed pulls instead): a worker that hangs alive (stopped, swapping) accepts the connection but not the
+bytes, and must not hold the learner's step. Loopback and cluster networks move 1 GB/s or more."""
+
+
+def push_deadline_s(total_bytes: int) -> float:
+    return PUSH_FLOOR_S + total_bytes / PUSH_MIN_BYTES_PER_S
+
 
 class WeightFanout:
     """The learner's side of weight sync with remote rollout workers.
@@ -88,8 +98,10 @@ class WeightFanout:
 
     async def push(self, version: int) -> dict[str, str]:
         route = self.route()
+        held = self.publisher.get(version)
+        deadline = push_deadline_s(held.manifest.total_bytes if held is not None else 0)
         try:
-            results = await self.relay.fan_out(version, route)
+            results = await self.relay.fan_out(version, route, timeout_s=deadline)
         except Exception as exc:  # a bug or a version gone: the pull path still serves every worker
             log.warning("weights v%d: push failed (%s); rollout workers will pull", version, exc)
             results = {a: f"not sent: {exc}"[:REASON_CHARS] for h in route for a in h.addresses()}
