@@ -161,6 +161,35 @@ def test_a_daemon_that_left_the_tree_is_still_ended_by_the_guard_mark(tmp_path: 
         group.close()
 
 
+FORKER = """
+import os, sys, time
+from decentralized_verl.orphans import guard_descendants
+guard_descendants()
+pid = os.fork()  # no exec: /proc/PID/environ of the child shows no guard mark
+if pid == 0:
+    time.sleep(600)
+    os._exit(0)
+open(sys.argv[1], "w").write(str(pid))
+os.kill(os.getpid(), 9)  # gone before the watchdog's first look: the child was never seen below it
+"""
+
+
+def test_a_forked_child_the_guard_never_saw_is_ended_through_the_owners_process_group(tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    owner = subprocess.Popen([sys.executable, "-c", FORKER, str(pid_file)], start_new_session=True)
+    assert owner.wait(60) == -signal.SIGKILL
+    child = int(pid_file.read_text())
+    started = _start_time(child)
+    try:
+        deadline = time.monotonic() + 15
+        while _start_time(child) == started and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _start_time(child) != started, "the forked child outlived its guarded owner"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+
+
 CHILD = """
 import sys, time
 from decentralized_verl.orphans import die_with_parent

@@ -5,9 +5,10 @@ holds the DHT port) cannot tie them to its own life: `kill -9` runs no cleanup, 
 its direct children. `guard_descendants()` starts a small watchdog process that, once the guarded process is
 gone, kills whatever it started: every descendant it saw while polling, and every process that carries the
 guard's mark in its environment (`DVERL_GUARDED_BY`, set in the guarded process before the watchdog starts,
-so every process it starts afterwards inherits it). The mark covers what polling can miss: a daemon started
-between two polls, or one already re-parented when the owner died (hivemind's forked DHT process and p2pd
-under a loaded machine). Process identity is (pid, start time), so a reused pid is never killed. Linux only
+so every process it starts afterwards inherits it), and every process of the owner's own process group when
+it leads one. The mark and the group cover what polling can miss: a daemon started between two polls, or
+one already re-parented when the owner died (hivemind's forked DHT process and p2pd under a loaded
+machine). Process identity is (pid, start time), so a reused pid is never killed. Linux only
 (reads /proc); elsewhere it does nothing.
 """
 
@@ -38,6 +39,24 @@ def _start_time(pid: int) -> int | None:
         return None
     fields = stat[stat.rindex(")") + 2 :].split()
     return int(fields[19])
+
+
+def _pgrp(pid: int) -> int | None:
+    """The process group of `pid` (field 5 of /proc/PID/stat), None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2 :].split()[2])
+
+
+def in_group(group: int) -> set[int]:
+    """Every living process of process group `group`."""
+    found: set[int] = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and _pgrp(int(entry.name)) == group:
+            found.add(int(entry.name))
+    return found
 
 
 def _parents() -> dict[int, int]:
@@ -89,11 +108,16 @@ def marked(mark: str) -> set[int]:
     return found
 
 
-def watch(owner: int, owner_started: int) -> None:
+def watch(owner: int, owner_started: int, owner_group: int | None = None) -> None:
     """The watchdog's loop: remember the owner's descendants; when the owner is gone, kill them and every
     process marked with the owner's guard."""
     me = os.getpid()
     seen: dict[int, int] = {}
+    # An owner that leads its own process group (`dverl run`, a launcher's child) shares that group with
+    # every process it forked without exec (hivemind's DHT process): those neither show the guard's mark
+    # in /proc/PID/environ (it is the environment of their last exec) nor stay its descendants once it
+    # dies, so a poll that missed them would leave them. They stay in its group.
+    group = owner if owner_group == owner else None
     while _start_time(owner) == owner_started:
         for pid in descendants(owner) - {me}:
             started = _start_time(pid)
@@ -103,6 +127,10 @@ def watch(owner: int, owner_started: int) -> None:
     for pid in marked(f"{owner}:{owner_started}") - {me} - set(seen):
         started = _start_time(pid)
         if started is not None:
+            seen[pid] = started
+    for pid in (in_group(group) if group is not None else set()) - {me} - set(seen):
+        started = _start_time(pid)
+        if started is not None and started >= owner_started:  # never one older than the owner
             seen[pid] = started
     for pid, started in seen.items():
         if _start_time(pid) == started:
@@ -141,7 +169,7 @@ def guard_descendants() -> subprocess.Popen | None:
     above = os.environ.get(MARK_VARIABLE)
     os.environ[MARK_VARIABLE] = f"{above},{mark}" if above else mark  # inherited by all it starts from now
     return subprocess.Popen(
-        [sys.executable, "-m", "decentralized_verl.orphans", str(me), str(started)],
+        [sys.executable, "-m", "decentralized_verl.orphans", str(me), str(started), str(os.getpgrp())],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -151,4 +179,4 @@ def guard_descendants() -> subprocess.Popen | None:
 
 
 if __name__ == "__main__":
-    watch(int(sys.argv[1]), int(sys.argv[2]))
+    watch(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else None)
