@@ -234,6 +234,13 @@ def test_shipped_tiny_grpo_example_learns(tmp_path: Path) -> None:
     assert summary["eval_accuracy_after"] > summary["eval_accuracy_before"], summary
 
 
+def _served_by_two(output: Path) -> bool:
+    """Whether a step so far had two rollout workers answering (read from the live metrics file)."""
+    path = output / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return any(json.loads(line).get("rollout_workers") == 2 for line in lines if line.strip())
+
+
 def test_running_learner_follows_rollout_workers_added_and_removed(tmp_path: Path) -> None:
     """What the operator does on scale, played locally: start a pod, rewrite workers.yaml, delete a pod.
 
@@ -241,7 +248,7 @@ def test_running_learner_follows_rollout_workers_added_and_removed(tmp_path: Pat
     (killed as a deleted pod, then dropped from the file). No learner restart, no sample lost or doubled.
     """
     path = manifest(
-        tmp_path, "scale-e2e", **{"training.steps": 14, "training.evalEvery": 0, "data.maxNewTokens": 24}
+        tmp_path, "scale-e2e", **{"training.steps": 30, "training.evalEvery": 0, "data.maxNewTokens": 24}
     )
     job = load_job(path)
     output = tmp_path / "run"
@@ -278,7 +285,9 @@ def test_running_learner_follows_rollout_workers_added_and_removed(tmp_path: Pat
                 cluster.restart(second.worker.name)  # the operator created the pod ...
                 write(first, second)  # ... and rewrote the ConfigMap
                 added_at = step
-            if added_at is not None and removed_at is None and step >= added_at + 5:
+            # Scale down once the new worker has served a step (as an operator's rollout waits for ready).
+            served = added_at is not None and step >= added_at + 2 and _served_by_two(output)
+            if served and removed_at is None:
                 cluster.kill(first.worker.name, signal.SIGKILL)  # scaled down: pod deleted ...
                 write(second)  # ... and dropped from the file
                 removed_at = step
@@ -286,7 +295,7 @@ def test_running_learner_follows_rollout_workers_added_and_removed(tmp_path: Pat
         assert learner.process.wait(timeout=60) == 0, learner.log_tail()
     assert added_at is not None and removed_at is not None
     records = read_metrics(output / "metrics.jsonl")
-    assert len(records) == 14
+    assert len(records) == 30
     assert all(r["rollout_workers"] == 1 for r in records[:added_at])
     assert any(r["rollout_workers"] == 2 for r in records[added_at : removed_at + 1]), [
         r["rollout_workers"] for r in records
