@@ -119,6 +119,16 @@ INVALID = [
     ("spec.roles.learner.backend", "vllm", "spec.roles.learner.backend", "only the rollout role"),
     ("spec.roles.rollout.resources", {"memory": "lots"}, "spec.roles.rollout.resources", "quantity"),
     ("spec.roles.rollout.resources", {"gpus": -1}, "spec.roles.rollout.resources.gpus", ">= 0"),
+    ("spec.roles.rollout.resources", {"gpuMemory": "big"}, "spec.roles.rollout.resources", "quantity"),
+    ("spec.roles.learner.sharding", "zero3", "spec.roles.learner.sharding", "'ddp' or 'fsdp'"),
+    ("spec.roles.rollout.sharding", "fsdp", "spec.roles.rollout.sharding", "only training roles"),
+    (
+        "spec.roles.rollout.activationCheckpointing",
+        True,
+        "spec.roles.rollout.activationCheckpointing",
+        "only training roles",
+    ),
+    ("spec.roles.learner.cpuOffload", True, "spec.roles.learner.cpuOffload", "needs sharding: fsdp"),
     (
         "spec.roles.rollout.nodePools",
         [{"name": "a100", "replicas": 1}],
@@ -331,3 +341,13 @@ def test_yaml_round_trip_of_example(tmp_path: Path) -> None:
     target = tmp_path / "job.yaml"
     target.write_text(dumped)
     assert load_job(target).spec == job.spec
+
+
+def test_fsdp_learners_need_rollout_workers_and_refuse_lora() -> None:
+    doc = mutate("spec.roles.learner.sharding", "fsdp")
+    assert parse_job(doc).spec.roles.learner.sharding == "fsdp"
+    doc["spec"]["roles"]["rollout"]["replicas"] = 0
+    doc["spec"]["model"]["lora"] = {"rank": 4}
+    found = problems_of(doc)
+    assert any(p.startswith("spec.roles.rollout.replicas") and "fsdp" in p for p in found), found
+    assert any(p.startswith("spec.roles.learner.sharding") and "lora" in p for p in found), found

@@ -30,11 +30,21 @@ QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
 class Resources(SpecModel):
     cpu: str | None = Field(default=None, description="Kubernetes quantity, e.g. 4 or 500m")
     memory: str | None = Field(default=None, description="Kubernetes quantity, e.g. 16Gi")
-    gpus: NonNegativeInt = 0
+    gpus: NonNegativeInt = Field(
+        default=0,
+        description="GPUs per worker; a vllm rollout worker with N > 1 runs tensor-parallel over them",
+    )
+    gpu_memory: str | None = Field(
+        default=None,
+        description=(
+            "Memory of one GPU, e.g. 24Gi: what `dverl plan` checks the job against (else from the pool's "
+            "gpuType)"
+        ),
+    )
 
     @model_validator(mode="after")
     def _quantities(self) -> Resources:
-        for name in ("cpu", "memory"):
+        for name in ("cpu", "memory", "gpu_memory"):
             value = getattr(self, name)
             if value is not None and not QUANTITY.match(value):
                 raise ValueError(f"{name}: not a Kubernetes quantity (got {value!r})")
@@ -53,6 +63,10 @@ class NodePool(SpecModel):
 
 
 FailurePolicy = Literal["restartPod", "restartRole", "failJob"]
+
+Sharding = Literal["ddp", "fsdp"]
+SHARDED_ROLES = ("learner", "critic")
+"""Roles that train, so hold gradients and optimizer state worth sharding."""
 
 
 class RoleSpec(SpecModel):
@@ -73,6 +87,21 @@ class RoleSpec(SpecModel):
     resources: Resources = Field(default_factory=Resources)
     node_pools: list[NodePool] = Field(default_factory=list)
     model: ModelSpec | None = Field(default=None, description="Critic / reward model (defaults to policy)")
+    sharding: Sharding = Field(
+        default="ddp",
+        description=(
+            "Training roles: ddp (every replica holds the whole model, gradients and optimizer state) or "
+            "fsdp (FSDP2: parameters, gradients and optimizer state split over the replicas, per decoder "
+            "layer)"
+        ),
+    )
+    cpu_offload: bool = Field(
+        default=False, description="fsdp only: keep parameters, gradients and optimizer state in CPU memory"
+    )
+    activation_checkpointing: bool = Field(
+        default=False,
+        description="Training roles: recompute each decoder layer's activations in the backward pass",
+    )
 
 
 class RolesSpec(SpecModel):

@@ -14,9 +14,11 @@ from pydantic.fields import FieldInfo
 from decentralized_verl.algorithms.presets import CLIP_SETTINGS, LOSS_DEFAULTS, PRESETS
 from decentralized_verl.errors import Problem
 from decentralized_verl.spec.base import RegisteredName
+from decentralized_verl.spec.roles import SHARDED_ROLES
 
 if TYPE_CHECKING:
     from decentralized_verl.spec.job import JobSpec
+    from decentralized_verl.spec.roles import RoleSpec
 
 GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline")
 """Estimators that compare samples within a prompt group."""
@@ -172,8 +174,40 @@ def role_problems(spec: JobSpec) -> Iterator[Problem]:
             )
         if role.backend == "vllm" and name != "rollout":
             yield _problem(f"roles.{name}.backend", "only the rollout role generates; use hf here")
+        yield from _sharding_problems(name, role)
     if spec.roles.learner.replicas < 1:
         yield _problem("roles.learner.replicas", "must be >= 1 (got 0): the learner cannot run colocated")
+
+
+def _sharding_problems(name: str, role: RoleSpec) -> Iterator[Problem]:
+    trains = name in SHARDED_ROLES
+    training_roles = ", ".join(SHARDED_ROLES)
+    if role.sharding != "ddp" and not trains:
+        yield _problem(f"roles.{name}.sharding", f"only training roles ({training_roles}) shard")
+    if role.activation_checkpointing and not trains:
+        yield _problem(
+            f"roles.{name}.activationCheckpointing", f"only training roles ({training_roles}) use it"
+        )
+    if role.cpu_offload and role.sharding != "fsdp":
+        yield _problem(f"roles.{name}.cpuOffload", "needs sharding: fsdp (FSDP2 does the offloading)")
+
+
+def sharding_problems(spec: JobSpec) -> Iterator[Problem]:
+    """A sharded learner holds no whole copy of the policy, so nothing may run on its weights in-process."""
+    roles = spec.roles
+    if roles.learner.sharding != "fsdp":
+        return
+    if roles.rollout.replicas == 0:
+        yield _problem(
+            "roles.rollout.replicas",
+            "must be >= 1 with roles.learner.sharding: fsdp (a colocated rollout generates with learner rank "
+            "0's own weights, which fsdp splits over the learners; rollout workers pull whole weights)",
+        )
+    if spec.model.lora is not None:
+        yield _problem(
+            "roles.learner.sharding",
+            "use ddp with model.lora (the adapters are small; fsdp shards whole-model training)",
+        )
 
 
 def batch_problems(spec: JobSpec) -> Iterator[Problem]:
@@ -246,6 +280,7 @@ RULES: tuple[Callable[[JobSpec], Iterator[Problem]], ...] = (
     loss_problems,
     reward_problems,
     role_problems,
+    sharding_problems,
     batch_problems,
     training_problems,
     volunteer_problems,
