@@ -27,6 +27,7 @@ from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc
 from decentralized_verl.security import signing
 from decentralized_verl.security.trust import PROCESS_KEY, weights_signing_key
 from decentralized_verl.transport import messages as m
+from decentralized_verl.transport.weight_stream import StreamedWeights, encode_stream
 from decentralized_verl.transport.weights import (
     DEFAULT_CHUNK_BYTES,
     BundleHeader,
@@ -104,9 +105,13 @@ class WeightPublisher:
         self._held: dict[int, Published] = {}
         self._changed = threading.Condition()
 
-    def publish(self, state_dict: Mapping[str, Tensor], version: int) -> m.WeightManifest:
-        """Encode `state_dict` as `version` (must be newer than every held version) and hold it."""
-        bundle = encode_state_dict(state_dict, version, dtype=self.dtype, chunk_bytes=self.chunk_bytes)
+    def publish(self, state_dict: Mapping[str, Tensor] | StreamedWeights, version: int) -> m.WeightManifest:
+        """Encode `state_dict` as `version` (must be newer than every held version) and hold it; a sharded
+        learner's `StreamedWeights` are encoded tensor by tensor as they are gathered."""
+        if isinstance(state_dict, StreamedWeights):
+            bundle = encode_stream(state_dict, version, dtype=self.dtype, chunk_bytes=self.chunk_bytes)
+        else:
+            bundle = encode_state_dict(state_dict, version, dtype=self.dtype, chunk_bytes=self.chunk_bytes)
         manifest = manifest_of(bundle, is_adapter=self.is_adapter)
         if self.signing_key is not None:
             manifest = signing.sign(manifest, self.signing_key)
