@@ -21,7 +21,9 @@ from decentralized_verl.core.status import StatusBoard
 from decentralized_verl.models.loading import load_model_and_tokenizer
 from decentralized_verl.settings import WorkerSettings
 from decentralized_verl.spec import JobSpec
-from decentralized_verl.training import distributed
+from decentralized_verl.training import distributed, learner_group
+from decentralized_verl.training.checkpoints import ResumePoint, restore_latest
+from decentralized_verl.training.learner_group import LearnerGroup
 from decentralized_verl.training.trainer import PolicyTrainer
 
 log = logging.getLogger(__name__)
@@ -33,20 +35,21 @@ async def run_learner(
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", str(spec.roles.learner.replicas)))
     torch.manual_seed(spec.training.seed)
-    distributed.init_distributed(world, rank)
+    distributed.init_distributed(world, rank, sharded=spec.roles.learner.sharding == "fsdp")
     model, tokenizer = load_model_and_tokenizer(spec.model)
     trainer = PolicyTrainer(model, spec, distributed=world > 1)
     if rank != 0:
-        return distributed.follow(trainer)
+        return learner_group.follow(trainer)
+    group = LearnerGroup(trainer, world)
     return await _coordinate(
-        spec, job, trainer, tokenizer, port=port, output=output, base_dir=base_dir, resume=resume
+        spec, job, group, tokenizer, port=port, output=output, base_dir=base_dir, resume=resume
     )
 
 
 async def _coordinate(
     spec: JobSpec,
     job: str,
-    trainer: PolicyTrainer,
+    group: LearnerGroup,
     tokenizer,
     *,
     port: int,
@@ -59,12 +62,12 @@ async def _coordinate(
     from decentralized_verl.orchestration.status_service import CoordinatorServicer
     from decentralized_verl.orchestration.wiring import connect_roles
     from decentralized_verl.serving.servicers import HealthServicer, serve
-    from decentralized_verl.training.checkpoints import checkpoint_root, restore_latest
+    from decentralized_verl.training.checkpoints import checkpoint_root
     from decentralized_verl.transport.weight_service import WeightPublisher, WeightsServicer
     from decentralized_verl.volunteers.coordinator_side import join_volunteers
 
+    trainer = group.trainer
     model = trainer.model
-    world = spec.roles.learner.replicas
     status = StatusBoard()
     # Native dtype on the wire keeps rollout and learner log-probs identical; bf16 models send bf16.
     publisher = WeightPublisher(dtype=None, is_adapter=spec.model.lora is not None)
@@ -76,10 +79,9 @@ async def _coordinate(
         health,
         host=WorkerSettings.from_env().server_host(),
     )
-    followers_released = False
     loop = None
     try:
-        start = restore_latest(trainer, checkpoint_root(spec, output)) if resume else None
+        start = resume_point(group, checkpoint_root(spec, output)) if resume else None
         roles = await connect_roles(
             spec,
             job,
@@ -88,6 +90,7 @@ async def _coordinate(
             temperature=trainer.settings.temperature,
             publisher=publisher,
             start_version=start.policy_version if start else 0,
+            weights_source=group.weights,
         )
         loop = await build_loop(
             spec,
@@ -99,26 +102,41 @@ async def _coordinate(
             base_dir=base_dir,
             status=status,
             resume=start,
-            scatter=distributed.scatter if world > 1 else None,
+            scatter=group.scatter if group.world > 1 else None,
             attach=(join_volunteers(publisher, output), follow_scaling),
             checkpoint=True,
+            save=group.save if group.sharded else None,
         )
         health.set_ready(True)
         summary = await loop.run()
-        if world > 1:
-            summary["replica_digests"] = distributed.release_followers(model, world)
+        if group.world > 1:
+            summary["replica_digests"] = group.release()
             if len(set(summary["replica_digests"])) != 1:
                 log.error("learner replicas diverged: %s", summary["replica_digests"])
-        followers_released = True
         (output / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
         log.info("summary: %s", summary)
         return 0
     finally:
-        if world > 1 and dist.is_initialized() and not followers_released:
-            distributed.release_followers(model, world)
+        if dist.is_initialized():
+            group.release()
         if loop is not None:
             await loop.close()
         await server.stop(grace=1.0)
+
+
+def resume_point(group: LearnerGroup, root: Path) -> ResumePoint | None:
+    """Load the newest checkpoint that checks out: a sharded learner reads its sharded form on every rank
+    together, whatever learner count wrote it."""
+    if not group.sharded:
+        return restore_latest(group.trainer, root)
+    from decentralized_verl.models.checkpoint import latest_checkpoint
+
+    folder = latest_checkpoint(root, verify=True)
+    if folder is None:
+        return None
+    state = group.load(folder)
+    log.info("resumed from %s at step %d", folder, int(state["step"]))
+    return ResumePoint(int(state["step"]), int(state["policy_version"]), state["sampler"], folder)
 
 
 def run(spec: JobSpec, job: str, *, port: int, output: Path, base_dir: Path | None, resume: bool) -> int:

@@ -108,17 +108,24 @@ async def build_loop(
     on_step: Callable[[dict[str, Any]], None] | None = None,
     attach: Sequence[Attachment] = (),
     checkpoint: bool = False,
+    save: Callable[[Path, dict[str, Any]], None] | None = None,
 ) -> Loop:
     """Put the loop together from a spec, a trainer and the roles it talks to.
 
     `output` holds metrics.jsonl and, with `checkpoint` (a learner that can be resumed), checkpoints at the
     spec's interval (automatic unless `training.checkpoint.every` says otherwise; 0 turns them off).
     `prompts` defaults to the spec's training file rendered for `tokenizer`. `scatter` sends data-parallel
-    learner replicas their shards (None for one learner).
+    learner replicas their shards (None for one learner). `save` writes a sharded learner's checkpoint on
+    every rank together (None: rank 0 snapshots the whole model and writes it in the background).
     """
     from decentralized_verl.data import PromptSampler
     from decentralized_verl.orchestration.prompts import prepare_prompts
-    from decentralized_verl.training.checkpoints import CheckpointClock, CheckpointWriter, checkpoint_root
+    from decentralized_verl.training.checkpoints import (
+        CheckpointClock,
+        CheckpointWriter,
+        ShardedCheckpointWriter,
+        checkpoint_root,
+    )
 
     status = status or StatusBoard()
     closers: list[Closer] = [roles.close]
@@ -153,7 +160,11 @@ async def build_loop(
             keep = spec.training.checkpoint.keep
             critic = colocated_critic(roles)
             extras = {CRITIC_STATE: critic.state} if critic is not None else None
-            writer = CheckpointWriter(checkpoint_root(spec, output), trainer, tokenizer, keep, extras)
+            root = checkpoint_root(spec, output)
+            if save is not None:
+                writer = ShardedCheckpointWriter(root, save, keep)
+            else:
+                writer = CheckpointWriter(root, trainer, tokenizer, keep, extras)
             clock = CheckpointClock(spec.training.checkpoint.every, last_step=start_step)
 
             async def close_writer() -> None:

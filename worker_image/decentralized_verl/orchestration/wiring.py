@@ -88,6 +88,7 @@ async def connect_roles(
     pools: Callable[[str], list[str]] | None = None,
     reward_override: RewardClient | None = None,
     ready_timeout: float = 900.0,
+    weights_source: Callable[[], Any] | None = None,
 ) -> RoleClients:
     from decentralized_verl.backends.base import make_backend
     from decentralized_verl.serving import local, scoring
@@ -95,6 +96,10 @@ async def connect_roles(
     from decentralized_verl.training.trainer import rollout_state_dict
     from decentralized_verl.transport import clients
     from decentralized_verl.transport.fanout_runtime import WeightFanout
+
+    def current() -> Any:
+        """The weights to send: `weights_source()` (a sharded learner's gathered stream), else the model's."""
+        return weights_source() if weights_source is not None else rollout_state_dict(model)
 
     if addresses is None or pools is None:
         from decentralized_verl.settings import WorkerSettings
@@ -126,11 +131,11 @@ async def connect_roles(
         priors = {f"{job}-rollout-{i}": GPU_PRIORS.get(pool, 1.0) for i, pool in enumerate(pools("rollout"))}
         start_version = await past_held_versions(rollout, start_version)
         weights = WeightFanout(publisher, remote)
-        await weights.publish(rollout_state_dict(model), start_version)
+        await weights.publish(current(), start_version)
         loop = asyncio.get_running_loop()
 
         def publish(version: int) -> None:  # called from a worker thread (the coordinator's to_thread)
-            weights.publish_blocking(rollout_state_dict(model), version, loop)
+            weights.publish_blocking(current(), version, loop)
 
     else:
         backend = make_backend(

@@ -203,6 +203,18 @@ def sharding_problems(spec: JobSpec) -> Iterator[Problem]:
             "must be >= 1 with roles.learner.sharding: fsdp (a colocated rollout generates with learner rank "
             "0's own weights, which fsdp splits over the learners; rollout workers pull whole weights)",
         )
+    if roles.reference is not None and roles.reference.replicas == 0:
+        yield _problem(
+            "roles.reference.replicas",
+            "must be >= 1 with roles.learner.sharding: fsdp (a colocated reference is a copy of learner rank "
+            "0's weights, which fsdp splits over the learners)",
+        )
+    if spec.volunteers.enabled:
+        yield _problem(
+            "volunteers.enabled",
+            "volunteers need roles.learner.sharding: ddp (their results are spot-checked with learner "
+            "rank 0's own forward pass, which fsdp splits over the learners)",
+        )
     if spec.model.lora is not None:
         yield _problem(
             "roles.learner.sharding",

@@ -1,8 +1,7 @@
-"""Data-parallel learner replicas in lock-step: rendezvous, shards from rank 0, and a final check that
-every replica holds the same weights.
+"""Learner ranks' process group: rendezvous, a weights digest to check replicas kept step, and the exit.
 
-Rank 0 runs the loop and scatters each update's shard; ranks > 0 only follow (`follow`). Rendezvous comes
-from the environment torchrun would set (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE).
+Rendezvous comes from the environment torchrun would set (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE).
+What the ranks do together is `training.learner_group`'s.
 
 A learner process of a distributed group ends with `exit_process`, never through interpreter teardown:
 destroying a gloo process group joins its worker threads while holding the GIL, and a worker thread that
@@ -13,41 +12,25 @@ learner that wrote its summary and never exited). The group is left to the opera
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+import os
+import socket
 
 import torch
 import torch.distributed as dist
 
 
-def init_distributed(world: int, rank: int) -> None:
-    if world > 1 and not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world)
-
-
-def scatter(shards: list[Any]) -> Any:
-    """Rank 0: send each rank its shard, return rank 0's own."""
-    box: list[Any] = [None]
-    dist.scatter_object_list(box, shards, src=0)
-    return box[0]
-
-
-def follow(trainer: Any) -> int:
-    """Ranks > 0: receive a shard, update (DDP averages gradients with rank 0), until told to stop."""
-    while True:
-        box: list[Any] = [None]
-        dist.scatter_object_list(box, None, src=0)
-        if box[0] is None:
-            break
-        trainer.update(box[0])
-    gather_digests(trainer.model)
-    return 0
-
-
-def release_followers(model: torch.nn.Module, world: int) -> list[str]:
-    """Rank 0: tell every follower to stop; returns each replica's weights digest (equal when in step)."""
-    scatter([None] * world)
-    return gather_digests(model)
+def init_distributed(world: int, rank: int, *, sharded: bool = False) -> None:
+    """Join the learner ranks' group; a sharded learner needs one even alone (FSDP2 shards over a device
+    mesh), which without a rendezvous address gets a private one on loopback."""
+    if dist.is_initialized() or (world == 1 and not sharded):
+        return
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    init_method = "env://"
+    if world == 1 and "MASTER_ADDR" not in os.environ:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            init_method = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world)
 
 
 def weights_digest(model: torch.nn.Module) -> str:
@@ -57,12 +40,6 @@ def weights_digest(model: torch.nn.Module) -> str:
         digest.update(name.encode())
         digest.update(param.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
-
-
-def gather_digests(model: torch.nn.Module) -> list[str]:
-    digests: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(digests, weights_digest(model))
-    return digests
 
 
 def exit_process(code: int) -> None:

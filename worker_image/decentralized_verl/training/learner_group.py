@@ -1,0 +1,194 @@
+"""Rank 0's handle on the learner ranks: everything that needs every rank is announced to the followers first,
+so they run the same collective at the same time.
+
+Rank 0 runs the loop; ranks > 0 only follow (`follow`), obeying one command at a time:
+- `update`: train on this rank's shard of the batch (DDP or FSDP reduces gradients across ranks);
+- `weights`: gather the sharded parameters tensor by tensor (rank 0 streams them into the weight bundle);
+- `save` / `load`: write or read this rank's part of a sharded checkpoint;
+- `stop`: leave the loop and compare weights digests.
+
+With DDP only `update` needs the followers: rank 0 holds the whole model, so it publishes weights and
+writes checkpoints alone. With FSDP every rank holds a part of every layer, so publishing, checkpointing
+and resuming are collectives and go through the group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from decentralized_verl.transport.weight_stream import StreamedWeights, TensorSlot
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    payload: Any = None
+
+
+def _local(tensor: Tensor) -> Tensor:
+    return tensor._local_tensor if hasattr(tensor, "_local_tensor") else tensor
+
+
+def _full(tensor: Tensor) -> Tensor:
+    """The whole tensor on this rank (a collective for a sharded DTensor), on the CPU."""
+    full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+    return full.detach().to("cpu")
+
+
+def layout(model: nn.Module) -> tuple[tuple[TensorSlot, ...], dict[str, str]]:
+    """Every state-dict tensor's name, full shape and dtype (no gathering: a DTensor knows its global
+    shape), and tied names (alias -> first name of the same tensor)."""
+    slots: list[TensorSlot] = []
+    aliases: dict[str, str] = {}
+    seen: dict[int, str] = {}
+    for name, tensor in model.state_dict().items():
+        key = id(_local(tensor))
+        if key in seen:
+            aliases[name] = seen[key]
+            continue
+        seen[key] = name
+        slots.append(TensorSlot(name, tuple(tensor.shape), tensor.dtype))
+    return tuple(slots), aliases
+
+
+def gathered(model: nn.Module, slots: tuple[TensorSlot, ...]) -> Iterator[tuple[str, Tensor]]:
+    """Collective: each slot's whole tensor, one at a time, in slot order (every rank must drain it)."""
+    state = model.state_dict()
+    for slot in slots:
+        yield slot.name, _full(state[slot.name])
+
+
+def streamed_weights(model: nn.Module) -> StreamedWeights:
+    """The whole model's weights as a stream a publisher encodes while gathering (collective)."""
+    slots, aliases = layout(model)
+    return StreamedWeights(slots, gathered(model, slots), aliases)
+
+
+def gathered_digest(model: nn.Module) -> str:
+    """sha256 of every whole tensor in name order (collective with sharding; equal on every rank), the
+    same as `distributed.weights_digest` of the unsharded weights."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(_full(tensor).contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def is_sharded(model: nn.Module) -> bool:
+    return any(hasattr(p, "full_tensor") for p in model.parameters())
+
+
+def _update(trainer: Any, shard: Any) -> None:
+    trainer.update(shard)
+
+
+def _weights(trainer: Any, _: Any) -> None:
+    slots, _aliases = layout(trainer.model)
+    for _item in gathered(trainer.model, slots):
+        pass
+
+
+def _save(trainer: Any, payload: tuple[Path, dict[str, Any]]) -> None:
+    from decentralized_verl.training.sharded_checkpoint import save_sharded
+
+    folder, state = payload
+    save_sharded(trainer.model, trainer.optimizer, trainer.scheduler, folder, state)
+
+
+def _load(trainer: Any, folder: Path) -> dict[str, Any]:
+    from decentralized_verl.training.sharded_checkpoint import load_sharded
+
+    return load_sharded(trainer.model, trainer.optimizer, trainer.scheduler, folder)
+
+
+FOLLOWER_ACTIONS: dict[str, Callable[[Any, Any], Any]] = {
+    "update": _update,
+    "weights": _weights,
+    "save": _save,
+    "load": _load,
+}
+
+
+def _receive() -> Command:
+    box: list[Any] = [None]
+    dist.scatter_object_list(box, None, src=0)
+    return box[0]
+
+
+def follow(trainer: Any) -> int:
+    """Ranks > 0: obey rank 0's commands until told to stop, then compare digests."""
+    while (command := _receive()).name != "stop":
+        FOLLOWER_ACTIONS[command.name](trainer, command.payload)
+    _digests(trainer.model)
+    return 0
+
+
+def _digests(model: nn.Module) -> list[str]:
+    from decentralized_verl.training.distributed import weights_digest
+
+    if is_sharded(model):  # each rank holds different shards: one digest of the gathered weights
+        return [gathered_digest(model)]
+    digests: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(digests, weights_digest(model))
+    return digests
+
+
+class LearnerGroup:
+    """Rank 0's side. With one learner every call runs here alone."""
+
+    def __init__(self, trainer: Any, world: int) -> None:
+        self.trainer = trainer
+        self.world = world
+        self.sharded = is_sharded(trainer.model)
+        self.released = False
+
+    def _announce(self, commands: list[Command]) -> Any:
+        """Send command r to rank r (rank 0's own is returned); no-op with one learner."""
+        if self.world == 1:
+            return commands[0].payload
+        box: list[Any] = [None]
+        dist.scatter_object_list(box, commands, src=0)
+        return box[0].payload
+
+    def scatter(self, shards: list[Any]) -> Any:
+        """Send each rank its shard of the batch for an update; returns rank 0's."""
+        return self._announce([Command("update", shard) for shard in shards])
+
+    def weights(self) -> Any:
+        """What the rollout workers are sent: rank 0's state dict, or with sharding a stream gathered
+        tensor by tensor by every rank together."""
+        from decentralized_verl.training.trainer import rollout_state_dict
+
+        if not self.sharded:
+            return rollout_state_dict(self.trainer.model)
+        self._announce([Command("weights")] * self.world)
+        return streamed_weights(self.trainer.model)
+
+    def save(self, folder: Path, state: dict[str, Any]) -> None:
+        """Every rank writes its part of a sharded checkpoint (rank 0 also the loop state)."""
+        self._announce([Command("save", (folder, state))] * self.world)
+        _save(self.trainer, (folder, state))
+
+    def load(self, folder: Path) -> dict[str, Any]:
+        """Every rank reads its part of a sharded checkpoint, whatever the learner count that wrote it;
+        returns the loop state."""
+        self._announce([Command("load", folder)] * self.world)
+        return _load(self.trainer, folder)
+
+    def release(self) -> list[str]:
+        """Tell every follower to stop; returns the weights digests (equal when the replicas kept step;
+        one gathered digest with sharding)."""
+        if self.released or self.world == 1:
+            return []
+        self.released = True
+        self._announce([Command("stop")] * self.world)
+        return _digests(self.trainer.model)
