@@ -31,23 +31,26 @@ MARK_VARIABLE = "DVERL_GUARDED_BY"
 _started_for: int | None = None
 
 
-def _start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat), None if gone."""
+def _stat_fields(pid: int | str) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (field 3 onwards: state, ppid, pgrp, ...), None if
+    the process is gone. The name is cut at its last ")" since it may hold spaces and parentheses."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return int(fields[19])
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (field 22), None if gone."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields else None
 
 
 def _pgrp(pid: int) -> int | None:
-    """The process group of `pid` (field 5 of /proc/PID/stat), None if gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat[stat.rindex(")") + 2 :].split()[2])
+    """The process group of `pid` (field 5), None if gone."""
+    fields = _stat_fields(pid)
+    return int(fields[2]) if fields else None
 
 
 def in_group(group: int) -> set[int]:
@@ -62,14 +65,8 @@ def in_group(group: int) -> set[int]:
 def _parents() -> dict[int, int]:
     out = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        out[int(entry.name)] = int(fields[1])
+        if entry.name.isdigit() and (fields := _stat_fields(entry.name)):
+            out[int(entry.name)] = int(fields[1])
     return out
 
 
