@@ -326,6 +326,22 @@ def _plot(parser: argparse.ArgumentParser) -> Command:
     return run
 
 
+# -------------------------------------------------------------------------------------------- export
+@command("export", "write one checkpoint of a run (sharded or not) as a plain Hugging Face model folder")
+def _export(parser: argparse.ArgumentParser) -> Command:
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="the run folder (`dverl run --output`)")
+    parser.add_argument("--step", type=int, default=None, help="default: the newest complete checkpoint")
+    parser.add_argument("--out", required=True, metavar="DIR", help="absent or empty folder to write")
+
+    def run(args: argparse.Namespace) -> int:
+        from decentralized_verl.training.run_export import export_run
+
+        print(export_run(args.run_dir, args.step, args.out))
+        return 0
+
+    return run
+
+
 # ------------------------------------------------------------------------------------------ operator
 @command("operator", "run the Kubernetes operator (what the Helm chart's Deployment starts)")
 def _operator(parser: argparse.ArgumentParser) -> Command:

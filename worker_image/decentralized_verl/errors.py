@@ -49,5 +49,9 @@ class ModelError(DverlError):
     """A model that cannot be located or loaded; the message names the spec field."""
 
 
+class CheckpointError(DverlError):
+    """A checkpoint that cannot be written, trusted or exported; the message names the folder and file."""
+
+
 class VolunteerError(DverlError):
     """An untrusted peer's result or join request that is rejected; the message names the peer."""

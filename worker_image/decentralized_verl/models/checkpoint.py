@@ -155,10 +155,11 @@ def write_manifest(folder: Path) -> None:
 
 def checkpoint_problem(folder: Path) -> str | None:
     """Why `folder` cannot be trusted (a file missing, changed or unlisted), or None when it checks out.
-    A folder without a manifest predates manifests and is trusted as it is."""
+    A Hugging Face folder without a manifest predates manifests and is trusted as it is; any other folder
+    (a sharded checkpoint) without one was never completed."""
     manifest = folder / MANIFEST
     if not manifest.exists():
-        return None
+        return None if (folder / "config.json").is_file() else f"{MANIFEST} is missing"
     try:
         listed = json.loads(manifest.read_text())["sha256"]
     except (OSError, ValueError, KeyError, TypeError) as exc:

@@ -24,10 +24,10 @@ from typing import Any
 
 import torch
 
+from decentralized_verl.errors import CheckpointError
 from decentralized_verl.models.checkpoint import (
     checkpoint_dir,
     checkpoints,
-    latest_checkpoint,
     save_checkpoint,
 )
 from decentralized_verl.spec import JobSpec
@@ -183,11 +183,30 @@ class ShardedCheckpointWriter:
 
 
 def restore_latest(trainer: Any, root: Path) -> ResumePoint | None:
-    """Load the newest checkpoint that checks out into the trainer's model and optimizer (None: none)."""
-    folder = latest_checkpoint(root, verify=True)
+    """Load the newest checkpoint that checks out into the trainer's model and optimizer (None: none).
+
+    A sharded checkpoint (`training.sharded_checkpoint`) loads whatever the learner count that wrote it;
+    for an FSDP2 trainer this is a collective every rank calls, and it accepts only sharded checkpoints.
+    """
+    from decentralized_verl.training.sharded_checkpoint import (
+        is_sharded_checkpoint,
+        is_sharded_model,
+        load_sharded,
+        newest_usable,
+    )
+
+    folder = newest_usable(root, trainer.model)
     if folder is None:
         return None
-    state = _restore(trainer, folder)
+    if is_sharded_checkpoint(folder):
+        state = load_sharded(trainer.model, trainer.optimizer, trainer.scheduler, folder, verify=False)
+    elif is_sharded_model(trainer.model):
+        raise CheckpointError(
+            f"checkpoint {str(folder)!r} was written by a ddp learner (a Hugging Face folder); "
+            "an fsdp learner resumes only from sharded checkpoints"
+        )
+    else:
+        state = _restore(trainer, folder)
     log.info("resumed from %s at step %d", folder, int(state["step"]))
     return ResumePoint(int(state["step"]), int(state["policy_version"]), state["sampler"], folder)
 
