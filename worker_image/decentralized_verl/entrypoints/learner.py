@@ -22,7 +22,6 @@ from decentralized_verl.models.loading import load_model_and_tokenizer
 from decentralized_verl.settings import WorkerSettings
 from decentralized_verl.spec import JobSpec
 from decentralized_verl.training import distributed, learner_group
-from decentralized_verl.training.checkpoints import ResumePoint, restore_latest
 from decentralized_verl.training.learner_group import LearnerGroup
 from decentralized_verl.training.trainer import PolicyTrainer
 
@@ -81,7 +80,7 @@ async def _coordinate(
     )
     loop = None
     try:
-        start = resume_point(group, checkpoint_root(spec, output)) if resume else None
+        start = group.restore(checkpoint_root(spec, output)) if resume else None
         roles = await connect_roles(
             spec,
             job,
@@ -122,21 +121,6 @@ async def _coordinate(
         if loop is not None:
             await loop.close()
         await server.stop(grace=1.0)
-
-
-def resume_point(group: LearnerGroup, root: Path) -> ResumePoint | None:
-    """Load the newest checkpoint that checks out: a sharded learner reads its sharded form on every rank
-    together, whatever learner count wrote it."""
-    if not group.sharded:
-        return restore_latest(group.trainer, root)
-    from decentralized_verl.models.checkpoint import latest_checkpoint
-
-    folder = latest_checkpoint(root, verify=True)
-    if folder is None:
-        return None
-    state = group.load(folder)
-    log.info("resumed from %s at step %d", folder, int(state["step"]))
-    return ResumePoint(int(state["step"]), int(state["policy_version"]), state["sampler"], folder)
 
 
 def run(spec: JobSpec, job: str, *, port: int, output: Path, base_dir: Path | None, resume: bool) -> int:

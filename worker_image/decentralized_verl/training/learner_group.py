@@ -4,7 +4,7 @@ so they run the same collective at the same time.
 Rank 0 runs the loop; ranks > 0 only follow (`follow`), obeying one command at a time:
 - `update`: train on this rank's shard of the batch (DDP or FSDP reduces gradients across ranks);
 - `weights`: gather the sharded parameters tensor by tensor (rank 0 streams them into the weight bundle);
-- `save` / `load`: write or read this rank's part of a sharded checkpoint;
+- `save` / `restore`: write or read this rank's part of a sharded checkpoint;
 - `stop`: leave the loop and compare weights digests.
 
 With DDP only `update` needs the followers: rank 0 holds the whole model, so it publishes weights and
@@ -104,17 +104,17 @@ def _save(trainer: Any, payload: tuple[Path, dict[str, Any]]) -> None:
     save_sharded(trainer.model, trainer.optimizer, trainer.scheduler, folder, state)
 
 
-def _load(trainer: Any, folder: Path) -> dict[str, Any]:
-    from decentralized_verl.training.sharded_checkpoint import load_sharded
+def _restore(trainer: Any, root: Path) -> Any:
+    from decentralized_verl.training.checkpoints import restore_latest
 
-    return load_sharded(trainer.model, trainer.optimizer, trainer.scheduler, folder)
+    return restore_latest(trainer, root)
 
 
 FOLLOWER_ACTIONS: dict[str, Callable[[Any, Any], Any]] = {
     "update": _update,
     "weights": _weights,
     "save": _save,
-    "load": _load,
+    "restore": _restore,
 }
 
 
@@ -178,11 +178,12 @@ class LearnerGroup:
         self._announce([Command("save", (folder, state))] * self.world)
         _save(self.trainer, (folder, state))
 
-    def load(self, folder: Path) -> dict[str, Any]:
-        """Every rank reads its part of a sharded checkpoint, whatever the learner count that wrote it;
-        returns the loop state."""
-        self._announce([Command("load", folder)] * self.world)
-        return _load(self.trainer, folder)
+    def restore(self, root: Path) -> Any:
+        """Resume from the newest checkpoint under `root` that checks out (a `ResumePoint`, or None): a
+        sharded learner reads it on every rank together, whatever learner count wrote it."""
+        if self.sharded:
+            self._announce([Command("restore", root)] * self.world)
+        return _restore(self.trainer, root)
 
     def release(self) -> list[str]:
         """Tell every follower to stop; returns the weights digests (equal when the replicas kept step;
