@@ -7,7 +7,8 @@ rollout's KV cache and the update's activations never live at the same time.
 
 What is assumed, each matching how this runtime trains (training/trainer.py, core/forward.py):
 - Weights, gradients and AdamW's two moments are in `model.dtype`: the model is trained in its own dtype
-  (torch's AdamW keeps `exp_avg`/`exp_avg_sq` like the parameter), no fp32 master copy.
+  (torch's AdamW keeps `exp_avg`/`exp_avg_sq` like the parameter), no fp32 master copy. LoRA adapters are
+  fp32 (peft's default under a 16-bit model), so are their gradients and moments.
 - Saved activations are counted tensor by tensor for a Llama decoder layer under PyTorch's SDPA attention
   (per query token: both RMSNorms' fp32 inputs and scaled copies, the attention and MLP inputs, q, the
   attention output and the o_proj input, the MLP's gate, SiLU, up and down inputs; per key position: keys
@@ -31,7 +32,7 @@ What is assumed, each matching how this runtime trains (training/trainer.py, cor
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -452,6 +453,3 @@ class Estimate:
     @property
     def host(self) -> int:
         return peak_bytes(self.components, "host")
-
-    def named(self, names: Sequence[str]) -> int:
-        return sum(c.bytes for c in self.components if c.name in names)

@@ -9,7 +9,7 @@ reported as not understood, so the planner says "not checked" instead of guessin
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -191,6 +191,11 @@ def known_shape(name: str) -> ModelShape | None:
     return None
 
 
+CHAR_VOCABULARY = 104
+"""The tiny models' character tokenizer: 7 special tokens, tab, newline and 95 printable ASCII characters
+(models/tokenizer.py; a test checks the two agree, so this module need not import transformers)."""
+
+
 def tiny_shape(hidden: int, layers: int, heads: int, intermediate: int, max_positions: int) -> ModelShape:
     """`model.tiny`: a Llama with the character tokenizer's vocabulary and untied embeddings."""
     return ModelShape(
@@ -205,12 +210,3 @@ def tiny_shape(hidden: int, layers: int, heads: int, intermediate: int, max_posi
         max_positions=max_positions,
         source="model.tiny",
     )
-
-
-CHAR_VOCABULARY = 104
-"""The tiny models' character tokenizer: 7 special tokens, tab, newline and 95 printable ASCII characters
-(models/tokenizer.py; a test checks the two agree, so this module need not import transformers)."""
-
-
-def with_source(shape: ModelShape, source: str) -> ModelShape:
-    return replace(shape, source=source)
