@@ -2,7 +2,8 @@
 
 The handler gathers what is observed, calls `decide`, and applies the returned `Actions`. All policy is
 pure and reachable by tests; `decide` runs it in named phases, each its own function:
-validate or refuse (`_invalid`, refusal.py), shared children (shared_children.py), suspend and pods
+validate (the spec, and that its workers fit their GPUs: planning) or refuse (`_invalid`, refusal.py),
+shared children (shared_children.py), suspend and pods
 (outcome.suspended, pod_decisions.py: scale, backoff, learner gang), then status (outcome.py).
 Every decision is a function of the observed state (level-based), so running it twice, or after an
 operator restart, converges to the same cluster without duplicates.
@@ -18,6 +19,7 @@ from decentralized_verl.core.status import JobStatus
 from decentralized_verl.errors import ManifestError, Problem
 from decentralized_verl.manifest import parse_spec
 from decentralized_verl.plan import plan_job
+from decentralized_verl.planning import plan_problems
 from dverl_operator import children as kids
 from dverl_operator import guard_children as guard
 from dverl_operator import outcome, owned
@@ -170,6 +172,11 @@ def decide(observed: Observed, settings: Settings) -> Actions:
         spec = parse_spec(observed.job.get("spec"))
     except ManifestError as exc:
         return _invalid(observed, exc.problems, status)
+    # A job whose workers cannot fit their GPUs is refused like any invalid spec. The operator reads no
+    # user folders: model shapes come from model.tiny and the known-shapes table, else are not checked.
+    too_big = plan_problems(spec, base_dir=None)
+    if too_big:
+        return _invalid(observed, too_big, status)
 
     # Validated; refuse changes that would restart a running learner.
     actions = Actions()

@@ -30,17 +30,19 @@ def command(name: str, help_text: str):
 
 
 # ------------------------------------------------------------------------------------------ validate
-@command("validate", "check an RLHFJob manifest; exit 2 with field paths when it is not valid")
+@command(
+    "validate", "check an RLHFJob manifest (and that it fits its GPUs); exit 2 with field paths when not"
+)
 def _validate(parser: argparse.ArgumentParser) -> Command:
     parser.add_argument("files", nargs="+", metavar="FILE.yaml")
 
     def run(args: argparse.Namespace) -> int:
-        from decentralized_verl.manifest import load_job, summary
+        from decentralized_verl.manifest import load_fitting_job, summary
 
         status = 0
         for file in args.files:
             try:
-                print(summary(load_job(file)))
+                print(summary(load_fitting_job(file)))
             except ManifestError as exc:
                 status = 2
                 for problem in exc.problems:
@@ -63,22 +65,38 @@ def _crd(parser: argparse.ArgumentParser) -> Command:
 
 
 # ---------------------------------------------------------------------------------------------- plan
-@command("plan", "print the workers a job needs (role, index, pool, resources, command)")
+@command("plan", "what fits: each role's memory per worker and pool, checked against its GPUs")
 def _plan(parser: argparse.ArgumentParser) -> Command:
     parser.add_argument("file", metavar="FILE.yaml")
+    parser.add_argument("--json", action="store_true", help="the memory plan as JSON (bytes, components)")
+    parser.add_argument(
+        "--workers", action="store_true", help="list the worker processes instead (role, pool, command)"
+    )
 
     def run(args: argparse.Namespace) -> int:
+        from pathlib import Path
+
         from decentralized_verl.manifest import load_job
-        from decentralized_verl.plan import plan_job
 
         job = load_job(args.file)
-        for worker in plan_job(job.spec, job.metadata.name).workers:
-            pool = f" pool={worker.pool}" if worker.pool else ""
-            print(
-                f"{worker.name}: role={worker.role} index={worker.index}{pool} gpus={worker.gpus} "
-                f"cmd={' '.join(worker.command())}"
-            )
-        return 0
+        if args.workers:
+            from decentralized_verl.plan import plan_job
+
+            for worker in plan_job(job.spec, job.metadata.name).workers:
+                pool = f" pool={worker.pool}" if worker.pool else ""
+                print(
+                    f"{worker.name}: role={worker.role} index={worker.index}{pool} gpus={worker.gpus} "
+                    f"cmd={' '.join(worker.command())}"
+                )
+            return 0
+        import json
+
+        from decentralized_verl.planning import plan_for
+        from decentralized_verl.planning.report import render, to_json
+
+        plan = plan_for(job.spec, Path(args.file).resolve().parent)
+        print(json.dumps(to_json(plan), indent=2) if args.json else render(plan))
+        return 2 if plan.problems() else 0
 
     return run
 

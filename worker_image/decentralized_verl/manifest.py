@@ -130,6 +130,19 @@ def load_job(path: str | Path) -> RLHFJob:
     return parse_job(load_yaml_text(text, str(path)), str(path))
 
 
+def load_fitting_job(path: str | Path) -> RLHFJob:
+    """`load_job`, then refuse a job whose workers cannot fit in the memory their pools have (`dverl plan`
+    says why; model shapes are read from config.json files next to the manifest). Kept out of the spec's
+    own validation because it reads files."""
+    from decentralized_verl.planning import plan_problems
+
+    job = load_job(path)
+    problems = plan_problems(job.spec, Path(path).resolve().parent)
+    if problems:
+        raise ManifestError(problems, str(path))
+    return job
+
+
 def summary(job: RLHFJob) -> str:
     """The one-line description `dverl validate` prints for a valid job."""
     spec = job.spec

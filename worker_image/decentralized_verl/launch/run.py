@@ -21,7 +21,7 @@ from decentralized_verl.core.status import JobStatus
 from decentralized_verl.errors import DverlError, WireError
 from decentralized_verl.launch.local import LocalCluster
 from decentralized_verl.launch.watchdog import ProgressClock
-from decentralized_verl.manifest import load_job
+from decentralized_verl.manifest import load_fitting_job, load_job
 from decentralized_verl.orphans import guard_descendants
 from decentralized_verl.plan import plan_job
 from decentralized_verl.security.credentials import JobCredentials, run_folder_credentials
@@ -102,7 +102,7 @@ def run_job(
 ) -> dict[str, Any]:
     """Run a job to the end on this machine; returns the summary the learner wrote."""
     manifest = Path(manifest)
-    job = load_job(manifest)
+    job = load_fitting_job(manifest)
     output = Path(output) if output else Path("runs") / job.metadata.name
     config = write_config(job, manifest, output)
     plan = plan_job(job.spec, job.metadata.name)

@@ -58,7 +58,10 @@ class NodePool(SpecModel):
     replicas: PositiveInt
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[Toleration] = Field(default_factory=list)
-    gpu_type: str | None = Field(default=None, description="e.g. a100, rtx4090; informs dispatch weights")
+    gpu_type: str | None = Field(
+        default=None,
+        description="e.g. a100, rtx4090: dispatch's first weights, and the GPU memory `dverl plan` checks",
+    )
     resources: Resources | None = None
 
 
