@@ -42,10 +42,15 @@ def prepare_prompts(
     if limit is not None:
         records = records[:limit]
     few_shot = [m.model_dump() for m in data.few_shot] or None
+    system_prompt = data.system_prompt
+    if system_prompt is None and data.environment is not None:  # how to use the tool, unless the job says
+        from decentralized_verl.environments.registry import instructions
+
+        system_prompt = instructions(data.environment.name) or None
     prompts: list[Prompt] = []
     rejected = 0
     for record in records:
-        text = render_prompt(record, tokenizer, data.system_prompt, few_shot)
+        text = render_prompt(record, tokenizer, system_prompt, few_shot)
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(ids) > data.max_prompt_tokens:
             rejected += 1

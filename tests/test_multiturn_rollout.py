@@ -1,0 +1,222 @@
+"""Multi-turn episodes on the rollout side with a real tiny model: one sample per episode whose log-probs the
+learner recomputes exactly on the model's tokens, whose loss mask covers exactly those tokens, which a
+re-dispatch reproduces, which the trusted side scores by replaying the environment, and which a whole
+training loop (colocated rollout, learner, reward) runs on."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from decentralized_verl.backends.base import make_backend  # noqa: E402
+from decentralized_verl.core.forward import response_logprobs  # noqa: E402
+from decentralized_verl.core.samples import Prompt, collate  # noqa: E402
+from decentralized_verl.core.sampling import SamplingParams  # noqa: E402
+from decentralized_verl.data.prompts import render_prompt  # noqa: E402
+from decentralized_verl.environments.replay import ENVIRONMENT_REWARD, replay  # noqa: E402
+from decentralized_verl.environments.settings import EpisodeSettings  # noqa: E402
+from decentralized_verl.manifest import parse_job  # noqa: E402
+from decentralized_verl.models.loading import load_model_and_tokenizer  # noqa: E402
+from decentralized_verl.serving.rollout import RolloutWorker  # noqa: E402
+from decentralized_verl.serving.scoring import RewardWorker  # noqa: E402
+from decentralized_verl.spec import ModelSpec, TinyModelSpec  # noqa: E402
+from decentralized_verl.training.advantage_step import AlgorithmSettings, attach_advantages  # noqa: E402
+from decentralized_verl.training.trainer import PolicyTrainer  # noqa: E402
+
+torch.set_num_threads(1)
+TINY = TinyModelSpec(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, max_positions=256)
+GAME = EpisodeSettings("guessing_game", {"maxNumber": 9}, max_turns=3)
+SAMPLING = SamplingParams(max_new_tokens=6, temperature=1.0, seed=5)
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return load_model_and_tokenizer(ModelSpec(tiny=TINY))
+
+
+def prompts(tokenizer, n=2):
+    out = []
+    for i in range(n):
+        text = render_prompt(f"Guess my number ({i})", tokenizer)
+        out.append(
+            Prompt(f"p{i}", i, tuple(tokenizer(text, add_special_tokens=False)["input_ids"]), text, "5")
+        )
+    return out
+
+
+def play(model, tokenizer, items, settings=GAME, sampling=SAMPLING, batch=8):
+    worker = RolloutWorker(
+        make_backend("hf", model, tokenizer, max_batch_size=batch), "w", environment=settings
+    )
+    return {s.key: s for s in worker.generate_sync(items, sampling, 0)}
+
+
+def runs(mask):
+    out = []
+    for i, v in enumerate(mask):
+        if out and out[-1][0] == v:
+            out[-1][2] = i + 1
+        else:
+            out.append([v, i, i + 1])
+    return out
+
+
+def test_episode_logprobs_equal_the_learners_on_exactly_the_model_tokens(policy) -> None:
+    model, tok = policy
+    items = [(p, k) for p in prompts(tok) for k in range(3)]
+    samples = list(play(model, tok, items).values())
+    assert sorted(s.key for s in samples) == sorted((p.prompt_id, k) for p, k in items)
+    assert any(len(s.turns) > 1 for s in samples)  # the tiny model rarely guesses 5 at once
+    for s in samples:
+        assert len(s.loss_mask) == len(s.response_ids) == len(s.logprobs)
+        model_runs = [r for r in runs(s.loss_mask) if r[0] == 1]
+        assert len(model_runs) == len(s.turns) and s.extra["turns"] == len(s.turns)
+        # Each run of mask-1 tokens is one turn exactly as generated; everything else is the environment's.
+        for (_, start, end), turn in zip(model_runs, s.turns, strict=True):
+            assert tok.decode(list(s.response_ids[start:end]), skip_special_tokens=True) == turn
+        assert all(lp == 0.0 for lp, m in zip(s.logprobs, s.loss_mask, strict=True) if not m)
+        env_text = tok.decode([t for t, m in zip(s.response_ids, s.loss_mask, strict=True) if not m])
+        if len(s.turns) > 1:
+            assert "<|user|>" in env_text and "<|assistant|>" in env_text
+    batch = collate(samples, tok.pad_token_id)
+    trained = batch.trained_mask()
+    assert int(trained.sum()) == sum(sum(s.loss_mask) for s in samples)
+    for i, s in enumerate(samples):
+        assert trained[i, : len(s.response_ids)].tolist() == [float(m) for m in s.loss_mask]
+    with torch.no_grad():
+        learner = response_logprobs(model, batch, 1.0)[0]
+    gap = ((learner - batch.old_logprobs).abs() * trained).max()
+    assert float(gap) < 1e-4
+    env_positions = (batch.response_mask - trained).bool()
+    assert float(learner[env_positions].abs().min()) > 0  # the learner does see those tokens' log-probs
+
+
+def test_a_redispatched_episode_plays_out_the_same(policy) -> None:
+    model, tok = policy
+    ps = prompts(tok, 3)
+    whole = play(model, tok, [(p, k) for p in ps for k in range(2)])
+    again = play(model, tok, [(ps[1], 1), (ps[2], 0)], batch=1)  # another worker, other batch-mates
+    for key, sample in again.items():
+        assert sample.response_ids == whole[key].response_ids
+        assert sample.loss_mask == whole[key].loss_mask and sample.turns == whole[key].turns
+        assert sample.logprobs == pytest.approx(whole[key].logprobs, abs=1e-4)
+
+
+def test_the_trusted_side_scores_episodes_by_replaying_them(policy) -> None:
+    model, tok = policy
+    items = [(p, k) for p in prompts(tok) for k in range(2)]
+    samples = list(play(model, tok, items).values())
+    scores = RewardWorker(environment=GAME).score(samples, ENVIRONMENT_REWARD)
+    assert [score for score, _ in scores] == [s.extra["episode_reward"] for s in samples]
+    # A forged transcript: a win claimed, then more turns after the game ended.
+    assert replay(GAME, ["5"], prompt_id="p0", ground_truth="5").score == 1.0
+    forged = replay(GAME, ["5", "5"], prompt_id="p0", ground_truth="5")
+    assert forged.score == 0.0 and "after the episode ended" in forged.reason
+    too_long = replay(GAME, ["1", "2", "3", "5"], prompt_id="p0", ground_truth="5")
+    assert too_long.score == 0.0 and "maxTurns" in too_long.reason
+    unconfigured = RewardWorker().score(samples[:1], ENVIRONMENT_REWARD)
+    assert unconfigured[0][0] == 0.0 and "data.environment" in unconfigured[0][1]
+
+
+JOB = {
+    "apiVersion": "dverl.io/v1alpha1",
+    "kind": "RLHFJob",
+    "metadata": {"name": "mt"},
+    "spec": {
+        "model": {
+            "tiny": {
+                "hiddenSize": 32,
+                "numLayers": 1,
+                "numHeads": 2,
+                "intermediateSize": 64,
+                "maxPositions": 256,
+            }
+        },
+        "algorithm": {"name": "grpo", "samplesPerPrompt": 4},
+        "data": {
+            "train": "train.jsonl",
+            "maxNewTokens": 6,
+            "environment": {"name": "guessing_game", "maxTurns": 3, "options": {"maxNumber": 9}},
+        },
+        "roles": {"rollout": {"replicas": 0}, "learner": {"replicas": 1}},
+        "training": {"steps": 2, "batchSize": 2, "minibatchSize": 2, "learningRate": 0.01},
+    },
+}
+
+
+def test_the_update_ignores_environment_tokens(policy) -> None:
+    model, tok = policy
+    spec = parse_job(JOB).spec
+    items = [(p, k) for p in prompts(tok) for k in range(4)]
+    samples = [s.with_(score=float(len(s.turns) == 1)) for s in play(model, tok, items).values()]
+
+    def gradient(scramble: bool):
+        batch = collate(samples, tok.pad_token_id)
+        attach_advantages(batch, AlgorithmSettings.from_spec(spec))
+        env = torch.zeros_like(batch.response_mask, dtype=torch.bool)
+        for i, s in enumerate(samples):
+            env[i, : len(s.loss_mask)] = torch.tensor(s.loss_mask) == 0
+        assert bool(env.any())
+        assert float(batch.advantages[env].abs().sum()) == 0.0
+        if scramble:  # whatever sits at the environment's positions must not matter
+            batch.old_logprobs[env] = -3.0
+            batch.advantages[env] = 5.0
+        learner = copy.deepcopy(model)
+        trainer = PolicyTrainer(learner, spec)
+        trainer.update(batch)
+        return torch.cat([p.detach().flatten() for p in learner.parameters()])
+
+    plain, scrambled = gradient(False), gradient(True)
+    assert not torch.equal(plain, torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert torch.allclose(plain, scrambled, atol=1e-7)
+
+
+def test_a_training_loop_runs_on_episodes_and_records_their_metrics(tmp_path: Path, policy) -> None:
+    from decentralized_verl.orchestration.assemble import build_loop
+    from decentralized_verl.orchestration.wiring import connect_roles
+
+    train = tmp_path / "train.jsonl"
+    train.write_text(
+        "".join(json.dumps({"prompt": f"Guess ({i})", "answer": str(i % 9 + 1)}) + "\n" for i in range(4))
+    )
+    doc = copy.deepcopy(JOB)
+    doc["spec"]["data"]["train"] = str(train)
+    spec = parse_job(doc).spec
+    model, tok = load_model_and_tokenizer(spec.model)
+    trainer = PolicyTrainer(model, spec)
+    history: list[dict] = []
+
+    async def run() -> dict:
+        roles = await connect_roles(
+            spec,
+            "mt",
+            model,
+            tok,
+            temperature=1.0,
+            publisher=None,
+            addresses=lambda r: [],
+            pools=lambda r: [],
+        )
+        loop = await build_loop(
+            spec, trainer, tok, roles, job="mt", output=tmp_path / "out", on_step=history.append
+        )
+        try:
+            return await loop.run()
+        finally:
+            await loop.close()
+
+    summary = asyncio.run(run())
+    assert summary["steps"] == 2 and len(history) == 2
+    for record in history:
+        assert record["samples"] == record["unique_samples"] == 8
+        assert 1 <= record["turns_mean"] <= 3 and 0 < record["model_token_frac"] < 1
+        assert record["reward_mean"] == pytest.approx(record["episode_reward_mean"])
+        assert sum(v for k, v in record.items() if k.startswith("ended_")) == pytest.approx(1.0)
+    rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert all("turns_mean" in row and "tool_errors_mean" in row for row in rows)
