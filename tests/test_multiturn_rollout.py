@@ -220,3 +220,155 @@ def test_a_training_loop_runs_on_episodes_and_records_their_metrics(tmp_path: Pa
         assert sum(v for k, v in record.items() if k.startswith("ended_")) == pytest.approx(1.0)
     rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert all("turns_mean" in row and "tool_errors_mean" in row for row in rows)
+
+
+async def _over_grpc(model, tok, items, environment):
+    from decentralized_verl.serving.servicers import HealthServicer, RolloutServicer, serve
+    from decentralized_verl.transport.clients import GrpcRolloutClient
+
+    worker = RolloutWorker(make_backend("hf", model, tok, max_batch_size=8), "r0", environment=environment)
+    server = await serve(0, RolloutServicer(worker), HealthServicer("rollout", "r0", ready=True))
+    client = GrpcRolloutClient(f"127.0.0.1:{server.port}", "r0")
+    try:
+        return [s async for s in client.generate(items, SAMPLING, 0)]
+    finally:
+        await client.close()
+        await server.stop(0)
+
+
+class Reveal:
+    """Shows the model the record it was given (a test of what reaches the worker)."""
+
+    instructions = ""
+
+    def reset(self, record):
+        self.record = record
+
+    def step(self, turn):
+        from decentralized_verl.environments import StepResult
+
+        return StepResult(f"reference={self.record.ground_truth} prompt={self.record.prompt_text[-40:]}")
+
+
+@pytest.fixture
+def reveal(monkeypatch: pytest.MonkeyPatch):
+    import sys
+    import types
+
+    from decentralized_verl.environments.registry import environment_class
+
+    module = types.ModuleType("tests_reveal")
+    module.Reveal = Reveal
+    monkeypatch.setitem(sys.modules, "tests_reveal", module)
+    yield
+    environment_class.cache_clear()
+
+
+def test_episodes_cross_the_wire_with_their_record_and_mask(policy, reveal) -> None:
+    import dataclasses
+
+    from decentralized_verl.core.interfaces import WorkerFailure
+
+    model, tok = policy
+    ps = [dataclasses.replace(p, environment=True) for p in prompts(tok)]
+    items = [(p, k) for p in ps for k in range(2)]
+    local = play(model, tok, items)
+    remote = asyncio.run(_over_grpc(model, tok, items, GAME))
+    assert sorted(s.key for s in remote) == sorted(local)
+    for s in remote:
+        want = local[s.key]
+        assert s.prompt in ps and s.prompt.ground_truth == "5"  # the coordinator's own prompt comes back
+        assert s.response_ids == want.response_ids and s.loss_mask == want.loss_mask
+        assert s.turns == want.turns and s.end_reason == want.end_reason
+        assert s.extra["episode_reward"] == want.extra["episode_reward"]
+        assert s.logprobs == pytest.approx(want.logprobs, abs=1e-5)
+    # The worker's environment played on the record that travelled with the item.
+    shown = asyncio.run(
+        _over_grpc(model, tok, items[:1], EpisodeSettings("tests_reveal:Reveal", max_turns=2))
+    )
+    env_text = tok.decode(
+        [t for t, m in zip(shown[0].response_ids, shown[0].loss_mask, strict=True) if not m]
+    )
+    assert "reference=5 prompt=" in env_text and "Guess my number (0)" in env_text
+    # A worker without the environment answers single completions: a breach of the request, refused.
+    with pytest.raises(WorkerFailure, match="asked for a multi-turn episode"):
+        asyncio.run(_over_grpc(model, tok, items, None))
+
+
+def test_the_wire_refuses_a_malformed_episode() -> None:
+    from decentralized_verl.errors import WireError
+    from decentralized_verl.proto import dverl_pb2 as pb
+    from decentralized_verl.transport import messages as m
+
+    def result(mask, turns):
+        return pb.GenerateResult(
+            request_id="r",
+            prompt_id="p",
+            sample_index=0,
+            response_token_ids=[10, 11, 12, 13],
+            logprobs=[-0.1] * 4,
+            finish_reason=m.FINISH_REASONS["stop"],
+            text="x",
+            policy_version=0,
+            worker_id="w",
+            episode=pb.Episode(loss_mask=mask, turns=turns, reward=1.0),
+        )
+
+    ok = m.completion_from_proto(result([True, False, False, True], ["a", "b"]), limits=m.WireLimits())
+    assert ok.episode.loss_mask == (1, 0, 0, 1) and ok.episode.turns == ("a", "b")
+    for mask, turns, why in [
+        ([True, False, True], ["a", "b"], "length"),
+        ([True, False, False, True], ["a"], "one run"),
+        ([False, True, True, True], ["a"], "start with"),
+    ]:
+        with pytest.raises(WireError, match=why):
+            m.completion_from_proto(result(mask, turns), limits=m.WireLimits())
+
+
+def test_only_an_episode_sends_its_reference_to_the_worker() -> None:
+    from decentralized_verl.transport.rollout_stream import generate_request
+
+    plain = Prompt("p", 0, (5, 6), "text", ground_truth="42")
+    episode = Prompt("q", 1, (5, 6), "text", ground_truth="42", environment=True)
+    request, _ = generate_request([(plain, 0), (episode, 0)], SAMPLING, 0)
+    assert [(it.ground_truth, it.prompt_text) for it in request.items] == [("", ""), ("42", "text")]
+
+
+def test_a_volunteers_episode_is_rebuilt_from_its_model_tokens(policy) -> None:
+    from decentralized_verl.environments.rollout import EpisodeRunner
+    from decentralized_verl.environments.verify import episode_problem
+    from decentralized_verl.volunteers.verify import Verifier
+
+    model, tok = policy
+    ps = prompts(tok)
+    samples = list(play(model, tok, [(p, k) for p in ps for k in range(3)]).values())
+    runner = EpisodeRunner(GAME, tok, eos_token_ids=[tok.eos_token_id], context_tokens=TINY.max_positions)
+    assert [episode_problem(runner, s, SAMPLING.max_new_tokens) for s in samples] == [None] * len(samples)
+
+    long = next(s for s in samples if len(s.turns) > 1)
+    env_at = long.loss_mask.index(0) + 3
+    forged_feedback = list(long.response_ids)
+    forged_feedback[env_at] = tok.convert_tokens_to_ids("5")  # a hint slipped into the context
+    claims_a_win = long.with_(turns=("5", *long.turns[1:]))  # a turn text the tokens do not say
+    one_turn_more = long.with_(
+        response_ids=(*long.response_ids, 9), loss_mask=(*long.loss_mask, 1), logprobs=(*long.logprobs, -1.0)
+    )
+    problems = [
+        episode_problem(runner, long.with_(response_ids=tuple(forged_feedback)), SAMPLING.max_new_tokens),
+        episode_problem(runner, claims_a_win, SAMPLING.max_new_tokens),
+        episode_problem(runner, one_turn_more, SAMPLING.max_new_tokens),
+    ]
+    assert "environment's tokens differ" in problems[0] and "response token" in problems[0]
+    assert "turn 0's text" in problems[1]
+    assert problems[2] is not None
+
+    class Honest:  # the log-prob check passes; only the episode check can catch the forgery
+        def logprobs(self, chosen, version):
+            return [s.logprobs for s in chosen]
+
+    verifier = Verifier(
+        Honest(), fraction=1.0, episodes=lambda s: episode_problem(runner, s, SAMPLING.max_new_tokens)
+    )
+    assert verifier.check(samples, 0).ok
+    caught = verifier.check([*samples, long.with_(response_ids=tuple(forged_feedback))], 0)
+    assert not caught.ok and "episode" in str(caught.mismatches[0])

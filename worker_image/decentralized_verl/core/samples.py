@@ -28,6 +28,9 @@ class Prompt:
     text: str
     ground_truth: str = ""
     """The reference answer, or the code tests as JSON."""
+    environment: bool = False
+    """The prompt starts a multi-turn episode: the rollout worker's environment plays on `ground_truth`
+    (and `text`), so they travel with the work item; otherwise only the token ids do."""
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ through the protocols in `core.interfaces`, whether they are remote workers or c
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import statistics
@@ -154,13 +155,7 @@ class Coordinator:
         """The next prompt batch as (prompt, sample index) work items, groups numbered from 0."""
         parts, n = self.p, self.spec.algorithm.samples_per_prompt
         prompts = [
-            Prompt(
-                parts.prompts[i].prompt_id,
-                group,
-                parts.prompts[i].token_ids,
-                parts.prompts[i].text,
-                parts.prompts[i].ground_truth,
-            )
+            dataclasses.replace(parts.prompts[i], group=group)
             for group, i in enumerate(parts.sampler.next_global_batch())
         ]
         return [(prompt, k) for prompt in prompts for k in range(n)]

@@ -61,7 +61,8 @@ def prepare_prompts(
                 data.max_prompt_tokens,
             )
             continue
-        prompts.append(Prompt(record.id, 0, tuple(ids), text, ground_truth_text(record)))
+        episode = data.environment is not None
+        prompts.append(Prompt(record.id, 0, tuple(ids), text, ground_truth_text(record), environment=episode))
     if not prompts:
         raise DataError(f"{path}: no usable prompt ({rejected} longer than data.maxPromptTokens)")
     return prompts
