@@ -225,6 +225,15 @@ def test_spec_takes_an_environment_and_names_every_bad_field() -> None:
     assert {"spec.data.environment.maxTurns", "spec.data.environment.onToolError"} <= paths
 
 
+def test_an_environment_job_refuses_a_critic() -> None:
+    doc = job({"name": "calculator"})
+    doc["spec"]["algorithm"] = {"name": "ppo", "samplesPerPrompt": 1}
+    doc["spec"]["roles"]["critic"] = {"replicas": 0}
+    with pytest.raises(ManifestError) as info:
+        parse_job(doc)
+    assert any(p.path == "spec.data.environment" and "critic" in p.message for p in info.value.problems)
+
+
 def test_crd_lists_the_environments() -> None:
     from decentralized_verl.crd import custom_resource_definition
 

@@ -224,7 +224,8 @@ class RolloutWorker:
                 self.environment,
                 tokenizer,
                 eos_token_ids=eos,
-                context_tokens=getattr(self.backend, "max_positions", None),
+                context_tokens=getattr(self.backend, "max_positions", None)
+                or getattr(self.backend, "max_model_len", None),  # hf, vllm
             )
         return self._runner
 

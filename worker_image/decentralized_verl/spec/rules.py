@@ -155,8 +155,15 @@ def reward_problems(spec: JobSpec) -> Iterator[Problem]:
 
 
 def environment_problems(spec: JobSpec) -> Iterator[Problem]:
-    """The environment's options are ones it takes (a user class is imported only by the workers)."""
+    """The environment's options are ones it takes (a user class is imported only by the workers), and no
+    critic (its values would be fitted on the environment's tokens)."""
     env = spec.data.environment
+    if env is not None and spec.roles.critic is not None:
+        yield _problem(
+            "data.environment",
+            "multi-turn episodes train with critic-free estimators (grpo, rloo, reinforce_plus_plus...): "
+            "a critic would fit values on the environment's tokens too; remove roles.critic",
+        )
     if env is None or env.name not in BUILTIN_ENVIRONMENTS:
         return
     from decentralized_verl.environments.base import EnvironmentOptionsError
