@@ -372,3 +372,34 @@ def test_a_volunteers_episode_is_rebuilt_from_its_model_tokens(policy) -> None:
     assert verifier.check(samples, 0).ok
     caught = verifier.check([*samples, long.with_(response_ids=tuple(forged_feedback))], 0)
     assert not caught.ok and "episode" in str(caught.mismatches[0])
+
+
+def test_an_episodes_deadline_allows_every_turn_and_step() -> None:
+    from decentralized_verl.orchestration.dispatch import DEADLINE_FACTOR, DEADLINE_FLOOR_S, Dispatcher
+
+    class Worker:
+        worker_id = "w"
+
+    dispatcher = Dispatcher([Worker()])
+    dispatcher.stats["w"].observe(1000, 1.0)  # 1,000 tokens/s measured
+    single = dispatcher.deadline("w", 10, SAMPLING)
+    dispatcher.turns_per_item, dispatcher.step_timeout_s = 4, 30.0
+    episode = dispatcher.deadline("w", 10, SAMPLING)
+    assert single == pytest.approx(DEADLINE_FLOOR_S + DEADLINE_FACTOR * 10 * 6 / 1000)
+    assert episode == pytest.approx(DEADLINE_FLOOR_S + DEADLINE_FACTOR * 4 * 10 * 6 / 1000 + 4 * 30.0)
+
+
+def test_prompts_of_an_environment_job_carry_its_instructions_and_record(tmp_path: Path) -> None:
+    from decentralized_verl.models.tokenizer import build_char_tokenizer
+    from decentralized_verl.orchestration.prompts import prepare_prompts
+
+    train = tmp_path / "train.jsonl"
+    train.write_text(json.dumps({"prompt": "Guess.", "answer": "3"}) + "\n")
+    doc = copy.deepcopy(JOB)
+    doc["spec"]["data"]["train"] = str(train)
+    (prompt,) = prepare_prompts(parse_job(doc).spec, build_char_tokenizer(), str(train), None)
+    assert prompt.environment and prompt.ground_truth == "3"
+    assert "higher or lower" in prompt.text  # the game's own instructions, as no systemPrompt is set
+    doc["spec"]["data"]["systemPrompt"] = "Play."
+    (own,) = prepare_prompts(parse_job(doc).spec, build_char_tokenizer(), str(train), None)
+    assert "Play." in own.text and "higher or lower" not in own.text

@@ -85,6 +85,10 @@ class Coordinator:
         self.eval_history: list[tuple[int, float]] = []
         self._last_step_end: float | None = None
         self.max_staleness = parts.spec.training.max_staleness if parts.async_capable else 0
+        environment = parts.spec.data.environment
+        if environment is not None:  # an episode is up to maxTurns turns and steps: its deadline says so
+            parts.dispatcher.turns_per_item = environment.max_turns
+            parts.dispatcher.step_timeout_s = environment.step_timeout_s
         if parts.spec.training.max_staleness and not parts.async_capable:
             log.warning(
                 "training.maxStaleness needs rollout workers of their own (replicas >= 1); running on-policy"
