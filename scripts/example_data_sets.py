@@ -321,6 +321,31 @@ def toy() -> tuple[list[dict], list[dict], list[dict]]:
     return items, list(items), sft
 
 
+def guessing(rng: random.Random, top: int = 4) -> tuple[list[dict], list[dict]]:
+    """Games of the `guessing_game` environment: the hidden number is the record's answer. Every game looks
+    the same to the model (the number is hidden), so only the feedback of earlier turns can help it."""
+
+    def games(n: int) -> list[dict]:
+        return [{"prompt": "Guess the number.", "answer": str(rng.randint(1, top))} for _ in range(n)]
+
+    return games(64), games(16)
+
+
+def calculator(rng: random.Random) -> tuple[list[dict], list[dict]]:
+    """Products a model may hand to the `calculator` environment (`<calc>37*46</calc>`) before answering."""
+
+    def problems(n: int) -> list[dict]:
+        out = []
+        for _ in range(n):
+            a, b = rng.randint(12, 99), rng.randint(12, 99)
+            out.append(
+                {"messages": {"role": "user", "content": f"What is {a} * {b}?"}, "gt_answer": str(a * b)}
+            )
+        return out
+
+    return problems(200), problems(50)
+
+
 # ------------------------------------------------------------------------------------------- sft
 def _parts(item: dict) -> tuple[str, str]:
     return item["messages"]["content"], item["gt_answer"]

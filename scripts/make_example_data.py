@@ -20,6 +20,9 @@ What it writes and why:
   sft/sft_train.json, sft_eval.json    seed-001 prompt/completion pairs from the arithmetic splits.
   sft/preference_train.json, preference_eval.json   prompt/chosen/rejected (rejected: a near miss).
   sft/prompts.json                     seed-001 prompt-only records with an "answer".
+  guessing/train.jsonl, eval.jsonl     games of the multi-turn `guessing_game` environment (1..4): the
+      hidden number is the record's answer (examples/tiny-multiturn.yaml).
+  calculator/train.jsonl, eval.jsonl   2-digit products for the `calculator` tool environment.
 """
 
 from __future__ import annotations
@@ -39,7 +42,9 @@ from example_data_sets import (  # noqa: E402
     CODE_PREAMBLE,  # noqa: F401  (re-exported: tests read the reference programs through this module)
     CODE_PROBLEMS,  # noqa: F401
     arithmetic,
+    calculator,
     code,
+    guessing,
     is_small_sum,
     is_two_digit_sum,
     sft_sets,
@@ -86,6 +91,12 @@ def generate(out: Path, seed: int = 0) -> list[Path]:
     js("toy/sft.json", toy_sft)
     for name, items in sft_sets(train, evals, random.Random(f"sft:{seed}")).items():
         js(f"sft/{name}", items)
+    games_train, games_eval = guessing(random.Random(f"guessing:{seed}"))
+    jsonl("guessing/train.jsonl", games_train)
+    jsonl("guessing/eval.jsonl", games_eval)
+    calc_train, calc_eval = calculator(random.Random(f"calculator:{seed}"))
+    jsonl("calculator/train.jsonl", calc_train)
+    jsonl("calculator/eval.jsonl", calc_eval)
     return written
 
 

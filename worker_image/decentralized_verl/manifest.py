@@ -154,9 +154,13 @@ def summary(job: RLHFJob) -> str:
         corrected = (
             f", rollout correction IS {correction.importance_sampling} / rejection {correction.rejection}"
         )
+    env = spec.data.environment
+    reward = f"reward {spec.data.reward_type}"
+    if env is not None:
+        reward = f"environment {env.name} (up to {env.max_turns} turns, it scores the episodes)"
     return (
         f"RLHFJob {job.metadata.name}: valid — {spec.algorithm.name} "
         f"({spec.advantage_estimator} advantages, {spec.policy_loss} loss, "
         f"{spec.algorithm.samples_per_prompt} samples/prompt{corrected}), "
-        f"reward {spec.data.reward_type}, {length}, roles {roles}"
+        f"{reward}, {length}, roles {roles}"
     )

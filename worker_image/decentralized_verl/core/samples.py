@@ -2,7 +2,10 @@
 
 Layout (veRL's): prompts are LEFT-padded to a common length P and responses RIGHT-padded to R, so the
 response tokens of every row sit in columns P..P+R-1 and every per-token quantity is a [B, R] tensor
-with one response mask. Pure: no I/O, no model.
+with one response mask. A multi-turn episode's response is everything after its first prompt, the
+environment's observations included; its `loss_mask` (0 on those) becomes the batch's `loss_mask`, so the
+loss counts only the tokens the policy generated while the forward still attends to all of them.
+Pure: no I/O, no model.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ class Prompt:
     text: str
     ground_truth: str = ""
     """The reference answer, or the code tests as JSON."""
+    environment: bool = False
+    """The prompt starts a multi-turn episode: the rollout worker's environment plays on `ground_truth`
+    (and `text`), so they travel with the work item; otherwise only the token ids do."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,14 @@ class Sample:
     ref_logprobs: tuple[float, ...] | None = None
     values: tuple[float, ...] | None = None
     extra: dict[str, float] = field(default_factory=dict)
+    loss_mask: tuple[int, ...] | None = None
+    """Per response token: 1 where the policy generated it, 0 where an environment inserted it (a
+    multi-turn episode's observations and chat-template tokens); None: every token is the policy's."""
+    turns: tuple[str, ...] = ()
+    """A multi-turn episode's model turns as generated, what its environment was shown (the trusted side
+    replays the environment on them to score the episode)."""
+    end_reason: str = ""
+    """Why a multi-turn episode ended (`max_turns`, `token_budget`, the environment's reason, ...)."""
 
     @property
     def key(self) -> tuple[str, int]:
@@ -78,8 +92,8 @@ class TrainBatch:
     `response_mask`'s; the forward still reads `response_mask`, the responses' layout."""
 
     def trained_mask(self) -> torch.Tensor:
-        """The tokens the loss counts: `loss_mask` when set, else every response token."""
-        return self.response_mask if self.loss_mask is None else self.loss_mask
+        """The tokens the loss counts: response tokens that `loss_mask` (when set) keeps."""
+        return self.response_mask if self.loss_mask is None else self.loss_mask * self.response_mask
 
     @property
     def size(self) -> int:
@@ -134,6 +148,15 @@ def collate(samples: list[Sample], pad_token_id: int) -> TrainBatch:
             return None
         return _pad_rows(rows, width_r, 0.0, torch.float32, left=False)
 
+    loss_mask = None
+    if any(s.loss_mask is not None for s in samples):
+        rows = [s.loss_mask if s.loss_mask is not None else (1,) * len(s.response_ids) for s in samples]
+        for s, row in zip(samples, rows, strict=True):
+            if len(row) != len(s.response_ids):
+                raise ValueError(
+                    f"collate: sample {s.key}: {len(row)} loss-mask entries for {len(s.response_ids)} tokens"
+                )
+        loss_mask = _pad_rows(rows, width_r, 0, torch.float32, left=False)
     return TrainBatch(
         input_ids=torch.cat([prompt_ids, response_ids], dim=1),
         attention_mask=attention,
@@ -147,4 +170,5 @@ def collate(samples: list[Sample], pad_token_id: int) -> TrainBatch:
         prompt_length=width_p,
         ref_logprobs=per_token("ref_logprobs"),
         values=per_token("values"),
+        loss_mask=loss_mask,
     )

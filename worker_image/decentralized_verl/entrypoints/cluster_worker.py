@@ -46,7 +46,9 @@ async def serve_role(
         model, tokenizer = load_model_and_tokenizer(spec.model)
         backend = make_backend(spec.roles.rollout.backend, model, tokenizer, seed=spec.training.seed + index)
         return await serve_rollout(
-            RolloutWorker(backend, worker_id, backend_name=spec.roles.rollout.backend),
+            RolloutWorker(
+                backend, worker_id, backend_name=spec.roles.rollout.backend, environment=spec.data.environment
+            ),
             port,
             learner=settings.learner_addr,
             host=settings.server_host(),

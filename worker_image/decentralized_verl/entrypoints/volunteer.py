@@ -110,7 +110,11 @@ async def run_volunteer(
             p2p, claims.coordinator, asyncio.get_running_loop(), verify_key=reply.weights_verify_key or None
         )
         worker = RolloutWorker(
-            backend, f"volunteer-{me[-8:]}", source, backend_name=spec.roles.rollout.backend
+            backend,
+            f"volunteer-{me[-8:]}",
+            source,
+            backend_name=spec.roles.rollout.backend,
+            environment=spec.data.environment,
         )
         held = await asyncio.to_thread(worker.ensure_version, reply.policy_version)
         joined_s = time.perf_counter() - began

@@ -8,6 +8,7 @@ through the protocols in `core.interfaces`, whether they are remote workers or c
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import statistics
@@ -21,6 +22,8 @@ from decentralized_verl.core.interfaces import CriticClient, ReferenceClient, Re
 from decentralized_verl.core.samples import Prompt, Sample, collate
 from decentralized_verl.core.sampling import SamplingParams
 from decentralized_verl.core.status import StatusBoard
+from decentralized_verl.environments.metrics import episode_metrics
+from decentralized_verl.environments.replay import ENVIRONMENT_REWARD
 from decentralized_verl.metrics import MetricsLog
 from decentralized_verl.orchestration.dispatch import Dispatcher
 from decentralized_verl.spec import JobSpec
@@ -82,6 +85,10 @@ class Coordinator:
         self.eval_history: list[tuple[int, float]] = []
         self._last_step_end: float | None = None
         self.max_staleness = parts.spec.training.max_staleness if parts.async_capable else 0
+        environment = parts.spec.data.environment
+        if environment is not None:  # an episode is up to maxTurns turns and steps: its deadline says so
+            parts.dispatcher.turns_per_item = environment.max_turns
+            parts.dispatcher.step_timeout_s = environment.step_timeout_s
         if parts.spec.training.max_staleness and not parts.async_capable:
             log.warning(
                 "training.maxStaleness needs rollout workers of their own (replicas >= 1); running on-policy"
@@ -93,6 +100,11 @@ class Coordinator:
             return training.steps
         per_epoch = max(1, len(self.p.prompts) // self._prompts_per_step())
         return per_epoch * (training.epochs or 1)
+
+    @property
+    def reward_type(self) -> str:
+        """The reward samples are scored with: an environment's episodes by the environment (replayed)."""
+        return ENVIRONMENT_REWARD if self.spec.data.environment is not None else self.spec.data.reward_type
 
     def _prompts_per_step(self) -> int:
         return self.spec.training.batch_size * self.spec.roles.learner.replicas
@@ -124,7 +136,7 @@ class Coordinator:
             return {}
         items = [(prompt, 0) for prompt in self.p.eval_prompts]
         samples, _ = await self.p.dispatcher.run(items, self.sampling(greedy=True), self.version)
-        scores = await self.p.reward.score(samples, self.spec.data.reward_type)
+        scores = await self.p.reward.score(samples, self.reward_type)
         values = [s for s, _ in scores]
         correct = sum(1 for v in values if v >= 1.0 - 1e-6)
         accuracy = correct / len(values)
@@ -147,13 +159,7 @@ class Coordinator:
         """The next prompt batch as (prompt, sample index) work items, groups numbered from 0."""
         parts, n = self.p, self.spec.algorithm.samples_per_prompt
         prompts = [
-            Prompt(
-                parts.prompts[i].prompt_id,
-                group,
-                parts.prompts[i].token_ids,
-                parts.prompts[i].text,
-                parts.prompts[i].ground_truth,
-            )
+            dataclasses.replace(parts.prompts[i], group=group)
             for group, i in enumerate(parts.sampler.next_global_batch())
         ]
         return [(prompt, k) for prompt in prompts for k in range(n)]
@@ -166,7 +172,7 @@ class Coordinator:
         samples, report = await self.p.dispatcher.run(items, self.sampling(), version)
         timings["rollout"] = time.perf_counter() - started
         mark = time.perf_counter()
-        scores = await self.p.reward.score(samples, self.spec.data.reward_type)
+        scores = await self.p.reward.score(samples, self.reward_type)
         samples = [
             s.with_(score=score, score_reason=reason)
             for s, (score, reason) in zip(samples, scores, strict=True)
@@ -252,6 +258,7 @@ class Coordinator:
             "unique_samples": len({s.key for s in generated.samples}),
             "duplicates_dropped": report.duplicates_dropped,
             **{f"time_{k}": v for k, v in timings.items()},
+            **episode_metrics(generated.samples),
             **filter_metrics,
             **metrics,
         }

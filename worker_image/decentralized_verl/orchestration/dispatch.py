@@ -101,6 +101,10 @@ class Dispatcher:
             wid: WorkerStats(tokens_per_second=(priors or {}).get(wid, 1.0)) for wid in self.clients
         }
         self.max_rounds = max_rounds
+        self.turns_per_item = 1
+        """Model turns an item may take (an episode's `maxTurns`), each up to `max_new_tokens` long."""
+        self.step_timeout_s = 0.0
+        """How long one environment step may take; a share's episodes step together, once a turn."""
 
     def add(self, client: RolloutClient, prior: float = 1.0) -> None:
         """Volunteers and replaced workers join between dispatches."""
@@ -117,8 +121,9 @@ class Dispatcher:
         stats = self.stats.get(worker_id)
         if stats is None or not stats.measured:
             return None
-        expected = n_items * sampling.max_new_tokens / max(stats.tokens_per_second, 1e-6)
-        return DEADLINE_FLOOR_S + DEADLINE_FACTOR * expected
+        tokens = n_items * sampling.max_new_tokens * self.turns_per_item
+        expected = tokens / max(stats.tokens_per_second, 1e-6)
+        return DEADLINE_FLOOR_S + DEADLINE_FACTOR * expected + self.turns_per_item * self.step_timeout_s
 
     def _weights(self, healthy: list[str]) -> list[float]:
         return [max(self.stats[w].tokens_per_second, 1e-6) for w in healthy]

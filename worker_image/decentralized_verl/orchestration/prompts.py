@@ -42,10 +42,15 @@ def prepare_prompts(
     if limit is not None:
         records = records[:limit]
     few_shot = [m.model_dump() for m in data.few_shot] or None
+    system_prompt = data.system_prompt
+    if system_prompt is None and data.environment is not None:  # how to use the tool, unless the job says
+        from decentralized_verl.environments.registry import instructions
+
+        system_prompt = instructions(data.environment.name) or None
     prompts: list[Prompt] = []
     rejected = 0
     for record in records:
-        text = render_prompt(record, tokenizer, data.system_prompt, few_shot)
+        text = render_prompt(record, tokenizer, system_prompt, few_shot)
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(ids) > data.max_prompt_tokens:
             rejected += 1
@@ -56,7 +61,8 @@ def prepare_prompts(
                 data.max_prompt_tokens,
             )
             continue
-        prompts.append(Prompt(record.id, 0, tuple(ids), text, ground_truth_text(record)))
+        episode = data.environment is not None
+        prompts.append(Prompt(record.id, 0, tuple(ids), text, ground_truth_text(record), environment=episode))
     if not prompts:
         raise DataError(f"{path}: no usable prompt ({rejected} longer than data.maxPromptTokens)")
     return prompts

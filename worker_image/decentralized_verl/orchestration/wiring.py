@@ -141,7 +141,8 @@ async def connect_roles(
         backend = make_backend(
             spec.roles.rollout.backend, model, tokenizer, version=start_version, seed=spec.training.seed
         )
-        rollout = [local.LocalRolloutClient(RolloutWorker(backend, f"{job}-learner-0/rollout"))]
+        worker = RolloutWorker(backend, f"{job}-learner-0/rollout", environment=spec.data.environment)
+        rollout = [local.LocalRolloutClient(worker)]
         priors = {}
         weights = None
 

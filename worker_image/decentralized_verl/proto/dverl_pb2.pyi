@@ -50,14 +50,18 @@ class SamplingParams(_message.Message):
     def __init__(self, max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., n: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class GenerateItem(_message.Message):
-    __slots__ = ("prompt_id", "sample_index", "prompt_token_ids")
+    __slots__ = ("prompt_id", "sample_index", "prompt_token_ids", "ground_truth", "prompt_text")
     PROMPT_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    GROUND_TRUTH_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TEXT_FIELD_NUMBER: _ClassVar[int]
     prompt_id: str
     sample_index: int
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, prompt_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    ground_truth: str
+    prompt_text: str
+    def __init__(self, prompt_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., ground_truth: _Optional[str] = ..., prompt_text: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("request_id", "policy_version", "sampling", "items")
@@ -72,7 +76,7 @@ class GenerateRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., items: _Optional[_Iterable[_Union[GenerateItem, _Mapping]]] = ...) -> None: ...
 
 class GenerateResult(_message.Message):
-    __slots__ = ("request_id", "prompt_id", "sample_index", "response_token_ids", "logprobs", "finish_reason", "text", "policy_version", "worker_id", "generation_seconds")
+    __slots__ = ("request_id", "prompt_id", "sample_index", "response_token_ids", "logprobs", "finish_reason", "text", "policy_version", "worker_id", "generation_seconds", "episode")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -83,6 +87,7 @@ class GenerateResult(_message.Message):
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_id: str
     sample_index: int
@@ -93,7 +98,24 @@ class GenerateResult(_message.Message):
     policy_version: int
     worker_id: str
     generation_seconds: float
-    def __init__(self, request_id: _Optional[str] = ..., prompt_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., text: _Optional[str] = ..., policy_version: _Optional[int] = ..., worker_id: _Optional[str] = ..., generation_seconds: _Optional[float] = ...) -> None: ...
+    episode: Episode
+    def __init__(self, request_id: _Optional[str] = ..., prompt_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., text: _Optional[str] = ..., policy_version: _Optional[int] = ..., worker_id: _Optional[str] = ..., generation_seconds: _Optional[float] = ..., episode: _Optional[_Union[Episode, _Mapping]] = ...) -> None: ...
+
+class Episode(_message.Message):
+    __slots__ = ("loss_mask", "turns", "end_reason", "tool_calls", "tool_errors", "reward")
+    LOSS_MASK_FIELD_NUMBER: _ClassVar[int]
+    TURNS_FIELD_NUMBER: _ClassVar[int]
+    END_REASON_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    loss_mask: _containers.RepeatedScalarFieldContainer[bool]
+    turns: _containers.RepeatedScalarFieldContainer[str]
+    end_reason: str
+    tool_calls: int
+    tool_errors: int
+    reward: float
+    def __init__(self, loss_mask: _Optional[_Iterable[bool]] = ..., turns: _Optional[_Iterable[str]] = ..., end_reason: _Optional[str] = ..., tool_calls: _Optional[int] = ..., tool_errors: _Optional[int] = ..., reward: _Optional[float] = ...) -> None: ...
 
 class InfoRequest(_message.Message):
     __slots__ = ()

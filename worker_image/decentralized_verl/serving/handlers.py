@@ -21,10 +21,24 @@ from decentralized_verl.transport import messages as m
 def work_items(batch: m.GenerateBatch) -> list[tuple[Prompt, int]]:
     """(prompt, sample index) per completion the request asks for: `n` consecutive indices an item."""
     return [
-        (Prompt(it.prompt_id, 0, it.prompt_token_ids, ""), it.sample_index + k)
+        (Prompt(it.prompt_id, 0, it.prompt_token_ids, it.prompt_text, it.ground_truth), it.sample_index + k)
         for it in batch.items
         for k in range(batch.sampling.n)
     ]
+
+
+def episode_report(sample: Sample) -> m.EpisodeReport | None:
+    """What a multi-turn sample adds on the wire (None for a single completion)."""
+    if sample.loss_mask is None:
+        return None
+    return m.EpisodeReport(
+        loss_mask=sample.loss_mask,
+        turns=sample.turns,
+        end_reason=sample.end_reason,
+        tool_calls=int(sample.extra.get("tool_calls", 0)),
+        tool_errors=int(sample.extra.get("tool_errors", 0)),
+        reward=float(sample.extra.get("episode_reward", 0.0)),
+    )
 
 
 async def completions(worker: RolloutWorker, batch: m.GenerateBatch) -> AsyncIterator[m.Completion]:
@@ -43,6 +57,7 @@ async def completions(worker: RolloutWorker, batch: m.GenerateBatch) -> AsyncIte
             policy_version=sample.policy_version,
             worker_id=worker.worker_id,
             generation_seconds=float(sample.extra.get("generation_seconds", 0.0)),
+            episode=episode_report(sample),
         )
 
 

@@ -3,6 +3,9 @@
 Transport-free: the gRPC servicer and the colocated client both wrap `RolloutWorker.generate_sync`.
 Before a batch the worker makes sure it holds at least the requested version, pulling the newest
 published weights (a worker that missed versions jumps straight to the latest, it never replays them).
+With an environment (`data.environment`) each work item is a whole multi-turn episode, played by
+`environments.rollout.EpisodeRunner` with this worker's backend; it is still one sample, so dispatch,
+re-dispatch and exactly-once accounting treat it like a single completion.
 """
 
 from __future__ import annotations
@@ -18,9 +21,12 @@ from decentralized_verl.backends.base import GenerationBackend, GenerationReques
 from decentralized_verl.core.interfaces import WorkItem
 from decentralized_verl.core.samples import Sample
 from decentralized_verl.core.sampling import SamplingParams
+from decentralized_verl.environments.settings import EpisodeSettings, episode_settings
 
 if TYPE_CHECKING:
     from torch import Tensor
+
+    from decentralized_verl.environments.rollout import EpisodeRunner
 
 _SEED_MASK = (1 << 63) - 1
 
@@ -67,7 +73,9 @@ class RolloutWorker:
         *,
         backend_name: str = "hf",
         ema: float = 0.3,
+        environment: EpisodeSettings | Any | None = None,
     ) -> None:
+        """`environment`: episode settings (or the spec's `data.environment`) to play multi-turn episodes."""
         self.backend = backend
         self.worker_id = worker_id
         self.weight_source = weight_source
@@ -76,6 +84,8 @@ class RolloutWorker:
         self._lock = threading.Lock()
         self.tokens_per_second = 0.0
         self.weight_loads = 0
+        self.environment = episode_settings(environment)
+        self._runner: EpisodeRunner | None = None
 
     @property
     def version(self) -> int:
@@ -124,7 +134,10 @@ class RolloutWorker:
     def generate_sync(
         self, items: Sequence[WorkItem], sampling: SamplingParams, version: int
     ) -> Iterator[Sample]:
-        """Yield one Sample per item as its micro-batch finishes; validates everything before starting."""
+        """Yield one Sample per item as its micro-batch (or episode) finishes; validates everything first."""
+        if self.environment is not None:
+            yield from self._episodes(items, sampling, version)
+            return
         requests = to_requests(items, sampling)
         with self._lock:
             self._ensure_version(version)
@@ -147,6 +160,100 @@ class RolloutWorker:
                     )
             finally:
                 self._record_throughput(tokens, time.perf_counter() - began)
+
+    def _episodes(
+        self, items: Sequence[WorkItem], sampling: SamplingParams, version: int
+    ) -> Iterator[Sample]:
+        """One multi-turn episode per item, each yielded as it ends (the others play on)."""
+        from decentralized_verl.environments.base import EpisodeRecord
+        from decentralized_verl.environments.rollout import record_seed
+
+        with self._lock:
+            self._ensure_version(version)
+            runner = self._episode_runner()
+            starts = [
+                (
+                    tuple(prompt.token_ids),
+                    EpisodeRecord(
+                        prompt.prompt_id, prompt.ground_truth, record_seed(prompt.prompt_id), prompt.text
+                    ),
+                )
+                for prompt, _ in items
+            ]
+            versions: dict[int, int] = {}
+            began = time.perf_counter()
+            tokens = 0
+            try:
+                generate = self._turn_generator(items, sampling, versions)
+                for index, result in runner.run(starts, generate, sampling.max_new_tokens):
+                    prompt, sample_index = items[index]
+                    tokens += result.model_tokens
+                    yield Sample(
+                        prompt=prompt,
+                        sample_index=sample_index,
+                        response_ids=result.response_ids,
+                        logprobs=result.logprobs,
+                        finish_reason=result.finish_reason,
+                        text=runner.tokenizer.decode(list(result.response_ids), skip_special_tokens=False),
+                        policy_version=versions.get(index, self.backend.version),
+                        worker_id=self.worker_id,
+                        extra={
+                            "generation_seconds": time.perf_counter() - began,
+                            "turns": float(len(result.turns)),
+                            "tool_calls": float(result.tool_calls),
+                            "tool_errors": float(result.tool_errors),
+                            "episode_reward": float(result.reward),
+                        },
+                        loss_mask=result.loss_mask,
+                        turns=result.turns,
+                        end_reason=result.reason,
+                    )
+            finally:
+                self._record_throughput(tokens, time.perf_counter() - began)
+
+    def _episode_runner(self) -> EpisodeRunner:
+        if self._runner is None:
+            from decentralized_verl.environments.rollout import EpisodeRunner
+
+            assert self.environment is not None
+            tokenizer = self.backend.tokenizer
+            eos = getattr(self.backend, "eos_token_ids", None)
+            if eos is None:
+                eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+            self._runner = EpisodeRunner(
+                self.environment,
+                tokenizer,
+                eos_token_ids=eos,
+                context_tokens=getattr(self.backend, "max_positions", None)
+                or getattr(self.backend, "max_model_len", None),  # hf, vllm
+            )
+        return self._runner
+
+    def _turn_generator(self, items: Sequence[WorkItem], sampling: SamplingParams, versions: dict[int, int]):
+        """Episode turns through the backend: one n=1 request per turn, seeded by (item, turn), so a
+        re-dispatched episode plays out the same."""
+        from decentralized_verl.environments.episode import TurnOutput
+
+        def generate(turns):
+            requests = []
+            for turn in turns:
+                prompt, sample_index = items[turn.index]
+                seed = None
+                if sampling.seed is not None:
+                    seed = item_seed(sampling.seed, f"{prompt.prompt_id}\x00turn{turn.turn}", sample_index)
+                params = dataclasses.replace(sampling, n=1, seed=seed, max_new_tokens=turn.max_new_tokens)
+                requests.append(GenerationRequest(str(turn.index), turn.context_ids, params))
+            for out in self.backend.generate(requests):
+                index = int(out.prompt_id)
+                versions[index] = min(versions.get(index, out.policy_version), out.policy_version)
+                yield (
+                    index,
+                    TurnOutput(
+                        tuple(out.response_token_ids), tuple(out.logprobs), out.finish_reason, out.text
+                    ),
+                )
+
+        return generate
 
     def _record_throughput(self, tokens: int, seconds: float) -> None:
         if tokens <= 0 or seconds <= 0:

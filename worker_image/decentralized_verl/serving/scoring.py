@@ -11,12 +11,15 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
 
 from decentralized_verl.core.forward import ForwardChooser, response_logprobs
 from decentralized_verl.core.samples import Prompt, Sample, TrainBatch, collate
+from decentralized_verl.environments.replay import ENVIRONMENT_REWARD
+from decentralized_verl.environments.settings import episode_settings
 from decentralized_verl.transport.messages import Score, ScoreItem, SequencePair
 
 
@@ -261,11 +264,19 @@ class RewardWorker:
     """
 
     def __init__(
-        self, reward_type: str | None = None, scorer: Any = None, *, workers: int = 1, **options: Any
+        self,
+        reward_type: str | None = None,
+        scorer: Any = None,
+        *,
+        workers: int = 1,
+        environment: Any = None,
+        **options: Any,
     ) -> None:
+        """`environment`: the job's `data.environment` (or `EpisodeSettings`), to score episodes by replay."""
         self.reward_type = reward_type
         self.scorer = scorer
         self.workers = workers
+        self.environment = episode_settings(environment)
         self.options = options
         self.worker_id = "reward"
 
@@ -280,13 +291,13 @@ class RewardWorker:
                 spec.data.reward_model, device=device, field="spec.data.rewardModel"
             )
             scorer = RewardModelScorer(model, tokenizer, device=device)
-        return cls(spec.data.reward_type, scorer, workers=workers)
+        return cls(spec.data.reward_type, scorer, workers=workers, environment=spec.data.environment)
 
     def score(self, samples: Sequence[Sample], reward_type: str | None = None) -> list[tuple[float, str]]:
         kind = reward_type or self.reward_type
         if kind is None:
             return [(0.0, "no reward type given")] * len(samples)
-        items = [ScoreItem(s.prompt.text, s.text, s.prompt.ground_truth, kind) for s in samples]
+        items = [ScoreItem.of(s, kind) for s in samples]
         return [(sc.score, sc.reason) for sc in self.score_items(items)]
 
     def score_items(self, items: Sequence[ScoreItem]) -> list[Score]:
@@ -298,6 +309,12 @@ class RewardWorker:
         for i, it in enumerate(items):
             groups.setdefault(it.reward_type, []).append(i)
         for kind, index in groups.items():
+            if kind == ENVIRONMENT_REWARD:  # sandboxed tools run in child processes: replay side by side
+                with ThreadPoolExecutor(max_workers=max(1, min(len(index), 8))) as pool:
+                    replayed = pool.map(self._replay, [items[i] for i in index])
+                    for i, score in zip(index, replayed, strict=True):
+                        out[i] = score
+                continue
             options = dict(self.options)
             if kind == "reward_model":
                 options["scorer"] = self.scorer
@@ -316,6 +333,25 @@ class RewardWorker:
             for i, s in zip(index, scored, strict=True):
                 out[i] = s if _finite(s.score) else Score(0.0, f"non-finite score ({s.score}) from {kind}")
         return [s for s in out if s is not None]
+
+    def _replay(self, item: ScoreItem) -> Score:
+        """An episode's reward: its environment played again here on the model's turns (`replay.py`)."""
+        from decentralized_verl.environments.replay import parse_transcript, replay
+
+        if self.environment is None:
+            return Score(0.0, "the environment reward needs the job's data.environment")
+        try:
+            episode = parse_transcript(item.completion_text)
+        except ValueError as exc:
+            return Score(0.0, f"malformed episode: {exc}")
+        result = replay(
+            self.environment,
+            episode.turns,
+            prompt_id=episode.prompt_id,
+            ground_truth=item.ground_truth,
+            prompt_text=item.prompt_text,
+        )
+        return Score(float(result.score), result.reason)
 
 
 def _finite(x: float) -> bool:

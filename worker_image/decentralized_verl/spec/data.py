@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveInt
 
+from decentralized_verl.environments.names import BUILTIN_ENVIRONMENTS, CLASS_PATTERN
 from decentralized_verl.rewards.names import BUILTIN_REWARD_TYPES, CALLABLE_PATTERN
 from decentralized_verl.spec.base import Probability, SpecModel, one_of, registered_name
 from decentralized_verl.spec.model import ModelSpec
@@ -14,6 +15,38 @@ RewardType = registered_name(
     "reward type", BUILTIN_REWARD_TYPES, CALLABLE_PATTERN.pattern, "or a callable as module:function"
 )
 """A built-in reward (the CRD lists them) or a user callable written as `module:function`."""
+
+
+EnvironmentName = registered_name(
+    "environment", BUILTIN_ENVIRONMENTS, CLASS_PATTERN.pattern, "or a class as module:Class"
+)
+"""A built-in environment (the CRD lists them) or a user class written as `module:Class`."""
+
+
+class EnvironmentSpec(SpecModel):
+    """Multi-turn episodes: the model acts, the environment answers, until done or a limit."""
+
+    name: EnvironmentName = Field(description=f"{one_of(BUILTIN_ENVIRONMENTS)}, or a class as module:Class")
+    max_turns: Annotated[int, Field(ge=1, le=64)] = Field(default=4, description="Model turns per episode")
+    max_total_tokens: PositiveInt | None = Field(
+        default=None,
+        description="Tokens after the prompt (model and environment) per episode; none: the model's context",
+    )
+    max_observation_tokens: PositiveInt = Field(
+        default=256, description="Longer observations are cut to this many tokens"
+    )
+    step_timeout_s: Annotated[float, Field(gt=0, le=600)] = Field(
+        default=30.0, description="A step that takes longer is a tool error"
+    )
+    on_tool_error: Literal["observe", "end"] = Field(
+        default="observe",
+        description="A step that raises or times out: its error is the observation, or the episode ends",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The environment's own options (see README, Multi-turn and tools)",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
 
 
 class ChatMessage(SpecModel):
@@ -40,6 +73,9 @@ class DataSpec(SpecModel):
     top_k: NonNegativeInt = 0
     stop: list[str] = Field(default_factory=list)
     eval_samples: PositiveInt | None = Field(default=None, description="Evaluate on the first N eval items")
+    environment: EnvironmentSpec | None = Field(
+        default=None, description="Multi-turn episodes with tools or a game; the environment scores them"
+    )
 
 
-__all__ = ["ChatMessage", "DataSpec", "RewardType"]
+__all__ = ["ChatMessage", "DataSpec", "EnvironmentName", "EnvironmentSpec", "RewardType"]

@@ -12,6 +12,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from decentralized_verl.algorithms.presets import CLIP_SETTINGS, LOSS_DEFAULTS, PRESETS
+from decentralized_verl.environments.names import BUILTIN_ENVIRONMENTS
 from decentralized_verl.errors import Problem
 from decentralized_verl.spec.base import RegisteredName
 from decentralized_verl.spec.roles import SHARDED_ROLES
@@ -153,6 +154,27 @@ def reward_problems(spec: JobSpec) -> Iterator[Problem]:
             yield _problem("data.rewardModel", "rewardType 'reward_model' needs data.rewardModel")
 
 
+def environment_problems(spec: JobSpec) -> Iterator[Problem]:
+    """The environment's options are ones it takes (a user class is imported only by the workers), and no
+    critic (its values would be fitted on the environment's tokens)."""
+    env = spec.data.environment
+    if env is not None and spec.roles.critic is not None:
+        yield _problem(
+            "data.environment",
+            "multi-turn episodes train with critic-free estimators (grpo, rloo, reinforce_plus_plus...): "
+            "a critic would fit values on the environment's tokens too; remove roles.critic",
+        )
+    if env is None or env.name not in BUILTIN_ENVIRONMENTS:
+        return
+    from decentralized_verl.environments.base import EnvironmentOptionsError
+    from decentralized_verl.environments.registry import parse_options
+
+    try:
+        parse_options(env.name, env.options)
+    except EnvironmentOptionsError as exc:
+        yield _problem(f"data.environment.options.{exc.field}", exc.message)
+
+
 def role_problems(spec: JobSpec) -> Iterator[Problem]:
     for name, role in spec.roles.items():
         if role.node_pools:
@@ -291,6 +313,7 @@ RULES: tuple[Callable[[JobSpec], Iterator[Problem]], ...] = (
     algorithm_problems,
     loss_problems,
     reward_problems,
+    environment_problems,
     role_problems,
     sharding_problems,
     batch_problems,

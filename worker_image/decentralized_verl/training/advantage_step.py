@@ -140,7 +140,7 @@ def attach_advantages(batch: TrainBatch, settings: AlgorithmSettings) -> dict[st
         penalty = overlong_penalty(batch.response_lengths, max_length=max_length, cache_length=cache)
         scores = scores + factor * penalty
         metrics["overlong_penalty_mean"] = float(penalty.mean())
-    mask = batch.response_mask
+    mask = batch.trained_mask()  # a multi-turn episode's observations are neither scored nor trained
     token_rewards = None
     if batch.ref_logprobs is not None:
         kl = token_kl(batch.old_logprobs, batch.ref_logprobs, mask, settings.kl_estimator)

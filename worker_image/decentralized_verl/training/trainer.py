@@ -121,7 +121,7 @@ class PolicyTrainer:
         if config is None:
             return batch, {}
         learner = self.learner_logprobs(batch)
-        weights, kept, metrics = correct_rollout(learner, batch.old_logprobs, batch.response_mask, config)
+        weights, kept, metrics = correct_rollout(learner, batch.old_logprobs, batch.trained_mask(), config)
         fixed = dataclasses.replace(
             batch,
             old_logprobs=learner,

@@ -146,7 +146,7 @@ class RemoteRewardClient(RemoteClient):
     """`RewardClient`: one (score, reason) per sample, each checked finite."""
 
     async def score(self, samples: Sequence[Sample], reward_type: str) -> list[tuple[float, str]]:
-        items = [m.ScoreItem(s.prompt.text, s.text, s.prompt.ground_truth, reward_type) for s in samples]
+        items = [m.ScoreItem.of(s, reward_type) for s in samples]
         reply = await self._call(SCORE, m.score_request_to_proto(items), pb.ScoreResponse)
         try:
             return [(s.score, s.reason) for s in m.scores_from_proto(reply, len(items))]

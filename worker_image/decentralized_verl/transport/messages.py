@@ -26,6 +26,7 @@ from decentralized_verl.transport.wire.common import (
 )
 from decentralized_verl.transport.wire.rollout import (
     Completion,
+    EpisodeReport,
     GenerateBatch,
     GenerateItem,
     SamplingParams,
@@ -90,6 +91,7 @@ __all__ = [
     "ROLES",
     "Completion",
     "CriticTrainItem",
+    "EpisodeReport",
     "GenerateBatch",
     "GenerateItem",
     "Heartbeat",

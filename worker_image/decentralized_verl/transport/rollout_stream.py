@@ -37,9 +37,18 @@ def generate_request(
         request_id=uuid.uuid4().hex,
         policy_version=version,
         sampling=dataclasses.replace(sampling, n=1),
-        items=tuple(m.GenerateItem(p.prompt_id, i, tuple(p.token_ids)) for p, i in items),
+        items=tuple(_item(p, i) for p, i in items),
     )
     return batch, prompts
+
+
+def _item(prompt: Prompt, sample_index: int) -> m.GenerateItem:
+    """A work item on the wire; its record (reference, text) only when an environment plays on it."""
+    if prompt.environment:
+        return m.GenerateItem(
+            prompt.prompt_id, sample_index, tuple(prompt.token_ids), prompt.ground_truth, prompt.text
+        )
+    return m.GenerateItem(prompt.prompt_id, sample_index, tuple(prompt.token_ids))
 
 
 @dataclass
@@ -77,9 +86,13 @@ class ResultStream:
                 f"bad result: {path}: sample {c.sample_index} of prompt {c.prompt_id!r} "
                 f"already answered by results[{self.answered[c.key]}]"
             )
+        prompt = self.prompts[c.key]
+        if prompt.environment != (c.episode is not None):
+            asked = "a multi-turn episode" if prompt.environment else "one completion"
+            raise BadResult(f"bad result: {path}: asked for {asked}, got the other")
         self.answered[c.key] = index
-        return Sample(
-            prompt=self.prompts[c.key],
+        sample = Sample(
+            prompt=prompt,
             sample_index=c.sample_index,
             response_ids=c.response_token_ids,
             logprobs=c.logprobs,
@@ -89,6 +102,7 @@ class ResultStream:
             worker_id=self.worker_id,
             extra={"generation_seconds": c.generation_seconds},
         )
+        return sample if c.episode is None else with_episode(sample, c.episode)
 
     def check_complete(self) -> None:
         """Raise BadResult naming the first few samples the stream left out."""
@@ -96,3 +110,23 @@ class ResultStream:
         if missing:
             shown = ", ".join(f"{p}#{s}" for p, s in missing[:5]) + (" ..." if len(missing) > 5 else "")
             raise BadResult(f"stream ended with {len(missing)} samples unanswered: {shown}")
+
+
+def with_episode(sample: Sample, episode: m.EpisodeReport) -> Sample:
+    """A received sample with its episode: the mask, the turns, and log-probs zeroed where the environment
+    wrote (nothing trains on those, and nothing a worker claims there is kept)."""
+    logprobs = tuple(lp if keep else 0.0 for lp, keep in zip(sample.logprobs, episode.loss_mask, strict=True))
+    extra = {
+        **sample.extra,
+        "turns": float(len(episode.turns)),
+        "tool_calls": float(episode.tool_calls),
+        "tool_errors": float(episode.tool_errors),
+        "episode_reward": float(episode.reward),
+    }
+    return sample.with_(
+        logprobs=logprobs,
+        loss_mask=episode.loss_mask,
+        turns=episode.turns,
+        end_reason=episode.end_reason,
+        extra=extra,
+    )

@@ -46,8 +46,10 @@ async def start_volunteer_discovery(
     temperature: float,
     pad_token_id: int,
     start_version: int = 0,
+    tokenizer=None,
 ) -> VolunteerHub:
     """Join the job's DHT as the coordinator, serve join/spec/weights over P2P and start discovery.
+    With the `tokenizer`, a multi-turn job's volunteer episodes are rebuilt when checked.
 
     From the settings: the bootstrap's address, the join secret, where to listen and what to announce, and
     optionally how many volunteers to wait for before training starts (tests and benchmarks).
@@ -56,7 +58,7 @@ async def start_volunteer_discovery(
     from decentralized_verl.transport.p2p import CoordinatorEndpoints
     from decentralized_verl.volunteers.dht import PeerOptions, start_dht
     from decentralized_verl.volunteers.identity import bootstrap_maddr, coordinator_seed, write_identity
-    from decentralized_verl.volunteers.verify import verifier_for
+    from decentralized_verl.volunteers.verify import episode_check, verifier_for
 
     secret = job_secret(settings)
     addr = settings.dht_addr
@@ -81,6 +83,7 @@ async def start_volunteer_discovery(
         fraction=volunteers.verify_fraction,
         seed=spec.training.seed,
         atol=settings.verify_atol,
+        episodes=episode_check(spec, tokenizer, model) if tokenizer is not None else None,
     )
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
     config = HubConfig(
@@ -132,6 +135,7 @@ def join_volunteers(publisher, output: Path) -> Attachment:
             temperature=context.trainer.settings.temperature,
             pad_token_id=context.tokenizer.pad_token_id,
             start_version=context.start_version,
+            tokenizer=context.tokenizer,
         )
         context.roles.publish = hub.wrap_publish(context.roles.publish, model)
         return functools.partial(hub.close, output)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import random
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from decentralized_verl.core.samples import Sample
@@ -41,12 +41,20 @@ def choose_for_check(n: int, fraction: float, rng: random.Random) -> list[int]:
 
 
 def compare_logprobs(
-    key: tuple[str, int], claimed: Sequence[float], recomputed: Sequence[float], atol: float
+    key: tuple[str, int],
+    claimed: Sequence[float],
+    recomputed: Sequence[float],
+    atol: float,
+    mask: Sequence[int] | None = None,
 ) -> Mismatch | None:
+    """The worst token beyond `atol`, among the tokens the policy generated (`mask`: a multi-turn
+    episode's loss mask; the environment's tokens have no claimed log-probs)."""
     if len(claimed) != len(recomputed):
         return Mismatch(key, f"{len(claimed)} log-probs for {len(recomputed)} tokens")
     worst, where = 0.0, -1
     for i, (a, b) in enumerate(zip(claimed, recomputed, strict=True)):
+        if mask is not None and not mask[i]:
+            continue
         diff = abs(a - b) if math.isfinite(a) else math.inf
         if diff > worst:
             worst, where = diff, i
@@ -135,12 +143,22 @@ class CheckResult:
 
 
 class Verifier:
-    """Checks `fraction` of each batch against `policy` (anything with `logprobs(samples, version)`)."""
+    """Checks `fraction` of each batch against `policy` (anything with `logprobs(samples, version)`);
+    `episodes` (a multi-turn job's check, `sample -> problem or None`) rebuilds each chosen episode."""
 
-    def __init__(self, policy, *, fraction: float, atol: float = 0.02, seed: int = 0) -> None:
+    def __init__(
+        self,
+        policy,
+        *,
+        fraction: float,
+        atol: float = 0.02,
+        seed: int = 0,
+        episodes: Callable[[Sample], str | None] | None = None,
+    ) -> None:
         if not 0.0 <= fraction <= 1.0:
             raise ValueError(f"verify fraction must be in [0, 1] (got {fraction})")
         self.policy = policy
+        self.episodes = episodes
         self.fraction = fraction
         self.atol = atol
         self._rng = random.Random(seed)
@@ -159,10 +177,17 @@ class Verifier:
             for s in chosen
             if s.policy_version != version
         ]
+        if not wrong and self.episodes is not None:
+            for s in chosen:
+                problem = (
+                    self.episodes(s) if s.loss_mask is not None else "a single completion for an episode"
+                )
+                if problem is not None:
+                    wrong.append(Mismatch(s.key, f"episode: {problem}"))
         if not wrong:
             recomputed = self.policy.logprobs(chosen, version)
             for s, values in zip(chosen, recomputed, strict=True):
-                problem = compare_logprobs(s.key, s.logprobs, values, self.atol)
+                problem = compare_logprobs(s.key, s.logprobs, values, self.atol, s.loss_mask)
                 if problem is not None:
                     wrong.append(problem)
         self.checked += len(chosen)
@@ -172,10 +197,19 @@ class Verifier:
 
 
 def verifier_for(
-    model, publisher, *, temperature: float, pad_token_id: int, fraction: float, seed: int, atol=None
+    model,
+    publisher,
+    *,
+    temperature: float,
+    pad_token_id: int,
+    fraction: float,
+    seed: int,
+    atol=None,
+    episodes: Callable[[Sample], str | None] | None = None,
 ) -> Verifier | None:
     """A verifier over a private copy of `model` (None when nothing is to be checked); `atol` defaults to
-    the model dtype's tolerance in DEFAULT_ATOL."""
+    the model dtype's tolerance in DEFAULT_ATOL; `episodes` checks a multi-turn job's episodes
+    (`episode_check`)."""
     import copy
 
     if fraction <= 0:
@@ -183,4 +217,37 @@ def verifier_for(
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     policy = PublishedPolicy(copy.deepcopy(model), publisher, temperature, pad_token_id)
     tolerance = atol if atol is not None else DEFAULT_ATOL.get(dtype, 0.25)
-    return Verifier(policy, fraction=fraction, atol=tolerance, seed=seed)
+    return Verifier(policy, fraction=fraction, atol=tolerance, seed=seed, episodes=episodes)
+
+
+def episode_check(spec, tokenizer, model) -> Callable[[Sample], str | None] | None:
+    """For a job with `data.environment`: rebuild a volunteer's episode from its model tokens
+    (`environments.verify`); None for single-turn jobs."""
+    if spec.data.environment is None:
+        return None
+    from decentralized_verl.environments.rollout import EpisodeRunner
+    from decentralized_verl.environments.settings import EpisodeSettings
+    from decentralized_verl.environments.verify import episode_problem
+
+    runner = EpisodeRunner(
+        EpisodeSettings.from_spec(spec.data.environment),
+        tokenizer,
+        eos_token_ids=_eos_ids(model, tokenizer),
+        context_tokens=getattr(getattr(model, "config", None), "max_position_embeddings", None),
+    )
+    stop = tuple(spec.data.stop)
+    return lambda sample: episode_problem(runner, sample, spec.data.max_new_tokens, stop)
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    """The end-of-sequence ids a generation backend stops on (the tokenizer's and the model's)."""
+    ids: set[int] = set()
+    for source in (
+        tokenizer.eos_token_id,
+        getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+    ):
+        if isinstance(source, int):
+            ids.add(source)
+        elif source is not None:
+            ids.update(int(i) for i in source)
+    return ids

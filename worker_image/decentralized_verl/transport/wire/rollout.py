@@ -29,11 +29,13 @@ from decentralized_verl.transport.wire.common import (
 
 @dataclass(frozen=True)
 class GenerateItem:
-    """One prompt to complete."""
+    """One prompt to complete (with an environment: one episode to play on its record)."""
 
     prompt_id: str
     sample_index: int
     prompt_token_ids: tuple[int, ...]
+    ground_truth: str = ""
+    prompt_text: str = ""
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,22 @@ class GenerateBatch:
 
 
 @dataclass(frozen=True)
+class EpisodeReport:
+    """What a multi-turn completion adds: which tokens are the model's, its turns and how it ended."""
+
+    loss_mask: tuple[int, ...]
+    turns: tuple[str, ...]
+    end_reason: str
+    tool_calls: int
+    tool_errors: int
+    reward: float
+
+
+MAX_TURNS = 64
+"""The most model turns an episode may have (`data.environment.maxTurns`' own limit)."""
+
+
+@dataclass(frozen=True)
 class Completion:
     """One finished completion with its per-token log-probs."""
 
@@ -71,6 +89,7 @@ class Completion:
     policy_version: int
     worker_id: str
     generation_seconds: float
+    episode: EpisodeReport | None = None
 
     @property
     def key(self) -> tuple[str, int]:
@@ -128,7 +147,11 @@ def generate_request_to_proto(batch: GenerateBatch) -> pb.GenerateRequest:
         sampling=sampling_to_proto(batch.sampling),
         items=[
             pb.GenerateItem(
-                prompt_id=it.prompt_id, sample_index=it.sample_index, prompt_token_ids=it.prompt_token_ids
+                prompt_id=it.prompt_id,
+                sample_index=it.sample_index,
+                prompt_token_ids=it.prompt_token_ids,
+                ground_truth=it.ground_truth,
+                prompt_text=it.prompt_text,
             )
             for it in batch.items
         ],
@@ -169,12 +192,24 @@ def generate_request_from_proto(msg: pb.GenerateRequest, limits: WireLimits) -> 
                 f"length {len(ids)} exceeds the prompt limit of {limits.max_prompt_tokens}",
             )
         _check_tokens(ids, f"{path}.prompt_token_ids", limits.vocab_size)
-        items.append(GenerateItem(it.prompt_id, it.sample_index, ids))
+        items.append(GenerateItem(it.prompt_id, it.sample_index, ids, it.ground_truth, it.prompt_text))
     return GenerateBatch(msg.request_id, version, sampling, tuple(items))
 
 
 def completion_to_proto(c: Completion) -> pb.GenerateResult:
+    episode = None
+    if c.episode is not None:
+        e = c.episode
+        episode = pb.Episode(
+            loss_mask=[bool(m) for m in e.loss_mask],
+            turns=list(e.turns),
+            end_reason=e.end_reason,
+            tool_calls=e.tool_calls,
+            tool_errors=e.tool_errors,
+            reward=e.reward,
+        )
     return pb.GenerateResult(
+        episode=episode,
         request_id=c.request_id,
         prompt_id=c.prompt_id,
         sample_index=c.sample_index,
@@ -226,11 +261,14 @@ def completion_from_proto(
     logprobs = tuple(msg.logprobs)
     if not ids and not limits.allow_empty_response:
         raise WireError(f"{path}.response_token_ids", "must not be empty")
-    if request is not None and len(ids) > request.sampling.max_new_tokens:
+    episode = _episode_from_proto(msg, ids, path) if msg.HasField("episode") else None
+    if request is not None and episode is None and len(ids) > request.sampling.max_new_tokens:
         raise WireError(
             f"{path}.response_token_ids",
             f"length {len(ids)} exceeds max_new_tokens {request.sampling.max_new_tokens}",
         )
+    if request is not None and episode is not None:
+        _check_turn_lengths(episode, request.sampling.max_new_tokens, path)
     _check_tokens(ids, f"{path}.response_token_ids", limits.vocab_size)
     _check_same_length(logprobs, f"{path}.logprobs", ids, "response_token_ids")
     _check_floats(logprobs, f"{path}.logprobs", max_value=LOGPROB_SLACK)
@@ -251,7 +289,42 @@ def completion_from_proto(
         policy_version=version,
         worker_id=msg.worker_id,
         generation_seconds=msg.generation_seconds,
+        episode=episode,
     )
+
+
+def _episode_from_proto(msg: pb.GenerateResult, ids: tuple[int, ...], path: str) -> EpisodeReport:
+    """A multi-turn result's episode: a mask per token, one model turn per run of model tokens."""
+    e = msg.episode
+    where = f"{path}.episode"
+    mask = tuple(int(m) for m in e.loss_mask)
+    _check_same_length(mask, f"{where}.loss_mask", ids, "response_token_ids")
+    if len(e.turns) > MAX_TURNS:
+        raise WireError(f"{where}.turns", f"{len(e.turns)} turns exceed the limit of {MAX_TURNS}")
+    runs = sum(1 for i, m in enumerate(mask) if m and (i == 0 or not mask[i - 1]))
+    if runs != len(e.turns) or not mask or not mask[0]:
+        raise WireError(
+            f"{where}.loss_mask",
+            f"must start with the model's tokens and hold one run of them per turn "
+            f"({runs} runs for {len(e.turns)} turns)",
+        )
+    _check_finite(e.reward, f"{where}.reward")
+    return EpisodeReport(mask, tuple(e.turns), e.end_reason, e.tool_calls, e.tool_errors, e.reward)
+
+
+def _check_turn_lengths(episode: EpisodeReport, max_new_tokens: int, path: str) -> None:
+    """No model turn longer than the request allows a turn to be."""
+    run = 0
+    for m in (*episode.loss_mask, 0):
+        if m:
+            run += 1
+            continue
+        if run > max_new_tokens:
+            raise WireError(
+                f"{path}.episode.loss_mask",
+                f"a model turn of {run} tokens exceeds max_new_tokens {max_new_tokens}",
+            )
+        run = 0
 
 
 def check_all_answered(request: GenerateBatch, completions: Iterable[Completion]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from decentralized_verl.transport.wire.common import (
     LOGPROB_SLACK,
@@ -161,6 +162,17 @@ class ScoreItem:
     completion_text: str
     ground_truth: str
     reward_type: str
+
+    @classmethod
+    def of(cls, sample: Any, reward_type: str) -> ScoreItem:
+        """The item that scores `sample`: its text, or for the `environment` reward its episode's transcript
+        (the model's turns, which the reward worker replays its environment on)."""
+        from decentralized_verl.environments.replay import ENVIRONMENT_REWARD, transcript
+
+        text = sample.text
+        if reward_type == ENVIRONMENT_REWARD:
+            text = transcript(sample.prompt.prompt_id, sample.turns)
+        return cls(sample.prompt.text, text, sample.prompt.ground_truth, reward_type)
 
 
 @dataclass(frozen=True)

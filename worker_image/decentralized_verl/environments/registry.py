@@ -1,0 +1,88 @@
+"""Environments by name: one dict the spec's names and the rollout side's construction both come from.
+
+A built-in is registered with `@environment("name")`; a user environment is named `module:Class` and
+imported on first use. Options (`data.environment.options`) are validated against the class's `Options`
+model, so an unknown or ill-typed option is refused with its name before any episode runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from decentralized_verl.environments.base import Environment, EnvironmentOptionsError
+from decentralized_verl.environments.calculator import Calculator
+from decentralized_verl.environments.guessing_game import GuessingGame
+from decentralized_verl.environments.names import BUILTIN_ENVIRONMENTS, CLASS_PATTERN
+from decentralized_verl.environments.python_tool import PythonTool
+
+ENVIRONMENTS: dict[str, type] = {}
+
+
+def environment(name: str) -> Callable[[type], type]:
+    """Register a built-in environment class under `name` (also listed in names.BUILTIN_ENVIRONMENTS)."""
+
+    def register(cls: type) -> type:
+        ENVIRONMENTS[name] = cls
+        return cls
+
+    return register
+
+
+environment("calculator")(Calculator)
+environment("guessing_game")(GuessingGame)
+environment("python_tool")(PythonTool)
+
+assert set(ENVIRONMENTS) == set(BUILTIN_ENVIRONMENTS), "names.BUILTIN_ENVIRONMENTS is out of date"
+
+
+@functools.lru_cache(maxsize=32)
+def environment_class(name: str) -> type:
+    """The class behind `name`; ValueError naming what is wrong (unknown name, failed import)."""
+    if name in ENVIRONMENTS:
+        return ENVIRONMENTS[name]
+    if not CLASS_PATTERN.match(name):
+        known = ", ".join(sorted(ENVIRONMENTS))
+        raise ValueError(f"unknown environment {name!r}; expected {known} or a class as module:Class")
+    module_name, attribute = name.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise ValueError(
+            f"environment {name!r}: cannot import {module_name}: {type(exc).__name__}: {exc}"
+        ) from None
+    cls = getattr(module, attribute, None)
+    if not callable(cls):
+        raise ValueError(f"environment {name!r}: {module_name} has no class {attribute}")
+    return cls
+
+
+def parse_options(name: str, options: Mapping[str, Any]) -> BaseModel | None:
+    """The class's `Options` validated from the spec's mapping; EnvironmentOptionsError naming the option."""
+    model = getattr(environment_class(name), "Options", None)
+    if model is None:
+        if options:
+            raise EnvironmentOptionsError(next(iter(options)), f"environment {name!r} takes no options")
+        return None
+    try:
+        return model.model_validate(dict(options))
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error["loc"])
+        raise EnvironmentOptionsError(where, error["msg"]) from None
+
+
+def make_environment(name: str, options: Mapping[str, Any] | None = None) -> Environment:
+    """A fresh environment for one episode."""
+    cls = environment_class(name)
+    parsed = parse_options(name, options or {})
+    return cls(parsed) if parsed is not None else cls()
+
+
+def instructions(name: str) -> str:
+    """The environment's usage text for the model ("" when it has none)."""
+    return str(getattr(environment_class(name), "instructions", "") or "")
