@@ -1,7 +1,12 @@
-"""The policy update, algorithm-blind: losses come from the registries by name; DDP averages gradients.
+"""The policy update, algorithm-blind: losses come from the registries by name; DDP or FSDP2 averages
+gradients.
 
 Every learner replica runs the same `PolicyTrainer.update` on its shard; torch.distributed (gloo on CPU,
-nccl on GPU) averages gradients inside DistributedDataParallel, so replicas stay bit-identical.
+nccl on GPU) averages gradients. With `roles.learner.sharding: ddp` (the default) each replica holds the
+whole model inside DistributedDataParallel, so replicas stay bit-identical. With `fsdp` the trainer shards
+the model in place over the replicas (`training.sharding`): each holds a slice of the parameters,
+gradients and optimizer state, every forward and backward is collective, and reading the weights
+(`rollout_weights`) gathers them on every rank.
 
 With a rollout correction in force the update first recomputes the batch's log-probs with the learner's
 current weights: the loss's ratio is then taken against those, and the rollout's own log-probs only set
@@ -15,6 +20,7 @@ import contextlib
 import dataclasses
 import math
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -29,11 +35,12 @@ from decentralized_verl.core.samples import TrainBatch
 from decentralized_verl.spec import JobSpec
 from decentralized_verl.training import microbatches
 from decentralized_verl.training.advantage_step import AlgorithmSettings
+from decentralized_verl.training.sharding import full_state_dict, is_sharded, shard_model
 
 
 class PolicyForward(nn.Module):
     """The policy's log-probs (and entropy) of a micro-batch as one module call, so DistributedDataParallel
-    sees the shared-prompt forward's two passes as one forward."""
+    and FSDP see the shared-prompt forward's two passes as one forward."""
 
     def __init__(self, model: nn.Module, temperature: float) -> None:
         super().__init__()
@@ -41,29 +48,60 @@ class PolicyForward(nn.Module):
         self.temperature = temperature
         self.plain = False
         """The model's own call over the padded batch instead of the shared-prompt forward."""
+        self.whole_outputs = False
+        """Return tensors that are not views (FSDP's backward hook on an output is lost to an in-place
+        write into a view, and FSDP warns about every view it is given)."""
 
     def forward(self, batch: TrainBatch, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return response_logprobs(self.model, batch, self.temperature, entropy=entropy, plain=self.plain)
+        logprobs, ent = response_logprobs(
+            self.model, batch, self.temperature, entropy=entropy, plain=self.plain
+        )
+        if self.whole_outputs:
+            logprobs = logprobs.clone() if logprobs._is_view() else logprobs
+            ent = ent.clone() if ent is not None and ent._is_view() else ent
+        return logprobs, ent
 
 
 class PolicyTrainer:
-    """Owns the optimizer of one learner replica."""
+    """Owns the optimizer of one learner replica.
+
+    `spec.roles.learner` decides how the model is held. With sharding fsdp the trainer shards `model` in
+    place when it is built (pass it unsharded; every rank of the group must build its trainer, after
+    `init_distributed`): its parameters become DTensor shards, so `model` itself must then be read
+    through `rollout_weights` / `sharding.full_state_dict` (collective). Activation checkpointing applies
+    to ddp and fsdp alike."""
 
     def __init__(self, model: nn.Module, spec: JobSpec, *, distributed: bool = False) -> None:
         self.model = model
         self.spec = spec
         self.settings = AlgorithmSettings.from_spec(spec)
+        role = spec.roles.learner
+        self.sharded = role.sharding == "fsdp"
         self.distributed = distributed
-        forward = PolicyForward(model, self.settings.temperature)
-        self.forward = forward
         device = next(model.parameters()).device
+        forward = PolicyForward(model, self.settings.temperature)
+        if self.sharded or role.activation_checkpointing:
+            world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+            # The root is PolicyForward, the module the step calls: see `training.sharding`.
+            shard_model(
+                forward,
+                sharding=role.sharding,
+                world=world,
+                dtype=next(model.parameters()).dtype,
+                cpu_offload=role.cpu_offload,
+                activation_checkpointing=role.activation_checkpointing,
+            )
+        self.forward = forward
         self.chooser = ForwardChooser(device.type)
         self.force_plain = False
         """Always the model's own call over the padded batch (benchmarks compare the two forwards)."""
-        if distributed:
+        if self.sharded:
+            forward.whole_outputs = True
+            self.module: nn.Module = forward
+        elif distributed:
             from torch.nn.parallel import DistributedDataParallel
 
-            self.module: nn.Module = DistributedDataParallel(forward)
+            self.module = DistributedDataParallel(forward)
         else:
             self.module = forward
         params = [p for p in model.parameters() if p.requires_grad]
@@ -107,11 +145,12 @@ class PolicyTrainer:
             parts = microbatches.by_rows(groups, micro)
         out = torch.zeros_like(batch.old_logprobs)
         self.forward.plain = self.force_plain
+        rows_per_part = [torch.tensor(microbatches.rows_of(part), dtype=torch.long) for part in parts]
         with torch.no_grad():
-            for part in parts:
-                rows = torch.tensor(microbatches.rows_of(part), dtype=torch.long)
+            for rows, real in self._lockstep([rows_per_part])[0]:
                 logprobs, _ = self.forward(batch.select(rows))
-                out[rows] = logprobs.to(out.dtype)
+                if real:
+                    out[rows] = logprobs.to(out.dtype)
         return out
 
     def corrected(self, batch: TrainBatch) -> tuple[TrainBatch, dict[str, float]]:
@@ -139,31 +178,36 @@ class PolicyTrainer:
         sums: dict[str, float] = {}
         count = 0
         for _ in range(s.ppo_epochs):
-            for parts in self.microbatch_plan(batch):
+            for steps in self._lockstep(self.microbatch_plan(batch)):
                 self.optimizer.zero_grad(set_to_none=True)
-                weights = microbatches.loss_weights(batch.trained_mask(), parts, s.aggregation)
-                for k, (part, weight) in enumerate(zip(parts, weights, strict=True)):
-                    sync = not self.distributed or k == len(parts) - 1
-                    ctx = contextlib.nullcontext() if sync else self.module.no_sync()  # type: ignore[operator]
+                parts = [part for part, real in steps if real]
+                weights = iter(microbatches.loss_weights(batch.trained_mask(), parts, s.aggregation))
+                for k, (part, real) in enumerate(steps):
+                    # A stand-in micro-batch (see `_lockstep`) runs with weight 0: no gradient of its own.
+                    weight = next(weights) if real else 0.0
                     micro = batch.select(part)
                     plain = self.force_plain or self.chooser.plain_next()
                     self.forward.plain = plain
                     began = time.perf_counter()
-                    with ctx:
+                    with self._accumulating(last=k == len(steps) - 1):
                         loss, metrics = self._loss(micro)
                         (loss * weight).backward()
-                    self.chooser.record(plain, _synced(began), int(micro.input_ids.numel()))
+                    self._record(plain, _synced(began), int(micro.input_ids.numel()))
+                    if not real:
+                        continue
                     for key, value in metrics.items():
                         sums[key] = sums.get(key, 0.0) + value
                     count += 1
                 params = [p for p in self.model.parameters() if p.requires_grad]
-                norm = torch.nn.utils.clip_grad_norm_(params, self.spec.training.max_grad_norm)
-                if not math.isfinite(float(norm)):
+                norm = _plain_norm(torch.nn.utils.clip_grad_norm_(params, self.spec.training.max_grad_norm))
+                # The norm is global (all-reduced by DDP's gradients or FSDP's DTensor norm), so every
+                # replica takes the same branch.
+                if not math.isfinite(norm):
                     # A non-finite gradient would poison every replica's weights; skip this update.
                     self.optimizer.zero_grad(set_to_none=True)
                     sums["skipped_updates"] = sums.get("skipped_updates", 0.0) + 1
                     continue
-                sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(norm) * len(parts)
+                sums["grad_norm"] = sums.get("grad_norm", 0.0) + norm * len(parts)
                 self.optimizer.step()
                 self.scheduler.step()
                 self.updates += 1
@@ -172,6 +216,54 @@ class PolicyTrainer:
         out["lr"] = self.scheduler.get_last_lr()[0]
         out.update(correction_metrics)
         return out
+
+    def _accumulating(self, *, last: bool) -> contextlib.AbstractContextManager[Any]:
+        """Gradients of a micro-batch that is not its mini-batch's last stay local (no reduce): DDP's
+        `no_sync`, FSDP's `set_requires_gradient_sync(False)` (unsharded gradients accumulate until the
+        last micro-batch's backward reduce-scatters them)."""
+        if self.sharded:
+            self.module.set_requires_gradient_sync(last)  # type: ignore[operator]
+            return contextlib.nullcontext()
+        if not self.distributed or last:
+            return contextlib.nullcontext()
+        return self.module.no_sync()  # type: ignore[operator]
+
+    def _record(self, plain: bool, seconds: float, positions: int) -> None:
+        """Time a micro-batch for the forward chooser; sharded replicas then all take rank 0's choice,
+        since every replica must run the same forward (the same collectives in the same order)."""
+        undecided = self.chooser.choice is None
+        self.chooser.record(plain, seconds, positions)
+        if self.sharded and undecided and self.chooser.choice is not None:
+            choice = torch.tensor([int(self.chooser.choice)], device=self._collective_device())
+            torch.distributed.broadcast(choice, src=0)
+            self.chooser.choice = bool(choice.item())
+
+    def _lockstep(self, plan: list[list[torch.Tensor]]) -> list[list[tuple[torch.Tensor, bool]]]:
+        """The plan's (rows, real) per micro-batch per mini-batch; sharded replicas pad theirs to the
+        group's largest counts.
+
+        Every forward and backward of a sharded model is collective, so every replica must run as many
+        mini-batches, and micro-batches in each, as the others (token budgets or uneven shards can give
+        them different counts). A replica short of one repeats a micro-batch it has, marked not real: it
+        runs with loss weight 0, contributes no gradient and no metrics. Unsharded plans pass unchanged."""
+        steps = [[(rows, True) for rows in parts] for parts in plan]
+        if not self.sharded or torch.distributed.get_world_size() == 1:
+            return steps
+        device = self._collective_device()
+        minis = torch.tensor([len(steps)], device=device)
+        torch.distributed.all_reduce(minis, op=torch.distributed.ReduceOp.MAX)
+        steps += [[] for _ in range(int(minis.item()) - len(steps))]
+        micros = torch.tensor([len(parts) for parts in steps], device=device)
+        torch.distributed.all_reduce(micros, op=torch.distributed.ReduceOp.MAX)
+        stand_in = next(rows for parts in plan for rows in reversed(parts))
+        for parts, wanted in zip(steps, micros.tolist(), strict=True):
+            parts += [(parts[-1][0] if parts else stand_in, False)] * (wanted - len(parts))
+        return steps
+
+    def _collective_device(self) -> torch.device:
+        """Where the process group's collectives run: the GPU under nccl, else the CPU."""
+        nccl = torch.distributed.get_backend() == "nccl"
+        return torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
 
     def _loss(self, mb: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
         s = self.settings
@@ -210,6 +302,12 @@ class PolicyTrainer:
         return loss, metrics
 
 
+def _plain_norm(norm: torch.Tensor) -> float:
+    """clip_grad_norm_'s total as a float; over FSDP's DTensor gradients it is a DTensor, made whole."""
+    full_tensor = getattr(norm, "full_tensor", None)
+    return float(full_tensor() if full_tensor is not None else norm)
+
+
 def _synced(began: float) -> float:
     """Seconds since `began`, after the GPU (if any) finished what was queued."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -219,9 +317,29 @@ def _synced(began: float) -> float:
 
 def rollout_state_dict(model: nn.Module) -> dict[str, Any]:
     """The weights rollout workers need, detached: for a LoRA model only the trainable adapter tensors,
-    under the same names the rollout side's own LoRA model uses (its state_dict keys)."""
+    under the same names the rollout side's own LoRA model uses (its state_dict keys).
+
+    A sharded (fsdp) model's weights must be gathered by every replica together: use `rollout_weights`."""
     from decentralized_verl.models.lora import is_lora
 
+    if is_sharded(model):
+        raise ValueError(
+            "model: its weights are sharded over the learner replicas (fsdp); every replica must iterate "
+            "rollout_weights(model) together to gather them"
+        )
     if is_lora(model):
         return {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
     return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+def rollout_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) pairs of what rollout workers need, for any learner model.
+
+    Unsharded: `rollout_state_dict`'s items. Sharded (fsdp): full CPU tensors gathered one at a time
+    (`sharding.full_state_dict`); collective, so every replica iterates it to the end in step, and ranks
+    other than the publisher discard what they get. Publishing can stream these without holding the
+    whole model beyond what the publisher keeps."""
+    if is_sharded(model):
+        yield from full_state_dict(model)
+    else:
+        yield from rollout_state_dict(model).items()
