@@ -118,12 +118,19 @@ def train(trainer: PolicyTrainer, batches: list[TrainBatch]) -> dict:
 
 
 def _run(name: str, spec, batches, out: Path, rank: int) -> dict:
-    from decentralized_verl.training.trainer import rollout_state_dict, rollout_weights
+    from decentralized_verl.training.learner_group import LearnerGroup, streamed_weights
+    from decentralized_verl.training.trainer import rollout_state_dict
+    from decentralized_verl.transport.weight_stream import encode_stream
+    from decentralized_verl.transport.weights import decode_bundle
 
     model = tied_model(spec)
     trainer = PolicyTrainer(model, spec, distributed=True)
     result = train(trainer, batches)
-    torch.save(dict(rollout_weights(model)), out / f"rank{rank}-{name}.pt")
+    if LearnerGroup(trainer, 2).sharded:  # what rollout workers receive: encoded while gathered, decoded
+        published = decode_bundle(encode_stream(streamed_weights(model), 1, dtype=None))
+    else:
+        published = rollout_state_dict(model)
+    torch.save(dict(published), out / f"rank{rank}-{name}.pt")
     try:
         rollout_state_dict(model)
         refused = ""

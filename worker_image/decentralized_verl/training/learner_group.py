@@ -19,10 +19,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from decentralized_verl.training.sharding import (
+    full_cpu,
+    gathered_digest,
+    is_sharded,
+    named_state,
+    tied_names,
+)
 from decentralized_verl.transport.weight_stream import StreamedWeights, TensorSlot
 
 
@@ -32,59 +38,29 @@ class Command:
     payload: Any = None
 
 
-def _local(tensor: Tensor) -> Tensor:
-    return tensor._local_tensor if hasattr(tensor, "_local_tensor") else tensor
-
-
-def _full(tensor: Tensor) -> Tensor:
-    """The whole tensor on this rank (a collective for a sharded DTensor), on the CPU."""
-    full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-    return full.detach().to("cpu")
-
-
 def layout(model: nn.Module) -> tuple[tuple[TensorSlot, ...], dict[str, str]]:
     """Every state-dict tensor's name, full shape and dtype (no gathering: a DTensor knows its global
-    shape), and tied names (alias -> first name of the same tensor)."""
-    slots: list[TensorSlot] = []
-    aliases: dict[str, str] = {}
-    seen: dict[int, str] = {}
-    for name, tensor in model.state_dict().items():
-        key = id(_local(tensor))
-        if key in seen:
-            aliases[name] = seen[key]
-            continue
-        seen[key] = name
-        slots.append(TensorSlot(name, tuple(tensor.shape), tensor.dtype))
-    return tuple(slots), aliases
+    shape), and tied names (alias -> the name sent). The same on every rank, so all gather in step."""
+    aliases = tied_names(model)
+    slots = tuple(
+        TensorSlot(name, tuple(tensor.shape), tensor.dtype)
+        for name, tensor in named_state(model).items()
+        if name not in aliases
+    )
+    return slots, aliases
 
 
 def gathered(model: nn.Module, slots: tuple[TensorSlot, ...]) -> Iterator[tuple[str, Tensor]]:
     """Collective: each slot's whole tensor, one at a time, in slot order (every rank must drain it)."""
-    state = model.state_dict()
+    state = named_state(model)
     for slot in slots:
-        yield slot.name, _full(state[slot.name])
+        yield slot.name, full_cpu(state[slot.name])
 
 
 def streamed_weights(model: nn.Module) -> StreamedWeights:
     """The whole model's weights as a stream a publisher encodes while gathering (collective)."""
     slots, aliases = layout(model)
     return StreamedWeights(slots, gathered(model, slots), aliases)
-
-
-def gathered_digest(model: nn.Module) -> str:
-    """sha256 of every whole tensor in name order (collective with sharding; equal on every rank), the
-    same as `distributed.weights_digest` of the unsharded weights."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        digest.update(name.encode())
-        digest.update(_full(tensor).contiguous().view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
-def is_sharded(model: nn.Module) -> bool:
-    return any(hasattr(p, "full_tensor") for p in model.parameters())
 
 
 def _update(trainer: Any, shard: Any) -> None:

@@ -191,33 +191,47 @@ def full_state_dict(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     gathered when its turn comes and handed over; at most one gathered tensor is held here at a time, so
     a caller that sends or discards each one never holds the whole model. Unsharded models yield their
     tensors as they are (moved to the CPU)."""
-    items = _named_state(model)
+    items = named_state(model)
     for name in items:
-        yield name, _full_cpu(items[name])
+        yield name, full_cpu(items[name])
 
 
 def gathered_digest(model: nn.Module) -> str:
     """sha256 over the full tensors in name order: equal to `training.distributed.weights_digest` of the
     same weights unsharded (collective for a sharded model)."""
-    items = _named_state(model)
+    items = named_state(model)
     digest = hashlib.sha256()
     for name in sorted(items):
         digest.update(name.encode())
-        digest.update(_full_cpu(items[name]).contiguous().view(torch.uint8).numpy().tobytes())
+        digest.update(full_cpu(items[name]).contiguous().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
 
 
-def _named_state(model: nn.Module) -> dict[str, torch.Tensor]:
+def plain_name(name: str) -> str:
+    """A parameter's name in the unsharded model (module wrappers' prefixes removed)."""
+    for prefix in _WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
+
+
+def named_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """The state_dict's (sharded) tensors under the unsharded model's names; nothing is gathered."""
-    out = {}
-    for name, value in model.state_dict().items():
-        for prefix in _WRAPPER_PREFIXES:
-            name = name.replace(prefix, "")
-        out[name] = value
-    return out
+    return {plain_name(name): value for name, value in model.state_dict().items()}
 
 
-def _full_cpu(value: torch.Tensor) -> torch.Tensor:
+def tied_names(model: nn.Module) -> dict[str, str]:
+    """Parameters registered under more than one name (tied embeddings): alias -> first name. Decided by
+    parameter identity, so every rank finds the same ties whatever its shards hold."""
+    first: dict[int, str] = {}
+    tied: dict[str, str] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        owner = first.setdefault(id(param), plain_name(name))
+        if owner != plain_name(name):
+            tied[plain_name(name)] = owner
+    return tied
+
+
+def full_cpu(value: torch.Tensor) -> torch.Tensor:
     """The whole tensor on the CPU: a DTensor shard is all-gathered (from the CPU shard of an offloaded
     model, copied to the mesh's device first, since the collective runs there)."""
     from torch.distributed.tensor import DTensor

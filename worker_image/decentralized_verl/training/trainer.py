@@ -6,7 +6,7 @@ nccl on GPU) averages gradients. With `roles.learner.sharding: ddp` (the default
 whole model inside DistributedDataParallel, so replicas stay bit-identical. With `fsdp` the trainer shards
 the model in place over the replicas (`training.sharding`): each holds a slice of the parameters,
 gradients and optimizer state, every forward and backward is collective, and reading the weights
-(`rollout_weights`) gathers them on every rank.
+(`LearnerGroup.weights`) gathers them on every rank.
 
 With a rollout correction in force the update first recomputes the batch's log-probs with the learner's
 current weights: the loss's ratio is then taken against those, and the rollout's own log-probs only set
@@ -20,7 +20,6 @@ import contextlib
 import dataclasses
 import math
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -35,7 +34,7 @@ from decentralized_verl.core.samples import TrainBatch
 from decentralized_verl.spec import JobSpec
 from decentralized_verl.training import microbatches
 from decentralized_verl.training.advantage_step import AlgorithmSettings
-from decentralized_verl.training.sharding import full_state_dict, is_sharded, shard_model
+from decentralized_verl.training.sharding import is_sharded, shard_model
 
 
 class PolicyForward(nn.Module):
@@ -68,7 +67,7 @@ class PolicyTrainer:
     `spec.roles.learner` decides how the model is held. With sharding fsdp the trainer shards `model` in
     place when it is built (pass it unsharded; every rank of the group must build its trainer, after
     `init_distributed`): its parameters become DTensor shards, so `model` itself must then be read
-    through `rollout_weights` / `sharding.full_state_dict` (collective). Activation checkpointing applies
+    through `LearnerGroup.weights` / `sharding.full_state_dict` (collective). Activation checkpointing applies
     to ddp and fsdp alike."""
 
     def __init__(self, model: nn.Module, spec: JobSpec, *, distributed: bool = False) -> None:
@@ -319,27 +318,14 @@ def rollout_state_dict(model: nn.Module) -> dict[str, Any]:
     """The weights rollout workers need, detached: for a LoRA model only the trainable adapter tensors,
     under the same names the rollout side's own LoRA model uses (its state_dict keys).
 
-    A sharded (fsdp) model's weights must be gathered by every replica together: use `rollout_weights`."""
+    A sharded (fsdp) model's weights must be gathered by every replica together (`LearnerGroup.weights`)."""
     from decentralized_verl.models.lora import is_lora
 
     if is_sharded(model):
         raise ValueError(
-            "model: its weights are sharded over the learner replicas (fsdp); every replica must iterate "
-            "rollout_weights(model) together to gather them"
+            "model: its weights are sharded over the learner replicas (fsdp); every replica must gather "
+            "them together (LearnerGroup.weights)"
         )
     if is_lora(model):
         return {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
     return {k: v.detach() for k, v in model.state_dict().items()}
-
-
-def rollout_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) pairs of what rollout workers need, for any learner model.
-
-    Unsharded: `rollout_state_dict`'s items. Sharded (fsdp): full CPU tensors gathered one at a time
-    (`sharding.full_state_dict`); collective, so every replica iterates it to the end in step, and ranks
-    other than the publisher discard what they get. Publishing can stream these without holding the
-    whole model beyond what the publisher keeps."""
-    if is_sharded(model):
-        yield from full_state_dict(model)
-    else:
-        yield from rollout_state_dict(model).items()
