@@ -297,6 +297,12 @@ class VLLMBackend:
             "engine_workers": float(len(replies)),
             **{f"engine_{k}": v for k, v in dict(replies[0]).items()},
         }
+        log.info(
+            "vllm: weights of version %d reloaded in place in %.2f s (%s)",
+            version,
+            done - began,
+            ", ".join(f"{k} {v:.3g}" for k, v in self.last_refresh.items()),
+        )
 
     def close(self) -> None:
         """Stop the engine process and remove the exported model folder (if we made it)."""
