@@ -77,6 +77,32 @@ def test_children_names_labels_and_service_ports():
     assert want.pods["j-dht-0"]["spec"]["containers"][0]["command"][:2] == ["dverl", "dht"]
 
 
+def test_tensor_parallel_rollout_pods_request_all_their_gpus():
+    """A vllm rollout worker with resources.gpus N runs its engine over N GPUs (tensor_parallel_size N), so
+    its pod asks for N; the learner asks only for its own, and a pool's resources replace the role's."""
+    rollout = {
+        "replicas": 3,
+        "backend": "vllm",
+        "resources": {"gpus": 2},
+        "nodePools": [
+            {"name": "big", "replicas": 1, "resources": {"gpus": 4, "memory": "64Gi"}},
+            {"name": "two", "replicas": 2},
+        ],
+    }
+    want = desired(
+        tiny_spec(roles={"rollout": rollout, "learner": {"replicas": 1, "resources": {"gpus": 1}}})
+    )
+
+    def gpus(pod_name):
+        resources = want.pods[pod_name]["spec"]["containers"][0]["resources"]
+        assert resources["requests"] == resources["limits"]  # GPUs can only be asked for as limits = requests
+        return resources["limits"]
+
+    assert gpus("j-rollout-0") == {"nvidia.com/gpu": "4", "memory": "64Gi"}
+    assert gpus("j-rollout-1") == gpus("j-rollout-2") == {"nvidia.com/gpu": "2"}
+    assert gpus("j-learner-0") == {"nvidia.com/gpu": "1"}
+
+
 def test_template_hash_ignores_serving_addresses_but_not_learner_world_size():
     a = desired(tiny_spec(training={"steps": 5, "batchSize": 1}))
     b = desired(

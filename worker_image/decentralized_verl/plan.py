@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from decentralized_verl.settings import SERVICE_ROLES, env_name
-from decentralized_verl.spec import JobSpec, NodePool, RoleSpec
+from decentralized_verl.spec import JobSpec, NodePool, Resources, RoleSpec
 
 GRPC_PORT = 50051
 DIST_PORT = 29500
@@ -86,8 +86,24 @@ def _pool_slots(role: RoleSpec) -> list[NodePool | None]:
     return slots
 
 
+def _resources_in(role: RoleSpec, pool: NodePool | None) -> Resources:
+    return pool.resources if pool is not None and pool.resources is not None else role.resources
+
+
+def worker_resources(role: RoleSpec, index: int) -> Resources:
+    """What replica ``index`` of ``role`` is given (its node pool's resources, else the role's).
+
+    The pod asks Kubernetes for exactly these, and the worker sizes itself by them (a vllm rollout
+    worker runs tensor-parallel over its ``gpus``), so both read them from here.
+    """
+    slots = _pool_slots(role)
+    if not 0 <= index < len(slots):
+        raise ValueError(f"index: the role has {len(slots)} replicas, so no replica {index}")
+    return _resources_in(role, slots[index])
+
+
 def _worker(job: str, role_name: str, index: int, role: RoleSpec, pool: NodePool | None) -> PlannedWorker:
-    resources = pool.resources if pool is not None and pool.resources is not None else role.resources
+    resources = _resources_in(role, pool)
     ports = {"grpc": GRPC_PORT}
     if role_name == "learner":
         ports["dist"] = DIST_PORT

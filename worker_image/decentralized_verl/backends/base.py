@@ -96,6 +96,14 @@ def register_backend(name: str, target: str) -> None:
     BACKENDS[name] = target
 
 
+def backend_options(name: str, gpus: int) -> dict[str, Any]:
+    """Options a worker with ``gpus`` GPUs (its ``resources.gpus``) builds the named backend with.
+
+    A vllm engine is split tensor-parallel over all of them; the hf backend runs on one device.
+    """
+    return {"tensor_parallel_size": max(1, gpus)} if name == "vllm" else {}
+
+
 def make_backend(name: str, model: Any, tokenizer: Any, **kw: Any) -> GenerationBackend:
     """Build the generation backend the spec names, importing its engine only now."""
     try:

