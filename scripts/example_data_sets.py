@@ -331,6 +331,27 @@ def guessing(rng: random.Random, top: int = 4) -> tuple[list[dict], list[dict]]:
     return games(64), games(16)
 
 
+def verifiers_guessing(train: int = 64, evals: int = 16, top: int = 4) -> tuple[list[dict], list[dict]]:
+    """Games of the verifiers taskset `decentralized_verl.environments.verifiers_guessing` (its first
+    `train + evals` tasks): each record names its task, which holds the hidden number, so the same
+    file works for whoever plays the taskset. `python -m decentralized_verl.environments.verifiers_env`
+    writes the same records from the taskset itself (a test checks)."""
+
+    def games(first: int, n: int) -> list[dict]:
+        return [
+            {
+                "messages": [
+                    {"role": "system", "content": f"Guess 1-{top}."},
+                    {"role": "user", "content": "Guess the number."},
+                ],
+                "gt_answer": f"guess-{i}",
+            }
+            for i in range(first, first + n)
+        ]
+
+    return games(0, train), games(train, evals)
+
+
 def calculator(rng: random.Random) -> tuple[list[dict], list[dict]]:
     """Products a model may hand to the `calculator` environment (`<calc>37*46</calc>`) before answering."""
 

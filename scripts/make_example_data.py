@@ -23,6 +23,8 @@ What it writes and why:
   guessing/train.jsonl, eval.jsonl     games of the multi-turn `guessing_game` environment (1..4): the
       hidden number is the record's answer (examples/tiny-multiturn.yaml).
   calculator/train.jsonl, eval.jsonl   2-digit products for the `calculator` tool environment.
+  verifiers_guessing/train.jsonl, eval.jsonl   games of a verifiers taskset, each record naming its task
+      (examples/verifiers-guessing.yaml).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from example_data_sets import (  # noqa: E402
     is_two_digit_sum,
     sft_sets,
     toy,
+    verifiers_guessing,
 )
 
 
@@ -97,6 +100,9 @@ def generate(out: Path, seed: int = 0) -> list[Path]:
     calc_train, calc_eval = calculator(random.Random(f"calculator:{seed}"))
     jsonl("calculator/train.jsonl", calc_train)
     jsonl("calculator/eval.jsonl", calc_eval)
+    vf_train, vf_eval = verifiers_guessing()
+    jsonl("verifiers_guessing/train.jsonl", vf_train)
+    jsonl("verifiers_guessing/eval.jsonl", vf_eval)
     return written
 
 

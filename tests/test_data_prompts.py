@@ -149,3 +149,29 @@ def test_bad_few_shot_message_is_named() -> None:
 
 def test_plain_format_of_a_single_turn() -> None:
     assert plain_format([ChatMessage("user", "hi")]) == "User: hi\n\nAssistant:"
+
+
+TOOL_DEMO = [
+    {"role": "user", "content": "What is 23 * 47?"},
+    {"role": "assistant", "content": "<calc>23*47</calc>"},
+    {"role": "tool", "content": "23*47 = 1081"},
+    {"role": "assistant", "content": "The answer is 1081."},
+]
+# A template that refuses any role but system, user and assistant, as some do.
+STRICT = (
+    "{% for m in messages %}{% if m['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('unknown role ' + m['role']) }}{% endif %}"
+    "<|{{ m['role'] }}|>{{ m['content'] }}<|end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def test_a_demo_shows_a_tool_answer_as_the_template_has_it() -> None:
+    text = render_prompt(RECORD, char_tokenizer(TEMPLATE), few_shot=TOOL_DEMO)
+    assert "<|assistant|><calc>23*47</calc><|end|>\n<|tool|>23*47 = 1081<|end|>\n" in text
+    strict = render_prompt(RECORD, char_tokenizer(STRICT), few_shot=TOOL_DEMO)
+    assert "<|assistant|><calc>23*47</calc><|end|>\n<|user|>23*47 = 1081<|end|>\n" in strict
+    plain = render_prompt(RECORD, None, few_shot=TOOL_DEMO)
+    assert "Assistant: <calc>23*47</calc>\n\nTool: 23*47 = 1081\n\nAssistant: The answer is 1081." in plain
+    with pytest.raises(Exception, match="unknown role system"):  # other template errors still raise
+        render_prompt(RECORD, char_tokenizer(STRICT.replace("'system', ", "")), system_prompt="Hi")

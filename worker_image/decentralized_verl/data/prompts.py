@@ -19,9 +19,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from decentralized_verl.data.records import ROLES, ChatMessage, PreferenceRecord, PromptRecord, SFTRecord
+from decentralized_verl.data.records import DEMO_ROLES, ChatMessage, PreferenceRecord, PromptRecord, SFTRecord
 
-PLAIN_ROLE_NAMES: dict[str, str] = {"system": "System", "user": "User", "assistant": "Assistant"}
+PLAIN_ROLE_NAMES: dict[str, str] = {
+    "system": "System",
+    "user": "User",
+    "assistant": "Assistant",
+    "tool": "Tool",
+}
 
 
 def _as_message(value: Any, where: str) -> ChatMessage:
@@ -32,8 +37,9 @@ def _as_message(value: Any, where: str) -> ChatMessage:
         role, content = value.get("role"), value.get("content")
     else:
         role, content = getattr(value, "role", None), getattr(value, "content", None)
-    if role not in ROLES or not isinstance(content, str):
-        raise ValueError(f"{where}: expected {{role: system|user|assistant, content: str}} (got {value!r})")
+    if role not in DEMO_ROLES or not isinstance(content, str):
+        roles = "|".join(DEMO_ROLES)
+        raise ValueError(f"{where}: expected {{role: {roles}, content: str}} (got {value!r})")
     return ChatMessage(role=role, content=content)
 
 
@@ -77,8 +83,20 @@ def has_chat_template(tokenizer: Any) -> bool:
 
 
 def render_messages(messages: list[ChatMessage], tokenizer: Any) -> str:
+    """A template that refuses the `tool` role gets `tool` demos as `user` messages, as an episode's
+    observations are (`environments.turns`), so the demo looks like what the model will see."""
     if not has_chat_template(tokenizer):
         return plain_format(messages)
+    try:
+        return _apply_template(messages, tokenizer)
+    except Exception:
+        if not any(m.role == "tool" for m in messages):
+            raise
+    as_user = [ChatMessage("user", m.content) if m.role == "tool" else m for m in messages]
+    return _apply_template(as_user, tokenizer)
+
+
+def _apply_template(messages: list[ChatMessage], tokenizer: Any) -> str:
     text = tokenizer.apply_chat_template(
         [m.as_dict() for m in messages], tokenize=False, add_generation_prompt=True
     )

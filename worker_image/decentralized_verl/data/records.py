@@ -9,8 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-Role = Literal["system", "user", "assistant"]
+Role = Literal["system", "user", "assistant", "tool"]
 ROLES: tuple[str, ...] = ("system", "user", "assistant")
+"""The roles a data file's messages may have."""
+DEMO_ROLES: tuple[str, ...] = (*ROLES, "tool")
+"""The roles of few-shot demos: `tool` too, so a demo can show a tool call and its answer."""
 
 # The layouts a file may hold; `kind` arguments and error messages use these names.
 PROMPT_KINDS: tuple[str, ...] = ("math", "code", "prompt", "verl")

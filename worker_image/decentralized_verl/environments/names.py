@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-BUILTIN_ENVIRONMENTS: tuple[str, ...] = ("calculator", "guessing_game", "python_tool")
+BUILTIN_ENVIRONMENTS: tuple[str, ...] = ("calculator", "guessing_game", "python_tool", "verifiers")
 CLASS_PATTERN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 """A user environment written as `module:Class` (the class follows `base.Environment`)."""
 

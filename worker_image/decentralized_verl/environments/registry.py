@@ -19,6 +19,7 @@ from decentralized_verl.environments.calculator import Calculator
 from decentralized_verl.environments.guessing_game import GuessingGame
 from decentralized_verl.environments.names import BUILTIN_ENVIRONMENTS, CLASS_PATTERN
 from decentralized_verl.environments.python_tool import PythonTool
+from decentralized_verl.environments.verifiers_env import VerifiersEnvironment
 
 ENVIRONMENTS: dict[str, type] = {}
 
@@ -36,6 +37,7 @@ def environment(name: str) -> Callable[[type], type]:
 environment("calculator")(Calculator)
 environment("guessing_game")(GuessingGame)
 environment("python_tool")(PythonTool)
+environment("verifiers")(VerifiersEnvironment)
 
 assert set(ENVIRONMENTS) == set(BUILTIN_ENVIRONMENTS), "names.BUILTIN_ENVIRONMENTS is out of date"
 
@@ -74,6 +76,15 @@ def parse_options(name: str, options: Mapping[str, Any]) -> BaseModel | None:
         error = exc.errors()[0]
         where = ".".join(str(part) for part in error["loc"])
         raise EnvironmentOptionsError(where, error["msg"]) from None
+
+
+def preflight(name: str, options: Mapping[str, Any] | None = None) -> None:
+    """Check what episodes will need before the first one: the options, and the class's own `preflight`
+    when it has one (an optional package, files it reads); ValueError naming what is missing."""
+    parsed = parse_options(name, options or {})
+    check = getattr(environment_class(name), "preflight", None)
+    if callable(check):
+        check(parsed)
 
 
 def make_environment(name: str, options: Mapping[str, Any] | None = None) -> Environment:

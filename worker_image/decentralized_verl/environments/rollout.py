@@ -52,9 +52,9 @@ class EpisodeRunner:
         context_tokens: int | None = None,
         fmt: TurnFormat | None = None,
     ) -> None:
-        from decentralized_verl.environments.registry import make_environment, parse_options
+        from decentralized_verl.environments.registry import make_environment, preflight
 
-        parse_options(settings.name, settings.options)  # a bad option fails here, before any episode
+        preflight(settings.name, settings.options)  # a bad option or a missing package fails here
         self.settings = settings
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(int(i) for i in eos_token_ids)

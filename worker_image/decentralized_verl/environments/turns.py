@@ -51,7 +51,7 @@ def plain_turn_format() -> TurnFormat:
     return TurnFormat(
         closer="",
         wrappers={
-            "tool": ("\n\nTool: ", "\n\nAssistant:"),
+            "tool": (f"\n\n{PLAIN_ROLE_NAMES['tool']}: ", "\n\nAssistant:"),
             "user": (f"\n\n{PLAIN_ROLE_NAMES['user']}: ", "\n\nAssistant:"),
         },
     )

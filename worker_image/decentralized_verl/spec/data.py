@@ -50,7 +50,9 @@ class EnvironmentSpec(SpecModel):
 
 
 class ChatMessage(SpecModel):
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "user", "assistant", "tool"] = Field(
+        description="tool: a demo's tool answer (multi-turn); a template without the role shows it as user"
+    )
     content: str
 
 
