@@ -122,6 +122,7 @@ INVALID = [
     ("spec.roles.rollout.resources", {"gpuMemory": "big"}, "spec.roles.rollout.resources", "quantity"),
     ("spec.roles.learner.sharding", "zero3", "spec.roles.learner.sharding", "'ddp' or 'fsdp'"),
     ("spec.roles.rollout.sharding", "fsdp", "spec.roles.rollout.sharding", "only training roles"),
+    ("spec.roles.critic", {"sharding": "fsdp"}, "spec.roles.critic.sharding", "only the learner shards"),
     (
         "spec.roles.rollout.activationCheckpointing",
         True,

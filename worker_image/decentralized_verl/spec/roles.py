@@ -68,8 +68,9 @@ class NodePool(SpecModel):
 FailurePolicy = Literal["restartPod", "restartRole", "failJob"]
 
 Sharding = Literal["ddp", "fsdp"]
-SHARDED_ROLES = ("learner", "critic")
-"""Roles that train, so hold gradients and optimizer state worth sharding."""
+SHARDED_ROLES = ("learner",)
+"""Roles whose training can be sharded. The critic trains too, but its worker holds its whole model
+(one process per replica): sharding it is not built yet, so asking for it is refused."""
 
 
 class RoleSpec(SpecModel):
@@ -93,7 +94,7 @@ class RoleSpec(SpecModel):
     sharding: Sharding = Field(
         default="ddp",
         description=(
-            "Training roles: ddp (every replica holds the whole model, gradients and optimizer state) or "
+            "The learner: ddp (every replica holds the whole model, gradients and optimizer state) or "
             "fsdp (FSDP2: parameters, gradients and optimizer state split over the replicas, per decoder "
             "layer)"
         ),
@@ -103,7 +104,7 @@ class RoleSpec(SpecModel):
     )
     activation_checkpointing: bool = Field(
         default=False,
-        description="Training roles: recompute each decoder layer's activations in the backward pass",
+        description="The learner: recompute each decoder layer's activations in the backward pass",
     )
 
 

@@ -203,13 +203,13 @@ def role_problems(spec: JobSpec) -> Iterator[Problem]:
 
 def _sharding_problems(name: str, role: RoleSpec) -> Iterator[Problem]:
     trains = name in SHARDED_ROLES
-    training_roles = ", ".join(SHARDED_ROLES)
+    why = "only the learner shards (a critic worker holds its whole model)" if name == "critic" else ""
+    roles = ", ".join(SHARDED_ROLES)
     if role.sharding != "ddp" and not trains:
-        yield _problem(f"roles.{name}.sharding", f"only training roles ({training_roles}) shard")
+        yield _problem(f"roles.{name}.sharding", why or f"only training roles ({roles}) shard")
     if role.activation_checkpointing and not trains:
-        yield _problem(
-            f"roles.{name}.activationCheckpointing", f"only training roles ({training_roles}) use it"
-        )
+        where = f"roles.{name}.activationCheckpointing"
+        yield _problem(where, why or f"only training roles ({roles}) use it")
     if role.cpu_offload and role.sharding != "fsdp":
         yield _problem(f"roles.{name}.cpuOffload", "needs sharding: fsdp (FSDP2 does the offloading)")
 
