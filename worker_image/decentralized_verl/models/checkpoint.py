@@ -77,13 +77,7 @@ def save_checkpoint(
         for name, obj in (extra_objects or {}).items():
             torch.save(obj, tmp / name)
         write_manifest(tmp)
-        old = None
-        if target.exists():
-            old = target.parent / f".old-{target.name}-{uuid.uuid4().hex[:8]}"
-            os.rename(target, old)
-        os.rename(tmp, target)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        replace_folder(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
@@ -199,3 +193,14 @@ def latest_checkpoint(root: str | Path, *, verify: bool = False) -> Path | None:
             return folder
         log.warning("checkpoint %s cannot be used: %s; trying the one before", folder, problem)
     return None
+
+
+def replace_folder(tmp: Path, target: Path) -> None:
+    """Rename `tmp` to `target`; an existing `target` goes only once the new one is in place."""
+    old = None
+    if target.exists():
+        old = target.parent / f".old-{target.name}-{uuid.uuid4().hex[:8]}"
+        os.rename(target, old)
+    os.rename(tmp, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

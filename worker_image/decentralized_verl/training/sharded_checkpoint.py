@@ -57,6 +57,7 @@ from decentralized_verl.models.checkpoint import (
     TRAINER_STATE,
     checkpoint_problem,
     latest_checkpoint,
+    replace_folder,
     write_manifest,
 )
 
@@ -168,7 +169,7 @@ def save_sharded(
         if rank == 0:
             _write_rank0_files(tmp, model, optimizer, scheduler, state, _world(collective))
             write_manifest(tmp)
-            _replace(tmp, target)
+            replace_folder(tmp, target)
     except Exception as exc:  # every rank must hear of rank 0's failure, or the others would carry on
         error = f"{type(exc).__name__}: {exc}"
         if not collective:
@@ -218,17 +219,6 @@ def _write_rank0_files(
         "scheduler": scheduler is not None,
     }
     (tmp / SHARDED_MARKER).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
-
-
-def _replace(tmp: Path, target: Path) -> None:
-    """Rename `tmp` to `target`; an existing `target` goes only once the new one is in place."""
-    old = None
-    if target.exists():
-        old = target.parent / f".old-{target.name}-{uuid.uuid4().hex[:8]}"
-        os.rename(target, old)
-    os.rename(tmp, target)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------------------- load
