@@ -67,7 +67,7 @@ def test_schema_is_structural_and_generated_from_spec() -> None:
     assert sample["minimum"] == 0 and sample["exclusiveMinimum"] is True
     assert spec["properties"]["roles"]["properties"]["critic"]["nullable"] is True
     status = schema["properties"]["status"]["properties"]
-    assert status["phase"]["enum"] == ["Pending", "Running", "Succeeded", "Failed", "Suspended"]
+    assert status["phase"]["enum"] == ["Pending", "Queued", "Running", "Succeeded", "Failed", "Suspended"]
 
 
 def test_crd_validates_against_kubernetes_schema() -> None:

@@ -10,7 +10,7 @@ from decentralized_verl.manifest import parse_spec
 from decentralized_verl.plan import plan_job
 from dverl_operator import children as kids
 from dverl_operator import guard_children as guard
-from dverl_operator import outcome, owned
+from dverl_operator import outcome, owned, pod_marks
 from dverl_operator import status as st
 from dverl_operator.pod_decisions import (
     ANNOTATION_FAILED_AT,
@@ -30,13 +30,15 @@ SCOPE = guard.PolicyScope("dverl-system", {"app.kubernetes.io/name": "dverl"})
 
 def children_of(spec_dict, name="j", gateway_type=None, policy=None):
     spec = parse_spec(spec_dict)
+    plan = plan_job(spec, name)
     return spec, kids.for_job(
         owned.Owner(name, "ns", "u-1"),
         spec,
-        plan_job(spec, name),
+        plan,
         "img:1",
         gateway_type=gateway_type,
         policy=policy,
+        marks=pod_marks.for_job(spec, {"metadata": {"name": name}}, plan, None),
     )
 
 
@@ -221,13 +223,14 @@ def test_running_needs_every_worker_ready_once() -> None:
         "learner": {"ready": 1, "desired": 1, "restarts": 0},
         "rollout": {"ready": 1, "desired": 2, "restarts": 0},
     }
-    pending = outcome.running({"roles": roles}, [], False, NOW)
+    pending, _ = outcome.running({"roles": roles}, [], False, NOW)
     assert pending["phase"] == "Pending" and "startTime" not in pending
     roles["rollout"]["ready"] = 2
-    up = outcome.running({"roles": roles}, [], True, NOW)
+    up, _ = outcome.running({"roles": roles}, [], True, NOW)
     assert up["phase"] == "Running" and up["startTime"] and up["message"] == "spec change refused"
     roles["rollout"]["ready"] = 1  # a worker restarting later does not make the job Pending again
-    assert outcome.running({**up, "roles": roles}, up["conditions"], False, NOW + 1)["phase"] == "Running"
+    later, _ = outcome.running({**up, "roles": roles}, up["conditions"], False, NOW + 1)
+    assert later["phase"] == "Running"
 
 
 def test_suspending_clears_the_start_time_and_announces_once() -> None:

@@ -16,7 +16,7 @@ from decentralized_verl.manifest import parse_spec
 from decentralized_verl.plan import plan_job
 from decentralized_verl.transport.wire.status import job_status_from_proto
 from dverl_operator import children as kids
-from dverl_operator import owned, reconcile
+from dverl_operator import owned, pod_marks, reconcile
 from dverl_operator import status as st
 from dverl_operator.coordinator import DEFAULT_TEMPLATE, CoordinatorClient
 from dverl_operator.leader import may_acquire, micro_time
@@ -38,7 +38,9 @@ def job(spec, name="j", status=None, **meta):
 
 def desired(spec_dict, name="j"):
     spec = parse_spec(spec_dict)
-    return kids.for_job(owned.Owner(name, "ns", "u-1"), spec, plan_job(spec, name), "img:1")
+    plan = plan_job(spec, name)
+    marks = pod_marks.for_job(spec, {"metadata": {"name": name}}, plan, None)
+    return kids.for_job(owned.Owner(name, "ns", "u-1"), spec, plan, "img:1", marks=marks)
 
 
 def observed(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -46,6 +46,16 @@ CONTAINER_NAME = "worker"
 CREDENTIALS_PATH = "/var/run/dverl/credentials"
 WORKER_GID = 10001
 """The worker image's group (Dockerfile USER 10001:10001): the credentials are readable by it alone."""
+
+
+@dataclass(frozen=True)
+class PodMarks:
+    """What the cluster's shared schedulers read on a pod (pod_marks.py puts it together)."""
+
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    scheduler_name: str | None = None
+    priority_class_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -186,9 +196,16 @@ def _secret_env(spec: JobSpec, worker: PlannedWorker) -> list[dict[str, Any]]:
 
 
 def pod(
-    owner: Owner, spec: JobSpec, plan: Plan, worker: PlannedWorker, image: str, addrs: Mapping[str, str]
+    owner: Owner,
+    spec: JobSpec,
+    plan: Plan,
+    worker: PlannedWorker,
+    image: str,
+    addrs: Mapping[str, str],
+    marks: PodMarks = PodMarks(),
 ) -> dict[str, Any]:
-    """One worker pod: placement from its node pool, GPUs, the plan's command and environment."""
+    """One worker pod: placement from its node pool, GPUs, the plan's command and environment, and the
+    marks shared schedulers read (gang, queue, priority)."""
     env = worker_env(plan, worker, addrs)
     env[env_name("config")] = CONFIG_PATH
     command = worker.command(CONFIG_PATH)
@@ -242,9 +259,12 @@ def pod(
         pod_spec["nodeSelector"] = dict(worker.node_selector)
     if worker.tolerations:
         pod_spec["tolerations"] = [dict(t) for t in worker.tolerations]
-    if spec.scheduler_name:
-        pod_spec["schedulerName"] = spec.scheduler_name
+    if marks.scheduler_name:
+        pod_spec["schedulerName"] = marks.scheduler_name
+    if marks.priority_class_name:
+        pod_spec["priorityClassName"] = marks.priority_class_name
     labels = {
+        **marks.labels,
         **job_labels(owner.name),
         LABEL_ROLE: worker.role,
         LABEL_POOL: worker.pool or DEFAULT_POOL,
@@ -256,13 +276,21 @@ def pod(
         "image": image,
         "command": container["command"],
         "resources": resources,
-        "placement": [pod_spec.get("nodeSelector"), pod_spec.get("tolerations"), spec.scheduler_name],
+        "placement": [pod_spec.get("nodeSelector"), pod_spec.get("tolerations"), marks.scheduler_name],
         "rendezvous": {key: env.get(key) for key in _RENDEZVOUS_ENV},
         # Pods from before the job had credentials talk plaintext: replaced, not mixed with secured ones.
         "credentials": secured,
     }
+    if marks.labels or marks.annotations or marks.priority_class_name:
+        # A pod cannot move to another gang, queue group or priority: a change replaces it. (Only present
+        # when set, so pods of jobs without them keep the hash they had before these existed.)
+        template["scheduling"] = [dict(marks.labels), dict(marks.annotations), marks.priority_class_name]
     meta = metadata(owner, worker.name, labels)
-    meta["annotations"] = {**spec.pod_annotations, ANNOTATION_TEMPLATE_HASH: content_hash(template)}
+    meta["annotations"] = {
+        **spec.pod_annotations,
+        **marks.annotations,
+        ANNOTATION_TEMPLATE_HASH: content_hash(template),
+    }
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
 
 
@@ -274,13 +302,14 @@ def for_job(
     *,
     gateway_type: str | None = None,
     policy: PolicyScope | None = None,
+    marks: PodMarks = PodMarks(),
 ) -> Children:
     """Everything the job should have in the cluster, given its (valid) spec and plan; `gateway_type` is
     the volunteer gateway's Service type, None when the chart does not expose gateways; `policy` None
     when the chart turns NetworkPolicies off. (The credentials Secret is random, so it is issued where
     it is applied, not here.)"""
     addrs = addresses(owner, plan)
-    pods = {w.name: pod(owner, spec, plan, w, image, addrs) for w in plan.workers}
+    pods = {w.name: pod(owner, spec, plan, w, image, addrs, marks) for w in plan.workers}
     gateway = gateway_service(owner, plan, gateway_type) if gateway_type else None
     return Children(
         config_map=config_map(owner, spec, plan),

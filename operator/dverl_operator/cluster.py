@@ -36,7 +36,19 @@ KINDS: dict[str, tuple[str, str]] = {
     "Event": ("api/v1", "events"),
     "Lease": ("apis/coordination.k8s.io/v1", "leases"),
     "RLHFJob": (f"apis/{API_GROUP}/{API_VERSION}", PLURAL),
+    # Two API groups serve a kind named PodGroup: keyed by kind and group (gang.KIND_KEYS).
+    "PodGroup.scheduling.x-k8s.io": ("apis/scheduling.x-k8s.io/v1alpha1", "podgroups"),
+    "PodGroup.scheduling.volcano.sh": ("apis/scheduling.volcano.sh/v1beta1", "podgroups"),
 }
+
+
+def kind_key(obj: Mapping[str, Any]) -> str:
+    """The KINDS key of an object: its kind, or `kind.group` where the kind alone is ambiguous."""
+    kind = obj["kind"]
+    if kind in KINDS:
+        return kind
+    group = str(obj.get("apiVersion") or "").rpartition("/")[0]
+    return f"{kind}.{group}"
 
 
 class ApiError(Exception):

@@ -22,10 +22,10 @@ import kopf
 from decentralized_verl.core.status import JobStatus
 from decentralized_verl.spec import API_GROUP, API_VERSION, KIND, PLURAL
 from dverl_operator import children as kids
+from dverl_operator import gang, owned, reconcile
 from dverl_operator import guard_children as guard
-from dverl_operator import owned, reconcile
 from dverl_operator import status as st
-from dverl_operator.cluster import ApiError, Cluster, gather_limited
+from dverl_operator.cluster import ApiError, Cluster, gather_limited, kind_key
 from dverl_operator.coordinator import CoordinatorClient
 from dverl_operator.identity import OperatorIdentity
 from dverl_operator.metrics import Metrics
@@ -113,6 +113,7 @@ class Runtime:
             self._maybe_get(policies, "NetworkPolicy", namespace, guard.gateway_policy_name(name)),
         )
         pods_by_name = {p["metadata"]["name"]: p for p in pods}
+        pod_groups = await self._pod_groups(namespace, name)
         uid = str(job["metadata"].get("uid") or "")
         progress = await self._poll(namespace, name, uid, pods_by_name)
         return reconcile.Observed(
@@ -125,7 +126,16 @@ class Runtime:
             gateway=gateway,
             policies=(policy, gateway_policy),
             credentials_ready=self._credentials_fresh(namespace, name, uid),
+            pod_groups=pod_groups,
         )
+
+    async def _pod_groups(self, namespace: str, name: str) -> dict[str, dict[str, Any] | None]:
+        """The job's PodGroup under each gang scheduler the chart enabled (and granted access to)."""
+        schedulers = sorted(self.settings.gang_schedulers)
+        found = await asyncio.gather(
+            *(self.cluster.get(gang.KIND_KEYS[s], namespace, gang.group_name(name)) for s in schedulers)
+        )
+        return dict(zip(schedulers, found, strict=True))
 
     async def _maybe_get(self, wanted: bool, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         """With NetworkPolicies turned off the operator is granted no access to them: it does not look
@@ -174,7 +184,9 @@ class Runtime:
             [self.cluster.patch(kind, namespace, obj, patch) for kind, obj, patch in actions.patch]
         )
         await gather_limited([self.cluster.delete(kind, namespace, obj) for kind, obj in actions.delete])
-        created = await gather_limited([self.cluster.create(o["kind"], namespace, o) for o in actions.create])
+        created = await gather_limited(
+            [self.cluster.create(kind_key(o), namespace, o) for o in actions.create]
+        )
         if actions.create and not all(created):
             log.info("some children already existed", extra={"job": name, "namespace": namespace})
         for kind, reason, message in actions.events:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import kopf
 
-from dverl_operator import coordinator, handlers, metrics, reconcile
+from dverl_operator import coordinator, gang, handlers, metrics, reconcile
 from dverl_operator import guard_children as guard
 from dverl_operator.cluster import Cluster, load_connection
 from dverl_operator.identity import load_or_create
@@ -120,6 +120,11 @@ def parser() -> argparse.ArgumentParser:
         default=os.environ.get("DVERL_IDENTITY_SECRET", "dverl-operator-identity"),
         help="Secret (in the operator's namespace) holding the CA and key that job credentials come from",
     )
+    p.add_argument(
+        "--gang-schedulers",
+        default=os.environ.get("DVERL_GANG_SCHEDULERS", ""),
+        help="comma-separated gang schedulers whose PodGroups to manage: coscheduling, volcano",
+    )
     p.add_argument("--identity", default=None, help="Lease holder identity (default: $POD_NAME)")
     p.add_argument(
         "--lease-namespace",
@@ -138,6 +143,15 @@ def pod_labels(text: str) -> dict[str, str]:
     if not labels:
         raise SystemExit(f"--operator-pod-labels: expected k=v[,k=v...] (got {text!r})")
     return labels
+
+
+def gang_schedulers(text: str) -> frozenset[str]:
+    """`coscheduling,volcano` -> the set; an unknown name stops the operator with the names it knows."""
+    names = frozenset(n.strip() for n in text.split(",") if n.strip())
+    unknown = sorted(names - set(gang.KIND_KEYS))
+    if unknown:
+        raise SystemExit(f"--gang-schedulers: unknown {', '.join(unknown)}; expected coscheduling or volcano")
+    return names
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -163,6 +177,7 @@ async def run(args: argparse.Namespace) -> int:
             volunteer_gateway=args.volunteer_gateway == "true",
             volunteer_service_type=args.volunteer_service_type,
             network_policy=policy,
+            gang_schedulers=gang_schedulers(args.gang_schedulers),
         ),
         coordinator=coordinator.CoordinatorClient(args.coordinator_address_template),
         identity=credentials_from,

@@ -114,13 +114,17 @@ def coordinator_failed(new: Status, conditions: list, now: float) -> tuple[Statu
     return new, [("Warning", "CoordinatorFailed", message)]
 
 
-def running(new: Status, conditions: list, refused: bool, now: float) -> Status:
-    """Running once every worker was ready at least once (startTime), else Pending."""
+def running(
+    new: Status, conditions: list, refused: bool, now: float, queued: tuple[str, str] | None = None
+) -> tuple[Status, Events]:
+    """Running once every worker was ready at least once (startTime), else Pending; Queued (with its
+    reason) while a gang scheduler or an admission queue holds pods that are not all ready."""
     roles = new.get("roles") or {}
     ready = sum(r["ready"] for r in roles.values())
     total = sum(r["desired"] for r in roles.values())
     new = dict(new)
-    if total and ready == total:
+    all_ready = bool(total) and ready == total
+    if all_ready:
         conditions = st.set_condition(
             conditions, st.READY, "True", "AllWorkersReady", f"{ready}/{total} ready", now
         )
@@ -130,5 +134,15 @@ def running(new: Status, conditions: list, refused: bool, now: float) -> Status:
             conditions, st.READY, "False", "WorkersNotReady", f"{ready}/{total} workers ready", now
         )
     phase = "Running" if new.get("startTime") else "Pending"
-    new.update(phase=phase, message="spec change refused" if refused else "", conditions=conditions)
-    return new
+    message = "spec change refused" if refused else ""
+    events: Events = []
+    if queued is not None and not all_ready:
+        reason, why = queued
+        if new.get("phase") != "Queued":
+            events.append(("Normal", "Queued", why))
+        phase, message = "Queued", why
+        conditions = st.set_condition(conditions, st.QUEUED, "True", reason, why, now)
+    else:
+        conditions = st.drop_condition(conditions, st.QUEUED)
+    new.update(phase=phase, message=message, conditions=conditions)
+    return new, events

@@ -1,5 +1,6 @@
 """Which pods of a job to create and delete now: scale, failures counted once with exponential backoff,
-replaced templates, and the learner gang (torch.distributed needs every rank restarted together). Pure."""
+preempted or evicted pods replaced at once and not counted, replaced templates, and the learner gang
+(torch.distributed needs every rank restarted together). Pure."""
 
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ from decentralized_verl.launch.watchdog import STARTUP_S, allowance
 from decentralized_verl.spec import JobSpec
 from dverl_operator import owned
 from dverl_operator import status as st
+from dverl_operator.disruption import disruption, event_reason
 
 ANNOTATION_FAILURE_COUNTED = "dverl.io/failure-counted"
 ANNOTATION_FAILED_AT = "dverl.io/failed-at"
+DISRUPTED = "disrupted"
+"""ANNOTATION_FAILURE_COUNTED's value on a pod the cluster took away: announced, never counted."""
 LEARNER = "learner"
 
 
@@ -73,10 +77,17 @@ def decide_pods(
             out.to_create.append(pod_name)
             continue
         if st.pod_deleting(have):
+            _announce_disruption(out, pod_name, role, have)
             continue
         phase = st.pod_phase(have)
         if phase == "Succeeded" and role == LEARNER and pod_name == learners[0]:
             out.succeeded = True
+            continue
+        if phase == "Failed" and disruption(have) is not None:
+            _disrupted(out, pod_name, role, have)
+            if spec.roles.failure_policy(role) == "restartRole" and role != LEARNER:
+                out.to_delete.update(n for n in by_role[role] if n in pods and not st.pod_deleting(pods[n]))
+            gang_restart |= role == LEARNER
             continue
         if phase in ("Failed", "Succeeded"):
             replace = _exited(out, pod_name, role, have, phase, spec, now, backoff)
@@ -135,6 +146,33 @@ def _exited(
         ("Normal", "Restarting", f"pod {pod_name} ({role}): restart {out.restarts.get(role, 0)}")
     )
     return True
+
+
+def _announce_disruption(out: PodDecision, pod_name: str, role: str, have: Mapping[str, Any]) -> None:
+    """One Event for a pod the cluster is taking away (marked so a later pass stays quiet)."""
+    why = disruption(have)
+    if why is None:
+        return
+    if _annotations(have).get(ANNOTATION_FAILURE_COUNTED) != DISRUPTED:
+        marks = {ANNOTATION_FAILURE_COUNTED: DISRUPTED}
+        out.patches.append(("Pod", pod_name, {"metadata": {"annotations": marks}}))
+        out.events.append(
+            (
+                "Warning",
+                event_reason(why),
+                f"pod {pod_name} ({role}) taken away by the cluster ({why}); replaced without counting "
+                "against backoffLimit",
+            )
+        )
+
+
+def _disrupted(out: PodDecision, pod_name: str, role: str, have: Mapping[str, Any]) -> None:
+    """A preempted or evicted pod: replaced now, no backoff, no restart counted, whatever failurePolicy
+    says (the worker did not fail; the cluster needed its place)."""
+    _announce_disruption(out, pod_name, role, have)
+    out.to_delete.add(pod_name)
+    out.restart_messages.append(f"{pod_name} was preempted or evicted; replacing it")
+    out.restart_reason = "Preempted"
 
 
 def stalled_learner(

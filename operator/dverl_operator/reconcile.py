@@ -3,8 +3,9 @@
 The handler gathers what is observed, calls `decide`, and applies the returned `Actions`. All policy is
 pure and reachable by tests; `decide` runs it in named phases, each its own function:
 validate (the spec, and that its workers fit their GPUs: planning) or refuse (`_invalid`, refusal.py),
-shared children (shared_children.py), suspend and pods
-(outcome.suspended, pod_decisions.py: scale, backoff, learner gang), then status (outcome.py).
+shared children (shared_children.py), the gang's PodGroup (gang.py) and Kueue's pod group (kueue.py),
+suspend and pods (outcome.suspended, pod_decisions.py: scale, backoff, preemption, learner gang), then
+status (outcome.py: Queued while a gang or an admission queue holds the pods).
 Every decision is a function of the observed state (level-based), so running it twice, or after an
 operator restart, converges to the same cluster without duplicates.
 """
@@ -21,8 +22,8 @@ from decentralized_verl.manifest import parse_spec
 from decentralized_verl.plan import plan_job
 from decentralized_verl.planning import plan_problems
 from dverl_operator import children as kids
+from dverl_operator import gang, kueue, outcome, owned, pod_marks
 from dverl_operator import guard_children as guard
-from dverl_operator import outcome, owned
 from dverl_operator import status as st
 from dverl_operator.pod_decisions import (
     ANNOTATION_FAILED_AT,
@@ -62,6 +63,9 @@ class Settings:
     network_policy: guard.PolicyScope | None = None
     """Who may reach a job's pods besides its own (the operator); None: no NetworkPolicies (chart:
     networkPolicy.enabled=false, for clusters without a policy engine)."""
+    gang_schedulers: frozenset[str] = frozenset()
+    """Gang schedulers whose PodGroups this operator may manage (chart: gangScheduling.<name>, which
+    grants the RBAC); a job asking for another is refused by field."""
 
 
 GATEWAY_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
@@ -82,6 +86,8 @@ class Observed:
     """The job's NetworkPolicy and its gateway NetworkPolicy, when they exist."""
     credentials_ready: bool = False
     """The job's credentials Secret is known to exist (this operator made or met it recently)."""
+    pod_groups: Mapping[str, Mapping[str, Any] | None] = field(default_factory=dict)
+    """The job's PodGroup under each gang scheduler this operator may manage (None where absent)."""
 
 
 @dataclass
@@ -139,18 +145,42 @@ def _invalid(observed: Observed, problems: list[Problem], status: dict[str, Any]
 
 
 def _settled(observed: Observed, status: dict[str, Any]) -> Actions | None:
-    """A job being deleted or already terminal needs nothing but its pods gone (Failed) or kept."""
+    """A job being deleted or already terminal needs nothing but its pods gone (Failed) or kept, its
+    gang gone and its Kueue group finished (quota released)."""
     if _meta(observed.job).get("deletionTimestamp"):
         return Actions(status=status)  # the garbage collector removes the children
     if (
         status.get("phase") in st.TERMINAL_PHASES
         and st.condition(status.get("conditions") or [], st.VALIDATION_FAILED) is None
     ):
-        actions = Actions(status=status)
+        actions = Actions(status=_group_finished(status))
+        actions.patch = kueue.finish(observed.pods, keep=None)
+        actions.delete = gang.sync(observed.pod_groups, None, None)[2]
         if status.get("phase") == "Failed":
-            actions.delete = [("Pod", n) for n, p in observed.pods.items() if not st.pod_deleting(p)]
+            actions.delete += [("Pod", n) for n, p in observed.pods.items() if not st.pod_deleting(p)]
         return actions
     return None
+
+
+def _group_finished(status: dict[str, Any]) -> dict[str, Any]:
+    """The recorded Kueue pod group marked finished: the next run of the job gets a new one."""
+    group = kueue.PodGroup.from_status(status)
+    if group is None or group.finished:
+        return status
+    return {**status, kueue.STATUS_KEY: {**group.to_status(), "finished": True}}
+
+
+def _gang_refused(spec: Any, settings: Settings) -> list[Problem]:
+    chosen = spec.scheduling.gang
+    if chosen is None or chosen.scheduler in settings.gang_schedulers:
+        return []
+    return [
+        Problem(
+            "spec.scheduling.gang.scheduler",
+            f"{chosen.scheduler} PodGroups are not enabled in this operator: install the chart with "
+            f"gangScheduling.{chosen.scheduler}=true (it grants the RBAC they need)",
+        )
+    ]
 
 
 def _all_pods_go(observed: Observed) -> list[tuple[str, str]]:
@@ -174,7 +204,7 @@ def decide(observed: Observed, settings: Settings) -> Actions:
         return _invalid(observed, exc.problems, status)
     # A job whose workers cannot fit their GPUs is refused like any invalid spec. The operator reads no
     # user folders: model shapes come from model.tiny and the known-shapes table, else are not checked.
-    too_big = plan_problems(spec, base_dir=None)
+    too_big = plan_problems(spec, base_dir=None) + _gang_refused(spec, settings)
     if too_big:
         return _invalid(observed, too_big, status)
 
@@ -191,25 +221,48 @@ def decide(observed: Observed, settings: Settings) -> Actions:
     owner = owned.Owner(name=name, namespace=namespace, uid=str(meta.get("uid") or ""))
     gateway_type = settings.volunteer_service_type if settings.volunteer_gateway else None
     image = refusal.effective.image or settings.default_image
+    queue = kueue.queue_name(observed.job)
+    group = kueue.current_group(status, name, owner.uid, len(plan.workers)) if queue else None
+    marks = pod_marks.for_job(refusal.effective, observed.job, plan, group)
     desired = kids.for_job(
-        owner, refusal.effective, plan, image, gateway_type=gateway_type, policy=settings.network_policy
+        owner,
+        refusal.effective,
+        plan,
+        image,
+        gateway_type=gateway_type,
+        policy=settings.network_policy,
+        marks=marks,
     )
     create, patch, delete = sync_shared(
         observed.config_map, observed.service, observed.gateway, desired, name, observed.policies
     )
+    scheduler = refusal.effective.scheduling.gang.scheduler if refusal.effective.scheduling.gang else None
+    wanted_gang = None if spec.suspend else gang.pod_group(owner, refusal.effective, plan)
+    gang_create, gang_patch, gang_delete = gang.sync(observed.pod_groups, wanted_gang, scheduler)
     actions.issue_credentials = not observed.credentials_ready
-    actions.create.extend(create)
-    actions.patch.extend(patch)
-    actions.delete.extend(delete)
+    actions.create.extend(create + gang_create)
+    actions.patch.extend(patch + gang_patch)
+    actions.delete.extend(delete + gang_delete)
     restarts = {role: int((c or {}).get("restarts", 0)) for role, c in (status.get("roles") or {}).items()}
     plan_desired = plan.desired()
 
     if spec.suspend:
+        # Suspended, as Kueue expects of a queued job: pods gone and their group finished (quota freed);
+        # resuming queues a new group.
+        actions.patch.extend(kueue.finish(observed.pods, keep=None))
         actions.delete.extend(_all_pods_go(observed))
-        actions.status, events = outcome.suspended(status, conditions, plan_desired, restarts, now)
+        actions.status, events = outcome.suspended(
+            _group_finished(status), conditions, plan_desired, restarts, now
+        )
         actions.events.extend(events)
         return actions
     conditions = st.drop_condition(conditions, st.SUSPENDED)
+    if group is not None:
+        status[kueue.STATUS_KEY] = group.to_status()
+        actions.patch.extend(kueue.finish(observed.pods, keep=group.name))  # a group of another size
+    else:
+        status.pop(kueue.STATUS_KEY, None)
+        actions.patch.extend(kueue.finish(observed.pods, keep=None))  # the queue label was dropped
 
     # Pods: scale, failures and backoff, the learner gang.
     pods = decide_pods(
@@ -231,13 +284,18 @@ def decide(observed: Observed, settings: Settings) -> Actions:
     if pods.failed_job is not None:
         actions.delete.extend(_all_pods_go(observed))
         actions.patch = [p for p in actions.patch if p[0] != "Pod"]  # those pods are going away
+        actions.patch.extend(kueue.finish(observed.pods, keep=None))  # ...and their group ends
         actions.status, events = outcome.backoff_exhausted(
-            status, conditions, plan_desired, pods.restarts, pods.failed_job, now
+            _group_finished(status), conditions, plan_desired, pods.restarts, pods.failed_job, now
         )
         actions.events.extend(events)
         return actions
     _apply_pods(actions, pods, desired.pods)
-    return _finish(observed, actions, status, conditions, pods, plan_desired, spec, desired, refusal.refused)
+    alive = {n: p for n, p in observed.pods.items() if n not in pods.to_delete}
+    queued = kueue.held(alive) or gang.held(alive, refusal.effective, plan)
+    return _finish(
+        observed, actions, status, conditions, pods, plan_desired, spec, desired, refusal.refused, queued
+    )
 
 
 def _apply_pods(actions: Actions, pods: PodDecision, desired_pods: Mapping[str, dict[str, Any]]) -> None:
@@ -257,6 +315,7 @@ def _finish(
     spec: Any,
     desired: kids.Children,
     refused: list[str],
+    queued: tuple[str, str] | None = None,
 ) -> Actions:
     """Status: roles, progress, restarts; then the phase (succeeded, failed, running or pending)."""
     now = observed.now
@@ -280,10 +339,11 @@ def _finish(
         actions.delete = [
             ("Pod", n) for n, p in observed.pods.items() if n not in first_learner and not st.pod_deleting(p)
         ]
-        actions.status, events = outcome.succeeded(new_status, conditions, now)
+        actions.patch.extend(kueue.finish(observed.pods, keep=None))
+        actions.status, events = outcome.succeeded(_group_finished(new_status), conditions, now)
     elif coordinator_state == "Failed":
         actions.status, events = outcome.coordinator_failed(new_status, conditions, now)
     else:
-        actions.status, events = outcome.running(new_status, conditions, bool(refused), now), []
+        actions.status, events = outcome.running(new_status, conditions, bool(refused), now, queued)
     actions.events.extend(events)
     return actions

@@ -21,6 +21,7 @@ SPEC_CHANGE_REFUSED = "SpecChangeRefused"
 FAILED = "Failed"
 SUCCEEDED = "Succeeded"
 RESTARTING = "Restarting"
+QUEUED = "Queued"
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
 

@@ -13,6 +13,7 @@ from decentralized_verl.spec.base import CrossFieldProblems, SpecModel
 from decentralized_verl.spec.data import DataSpec
 from decentralized_verl.spec.model import ModelSpec
 from decentralized_verl.spec.roles import RolesSpec
+from decentralized_verl.spec.scheduling import PriorityClassName, SchedulingSpec
 from decentralized_verl.spec.status import RLHFJobStatus
 from decentralized_verl.spec.training import TrainingSpec
 from decentralized_verl.spec.volunteers import VolunteersSpec
@@ -34,7 +35,11 @@ class JobSpec(SpecModel):
     suspend: bool = False
     image: str | None = Field(default=None, description="Worker image; the operator's default when omitted")
     backoff_limit: NonNegativeInt = 6
-    scheduler_name: str | None = None
+    scheduler_name: str | None = Field(
+        default=None, description="Scheduler of every pod (a gang's scheduler when omitted and one is set)"
+    )
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
+    priority_class_name: str | None = PriorityClassName
     pod_annotations: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")

@@ -308,6 +308,27 @@ def volunteer_problems(spec: JobSpec) -> Iterator[Problem]:
         )
 
 
+def scheduling_problems(spec: JobSpec) -> Iterator[Problem]:
+    gang = spec.scheduling.gang
+    if gang is None:
+        return
+    if gang.queue is not None and gang.scheduler != "volcano":
+        yield _problem(
+            "scheduling.gang.queue", "a queue is a Volcano setting; set scheduler: volcano or drop it"
+        )
+    if gang.schedule_timeout_seconds is not None and gang.scheduler != "coscheduling":
+        yield _problem(
+            "scheduling.gang.scheduleTimeoutSeconds",
+            "a coscheduling setting; set scheduler: coscheduling or drop it",
+        )
+    rollout = spec.roles.rollout.replicas
+    if gang.min_rollout is not None and gang.min_rollout > rollout:
+        yield _problem(
+            "scheduling.gang.minRollout",
+            f"{gang.min_rollout} is more than roles.rollout.replicas ({rollout})",
+        )
+
+
 RULES: tuple[Callable[[JobSpec], Iterator[Problem]], ...] = (
     name_problems,
     algorithm_problems,
@@ -319,6 +340,7 @@ RULES: tuple[Callable[[JobSpec], Iterator[Problem]], ...] = (
     batch_problems,
     training_problems,
     volunteer_problems,
+    scheduling_problems,
 )
 
 

@@ -27,10 +27,16 @@ class RoleStatus(SpecModel):
     restarts: NonNegativeInt = 0
 
 
+class KueuePodGroup(SpecModel):
+    name: str
+    total_count: NonNegativeInt = 0
+    finished: bool = Field(default=False, description="marked not to be retried: its quota is released")
+
+
 class RLHFJobStatus(SpecModel):
     """Written only by the operator; backs the printer columns of `kubectl get rlhfjobs`."""
 
-    phase: Literal["Pending", "Running", "Succeeded", "Failed", "Suspended"] = "Pending"
+    phase: Literal["Pending", "Queued", "Running", "Succeeded", "Failed", "Suspended"] = "Pending"
     message: str = ""
     conditions: list[Condition] = Field(default_factory=list)
     roles: dict[str, RoleStatus] = Field(default_factory=dict)
@@ -54,6 +60,9 @@ class RLHFJobStatus(SpecModel):
         default=None, description="when the reported step last advanced (the learner stall watchdog's clock)"
     )
     step_seconds: float | None = Field(default=None, description="the last step's duration, as reported")
+    kueue_pod_group: KueuePodGroup | None = Field(
+        default=None, description="the Kueue pod group (its Workload's name) of the job's current run"
+    )
     observed_generation: NonNegativeInt = 0
     start_time: str | None = None
     completion_time: str | None = None
