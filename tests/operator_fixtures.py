@@ -134,7 +134,25 @@ class Emulator:
             assert resp.status < 400, (method, path, resp.status, payload)
             return payload
 
-    async def create_job(self, name: str, spec: dict[str, Any], namespace: str = "default") -> dict[str, Any]:
+    def register_pod_groups(self) -> None:
+        """Serve the two PodGroup APIs gang schedulers install (scheduler-plugins, Volcano) as their CRDs
+        would."""
+        for group, version in (("scheduling.x-k8s.io", "v1alpha1"), ("scheduling.volcano.sh", "v1beta1")):
+            self.kmock.resources[f"{group}/{version}/podgroups"] = kmock.ResourceInfo(
+                kind="PodGroup",
+                singular="podgroup",
+                namespaced=True,
+                verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
+                subresources={"status"},
+            )
+
+    async def create_job(
+        self,
+        name: str,
+        spec: dict[str, Any],
+        namespace: str = "default",
+        labels: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
         """Create an RLHFJob as kubectl would; the fields the API server assigns are supplied here."""
         body = {
             "apiVersion": "dverl.io/v1alpha1",
@@ -142,6 +160,7 @@ class Emulator:
             "metadata": {
                 "name": name,
                 "namespace": namespace,
+                "labels": dict(labels or {}),
                 "uid": str(uuid.uuid4()),
                 "resourceVersion": "1",
                 "generation": 1,
