@@ -35,6 +35,9 @@ JOB_RULES = {
     ("", "secrets", frozenset({"create", "delete"}), ()),
     ("networking.k8s.io", "networkpolicies", frozenset({"create", "get", "patch", "delete"}), ()),
 }
+PODGROUP_VERBS = frozenset({"create", "get", "patch", "delete"})
+COSCHEDULING_RULE = ("scheduling.x-k8s.io", "podgroups", PODGROUP_VERBS, ())
+VOLCANO_RULE = ("scheduling.volcano.sh", "podgroups", PODGROUP_VERBS, ())
 POLICY_RULE = ("networking.k8s.io", "networkpolicies", frozenset({"create", "get", "patch", "delete"}), ())
 IDENTITY_RULES = {
     ("", "secrets", frozenset({"get"}), ("dverl-identity",)),
@@ -57,7 +60,9 @@ SCENARIOS = {
         "--set", "volunteers.gateway.enabled=true",
         "--set", "volunteers.gateway.serviceType=NodePort",
     ],
+    "gangs": ["--set", "gangScheduling.coscheduling=true", "--set", "gangScheduling.volcano=true"],
     "everything": [
+        "--set", "gangScheduling.volcano=true",
         "--set", "watchNamespaces={team-a}",
         "--set", "volunteers.gateway.enabled=true",
         "--set", "volunteers.joinTokenSecretNames={job-join-token}",
@@ -287,6 +292,27 @@ def test_every_rbac_rule_is_justified_by_a_comment(helm: list[str]) -> None:
         assert lines[i - 1].startswith("# "), f"rule without a comment: {lines[i]} {lines[i + 1]}"
 
 
+@pytest.mark.parametrize(
+    ("args", "rules", "env"),
+    [
+        ([], set(), ""),
+        (["--set", "gangScheduling.coscheduling=true"], {COSCHEDULING_RULE}, "coscheduling"),
+        (["--set", "gangScheduling.volcano=true"], {VOLCANO_RULE}, "volcano"),
+        (SCENARIOS["gangs"], {COSCHEDULING_RULE, VOLCANO_RULE}, "coscheduling,volcano"),
+    ],
+)
+def test_podgroup_rbac_is_rendered_only_for_the_gang_schedulers_enabled(
+    helm: list[str], args: list[str], rules: set[tuple], env: str
+) -> None:
+    docs = _render(helm, *args)
+    assert _rules(_one(docs, "ClusterRole", "dverl")) == JOB_RULES | {NAMESPACES_RULE} | rules
+    assert _env(_container(docs))["DVERL_GANG_SCHEDULERS"] == env
+    namespaced = _render(helm, *args, "--set", "watchNamespaces={a}")
+    assert _rules(_one(namespaced, "Role", "dverl", "a")) == JOB_RULES | rules
+    every_rule = [r for d in docs if d["kind"] in ("Role", "ClusterRole") for r in _rules(d)]
+    assert sum(1 for r in every_rule if r[1] == "podgroups") == len(rules)  # nowhere else
+
+
 def test_join_token_secrets_are_readable_by_name_only(helm: list[str]) -> None:
     docs = _render(helm, "--set", "volunteers.joinTokenSecretNames={tok-a,tok-b}")
     secret_rule = ("", "secrets", frozenset({"get"}), ("tok-a", "tok-b"))
@@ -434,6 +460,8 @@ def test_install_notes_render(helm: list[str]) -> None:
         (["--set", "watchNamespace=a"], "watchNamespace"),  # a typo is not silently ignored
         (["--set", "volunteers.gateway.enable=true"], "enable"),
         (["--set", "serviceAccount.create=false"], "serviceAccount.name"),
+        (["--set", "gangScheduling.volcano=yes"], "/gangScheduling/volcano"),
+        (["--set", "gangScheduling.yunikorn=true"], "yunikorn"),
     ],
 )
 def test_bad_values_are_rejected(helm: list[str], args: list[str], field: str) -> None:

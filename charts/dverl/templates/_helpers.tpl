@@ -96,6 +96,18 @@ all of them). Every verb list is the smallest that the reconcile loop uses; no w
   resources: ["networkpolicies"]
   verbs: ["create", "get", "patch", "delete"]
 {{- end }}
+{{- if .Values.gangScheduling.coscheduling }}
+# Gang PodGroups of scheduler-plugins coscheduling: one per job, made, read back, resized, removed on suspend.
+- apiGroups: ["scheduling.x-k8s.io"]
+  resources: ["podgroups"]
+  verbs: ["create", "get", "patch", "delete"]
+{{- end }}
+{{- if .Values.gangScheduling.volcano }}
+# Gang PodGroups of Volcano: one per job, made, read back, resized, removed on suspend.
+- apiGroups: ["scheduling.volcano.sh"]
+  resources: ["podgroups"]
+  verbs: ["create", "get", "patch", "delete"]
+{{- end }}
 {{- with .Values.volunteers.joinTokenSecretNames }}
 # Volunteer join tokens: read-only, and only the Secrets named in values (never list/watch all secrets).
 - apiGroups: [""]
@@ -103,4 +115,12 @@ all of them). Every verb list is the smallest that the reconcile loop uses; no w
   resourceNames: {{ toJson . }}
   verbs: ["get"]
 {{- end }}
+{{- end }}
+
+{{/* The gang schedulers whose PodGroups the operator manages, comma-separated (DVERL_GANG_SCHEDULERS). */}}
+{{- define "dverl.gangSchedulers" -}}
+{{- $on := list -}}
+{{- if .Values.gangScheduling.coscheduling }}{{- $on = append $on "coscheduling" -}}{{- end -}}
+{{- if .Values.gangScheduling.volcano }}{{- $on = append $on "volcano" -}}{{- end -}}
+{{- join "," $on -}}
 {{- end }}
