@@ -7,6 +7,7 @@ so a follower replica (not the leader) is still alive and observable.
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -14,7 +15,10 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-PHASES = ("Pending", "Running", "Succeeded", "Failed", "Suspended")
+from decentralized_verl.spec import RLHFJobStatus
+
+PHASES: tuple[str, ...] = typing.get_args(RLHFJobStatus.model_fields["phase"].annotation)
+"""Every phase the status schema allows (Queued included), so each has a gauge from the start."""
 
 
 @dataclass
