@@ -1,18 +1,18 @@
 """Shared clusters, the operator's pure core: gang PodGroups (coscheduling, Volcano), Kueue pod groups and
 admission, priority classes, preemption that spends no backoffLimit, and the Queued phase.
 
-A small in-memory world applies each pass's actions the way the API server would (create, merge-patch,
-delete), so every test runs the real `reconcile.decide` pass after pass, as the operator does.
+The in-memory world of cluster_world.py applies each pass's actions the way the API server would, so every
+test runs the real `reconcile.decide` pass after pass, as the operator does.
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
 import pytest
+from cluster_world import BOTH, World
 from operator_fixtures import tiny_spec
 
 from decentralized_verl.errors import ManifestError
@@ -23,115 +23,7 @@ from dverl_operator.disruption import disruption
 from dverl_operator.main import gang_schedulers
 from dverl_operator.pod_decisions import ANNOTATION_FAILURE_COUNTED
 
-NOW = 1_800_000_000.0
-BOTH = frozenset({"coscheduling", "volcano"})
-SETTINGS = reconcile.Settings(
-    default_image="img:1", backoff_base_seconds=10, backoff_max_seconds=60, gang_schedulers=BOTH
-)
 QUEUE = {kueue.QUEUE_LABEL: "team-a"}
-
-
-def merge(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
-    """RFC 7386, as the API server applies a merge patch."""
-    out = copy.deepcopy(target)
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        elif isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
-
-
-@dataclass
-class World:
-    """One RLHFJob and what the API server holds for it."""
-
-    spec: dict[str, Any]
-    labels: dict[str, str] = field(default_factory=dict)
-    settings: reconcile.Settings = SETTINGS
-    pods: dict[str, dict[str, Any]] = field(default_factory=dict)
-    pod_groups: dict[str, dict[str, Any] | None] = field(default_factory=dict)
-    status: dict[str, Any] = field(default_factory=dict)
-    events: list[tuple[str, str, str]] = field(default_factory=list)
-    now: float = NOW
-
-    def observed(self) -> reconcile.Observed:
-        job = {
-            "apiVersion": "dverl.io/v1alpha1",
-            "kind": "RLHFJob",
-            "metadata": {"name": "j", "namespace": "ns", "uid": "u-1", "labels": dict(self.labels)},
-            "spec": self.spec,
-            "status": self.status,
-        }
-        groups = {name: self.pod_groups.get(name) for name in sorted(self.settings.gang_schedulers)}
-        return reconcile.Observed(
-            job=job,
-            pods=copy.deepcopy(self.pods),
-            config_map=None,
-            service=None,
-            progress=None,
-            now=self.now,
-            credentials_ready=True,
-            pod_groups=groups,
-        )
-
-    def step(self) -> reconcile.Actions:
-        actions = reconcile.decide(self.observed(), self.settings)
-        by_key = {gang.KIND_KEYS[name]: name for name in gang.KIND_KEYS}
-        for kind, name, patch in actions.patch:
-            if kind == "Pod" and name in self.pods:
-                self.pods[name] = merge(self.pods[name], patch)
-            elif kind in by_key and self.pod_groups.get(by_key[kind]):
-                self.pod_groups[by_key[kind]] = merge(self.pod_groups[by_key[kind]], patch)
-        for kind, name in actions.delete:
-            if kind == "Pod":
-                self.pods.pop(name, None)
-            elif kind in by_key:
-                self.pod_groups[by_key[kind]] = None
-        for obj in actions.create:
-            if obj["kind"] == "Pod":
-                self.pods[obj["metadata"]["name"]] = copy.deepcopy(obj)
-            elif obj["kind"] == "PodGroup":
-                scheduler = next(n for n, v in gang.API_VERSIONS.items() if v == obj["apiVersion"])
-                self.pods  # noqa: B018 - pods and groups live side by side
-                self.pod_groups[scheduler] = copy.deepcopy(obj)
-        self.status = actions.status
-        self.events.extend(actions.events)
-        return actions
-
-    def settle(self, passes: int = 4) -> reconcile.Actions:
-        actions = self.step()
-        for _ in range(passes - 1):
-            actions = self.step()
-        return actions
-
-    def run_pods(self, *names: str) -> None:
-        for name in names or list(self.pods):
-            self.pods[name]["status"] = {
-                "phase": "Running",
-                "conditions": [
-                    {"type": "Ready", "status": "True"},
-                    {"type": "PodScheduled", "status": "True"},
-                ],
-            }
-            self.pods[name]["spec"]["nodeName"] = "node-1"
-            self.pods[name]["spec"].pop("schedulingGates", None)
-
-    def gate_pods(self) -> None:
-        """Kueue's webhook: every new pod is held behind its admission gate."""
-        for pod in self.pods.values():
-            if "nodeName" not in pod["spec"]:
-                pod["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
-
-    def preempt(self, name: str, reason: str = "PreemptionByScheduler") -> None:
-        self.pods[name]["status"] = {
-            "phase": "Failed",
-            "conditions": [
-                {"type": "DisruptionTarget", "status": "True", "reason": reason, "message": "higher priority"}
-            ],
-        }
 
 
 def gang_spec(scheduler: str = "coscheduling", **gang_fields: Any) -> dict[str, Any]:
