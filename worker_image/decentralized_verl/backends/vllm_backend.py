@@ -37,9 +37,9 @@ import torch
 from torch import Tensor
 
 from decentralized_verl.backends.base import GenerationOutput, GenerationRequest, SamplingParams
-from decentralized_verl.backends.hf import plan_weight_copy
 from decentralized_verl.backends.vllm_engine_args import VLLM_DTYPES, engine_args
 from decentralized_verl.backends.vllm_weights import export_state_dict, write_weights_file
+from decentralized_verl.backends.weight_copy import plan_weight_copy
 from decentralized_verl.errors import ModelError
 
 log = logging.getLogger(__name__)
