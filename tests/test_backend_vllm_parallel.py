@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
+import vllm_fixtures
 
 from decentralized_verl.backends import vllm_engine_args
 from decentralized_verl.backends.base import backend_options
@@ -27,26 +28,11 @@ from decentralized_verl.backends.vllm_backend import VLLMBackend
 from decentralized_verl.backends.vllm_engine_args import parallel_kwargs
 from decentralized_verl.backends.vllm_extension import QUALNAME, WeightRefreshExtension
 from decentralized_verl.manifest import parse_spec
-from decentralized_verl.models.tiny import build_tiny, tiny_config
-from decentralized_verl.models.tokenizer import build_char_tokenizer
 from decentralized_verl.plan import worker_resources
 
 
 def tiny_tied_model() -> tuple[torch.nn.Module, Any]:
-    tokenizer = build_char_tokenizer()
-    spec = SimpleNamespace(
-        architecture="llama",
-        hidden_size=32,
-        num_layers=1,
-        num_heads=2,
-        intermediate_size=64,
-        max_positions=64,
-    )
-    config = tiny_config(spec, tokenizer)
-    config.tie_word_embeddings = True
-    model = build_tiny(config, 0).float().eval()
-    model.tie_weights()
-    return model, tokenizer
+    return vllm_fixtures.tiny_tied_model(hidden_size=32, num_layers=1, intermediate_size=64, max_positions=64)
 
 
 class FakeHeadMethod:
