@@ -40,12 +40,10 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # the generators' module sits next to this file, also when loaded by path
     sys.path.insert(0, str(HERE))
 
+from example_code_problems import code  # noqa: E402
 from example_data_sets import (  # noqa: E402
-    CODE_PREAMBLE,  # noqa: F401  (re-exported: tests read the reference programs through this module)
-    CODE_PROBLEMS,  # noqa: F401
     arithmetic,
     calculator,
-    code,
     guessing,
     is_small_sum,
     is_two_digit_sum,

@@ -14,12 +14,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import vllm_fixtures
 
 from decentralized_verl.backends.base import GenerationRequest, SamplingParams
 from decentralized_verl.backends.vllm_weights import export_state_dict, write_weights_file
 from decentralized_verl.errors import WireError
-from decentralized_verl.models.tiny import build_tiny, tiny_config
-from decentralized_verl.models.tokenizer import build_char_tokenizer
 
 SKIP_REASON = (
     "vLLM is not installed in this venv (the main CI venv has none); run scripts/install-vllm.sh and "
@@ -30,21 +29,9 @@ FP32_TOL = 2e-4
 
 def tiny_tied_model(seed: int = 0) -> tuple[torch.nn.Module, object]:
     """A 2-layer Llama with tied embeddings (like SmolLM2), head size 64 (a size vLLM's CPU kernels have)."""
-    tokenizer = build_char_tokenizer()
-    spec = SimpleNamespace(
-        architecture="llama",
-        hidden_size=128,
-        num_layers=2,
-        num_heads=2,
-        intermediate_size=256,
-        max_positions=256,
+    return vllm_fixtures.tiny_tied_model(
+        hidden_size=128, num_layers=2, intermediate_size=256, max_positions=256, seed=seed
     )
-    config = tiny_config(spec, tokenizer)
-    config.tie_word_embeddings = True
-    model = build_tiny(config, seed).float().eval()
-    model.tie_weights()
-    assert model.lm_head.weight is model.model.embed_tokens.weight
-    return model, tokenizer
 
 
 def perturbed_state_dict(model: torch.nn.Module, seed: int, scale: float = 0.2) -> dict[str, torch.Tensor]:

@@ -20,32 +20,19 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
+import vllm_fixtures
 
-from decentralized_verl.backends import vllm_backend
+from decentralized_verl.backends import vllm_engine_args
 from decentralized_verl.backends.base import backend_options
-from decentralized_verl.backends.vllm_backend import VLLMBackend, parallel_kwargs
+from decentralized_verl.backends.vllm_backend import VLLMBackend
+from decentralized_verl.backends.vllm_engine_args import parallel_kwargs
 from decentralized_verl.backends.vllm_extension import QUALNAME, WeightRefreshExtension
 from decentralized_verl.manifest import parse_spec
-from decentralized_verl.models.tiny import build_tiny, tiny_config
-from decentralized_verl.models.tokenizer import build_char_tokenizer
 from decentralized_verl.plan import worker_resources
 
 
 def tiny_tied_model() -> tuple[torch.nn.Module, Any]:
-    tokenizer = build_char_tokenizer()
-    spec = SimpleNamespace(
-        architecture="llama",
-        hidden_size=32,
-        num_layers=1,
-        num_heads=2,
-        intermediate_size=64,
-        max_positions=64,
-    )
-    config = tiny_config(spec, tokenizer)
-    config.tie_word_embeddings = True
-    model = build_tiny(config, 0).float().eval()
-    model.tie_weights()
-    return model, tokenizer
+    return vllm_fixtures.tiny_tied_model(hidden_size=32, num_layers=1, intermediate_size=64, max_positions=64)
 
 
 class FakeHeadMethod:
@@ -114,18 +101,18 @@ def fake_vllm(monkeypatch):
 
 
 def with_gpus(monkeypatch, count: int) -> None:
-    monkeypatch.setattr(vllm_backend.torch.cuda, "is_available", lambda: count > 0)
-    monkeypatch.setattr(vllm_backend.torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
 
 
 def test_parallel_kwargs_use_the_gpus_and_refuse_what_is_not_there(caplog) -> None:
     assert parallel_kwargs(1, 1) == {"tensor_parallel_size": 1}
     assert parallel_kwargs(4, 8) == {"tensor_parallel_size": 4}
-    with caplog.at_level(logging.WARNING, logger=vllm_backend.__name__):
+    with caplog.at_level(logging.WARNING, logger=vllm_engine_args.__name__):
         assert parallel_kwargs(4, 0) == {"tensor_parallel_size": 1}
     assert "tensor_parallel_size 1" in caplog.text and "4 GPUs" in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger=vllm_backend.__name__):
+    with caplog.at_level(logging.WARNING, logger=vllm_engine_args.__name__):
         parallel_kwargs(1, 0)
     assert caplog.text == ""  # nothing asked for, nothing to say
     with pytest.raises(ValueError, match=r"roles\.rollout\.resources\.gpus: .* over 4 GPUs .* sees 2"):
@@ -164,7 +151,7 @@ def test_engine_is_split_over_the_gpus_and_a_refresh_reaches_every_worker(fake_v
 def test_cpu_engine_stays_on_one_process_and_says_so(fake_vllm, monkeypatch, caplog):
     with_gpus(monkeypatch, 0)
     model, tokenizer = tiny_tied_model()
-    with caplog.at_level(logging.WARNING, logger=vllm_backend.__name__):
+    with caplog.at_level(logging.WARNING, logger=vllm_engine_args.__name__):
         backend = VLLMBackend(model, tokenizer, tensor_parallel_size=2, enforce_eager=True)
     (llm,) = fake_vllm.made
     assert llm.kwargs["tensor_parallel_size"] == 1 and len(llm.workers) == 1

@@ -18,10 +18,8 @@ DATA = ROOT / "examples" / "data"
 QUESTION = re.compile(r"^What is (\d+) ([+*]) (\d+)\?$")
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location(
-        "make_example_data", ROOT / "scripts" / "make_example_data.py"
-    )
+def load_script(name: str = "make_example_data"):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
     spec.loader.exec_module(module)
@@ -75,7 +73,7 @@ def test_arithmetic_answers_are_right_and_eval_is_held_out() -> None:
 
 
 def test_code_tests_pass_with_the_reference_programs_run_as_subprocesses() -> None:
-    script = load_script()
+    script = load_script("example_code_problems")
     solutions = {script.CODE_PREAMBLE + p.statement: p.solution for p in script.CODE_PROBLEMS}
     train, evals = load_prompts(DATA / "code/train.jsonl"), load_prompts(DATA / "code/eval.jsonl")
     assert train.kind == evals.kind == "code"

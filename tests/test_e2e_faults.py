@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from job_manifests import e2e_manifest
 
 from decentralized_verl.launch.run import run_job
 from decentralized_verl.metrics import read_metrics
@@ -16,7 +17,6 @@ ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import chaos  # noqa: E402
-from test_e2e_run import manifest  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -46,13 +46,13 @@ def test_a_resume_at_another_learner_count_keeps_the_data_order(
         "training.checkpoint": {"every": 2, "dir": "ckpt"},
         "roles.rollout": {"replicas": 1, "batchSize": 16},
     }
-    first = manifest(
+    first = e2e_manifest(
         tmp_path, "world", **{"training.steps": 2, "roles.learner": {"replicas": before}, **overrides}
     )
     run_job(first, tmp_path / "run", progress=False, timeout=600)
     state = json.loads((tmp_path / "run" / "ckpt" / "checkpoint-2" / "trainer_state.json").read_text())
     assert state["sampler"] == {"epoch": 0, "offset": 2 * 8 * before}  # 2 steps x 8 prompts x learners
-    second = manifest(
+    second = e2e_manifest(
         tmp_path, "world", **{"training.steps": 3, "roles.learner": {"replicas": after}, **overrides}
     )
     summary = run_job(second, tmp_path / "run", resume=True, progress=False, timeout=600)

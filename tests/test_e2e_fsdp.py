@@ -9,10 +9,10 @@ import statistics
 from pathlib import Path
 
 import pytest
+from job_manifests import e2e_manifest
 
 from decentralized_verl.launch.run import run_job
 from decentralized_verl.metrics import read_metrics
-from tests.test_e2e_run import manifest
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +25,7 @@ def test_two_fsdp_learners_learn_checkpoint_and_resume_as_one(tmp_path: Path) ->
         "training.evalEvery": 0,
         "training.checkpoint": {"every": 10, "dir": "ckpt", "keep": 1},
     }
-    first = manifest(tmp_path, "fsdp-e2e", **{"training.steps": 60, **overrides})
+    first = e2e_manifest(tmp_path, "fsdp-e2e", **{"training.steps": 60, **overrides})
     summary = run_job(first, tmp_path / "run", progress=False, timeout=900)
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in records] == list(range(1, 61))
@@ -38,7 +38,7 @@ def test_two_fsdp_learners_learn_checkpoint_and_resume_as_one(tmp_path: Path) ->
     assert saved["world_size"] == 2 and len(list((folder / "dcp").glob("*.distcp"))) == 2
 
     one = {**overrides, "roles.learner": {"replicas": 1, "sharding": "fsdp"}, "training.batchSize": 16}
-    second = manifest(tmp_path, "fsdp-e2e", **{"training.steps": 63, **one})
+    second = e2e_manifest(tmp_path, "fsdp-e2e", **{"training.steps": 63, **one})
     summary = run_job(second, tmp_path / "run", resume=True, progress=False, timeout=600)
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in records] == list(range(1, 64))

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from job_manifests import e2e_manifest
 
 from decentralized_verl.launch.local import LocalCluster
 from decentralized_verl.launch.run import coordinator_status, run_job, write_config
@@ -27,47 +28,12 @@ from decentralized_verl.security.credentials import load as load_credentials
 from decentralized_verl.security.credentials import run_folder_credentials
 
 ROOT = Path(__file__).parents[1]
-TOY = ROOT / "examples" / "data" / "toy"
 
 pytestmark = pytest.mark.slow
 
 
-def manifest(tmp_path: Path, name: str, **overrides) -> Path:
-    spec = {
-        "model": {
-            "tiny": {
-                "hiddenSize": 64,
-                "numLayers": 2,
-                "numHeads": 4,
-                "intermediateSize": 128,
-                "maxPositions": 128,
-            }
-        },
-        "algorithm": {"name": "grpo", "samplesPerPrompt": 8},
-        "data": {
-            "train": str(TOY / "train.jsonl"),
-            "eval": str(TOY / "eval.jsonl"),
-            "rewardType": "decentralized_verl.rewards.toy:first_number",
-            "maxPromptTokens": 64,
-            "maxNewTokens": 8,
-        },
-        "roles": {"rollout": {"replicas": 2, "batchSize": 8}, "learner": {"replicas": 1}},
-        "training": {"steps": 80, "batchSize": 16, "learningRate": 1.0e-3, "evalEvery": 40},
-    }
-    for path, value in overrides.items():
-        node = spec
-        *parents, last = path.split(".")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[last] = value
-    doc = {"apiVersion": "dverl.io/v1alpha1", "kind": "RLHFJob", "metadata": {"name": name}, "spec": spec}
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
-
-
 def test_grpo_two_rollouts_and_a_reference_learns(tmp_path: Path) -> None:
-    job = manifest(
+    job = e2e_manifest(
         tmp_path,
         "grpo-e2e",
         **{"algorithm.klCoef": 0.001, "roles.reference": {"replicas": 1}},
@@ -89,7 +55,7 @@ def test_grpo_two_rollouts_and_a_reference_learns(tmp_path: Path) -> None:
 
 
 def test_ppo_with_critic_process_trains_the_critic(tmp_path: Path) -> None:
-    job = manifest(
+    job = e2e_manifest(
         tmp_path,
         "ppo-e2e",
         **{
@@ -115,7 +81,7 @@ def test_ppo_with_critic_process_trains_the_critic(tmp_path: Path) -> None:
 
 
 def test_two_gloo_learners_stay_identical(tmp_path: Path) -> None:
-    job = manifest(
+    job = e2e_manifest(
         tmp_path,
         "ddp-e2e",
         **{
@@ -132,7 +98,7 @@ def test_two_gloo_learners_stay_identical(tmp_path: Path) -> None:
 
 
 def test_killed_rollout_worker_mid_step_loses_no_sample(tmp_path: Path) -> None:
-    path = manifest(
+    path = e2e_manifest(
         tmp_path,
         "kill-e2e",
         **{
@@ -197,10 +163,10 @@ def test_resume_continues_from_the_checkpoint(tmp_path: Path) -> None:
         "training.checkpoint": {"every": 2, "dir": "ckpt"},
         "roles.rollout": {"replicas": 0},
     }
-    first = manifest(tmp_path, "resume-e2e", **{"training.steps": 4, **overrides})
+    first = e2e_manifest(tmp_path, "resume-e2e", **{"training.steps": 4, **overrides})
     run_job(first, tmp_path / "run", progress=False, timeout=600)
     assert (tmp_path / "run" / "ckpt" / "checkpoint-4" / "trainer_state.json").exists()
-    second = manifest(tmp_path, "resume-e2e", **{"training.steps": 6, **overrides})
+    second = e2e_manifest(tmp_path, "resume-e2e", **{"training.steps": 6, **overrides})
     summary = run_job(second, tmp_path / "run", resume=True, progress=False, timeout=600)
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
@@ -211,7 +177,7 @@ def test_resume_continues_from_the_checkpoint(tmp_path: Path) -> None:
 
 
 def test_async_rl_overlaps_rollout_with_bounded_staleness(tmp_path: Path) -> None:
-    job = manifest(
+    job = e2e_manifest(
         tmp_path,
         "async-e2e",
         **{"training.maxStaleness": 1, "training.steps": 8, "training.evalEvery": 0},
@@ -247,7 +213,7 @@ def test_running_learner_follows_rollout_workers_added_and_removed(tmp_path: Pat
     The learner starts with one rollout worker; a second joins mid-run and later the first goes away
     (killed as a deleted pod, then dropped from the file). No learner restart, no sample lost or doubled.
     """
-    path = manifest(
+    path = e2e_manifest(
         tmp_path, "scale-e2e", **{"training.steps": 30, "training.evalEvery": 0, "data.maxNewTokens": 24}
     )
     job = load_job(path)

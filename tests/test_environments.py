@@ -9,6 +9,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
+from job_manifests import environment_job
 
 from decentralized_verl.environments.arithmetic import NotArithmetic, evaluate
 from decentralized_verl.environments.base import EnvironmentOptionsError, EpisodeRecord
@@ -195,38 +196,24 @@ def test_a_user_environment_is_named_module_colon_class(
     sys.modules.pop("my_envs", None)
 
 
-def job(environment: dict) -> dict:
-    return {
-        "apiVersion": "dverl.io/v1alpha1",
-        "kind": "RLHFJob",
-        "metadata": {"name": "job"},
-        "spec": {
-            "model": {"tiny": {"hiddenSize": 32, "numHeads": 4}},
-            "algorithm": {"name": "grpo", "samplesPerPrompt": 4},
-            "data": {"train": "train.jsonl", "environment": environment},
-            "roles": {"rollout": {"replicas": 0}, "learner": {"replicas": 1}},
-            "training": {"steps": 2, "batchSize": 4},
-        },
-    }
-
-
 def test_spec_takes_an_environment_and_names_every_bad_field() -> None:
-    spec = parse_job(job({"name": "guessing_game", "maxTurns": 6, "options": {"maxNumber": 20}})).spec
+    guessing = {"name": "guessing_game", "maxTurns": 6, "options": {"maxNumber": 20}}
+    spec = parse_job(environment_job(guessing)).spec
     assert spec.data.environment.max_turns == 6 and spec.data.environment.options == {"maxNumber": 20}
     with pytest.raises(ManifestError) as info:
-        parse_job(job({"name": "chess"}))
+        parse_job(environment_job({"name": "chess"}))
     assert any(p.path == "spec.data.environment.name" for p in info.value.problems)
     with pytest.raises(ManifestError) as info:
-        parse_job(job({"name": "guessing_game", "options": {"maxNumbr": 20}}))
+        parse_job(environment_job({"name": "guessing_game", "options": {"maxNumbr": 20}}))
     assert [p.path for p in info.value.problems] == ["spec.data.environment.options.maxNumbr"]
     with pytest.raises(ManifestError) as info:
-        parse_job(job({"name": "calculator", "maxTurns": 0, "onToolError": "ignore"}))
+        parse_job(environment_job({"name": "calculator", "maxTurns": 0, "onToolError": "ignore"}))
     paths = {p.path for p in info.value.problems}
     assert {"spec.data.environment.maxTurns", "spec.data.environment.onToolError"} <= paths
 
 
 def test_an_environment_job_refuses_a_critic() -> None:
-    doc = job({"name": "calculator"})
+    doc = environment_job({"name": "calculator"})
     doc["spec"]["algorithm"] = {"name": "ppo", "samplesPerPrompt": 1}
     doc["spec"]["roles"]["critic"] = {"replicas": 0}
     with pytest.raises(ManifestError) as info:

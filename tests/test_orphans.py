@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from job_manifests import e2e_manifest
 from local_models import save_tiny_model
 from processes import ProcessGroup, free_port
 
@@ -87,9 +88,7 @@ def test_a_killed_open_volunteer_leaves_nothing_behind(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_killed_dverl_run_leaves_no_worker_behind(tmp_path: Path) -> None:
-    from test_e2e_run import manifest
-
-    job = manifest(tmp_path, "orphans", **{"training.steps": 500, "training.evalEvery": 0})
+    job = e2e_manifest(tmp_path, "orphans", **{"training.steps": 500, "training.evalEvery": 0})
     group = ProcessGroup(tmp_path)
     try:
         proc = group.start("run", [str(Path(sys.executable).parent / "dverl"), "run", str(job)])

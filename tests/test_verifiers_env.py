@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from job_manifests import environment_job
 
 from decentralized_verl.environments.base import EpisodeRecord
 from decentralized_verl.environments.registry import make_environment, preflight
@@ -17,21 +18,6 @@ from decentralized_verl.manifest import load_job, parse_job
 ROOT = Path(__file__).resolve().parent.parent
 GUESSING = "decentralized_verl.environments.verifiers_guessing:GuessingTaskset"
 OPTIONS = {"taskset": GUESSING, "tasksetConfig": {"tasks": 80}}
-
-
-def job(environment: dict) -> dict:
-    return {
-        "apiVersion": "dverl.io/v1alpha1",
-        "kind": "RLHFJob",
-        "metadata": {"name": "job"},
-        "spec": {
-            "model": {"tiny": {"hiddenSize": 32, "numHeads": 4}},
-            "algorithm": {"name": "grpo", "samplesPerPrompt": 4},
-            "data": {"train": "train.jsonl", "environment": environment},
-            "roles": {"rollout": {"replicas": 0}, "learner": {"replicas": 1}},
-            "training": {"steps": 2, "batchSize": 4},
-        },
-    }
 
 
 def test_without_the_package_the_error_names_the_field(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -47,15 +33,16 @@ def test_without_the_package_the_error_names_the_field(monkeypatch: pytest.Monke
     with pytest.raises(VerifiersUnavailable, match=r"pip install 'decentralized-verl\[verifiers\]'"):
         EpisodeRunner(EpisodeSettings("verifiers", OPTIONS), tokenizer=None)  # fails before any episode
     # The spec is checked without the package: the operator validates manifests it cannot play.
-    assert parse_job(job({"name": "verifiers", "options": OPTIONS})).spec.data.environment.name == "verifiers"
+    spec = parse_job(environment_job({"name": "verifiers", "options": OPTIONS})).spec
+    assert spec.data.environment.name == "verifiers"
 
 
 def test_the_spec_names_bad_verifiers_options() -> None:
     with pytest.raises(ManifestError) as info:
-        parse_job(job({"name": "verifiers"}))
+        parse_job(environment_job({"name": "verifiers"}))
     assert [p.path for p in info.value.problems] == ["spec.data.environment.options.taskset"]
     with pytest.raises(ManifestError) as info:
-        parse_job(job({"name": "verifiers", "options": {"taskset": "x", "tasksets": {}}}))
+        parse_job(environment_job({"name": "verifiers", "options": {"taskset": "x", "tasksets": {}}}))
     assert [p.path for p in info.value.problems] == ["spec.data.environment.options.tasksets"]
 
 

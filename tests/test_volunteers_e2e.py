@@ -16,13 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
+from job_manifests import TOY, write_manifest
 from processes import ProcessGroup, free_port
 
 from decentralized_verl.security.credentials import run_folder_credentials
 
-ROOT = Path(__file__).parents[1]
-TOY = ROOT / "examples" / "data" / "toy"
 SECRET = "volunteer-e2e-secret-0123456789"
 
 pytestmark = pytest.mark.slow
@@ -54,10 +52,7 @@ def manifest(tmp_path: Path, name: str, steps: int = 3, verify: float = 1.0) -> 
             "tokenSecretRef": {"name": f"{name}-join", "key": "secret"},
         },
     }
-    doc = {"apiVersion": "dverl.io/v1alpha1", "kind": "RLHFJob", "metadata": {"name": name}, "spec": spec}
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
+    return write_manifest(tmp_path, name, spec)
 
 
 class Procs(ProcessGroup):

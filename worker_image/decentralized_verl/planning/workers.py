@@ -1,5 +1,6 @@
 """Each role's worker, estimated: the job's sizes read from the spec once (`Job`), then one function per
-role putting memory.py's components together, colocated roles (replicas 0) inside the learner. Pure."""
+role putting memory.py's and rollout_memory.py's components together, colocated roles (replicas 0) inside
+the learner. Pure."""
 
 from __future__ import annotations
 
@@ -7,15 +8,16 @@ import dataclasses
 from dataclasses import dataclass
 
 from decentralized_verl.planning import memory as mem
+from decentralized_verl.planning import rollout_memory as rollout_mem
 from decentralized_verl.planning.devices import Placement
 from decentralized_verl.planning.memory import (
     Component,
     Estimate,
-    Generation,
     MicroBatch,
     Trainable,
     TrainingSetup,
 )
+from decentralized_verl.planning.rollout_memory import Generation
 from decentralized_verl.planning.shapes import ModelShape
 from decentralized_verl.spec import JobSpec, ModelSpec, RoleSpec
 
@@ -142,12 +144,12 @@ def _colocated_rollout(job: Job, placement: Placement) -> list[Component]:
     shape, b = job.shapes["learner"], job.dtype_bytes("learner")
     gen = generation(job, placement)
     if job.spec.roles.rollout.backend != "vllm":
-        return mem.hf_generation_components(shape, b, gen, placement.on_gpu, own_weights=False)
+        return rollout_mem.hf_generation_components(shape, b, gen, placement.on_gpu, own_weights=False)
     if placement.gpu is not None and placement.gpu.bytes is not None:
-        share = int(mem.VLLM_UTILIZATION * placement.gpu.bytes)
-        detail = f"gpu_memory_utilization {mem.VLLM_UTILIZATION} of this GPU, reserved at start"
+        share = int(rollout_mem.VLLM_UTILIZATION * placement.gpu.bytes)
+        detail = f"gpu_memory_utilization {rollout_mem.VLLM_UTILIZATION} of this GPU, reserved at start"
         return [Component("vllm engine", share, "gpu", detail=detail)]
-    return mem.vllm_components(shape, b, gen, placement.on_gpu)
+    return rollout_mem.vllm_components(shape, b, gen, placement.on_gpu)
 
 
 def generation(
@@ -176,7 +178,7 @@ def rollout(
     gen = generation(job, placement, tensor_parallel, batch)
     on_gpu = placement.on_gpu
     if gen.backend == "vllm":
-        parts = mem.vllm_components(shape, b, gen, on_gpu)
+        parts = rollout_mem.vllm_components(shape, b, gen, on_gpu)
         if (
             on_gpu
         ):  # the worker loads the HF model on the host first and keeps it (refreshes are checked on it)
@@ -185,7 +187,7 @@ def rollout(
                 Component("host copy", params * b, "host", detail="the HF model the engine was built from")
             )
         return Estimate(tuple([*parts, mem.runtime_components(False)[0]]))
-    parts = mem.hf_generation_components(shape, b, gen, on_gpu, own_weights=True)
+    parts = rollout_mem.hf_generation_components(shape, b, gen, on_gpu, own_weights=True)
     return Estimate(tuple(parts + mem.runtime_components(on_gpu)))
 
 
@@ -220,7 +222,7 @@ def budgets(role: str, job: Job, placement: Placement) -> tuple[int | None, int 
     """(usable GPU memory, host memory) of one worker: a vLLM rollout engine gets its share of the GPU."""
     gpu = placement.gpu.bytes if placement.gpu is not None else None
     if gpu is not None and role == "rollout" and job.spec.roles.rollout.backend == "vllm":
-        gpu = int(mem.VLLM_UTILIZATION * gpu)
+        gpu = int(rollout_mem.VLLM_UTILIZATION * gpu)
     return gpu, placement.host.bytes
 
 

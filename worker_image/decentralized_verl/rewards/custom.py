@@ -1,6 +1,6 @@
 """User reward functions named `module:function` in the job spec.
 
-The function is imported once per process and cached. Its signature:
+The function is imported once per process and cached (`registry.reward_function`). Its signature:
 
     def my_reward(completion: str, reference, prompt: str | None = None, **options) -> float | RewardResult
 
@@ -11,31 +11,12 @@ Options it does not accept are not passed (only those named in its signature, un
 
 from __future__ import annotations
 
-import functools
-import importlib
 import inspect
 from collections.abc import Callable
 from typing import Any
 
-from decentralized_verl.rewards.names import CALLABLE_PATTERN
+from decentralized_verl.rewards.registry import reward_function
 from decentralized_verl.rewards.result import RewardResult, coerce, zero
-
-
-@functools.lru_cache(maxsize=64)
-def load_callable(spec: str) -> Callable[..., Any]:
-    """Import `module:function` (cached). Raises ValueError with the spec in the message when it fails."""
-    if not CALLABLE_PATTERN.match(spec):
-        raise ValueError(f"reward type {spec!r} is not 'module:function'")
-    module_name, func_name = spec.split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:
-        why = f"{type(exc).__name__}: {exc}"
-        raise ValueError(f"reward {spec!r}: cannot import {module_name}: {why}") from None
-    func = getattr(module, func_name, None)
-    if not callable(func):
-        raise ValueError(f"reward {spec!r}: {module_name} has no callable {func_name}")
-    return func
 
 
 def call_custom(
@@ -43,7 +24,7 @@ def call_custom(
 ) -> RewardResult:
     """Call the user function for one sample; never raises."""
     try:
-        func = load_callable(spec)
+        func = reward_function(spec)
     except ValueError as exc:
         return zero(str(exc))
     kwargs = _accepted(func, {"prompt": prompt, **options})
@@ -64,4 +45,4 @@ def _accepted(func: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any
     return {k: v for k, v in kwargs.items() if k in params}
 
 
-__all__ = ["RewardResult", "call_custom", "load_callable"]
+__all__ = ["RewardResult", "call_custom"]

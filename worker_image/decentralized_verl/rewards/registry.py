@@ -6,11 +6,14 @@ so the operator can validate manifests with it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from typing import Any
 
+from decentralized_verl.core.registry import register_as, resolve
 from decentralized_verl.rewards.code_reward import code_reward
 from decentralized_verl.rewards.math_rewards import boxed_reward, think_answer_tags_reward
-from decentralized_verl.rewards.names import BUILTIN_REWARD_TYPES, is_known_reward_type
+from decentralized_verl.rewards.names import BUILTIN_REWARD_TYPES, CALLABLE_PATTERN, is_known_reward_type
 from decentralized_verl.rewards.result import RewardResult
 from decentralized_verl.rewards.reward_model import reward_model_reward
 
@@ -22,12 +25,7 @@ REWARD_TYPES: dict[str, RewardFn] = {}
 
 def reward_type(name: str) -> Callable[[RewardFn], RewardFn]:
     """Register a built-in reward function under `name` (also listed in names.BUILTIN_REWARD_TYPES)."""
-
-    def register(fn: RewardFn) -> RewardFn:
-        REWARD_TYPES[name] = fn
-        return fn
-
-    return register
+    return register_as(REWARD_TYPES, name)
 
 
 reward_type("boxed")(boxed_reward)
@@ -37,4 +35,19 @@ reward_type("reward_model")(reward_model_reward)
 
 assert set(REWARD_TYPES) == set(BUILTIN_REWARD_TYPES), "names.BUILTIN_REWARD_TYPES is out of date"
 
-__all__ = ["REWARD_TYPES", "RewardFn", "is_known_reward_type", "reward_type"]
+
+@functools.lru_cache(maxsize=64)
+def reward_function(name: str) -> Callable[..., Any]:
+    """The built-in under `name`, or the user function a `module:function` name points at (imported once
+    per process and cached); ValueError naming what is wrong (unknown name, failed import, no callable)."""
+    return resolve(
+        REWARD_TYPES,
+        name,
+        kind="reward type",
+        what="callable",
+        form="module:function",
+        pattern=CALLABLE_PATTERN,
+    )
+
+
+__all__ = ["REWARD_TYPES", "RewardFn", "is_known_reward_type", "reward_function", "reward_type"]

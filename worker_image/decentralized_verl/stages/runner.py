@@ -52,3 +52,14 @@ def run_stage(stage: str, config_path: str | Path) -> StageResult:
     results = [_run_one(s, config) for s in present]
     last = next((r.checkpoint for r in reversed(results) if r.checkpoint is not None), None)
     return StageResult("all", last, {r.stage: r.metrics for r in results}, results)
+
+
+def main_stage(stage: str, config_path: str | Path) -> int:
+    """`dverl train --stage`: run the stage(s) and print one line of metrics (and checkpoint) for each."""
+    result = run_stage(stage, config_path)
+    for one in result.stages or [result]:
+        metrics = ", ".join(
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in one.metrics.items()
+        )
+        print(f"stage {one.stage}: {metrics}" + (f"; checkpoint {one.checkpoint}" if one.checkpoint else ""))
+    return 0

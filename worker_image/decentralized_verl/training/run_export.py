@@ -68,3 +68,9 @@ def export_run(run_dir: str | Path, step: int | None, out: str | Path) -> Path:
     if run.model_spec is None and is_sharded_checkpoint(folder):
         log.warning("no %s in %s: the export of %s has no tokenizer files", JOB_FILE, run_dir, folder.name)
     return export_hf(folder, out, model_spec=run.model_spec)
+
+
+def main_export(run_dir: str | Path, step: int | None, out: str | Path) -> int:
+    """`dverl export`: export the checkpoint and print the folder written."""
+    print(export_run(run_dir, step, out))
+    return 0

@@ -120,31 +120,31 @@ class PolicyTrainer:
         training = self.spec.training
         mini = training.minibatch_size or training.batch_size
         micro = training.microbatch_size or mini
+        minibatches = microbatches.minibatches(self._groups(batch), mini, self.generator)
+        return [self._cut(minibatch, micro) for minibatch in minibatches]
+
+    @staticmethod
+    def _groups(batch: TrainBatch) -> list[microbatches.Group]:
+        """The batch's prompt groups with their token counts, the unit that micro-batches never split."""
         prompt_lengths = batch.attention_mask[:, : batch.prompt_length].sum(dim=1)
-        groups = microbatches.groups_of(batch.group_index, prompt_lengths, batch.response_lengths)
-        plan = []
-        for minibatch in microbatches.minibatches(groups, mini, self.generator):
-            if training.microbatch_tokens:
-                parts = microbatches.by_tokens(minibatch, training.microbatch_tokens)
-            else:
-                parts = microbatches.by_rows(minibatch, micro)
-            plan.append([torch.tensor(microbatches.rows_of(part), dtype=torch.long) for part in parts])
-        return plan
+        return microbatches.groups_of(batch.group_index, prompt_lengths, batch.response_lengths)
+
+    def _cut(self, groups: list[microbatches.Group], micro: int) -> list[torch.Tensor]:
+        """Row indices of each micro-batch that `groups` are cut into: by the token budget when
+        `training.microbatchTokens` is set, else by `micro` rows. The update and the learner's log-prob
+        pass cut alike, so both run the same micro-batch shapes."""
+        tokens = self.spec.training.microbatch_tokens
+        parts = microbatches.by_tokens(groups, tokens) if tokens else microbatches.by_rows(groups, micro)
+        return [torch.tensor(microbatches.rows_of(part), dtype=torch.long) for part in parts]
 
     def learner_logprobs(self, batch: TrainBatch) -> torch.Tensor:
         """[B, R] log-probs of the batch's responses under the current weights, no gradient, computed in the
         update's micro-batches (whole prompt groups, same row or token budget) in a fixed order."""
         training = self.spec.training
         micro = training.microbatch_size or training.minibatch_size or training.batch_size
-        prompt_lengths = batch.attention_mask[:, : batch.prompt_length].sum(dim=1)
-        groups = microbatches.groups_of(batch.group_index, prompt_lengths, batch.response_lengths)
-        if training.microbatch_tokens:
-            parts = microbatches.by_tokens(groups, training.microbatch_tokens)
-        else:
-            parts = microbatches.by_rows(groups, micro)
+        rows_per_part = self._cut(self._groups(batch), micro)
         out = torch.zeros_like(batch.old_logprobs)
         self.forward.plain = self.force_plain
-        rows_per_part = [torch.tensor(microbatches.rows_of(part), dtype=torch.long) for part in parts]
         with torch.no_grad():
             for rows, real in self._lockstep([rows_per_part])[0]:
                 logprobs, _ = self.forward(batch.select(rows))

@@ -1,0 +1,71 @@
+"""Job manifests that several test modules build the same way, kept in one place so a spec change is
+mended once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+TOY = Path(__file__).resolve().parents[1] / "examples" / "data" / "toy"
+"""The toy task ("3+4=" -> "7") every end-to-end job trains on."""
+
+
+def environment_job(environment: dict) -> dict:
+    """The smallest learner-only GRPO job whose `data.environment` is the given mapping: what the spec
+    tests of environments parse (it is never run)."""
+    return {
+        "apiVersion": "dverl.io/v1alpha1",
+        "kind": "RLHFJob",
+        "metadata": {"name": "job"},
+        "spec": {
+            "model": {"tiny": {"hiddenSize": 32, "numHeads": 4}},
+            "algorithm": {"name": "grpo", "samplesPerPrompt": 4},
+            "data": {"train": "train.jsonl", "environment": environment},
+            "roles": {"rollout": {"replicas": 0}, "learner": {"replicas": 1}},
+            "training": {"steps": 2, "batchSize": 4},
+        },
+    }
+
+
+def write_manifest(folder: Path, name: str, spec: dict[str, Any]) -> Path:
+    """`spec` as the RLHFJob `name`, written to `folder/name.yaml`; returns that path."""
+    doc = {"apiVersion": "dverl.io/v1alpha1", "kind": "RLHFJob", "metadata": {"name": name}, "spec": spec}
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def e2e_manifest(folder: Path, name: str, **overrides: Any) -> Path:
+    """The end-to-end runs' job: a tiny Llama learning the toy task with GRPO, two rollout workers and
+    one learner. Each override is a dotted spec path and the value put there (`"training.steps": 4`,
+    `"roles.learner": {...}`), so a test states only what it changes."""
+    spec: dict[str, Any] = {
+        "model": {
+            "tiny": {
+                "hiddenSize": 64,
+                "numLayers": 2,
+                "numHeads": 4,
+                "intermediateSize": 128,
+                "maxPositions": 128,
+            }
+        },
+        "algorithm": {"name": "grpo", "samplesPerPrompt": 8},
+        "data": {
+            "train": str(TOY / "train.jsonl"),
+            "eval": str(TOY / "eval.jsonl"),
+            "rewardType": "decentralized_verl.rewards.toy:first_number",
+            "maxPromptTokens": 64,
+            "maxNewTokens": 8,
+        },
+        "roles": {"rollout": {"replicas": 2, "batchSize": 8}, "learner": {"replicas": 1}},
+        "training": {"steps": 80, "batchSize": 16, "learningRate": 1.0e-3, "evalEvery": 40},
+    }
+    for path, value in overrides.items():
+        node = spec
+        *parents, last = path.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[last] = value
+    return write_manifest(folder, name, spec)

@@ -1,0 +1,38 @@
+"""`dverl plan FILE.yaml`: print what fits (each role's memory per worker and pool, checked against its
+GPUs) as a table or JSON, or with `--workers` the worker processes the job starts.
+
+Exits 2 when the memory plan has a problem, so a script can gate a submission on it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from decentralized_verl.manifest import load_job
+
+
+def print_workers(file: str) -> int:
+    """One line per worker process of the job: role, index, pool, GPUs and the command it runs."""
+    from decentralized_verl.plan import plan_job
+
+    job = load_job(file)
+    for worker in plan_job(job.spec, job.metadata.name).workers:
+        pool = f" pool={worker.pool}" if worker.pool else ""
+        print(
+            f"{worker.name}: role={worker.role} index={worker.index}{pool} gpus={worker.gpus} "
+            f"cmd={' '.join(worker.command())}"
+        )
+    return 0
+
+
+def main_plan(file: str, *, as_json: bool = False, workers: bool = False) -> int:
+    """Print the job's memory plan (or its workers); 2 when the plan has problems, else 0."""
+    if workers:
+        return print_workers(file)
+    from decentralized_verl.planning import plan_for
+    from decentralized_verl.planning.report import render, to_json
+
+    plan = plan_for(load_job(file).spec, Path(file).resolve().parent)
+    print(json.dumps(to_json(plan), indent=2) if as_json else render(plan))
+    return 2 if plan.problems() else 0
