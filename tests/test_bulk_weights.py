@@ -202,3 +202,17 @@ def test_with_tls_signed_weights_cross_a_chain_and_forged_ones_do_not(job, nodes
     while "SSL" not in receivers[0].relay.bulk.refused[-1] and time.monotonic() < deadline:
         time.sleep(0.01)
     assert "SSL" in receivers[0].relay.bulk.refused[-1]
+
+
+def test_a_receive_buffer_is_reused_only_once_nothing_views_it() -> None:
+    pool = bw.BufferPool()
+    first = pool.take(1 << 20)
+    held = first[10:20].toreadonly()  # a held version's chunk
+    first.release()
+    second = pool.take(1 << 20)
+    second[:] = b"\xff" * (1 << 20)
+    assert bytes(held) == b"\0" * 10 and pool.reused == 0  # the held bytes were not handed out again
+    del held
+    second.release()
+    again = pool.take(1 << 20)
+    assert pool.reused == 1 and len(again) == 1 << 20

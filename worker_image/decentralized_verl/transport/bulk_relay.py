@@ -80,6 +80,8 @@ class BulkPlane:
         self.port = 0
         self.refused: list[str] = []
         """Why incoming transfers were refused, oldest first (for logs and tests)."""
+        self.buffers = bw.BufferPool()
+        """Receive buffers, reused once the version they held is gone."""
         self._listener: socket.socket | None = None
         self._pending: dict[bytes, Incoming] = {}
         self._lock = threading.Lock()
@@ -188,7 +190,7 @@ class BulkPlane:
         """Fill a fresh buffer from ``conn``, verifying and forwarding as it fills; hold the version."""
         builder = incoming.builder
         manifest = builder.manifest
-        buffer = memoryview(bytearray(manifest.total_bytes))
+        buffer = self.buffers.take(manifest.total_bytes)
         session = BulkSession(self, manifest, bw.Payload.of([buffer]), ready=0)
         for hop in incoming.route:
             session.open(hop)
