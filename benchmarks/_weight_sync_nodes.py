@@ -175,6 +175,8 @@ class Learner:
 def run_grpc(
     learner: Learner, version: int, receivers: list[Receiver], mode: str
 ) -> tuple[float, list[float]]:
+    """One delivery by ``mode``: "fetch", "chain" or "tree" over gRPC, "bulk chain" or "bulk tree" over the
+    bulk data plane (gRPC BulkOpen, then TCP into each receiver's buffer)."""
     from decentralized_verl.transport.fanout_push import OK
     from decentralized_verl.transport.fanout_route import plan_chain, plan_tree
 
@@ -185,9 +187,10 @@ def run_grpc(
         finished = [r.conn.recv() for r in receivers]
     else:
         addresses = [r.grpc_address for r in receivers]
-        route = plan_chain(addresses) if mode == "chain" else plan_tree(addresses, 2)
+        route = plan_chain(addresses) if mode.endswith("chain") else plan_tree(addresses, 2)
+        send = learner.relay.fan_out_bulk if mode.startswith("bulk") else learner.relay.fan_out
         t0 = time.monotonic()
-        results = learner.call(learner.relay.fan_out(version, route))
+        results = learner.call(send(version, route))
         bad = {a: why for a, why in results.items() if why != OK}
         if bad:
             raise RuntimeError(f"fan-out failed: {bad}")

@@ -16,6 +16,11 @@ Methods (each delivers the whole payload into every receiver's memory):
 - grpc fetch:       every receiver Fetches the version from the learner concurrently (the simple path).
 - grpc chain:       `WeightRelay.fan_out` along a chain (learner -> r1 -> r2 -> ...), chunks pipelined.
 - grpc tree:        the same along a binary tree (learner -> r1, r2; r1 -> r3, r4).
+- bulk chain/tree:  the same routes over the bulk data plane (`transport.bulk_relay`): gRPC BulkOpen with
+                    the manifest, then the payload over TCP into one buffer per receiver, each chunk hashed
+                    as it lands and relayed from that buffer. What the runtime's `WeightFanout` uses.
+With --tls every node is a worker of a secured job (TLS, the job token, signed weights; the bulk sockets
+are TLS too); the raw-socket rows stay plaintext.
 The gRPC methods hash every chunk once (BLAKE3, checked against the manifest, up to --verify-threads
 chunks at a time per receiver) and check the bundle digest over the chunk digests before a receiver
 holds the version (decoding into tensors, which a rollout worker does when it loads them, is not timed).
@@ -36,6 +41,7 @@ import shlex
 import statistics
 import sys
 import time
+from pathlib import Path
 
 from _weight_sync_nodes import Learner, receiver_cpu, run_grpc, run_raw, start_receivers, stop_receivers
 
@@ -156,8 +162,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--methods",
         nargs="+",
-        default=["raw socket", "raw socket chain", "grpc fetch", "grpc chain", "grpc tree"],
+        default=["raw socket", "raw socket chain", "grpc fetch", "grpc chain", "grpc tree", "bulk chain"],
     )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        help="unmeasured deliveries per method and N first (buffers allocated, connections open)",
+    )
+    parser.add_argument("--tls", action="store_true", help="secured job: TLS, token, signed weights")
     parser.add_argument(
         "--grpc-option",
         action="append",
@@ -178,7 +191,15 @@ def main(argv: list[str] | None = None) -> int:
     from decentralized_verl.transport.weights import encode_state_dict
 
     state = smollm2_like_state(args.mb)
-    learner = Learner(chunk_bytes, grpc_options)
+    tls_dir, credentials = None, None
+    if args.tls:
+        import tempfile
+
+        from decentralized_verl.security.credentials import load, run_folder_credentials
+
+        folders = run_folder_credentials(Path(tempfile.mkdtemp(prefix="weight-sync-")), "weight-sync")
+        tls_dir, credentials = str(folders.worker), load(folders.learner)
+    learner = Learner(chunk_bytes, grpc_options, credentials)
     version = 0
     payload_bytes = encode_state_dict(state, 0, dtype="bfloat16", chunk_bytes=chunk_bytes).payload()
     size = len(payload_bytes)
@@ -190,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     info = machine_info()
     try:
         # the first n of them serve each N
-        pool = start_receivers(max(args.receivers), grpc_options, args.verify_threads)
+        pool = start_receivers(max(args.receivers), grpc_options, args.verify_threads, tls_dir)
         try:
             for n in args.receivers:
                 receivers = pool[:n]
@@ -198,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
                     walls: list[float] = []
                     pers: list[float] = []
                     cpu_sender = cpu_receivers = 0.0
-                    for _ in range(args.repeats):
+                    for repeat in range(-args.warmup, args.repeats):
                         if not method.startswith("raw"):
                             version += 1
                             learner.relay.publish(state, version)  # encoding is not part of the sync
@@ -208,7 +229,10 @@ def main(argv: list[str] | None = None) -> int:
                                 payload_bytes, receivers, chunk_bytes, chain=method.endswith("chain")
                             )
                         else:
-                            wall, each = run_grpc(learner, version, receivers, method.split()[-1])
+                            mode = method.split(" ", 1)[-1] if method.startswith("grpc") else method
+                            wall, each = run_grpc(learner, version, receivers, mode)
+                        if repeat < 0:
+                            continue
                         cpu_sender += time.process_time() - cpu0[0]
                         cpu_receivers += receiver_cpu(receivers) - cpu0[1]
                         walls.append(wall)
@@ -238,7 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"- load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(
         f"- payload {size / 1e6:.1f} MB, chunks {chunk_bytes / 2**20:g} MiB, "
-        f"median of {args.repeats} run(s), {args.verify_threads} hashing thread(s) per receiver"
+        f"median of {args.repeats} run(s) after {args.warmup} unmeasured, "
+        f"{args.verify_threads} hashing thread(s) per receiver, "
+        + ("secured (TLS, token, signed weights)" if args.tls else "plaintext")
     )
     print(micro_costs(8 if args.smoke else 64))
     print()

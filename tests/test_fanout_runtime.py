@@ -149,22 +149,22 @@ async def test_publish_reaches_every_worker_through_the_chain_and_a_dead_worker_
         assert fanout.route() == (Hop(addresses[0], (Hop(addresses[1], (Hop(addresses[2]),)),)),)
         assert fanout.last_results == {a: OK for a in addresses}  # version 0 went out at connect
 
-        sent: dict[str, int] = {}
-        forward = fanout.relay.forward
+        sent: dict[str, int] = {}  # payload bytes the learner wrote, per worker (the bulk plane's)
+        forward = fanout.relay.bulk.forward
 
-        def counting(hop, index, raw):
-            sent[hop.address] = sent.get(hop.address, 0) + len(raw)
-            return forward(hop, index, raw)
+        def counting(hop, offset, piece):
+            sent[hop.address] = sent.get(hop.address, 0) + len(piece)
+            return forward(hop, offset, piece)
 
-        fanout.relay.forward = counting
+        fanout.relay.bulk.forward = counting
 
         # ---- version 1: one copy from the learner, the chain delivers it everywhere
         perturb(model, 0.5)
         want = {k: t.detach().clone() for k, t in rollout_state_dict(model).items()}
         await asyncio.to_thread(roles.publish, 1)
         assert fanout.last_results == {a: OK for a in addresses}
-        one_copy = sum(len(raw) for raw in fanout.relay.wire(publisher.get(1)))
-        assert sent == {addresses[0]: one_copy}  # the learner fed only the chain's head, once
+        # the learner fed only the chain's head, once
+        assert sent == {addresses[0]: publisher.get(1).manifest.total_bytes}
         learner_manifest = publisher.get(1).manifest
         for address in addresses:
             held = await held_manifest(address)
@@ -191,7 +191,7 @@ async def test_publish_reaches_every_worker_through_the_chain_and_a_dead_worker_
         assert results[addresses[0]] == OK and results[addresses[2]] == OK
         assert results[addresses[1]].startswith("failed")
         # still one copy from the learner: worker 0 adopted worker 2 when worker 1 did not answer
-        assert sent == {addresses[0]: sum(len(raw) for raw in fanout.relay.wire(publisher.get(2)))}
+        assert sent == {addresses[0]: publisher.get(2).manifest.total_bytes}
         sha2 = publisher.get(2).manifest.digest
         assert (await held_manifest(addresses[2])).digest == sha2
         v2_outputs = await generate(addresses[0], tok, 2)

@@ -83,6 +83,8 @@ class Coordinator:
         self.version = start_version
         self.total_steps = self._total_steps()
         self.eval_history: list[tuple[int, float]] = []
+        self._last_eval: tuple[int, dict[str, float]] | None = None
+        """(policy version, result) of the latest evaluation: the same policy is not evaluated twice."""
         self._last_step_end: float | None = None
         self.max_staleness = parts.spec.training.max_staleness if parts.async_capable else 0
         environment = parts.spec.data.environment
@@ -131,9 +133,16 @@ class Coordinator:
 
     # ---------------------------------------------------------------------------------------- eval
     async def evaluate(self) -> dict[str, float]:
-        """Greedy answers on the held-out prompts; accuracy = share of fully correct answers."""
+        """Greedy answers on the held-out prompts; accuracy = share of fully correct answers.
+
+        A policy version already evaluated (the last step's periodic evaluation when `evalEvery` divides
+        the steps, then the final one) returns that result again without generating or writing a second
+        row: greedy answers of the same weights are the same answers.
+        """
         if not self.p.eval_prompts:
             return {}
+        if self._last_eval is not None and self._last_eval[0] == self.version:
+            return dict(self._last_eval[1])
         items = [(prompt, 0) for prompt in self.p.eval_prompts]
         samples, _ = await self.p.dispatcher.run(items, self.sampling(greedy=True), self.version)
         scores = await self.p.reward.score(samples, self.reward_type)
@@ -152,6 +161,7 @@ class Coordinator:
         }
         if self.p.metrics is not None:  # every evaluation, the one before training (step 0) too
             self.p.metrics.write_eval({"step": self.step, **result})
+        self._last_eval = (self.version, dict(result))
         return result
 
     # ---------------------------------------------------------------------------------------- step

@@ -50,6 +50,7 @@ from decentralized_verl.errors import WireError
 from decentralized_verl.proto import dverl_pb2 as pb
 from decentralized_verl.transport import messages as m
 from decentralized_verl.transport import secure
+from decentralized_verl.transport.bulk_relay import BULK_OPEN, BulkPlane
 from decentralized_verl.transport.fanout_push import (
     RESULT_KEY,
     SERVICE,
@@ -100,6 +101,8 @@ class WeightRelay:
         self._verify = ThreadPoolExecutor(verify_threads, thread_name_prefix="relay-verify")
         self._verify_depth = verify_threads
         self.pushes_received = 0
+        self.bulk = BulkPlane(self)
+        """The bulk data plane (`transport.bulk_relay`): listening once `serve_relay` started it."""
         self.receiving: dict[int, int] = {}
         """version -> pushes of it arriving right now (a reader waits for them rather than pulling)."""
 
@@ -114,6 +117,7 @@ class WeightRelay:
         for ch in self._channels.values():
             await ch.close()
         self._channels.clear()
+        self.bulk.close()
         self._verify.shutdown(wait=False, cancel_futures=True)
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
@@ -128,6 +132,9 @@ class WeightRelay:
             ),
             "Push": grpc.stream_unary_rpc_method_handler(
                 self._push, request_deserializer=identity, response_serializer=pb.PushAck.SerializeToString
+            ),
+            BULK_OPEN: grpc.unary_unary_rpc_method_handler(
+                self.bulk.open, request_deserializer=identity, response_serializer=identity
             ),
         }
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
@@ -157,12 +164,14 @@ class WeightRelay:
         return manifest
 
     def _store(self, published: Published, raws: Sequence[bytes]) -> None:
-        """Hold a verified version; one already held with the same bytes is fine (caught up earlier)."""
+        """Hold a verified version; one already held with the same bytes is fine (caught up earlier). With
+        no ``raws`` (a bulk transfer) the messages a Fetch serves are built when first asked for."""
         held = self.publisher.get(published.manifest.version)
         if held is not None and held.manifest.digest == published.manifest.digest:
             return
         self.publisher.store(published)
-        self._remember((published.manifest.version, published.manifest.digest), tuple(raws))
+        if raws:
+            self._remember((published.manifest.version, published.manifest.digest), tuple(raws))
 
     # ----------------------------------------------------------------- sending
 
@@ -184,6 +193,13 @@ class WeightRelay:
         for raw in raws:
             session.send(raw)
         return await session.finish(timeout_s)
+
+    async def fan_out_bulk(
+        self, version: int | None, route: Sequence[Hop], *, timeout_s: float | None = None
+    ) -> dict[str, str]:
+        """`fan_out` over the bulk data plane (`transport.bulk_relay`): the same route, checks and outcomes;
+        a node without a bulk plane is reported as ``bulk unavailable: ...``."""
+        return await asyncio.to_thread(self.bulk.fan_out, version, route, timeout_s)
 
     # ----------------------------------------------------------------- serving
 
@@ -384,5 +400,6 @@ async def serve_relay(
     if bound == 0:
         raise OSError(f"cannot bind {host}:{port}")
     server.port = bound  # type: ignore[attr-defined]
+    relay.bulk.listen(host)
     await server.start()
     return server

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from decentralized_verl.errors import WireError
+from decentralized_verl.transport.bulk_send import BULK_UNAVAILABLE
 from decentralized_verl.transport.fanout import WeightRelay
 from decentralized_verl.transport.fanout_push import OK, REASON_CHARS
 from decentralized_verl.transport.fanout_route import Hop, plan_route
@@ -45,6 +46,10 @@ class WeightFanout:
     did not reach (down, restarting, an old build without the relay) is reported in `last_results` and
     pulls the version from the learner when it next needs it. The receiver list may change between
     versions (`add_receiver` / `remove_receiver`, e.g. rollout workers joining at run time).
+
+    With ``bulk`` (the default) the bytes travel over the relays' bulk data plane (`transport.bulk_relay`:
+    gRPC for the signed manifest, raw TCP/TLS for the payload); the workers it reports as ``bulk
+    unavailable`` (an older build, a closed port) are then pushed to over gRPC.
     """
 
     def __init__(
@@ -55,6 +60,7 @@ class WeightFanout:
         min_receivers: int = 2,
         timeout_s: float = 300.0,
         grpc_options: Sequence[tuple[str, int]] = (),
+        bulk: bool = True,
     ) -> None:
         if min_receivers < 1:
             raise ValueError(f"min_receivers: must be >= 1 (got {min_receivers})")
@@ -64,6 +70,7 @@ class WeightFanout:
         self.last_results: dict[str, str] = {}
         """address -> "ok" or why not, for the last push (empty when the last version was not pushed)."""
         self.pushes = 0
+        self.bulk = bulk
 
     @property
     def publisher(self) -> WeightPublisher:
@@ -101,7 +108,11 @@ class WeightFanout:
         held = self.publisher.get(version)
         deadline = push_deadline_s(held.manifest.total_bytes if held is not None else 0)
         try:
-            results = await self.relay.fan_out(version, route, timeout_s=deadline)
+            if self.bulk:
+                results = await self.relay.fan_out_bulk(version, route, timeout_s=deadline)
+                results.update(await self._grpc_fallback(version, results, deadline))
+            else:
+                results = await self.relay.fan_out(version, route, timeout_s=deadline)
         except Exception as exc:  # a bug or a version gone: the pull path still serves every worker
             log.warning("weights v%d: push failed (%s); rollout workers will pull", version, exc)
             results = {a: f"not sent: {exc}"[:REASON_CHARS] for h in route for a in h.addresses()}
@@ -117,6 +128,14 @@ class WeightFanout:
                 missed,
             )
         return results
+
+    async def _grpc_fallback(self, version: int, results: dict[str, str], deadline: float) -> dict[str, str]:
+        """A gRPC push to the workers the bulk plane could not reach as such (not to those that failed)."""
+        unreachable = [a for a, why in results.items() if why.startswith(f"failed: {BULK_UNAVAILABLE}")]
+        if not unreachable:
+            return {}
+        log.info("weights v%d: %d without the bulk plane; pushing over gRPC", version, len(unreachable))
+        return await self.relay.fan_out(version, plan_route(unreachable), timeout_s=deadline)
 
     def publish_blocking(
         self, state_dict: Mapping[str, Tensor], version: int, loop: asyncio.AbstractEventLoop

@@ -29,6 +29,11 @@ def _resolve(credentials: Any) -> JobCredentials | CallerCredentials | None:
     return process_credentials() if credentials is PROCESS else credentials
 
 
+def resolve(credentials: Any) -> JobCredentials | CallerCredentials | None:
+    """What a `credentials=` argument means: this process's own for `PROCESS`, None for plaintext."""
+    return _resolve(credentials)
+
+
 def _channel_credentials(creds: JobCredentials | CallerCredentials) -> grpc.ChannelCredentials:
     tls = grpc.ssl_channel_credentials(root_certificates=creds.ca)
     token = grpc.access_token_call_credentials(creds.token.decode())

@@ -84,6 +84,17 @@ class BundleBuilder:
             self.assembler.add(chunk, hashed=True)
         return chunk
 
+    def add_hashed(self, chunk: WeightChunk) -> None:
+        """Keep a chunk whose digest the caller computed from its bytes (the bulk plane hashes a buffer
+        in place); it must be the manifest's digest for its index. Thread-safe like `add`."""
+        where = f"weights[v{self.manifest.version}].chunk[{chunk.index}]"
+        if not 0 <= chunk.index < len(self.manifest.chunk_digests):
+            raise WireError(where, f"index outside [0, {len(self.manifest.chunk_digests)})")
+        if chunk.digest != self.manifest.chunk_digests[chunk.index]:
+            raise WireError(where, "digest differs from the manifest's")
+        with self._lock:
+            self.assembler.add(chunk, hashed=True)
+
     def finish(self) -> Published:
         """The verified version, once every chunk is in and the digests match the manifest's."""
         return Published(self.manifest, self.assembler.bundle())

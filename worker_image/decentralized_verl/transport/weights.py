@@ -69,7 +69,8 @@ class WeightChunk:
 
     version: int
     index: int
-    data: bytes
+    data: bytes | memoryview
+    """Bytes, or a read-only view of the buffer a bulk transfer received the version into."""
     digest: str
 
 

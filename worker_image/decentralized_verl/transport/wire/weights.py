@@ -100,7 +100,8 @@ def manifest_from_proto(msg: pb.WeightManifest, path: str = "manifest") -> Weigh
 
 
 def chunk_to_proto(c: WeightChunk) -> pb.WeightChunk:
-    msg = pb.WeightChunk(version=c.version, index=c.index, total=c.total, data=c.data, digest=c.digest)
+    data = c.data if isinstance(c.data, bytes) else bytes(c.data)  # a bulk-received version: buffer views
+    msg = pb.WeightChunk(version=c.version, index=c.index, total=c.total, data=data, digest=c.digest)
     if c.manifest is not None:
         msg.manifest.CopyFrom(manifest_to_proto(c.manifest))
     return msg

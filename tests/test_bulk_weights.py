@@ -1,0 +1,218 @@
+"""The bulk weight plane over real sockets on 127.0.0.1: gRPC BulkOpen for the signed manifest, then raw TCP
+(TLS in a secured job) into one buffer per receiver. A chain of 3 receivers gets identical verified weights,
+a corrupted, a truncated and a wrong-hash payload are refused with an error naming the peer (nothing is
+held), a worker without the bulk plane gets a gRPC push instead, and the same holds with TLS and signatures.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import pytest
+from test_fanout import CHUNK, RelayThread, model_state
+
+from decentralized_verl.security import credentials as cr
+from decentralized_verl.transport import bulk_wire as bw
+from decentralized_verl.transport import messages as m
+from decentralized_verl.transport.fanout import WeightRelay
+from decentralized_verl.transport.fanout_push import OK
+from decentralized_verl.transport.fanout_route import Hop, plan_chain
+from decentralized_verl.transport.fanout_runtime import WeightFanout
+from decentralized_verl.transport.weight_receive import LocalWeightSource
+from decentralized_verl.transport.weight_service import WeightPublisher, WeightsServicer
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture()
+def nodes():
+    started: list[RelayThread] = []
+
+    def start(relay: WeightRelay | None = None) -> RelayThread:
+        started.append(RelayThread(relay))
+        return started[-1]
+
+    yield start
+    for node in started:
+        node.stop()
+
+
+def same_weights(a: RelayThread, b: RelayThread, version: int) -> bool:
+    got = LocalWeightSource(a.relay.publisher, wait_s=0).fetch_latest(version)[1]
+    want = LocalWeightSource(b.relay.publisher, wait_s=0).fetch_latest(version)[1]
+    return got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+def wait_idle(node: RelayThread) -> None:
+    """The receiver's bookkeeping is settled (its handler thread reports on the event loop)."""
+    deadline = time.monotonic() + 5
+    while node.relay.receiving and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not node.relay.receiving
+
+
+def test_a_chain_of_three_gets_the_version_through_the_bulk_plane(nodes) -> None:
+    learner = nodes()
+    receivers = [nodes() for _ in range(3)]
+    learner.relay.publish(model_state(), 1)
+    route = plan_chain([r.address for r in receivers])
+    results = learner.call(learner.relay.fan_out_bulk(1, route))
+    assert results == {r.address: OK for r in receivers}
+    for r in receivers:
+        held = r.relay.publisher.get(1)
+        assert held.manifest == learner.relay.publisher.get(1).manifest
+        assert isinstance(held.bundle.chunks[0].data, memoryview)  # views of the one buffer, not gRPC bytes
+        assert r.relay.pushes_received == 0 and same_weights(r, learner, 1)
+        wait_idle(r)
+    # a version received in bulk is served on to a puller over gRPC like any other
+    late = nodes()
+    assert late.call(late.relay.catch_up(receivers[-1].address, 1)) == 1 and same_weights(late, learner, 1)
+
+
+def test_a_chunk_corrupted_at_a_relay_is_refused_by_its_child_naming_the_peer(nodes) -> None:
+    learner = nodes()
+    r1, r2, r3 = (nodes() for _ in range(3))
+
+    def corrupt(hop: Hop, offset: int, piece: memoryview) -> bytes | memoryview:
+        if hop.address != r2.address or offset > 2 * CHUNK:
+            return piece
+        bad = bytearray(piece)
+        bad[-1] ^= 0xFF
+        return bytes(bad)
+
+    r1.relay.bulk.forward = corrupt
+    learner.relay.publish(model_state(), 1)
+    results = learner.call(learner.relay.fan_out_bulk(1, plan_chain([r1.address, r2.address, r3.address])))
+    assert results[r1.address] == OK and results[r3.address] == OK  # r1 adopted r3
+    assert "digest mismatch in the bytes from 127.0.0.1:" in results[r2.address]
+    assert r2.relay.publisher.get(1) is None and "chunk[" in r2.relay.bulk.refused[-1]
+    assert same_weights(r3, learner, 1)
+    wait_idle(r2)
+
+
+def raw_send(node: RelayThread, manifest: m.WeightManifest, payload: bytes) -> tuple[bool, str]:
+    """A hand-driven sender: BulkOpen, then ``payload`` (closing early when it is short)."""
+    port, ticket = node.relay.bulk.offer(Hop(node.address), m.manifest_to_proto(manifest).SerializeToString())
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(bw.MAGIC + ticket + payload)
+        if len(payload) < manifest.total_bytes:
+            sock.shutdown(socket.SHUT_WR)
+            return False, ""
+        ok, reason, _ = bw.read_reply(sock, node.address)
+        return ok, reason
+
+
+def test_truncated_and_wrong_hash_payloads_are_refused_naming_the_peer(nodes) -> None:
+    receiver = nodes()
+    publisher = WeightPublisher(chunk_bytes=CHUNK)
+    manifest = publisher.publish(model_state(0), 1)
+    payload = publisher.get(1).bundle.payload()
+    raw_send(receiver, manifest, payload[: len(payload) // 2])
+    deadline = time.monotonic() + 5
+    while not receiver.relay.bulk.refused and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert (
+        f"ended the stream after {len(payload) // 2} of {len(payload)} bytes"
+        in receiver.relay.bulk.refused[-1]
+    )
+    assert "127.0.0.1:" in receiver.relay.bulk.refused[-1]
+    other = WeightPublisher(chunk_bytes=CHUNK)
+    other.publish(model_state(1), 1)  # same shapes, other values: every chunk hashes differently
+    ok, reason = raw_send(receiver, manifest, other.get(1).bundle.payload())
+    assert (
+        not ok
+        and "weights[v1].chunk[0]" in reason
+        and "digest mismatch in the bytes from 127.0.0.1:" in reason
+    )
+    assert receiver.relay.publisher.get(1) is None
+    ok, reason = raw_send(receiver, manifest, payload)  # the right bytes still pass afterwards
+    assert ok and reason == "" and receiver.relay.publisher.get(1) is not None
+    wait_idle(receiver)
+
+
+async def test_a_worker_without_the_bulk_plane_is_pushed_to_over_grpc(nodes) -> None:
+    from decentralized_verl.transport.secure import aio_server, bind
+
+    old = WeightPublisher(chunk_bytes=CHUNK)  # an older build: the Weights service without BulkOpen
+    server = aio_server()
+    from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc
+
+    pb_grpc.add_WeightsServicer_to_server(WeightsServicer(old), server)
+    port = bind(server, "127.0.0.1", 0)
+    await server.start()
+    new = nodes()
+    fanout = WeightFanout(WeightPublisher(chunk_bytes=CHUNK), [f"127.0.0.1:{port}", new.address])
+    try:
+        results = await fanout.publish(model_state(), 1)
+        assert results == {f"127.0.0.1:{port}": OK, new.address: OK}
+        assert old.get(1) is not None and new.relay.publisher.get(1) is not None
+        assert new.relay.pushes_received == 0  # the bulk plane served it
+    finally:
+        await fanout.close()
+        await server.stop(None)
+
+
+# ------------------------------------------------------------------------------------ secured job
+
+
+@pytest.fixture()
+def job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> cr.JobCredentials:
+    """This test process is one of the job's workers (TLS, the token, signed weights only)."""
+    folders = cr.run_folder_credentials(tmp_path / "run", "bulk-job")
+    monkeypatch.setenv("DVERL_TLS_DIR", str(folders.worker))
+    return cr.load(folders.learner)
+
+
+def test_with_tls_signed_weights_cross_a_chain_and_forged_ones_do_not(job, nodes) -> None:
+    learner = nodes(
+        WeightRelay(WeightPublisher(chunk_bytes=CHUNK, signing_key=job.signing_key), credentials=job)
+    )
+    receivers = [nodes() for _ in range(3)]
+    assert receivers[0].relay.bulk.client_tls is not None  # the job's TLS, not plaintext
+    learner.relay.publish(model_state(), 1)
+    route = plan_chain([r.address for r in receivers])
+    assert learner.call(learner.relay.fan_out_bulk(1, route)) == {r.address: OK for r in receivers}
+    assert all(same_weights(r, learner, 1) for r in receivers)
+    # the learner's own key is the only one a receiver accepts; without the job token nothing is opened
+    rogue = nodes(WeightRelay(WeightPublisher(chunk_bytes=CHUNK, signing_key=None), credentials=job))
+    rogue.relay.publish(model_state(1), 2)
+    results = rogue.call(rogue.relay.fan_out_bulk(2, plan_chain([receivers[0].address])))
+    assert (
+        "INVALID_ARGUMENT" in results[receivers[0].address] and "signature" in results[receivers[0].address]
+    )
+    stranger = nodes(
+        WeightRelay(WeightPublisher(chunk_bytes=CHUNK, signing_key=job.signing_key), credentials=None)
+    )
+    stranger.relay.publish(model_state(1), 3)
+    results = stranger.call(stranger.relay.fan_out_bulk(3, plan_chain([receivers[0].address])))
+    assert "failed: UNAVAILABLE" in results[receivers[0].address]  # no TLS, no token: not even BulkOpen
+    assert [r.relay.publisher.versions for r in receivers] == [[1]] * 3
+    # a plaintext connection to a TLS bulk port does not get past the handshake
+    with socket.create_connection(("127.0.0.1", receivers[0].relay.bulk.port)) as sock:
+        sock.sendall(bw.MAGIC + b"\0" * bw.TICKET_BYTES)
+        sock.settimeout(5)
+        try:
+            answer = sock.recv(1024)
+        except ConnectionResetError:
+            answer = b""
+        assert answer[:1] in (b"\x15", b"")  # a TLS alert, or closed
+    deadline = time.monotonic() + 5
+    while "SSL" not in receivers[0].relay.bulk.refused[-1] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert "SSL" in receivers[0].relay.bulk.refused[-1]
+
+
+def test_a_receive_buffer_is_reused_only_once_nothing_views_it() -> None:
+    pool = bw.BufferPool()
+    first = pool.take(1 << 20)
+    held = first[10:20].toreadonly()  # a held version's chunk
+    first.release()
+    second = pool.take(1 << 20)
+    second[:] = b"\xff" * (1 << 20)
+    assert bytes(held) == b"\0" * 10 and pool.reused == 0  # the held bytes were not handed out again
+    del held
+    second.release()
+    again = pool.take(1 << 20)
+    assert pool.reused == 1 and len(again) == 1 << 20
