@@ -1,7 +1,8 @@
 """Multi-turn episodes on the vLLM backend, checked token by token against the learner.
 
     .venv-vllm/bin/python benchmarks/vllm_episodes.py                      # SmolLM2-135M, calculator, fp32
-    .venv-vllm/bin/python benchmarks/vllm_episodes.py --prompts 4 --samples 4 --json out.json
+    .venv-vllm/bin/python benchmarks/vllm_episodes.py --prompts 16 --samples 4 --json out.json
+    .venv-vllm/bin/python benchmarks/vllm_episodes.py --model-path runs/x/checkpoints/checkpoint-6   # trained
 
 Plays episodes of a manifest's environment (default: examples/smollm2-calculator-tools.yaml, its prompts,
 few-shot demo, stop strings and turn limits) through a `RolloutWorker` on a vLLM engine, the path a
@@ -36,6 +37,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--manifest", default=str(ROOT / "examples" / "smollm2-calculator-tools.yaml"))
+    p.add_argument(
+        "--model-path", default=None, help="play this model folder (e.g. a run's checkpoint) instead"
+    )
     p.add_argument("--prompts", type=int, default=4, help="eval prompts to play")
     p.add_argument("--samples", type=int, default=4, help="episodes per prompt")
     p.add_argument("--temperature", type=float, default=None, help="default: the manifest's")
@@ -79,6 +83,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from decentralized_verl.backends.base import make_backend
     from decentralized_verl.core.forward import response_logprobs
     from decentralized_verl.core.samples import collate
+    from decentralized_verl.core.sampling import SamplingParams
     from decentralized_verl.manifest import load_job
     from decentralized_verl.models.loading import load_model_and_tokenizer
     from decentralized_verl.orchestration.prompts import prepare_prompts
@@ -88,13 +93,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     manifest = Path(args.manifest)
     job = load_job(manifest)
     spec = job.spec
-    model, tokenizer = load_model_and_tokenizer(spec.model)
+    model_spec = spec.model
+    if args.model_path:
+        model_spec = model_spec.model_copy(
+            update={"path": args.model_path, "package": None, "gguf_file": None}
+        )
+    model, tokenizer = load_model_and_tokenizer(model_spec)
     model = model.float().eval()
     data = spec.data
     prompts = prepare_prompts(spec, tokenizer, data.eval or data.train, manifest.parent, limit=args.prompts)
     temperature = data.temperature if args.temperature is None else args.temperature
-    from decentralized_verl.core.sampling import SamplingParams
-
     sampling = SamplingParams(
         max_new_tokens=data.max_new_tokens, temperature=temperature, stop=tuple(data.stop), seed=args.seed
     )
@@ -156,7 +164,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     tool_use = statistics.fmean(1.0 if s.extra["tool_calls"] > 0 else 0.0 for s in samples)
     report = {
         "manifest": str(manifest.relative_to(ROOT) if manifest.is_relative_to(ROOT) else manifest),
-        "model": "SmolLM2-135M-Instruct" if spec.model.package else "tiny",
+        "model": args.model_path or spec.model.package or "tiny",
         "dtype": str(next(model.parameters()).dtype),
         "episodes": len(samples),
         "temperature": temperature,
