@@ -14,7 +14,9 @@ back. Then checks, per episode:
 - the loss mask is 1 on exactly those tokens, 0 on the template's and environment's tokens in between;
 - log-probs: vLLM's for the model's tokens against the learner's recomputation (`response_logprobs`, the
   function the trainer uses) on the whole episode, on mask-1 positions (max and mean |difference|);
-- stop per turn: every turn that did not run out of tokens ended on a stop string or an end-of-turn token.
+- stop per turn: every turn that did not run out of tokens ended on a stop string or an end-of-turn token;
+- the trusted side's rebuild (`volunteers.verify.episode_check`): each turn's text is what its tokens
+  decode to, and replaying the environment on them gives back exactly the episode's tokens and mask.
 
 It also reports the tool-use rate and mean reward of the episodes played. Needs the venv of
 scripts/install-vllm.sh; runs one engine (eager, so it starts in ~30 s on 2 cores).
@@ -88,6 +90,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from decentralized_verl.models.loading import load_model_and_tokenizer
     from decentralized_verl.orchestration.prompts import prepare_prompts
     from decentralized_verl.serving.rollout import RolloutWorker
+    from decentralized_verl.volunteers.verify import episode_check
 
     torch.manual_seed(args.seed)
     manifest = Path(args.manifest)
@@ -120,6 +123,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     finally:
         backend.close()
 
+    rebuild = episode_check(spec, tokenizer, model)
     turns_of: dict[int, list[tuple[Any, Any]]] = {}
     for call in recording.calls:
         for request, out in call:
@@ -155,6 +159,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 problems.append(f"{sample.key} turn {t}: ended 'stop' on neither a stop string nor EOS")
         if any(lp != 0.0 for lp, m in zip(sample.logprobs, sample.loss_mask, strict=True) if not m):
             problems.append(f"{sample.key}: an environment token carries a log-prob")
+        rebuilt = rebuild(sample)  # what the trusted side makes of the episode's model tokens
+        if rebuilt is not None:
+            problems.append(f"{sample.key}: rebuilt from its tokens: {rebuilt}")
 
     batch = collate(samples, tokenizer.pad_token_id)
     trained = batch.trained_mask()
