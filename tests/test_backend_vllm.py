@@ -305,6 +305,73 @@ def test_lora_adapter_update_is_merged_and_mark_version_pushes_a_shared_model(en
         backend.mark_version(22)  # leave the engine serving the plain model again
 
 
+@pytest.mark.timeout(900)
+def test_episodes_continue_from_the_engines_tokens_and_match_the_learner(engine) -> None:
+    """Multi-turn episodes through the rollout worker on the real engine: each turn's prompt is the episode's
+    exact token ids so far, the engine's tokens and log-probs sit unchanged on the mask-1 positions, each
+    turn ended on a stop string, end-of-turn or its budget, and the learner's log-probs agree on them."""
+    from decentralized_verl.core.forward import response_logprobs
+    from decentralized_verl.core.samples import Prompt, collate
+    from decentralized_verl.data.prompts import render_prompt
+    from decentralized_verl.environments.settings import EpisodeSettings
+    from decentralized_verl.serving.rollout import RolloutWorker
+
+    backend, tok = engine.backend, engine.tokenizer
+    seen: list[tuple[GenerationRequest, object]] = []
+
+    class Recording:  # the backend, with every turn's request and answer kept
+        version = property(lambda self: backend.version)
+        tokenizer = tok
+        eos_token_ids = backend.eos_token_ids
+        max_model_len = backend.max_model_len
+
+        def generate(self, requests):
+            outs = list(backend.generate(requests))
+            by_id = {r.prompt_id: r for r in requests}
+            seen.extend((by_id[o.prompt_id], o) for o in outs)
+            return iter(outs)
+
+    game = EpisodeSettings("guessing_game", {"maxNumber": 9}, max_turns=3)
+    worker = RolloutWorker(Recording(), "w", backend_name="vllm", environment=game)
+    items = []
+    for i in range(2):
+        text = render_prompt(f"Guess my number ({i})", tok)
+        ids = tuple(tok(text, add_special_tokens=False)["input_ids"])
+        items.extend((Prompt(f"p{i}", i, ids, text, "5", environment=True), k) for k in range(3))
+    stop = tuple("0123456789")
+    sampling = SamplingParams(max_new_tokens=6, temperature=1.0, stop=stop)
+    samples = list(worker.generate_sync(items, sampling, backend.version))
+    assert any(len(s.turns) > 1 for s in samples)
+    assert len(seen) == sum(len(s.turns) for s in samples)
+    turns_of: dict[int, list] = {}  # a turn's request id is its episode's position in `items`
+    for request, out in seen:
+        turns_of.setdefault(int(request.prompt_id), []).append((request, out))
+    position = {(p.prompt_id, k): i for i, (p, k) in enumerate(items)}
+    for s in samples:
+        starts = [i for i, m in enumerate(s.loss_mask) if m and (i == 0 or not s.loss_mask[i - 1])]
+        turns = turns_of[position[s.key]]
+        assert len(turns) == len(starts) == len(s.turns)
+        for turn, (start, (request, out)) in enumerate(zip(starts, turns, strict=True)):
+            assert request.prompt_token_ids == (*s.prompt.token_ids, *s.response_ids[:start])  # exact ids
+            end = start + len(out.response_token_ids)
+            assert s.response_ids[start:end] == out.response_token_ids
+            assert s.logprobs[start:end] == out.logprobs
+            assert all(s.loss_mask[start:end]) and (end == len(s.loss_mask) or not s.loss_mask[end])
+            assert s.turns[turn] == out.text
+            ended = (
+                out.text.endswith(stop)
+                or out.response_token_ids[-1] in backend.eos_token_ids
+                or (out.finish_reason == "length" and len(out.response_token_ids) == 6)
+            )
+            assert ended, out
+        assert all(lp == 0.0 for lp, m in zip(s.logprobs, s.loss_mask, strict=True) if not m)
+    batch = collate(samples, tok.pad_token_id)
+    trained = batch.trained_mask()
+    with torch.no_grad():
+        learner = response_logprobs(engine.model, batch, 1.0)[0]
+    assert float(((learner - batch.old_logprobs).abs() * trained).max()) < FP32_TOL
+
+
 # ------------------------------------------------------------------ registration and benchmark smoke
 
 
