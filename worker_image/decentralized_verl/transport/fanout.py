@@ -18,20 +18,15 @@ Failure rules:
   own children (replaying the chunks already sent), so one broken worker never cuts off the others.
   The skipped worker catches up later with `WeightRelay.catch_up` (a Fetch from its parent).
 
-Speed: messages travel as the serialized bytes they arrived in (identity serializers), so a relay
-parses each chunk once, to verify it, and never re-encodes it; each chunk is hashed exactly once (the
-bundle digest is a hash of the chunk digests, see `transport.weights`), in a worker thread (``hashlib``
-releases the GIL) so the event loop keeps streams moving.
+Speed: the runtime pushes over the bulk data plane (`transport.bulk_relay`: BulkOpen carries the signed
+manifest over gRPC, the bytes flow over TCP/TLS into one buffer, hashed per chunk and relayed from it);
+the gRPC Push below is the fallback. There, messages travel as the serialized bytes they arrived in, each
+chunk hashed exactly once (in a worker thread) and never re-encoded.
 
-Routes (who forwards to whom) are planned in `transport.fanout_route`. In the runtime
-(`transport.fanout_runtime`): the learner's `WeightFanout` publishes each version and, with two or more remote
-rollout workers, pushes it down `plan_route` of them; every rollout worker serves a `WeightRelay` on its
-own gRPC port and reads its weights through `RelayWeightSource`, which falls back to pulling from the
-learner when a push did not reach it.
-
-A `WeightRelay` holds a `WeightPublisher`, so it serves GetManifest/Fetch exactly like the learner's
-`WeightsServicer` (a `GrpcWeightSource` can pull from any relay) and a colocated rollout worker can
-read its weights through `LocalWeightSource(relay.publisher)`.
+Routes are planned in `transport.fanout_route`. In the runtime (`transport.fanout_runtime`) the learner's
+`WeightFanout` pushes each version down `plan_route` of its remote rollout workers; each serves a
+`WeightRelay` on its own gRPC port and reads weights through `RelayWeightSource`, which falls back to
+pulling from the learner. A relay's `WeightPublisher` serves GetManifest/Fetch like the learner's.
 """
 
 from __future__ import annotations
