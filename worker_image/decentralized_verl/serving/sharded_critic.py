@@ -124,8 +124,8 @@ class ShardedCritic:
             self._closed = True
             try:
                 rank_group.announce([Command(rank_group.STOP)] * self.world)
-            except Exception as exc:  # a rank already stopped by its own signal
-                log.warning("%s: could not release the other critic ranks: %s", self.worker_id, exc)
+            except Exception as exc:  # at a job's end every rank is stopped at once: some went first
+                log.info("%s: the other critic ranks had already stopped (%s)", self.worker_id, exc)
 
 
 def critic_device() -> torch.device:
