@@ -10,8 +10,10 @@ fsdp), and runs `--steps` GRPO updates of one synthetic batch (random responses,
 micro-batches. Per rank it reports:
   - state MiB: bytes this rank holds in parameters + gradients + AdamW state (a DTensor shard counts its
     local part; a tied embedding once), read after the last update, while gradients are still held;
-  - peak RSS MiB: `ru_maxrss` at the end minus the RSS right after imports (model load included: every
-    rank loads the whole model before FSDP shards it);
+  - peak RSS MiB: `ru_maxrss` at the end minus the RSS right after imports, model load included. How
+    fsdp ranks load (`--loads`): `rank0` (what the learner does, `training.rank0_weights`): rank 0 reads
+    the weights, the others build the model on the meta device and receive their shards; `every`: every
+    rank loads the whole model before FSDP shards it (as before);
   - training peak MiB: the peak RSS of the updates alone (VmHWM reset through /proc/self/clear_refs after
     the trainer is built) minus the RSS just before them; empty where the kernel refuses the reset;
   - update seconds (median).
@@ -133,8 +135,7 @@ def rank_main(args: argparse.Namespace) -> None:
     """One learner rank: measure and write its JSON line to --rank-out."""
     import torch
 
-    from decentralized_verl.models.loading import load_model_and_tokenizer
-    from decentralized_verl.training import distributed
+    from decentralized_verl.training import distributed, rank0_weights
     from decentralized_verl.training.advantage_step import AlgorithmSettings, attach_advantages
     from decentralized_verl.training.trainer import PolicyTrainer
 
@@ -144,9 +145,14 @@ def rank_main(args: argparse.Namespace) -> None:
     distributed.init_distributed(world, rank)
     spec = job_spec(args.model, args.sharding, world, args.dtype, args)
     torch.manual_seed(0)
-    model, tokenizer = load_model_and_tokenizer(spec.model)
+    meta = args.load == "rank0" and rank0_weights.uses_rank0_load(args.sharding == "fsdp", world)
+    model, tokenizer = rank0_weights.load_for_rank(spec.model, rank=rank, meta=meta)
     parameters = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    state = rank0_weights.full_state(model, rank=rank) if meta else None
     trainer = PolicyTrainer(model, spec, distributed=world > 1)
+    if state is not None:
+        rank0_weights.fill_from_rank0(model, state)
+        del state
     vocab = model.get_input_embeddings().num_embeddings
     batch = synthetic_batch(vocab, tokenizer.pad_token_id, args, seed=rank)
     attach_advantages(batch, AlgorithmSettings.from_spec(spec))
@@ -164,6 +170,7 @@ def rank_main(args: argparse.Namespace) -> None:
         "model": args.model,
         "dtype": args.dtype,
         "sharding": args.sharding,
+        "load": args.load if args.sharding == "fsdp" and world > 1 else "every",
         "learners": world,
         "rank": rank,
         "parameters": parameters,
@@ -186,11 +193,11 @@ def rank_main(args: argparse.Namespace) -> None:
 
 
 def run_configuration(
-    model: str, sharding: str, learners: int, args: argparse.Namespace, scratch: Path
+    model: str, sharding: str, learners: int, args: argparse.Namespace, scratch: Path, load: str = "rank0"
 ) -> list[dict[str, Any]]:
     """One torchrun of `learners` ranks; their rows."""
     torchrun = Path(sys.executable).with_name("torchrun")
-    out = scratch / f"{model}-{sharding}-{learners}-RANK.json"
+    out = scratch / f"{model}-{sharding}-{learners}-{load}-RANK.json"
     command = [
         str(torchrun),
         "--standalone",
@@ -203,6 +210,8 @@ def run_configuration(
         model,
         "--sharding",
         sharding,
+        "--load",
+        load,
         "--dtype",
         args.dtype,
         "--threads",
@@ -225,6 +234,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         "dtype",
         "params",
         "sharding",
+        "load",
         "learners",
         "state MiB/rank (params+grads+AdamW)",
         "peak RSS MiB/rank over imports",
@@ -234,14 +244,15 @@ def table(rows: list[dict[str, Any]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     configs: dict[tuple, list[dict[str, Any]]] = {}
     for row in rows:
-        configs.setdefault((row["model"], row["sharding"], row["learners"]), []).append(row)
-    for (model, sharding, learners), ranks in configs.items():
+        configs.setdefault((row["model"], row["sharding"], row["load"], row["learners"]), []).append(row)
+    for (model, sharding, load, learners), ranks in configs.items():
         training = [r["training_peak_rss_bytes"] for r in ranks]
         cells = [
             model,
             ranks[0]["dtype"],
             f"{ranks[0]['parameters'] / 1e6:.1f} M",
             sharding,
+            load,
             str(learners),
             f"{max(r['state_bytes'] for r in ranks) / MIB:.0f}",
             f"{max(r['peak_rss_over_imports_bytes'] for r in ranks) / MIB:.0f}",
@@ -257,6 +268,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", default=["tiny-512"], choices=sorted(MODELS))
     parser.add_argument("--shardings", nargs="+", default=["ddp", "fsdp"], choices=["ddp", "fsdp"])
     parser.add_argument("--learners", nargs="+", type=int, default=[1, 2])
+    parser.add_argument(
+        "--loads",
+        nargs="+",
+        default=["rank0"],
+        choices=["rank0", "every"],
+        help="how fsdp ranks > 1 load the model: rank 0 reads and broadcasts, or every rank reads it all",
+    )
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--steps", type=int, default=2, help="updates per rank")
     parser.add_argument("--prompts", type=int, default=4, help="prompt groups per rank and update")
@@ -274,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rank-out", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--sharding", help=argparse.SUPPRESS)
+    parser.add_argument("--load", default="rank0", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     for flag in ("steps", "prompts", "samples", "prompt_tokens", "new_tokens", "threads"):
         if getattr(args, flag) < 1:
@@ -288,8 +307,11 @@ def main(argv: list[str] | None = None) -> int:
         for model in args.models:
             for learners in args.learners:
                 for sharding in args.shardings:
-                    log(f"{model}: {sharding} x{learners} ...")
-                    rows += run_configuration(model, sharding, learners, args, Path(scratch))
+                    # Loading differs only where fsdp ranks can take their shards from rank 0.
+                    loads = args.loads if sharding == "fsdp" and learners > 1 else ["every"]
+                    for load in loads:
+                        log(f"{model}: {sharding} x{learners} ({load} loads) ...")
+                        rows += run_configuration(model, sharding, learners, args, Path(scratch), load)
                     (out_dir / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     command = " ".join(["python", "benchmarks/learner_memory.py", *(sys.argv[1:] if argv is None else argv)])
     text = f"`{command}`\n\n{table(rows)}\n"
