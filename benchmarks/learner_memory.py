@@ -14,6 +14,8 @@ micro-batches. Per rank it reports:
     fsdp ranks load (`--loads`): `rank0` (what the learner does, `training.rank0_weights`): rank 0 reads
     the weights, the others build the model on the meta device and receive their shards; `every`: every
     rank loads the whole model before FSDP shards it (as before);
+  - load peak MiB: the peak RSS over imports until the trainer is ready (model built, sharded and, with
+    `rank0` loads, filled), for rank 0 and for the largest of the other ranks;
   - training peak MiB: the peak RSS of the updates alone (VmHWM reset through /proc/self/clear_refs after
     the trainer is built) minus the RSS just before them; empty where the kernel refuses the reset;
   - update seconds (median).
@@ -157,6 +159,7 @@ def rank_main(args: argparse.Namespace) -> None:
     batch = synthetic_batch(vocab, tokenizer.pad_token_id, args, seed=rank)
     attach_advantages(batch, AlgorithmSettings.from_spec(spec))
     before_updates = rss_bytes()
+    load_peak = peak_rss_bytes() - baseline  # the model built, sharded and filled: before any update
     resettable = reset_peak_rss()
     seconds = []
     for _ in range(args.steps):
@@ -178,6 +181,7 @@ def rank_main(args: argparse.Namespace) -> None:
         **{f"{k}_bytes": v for k, v in held.items()},
         "rss_after_imports_bytes": baseline,
         "peak_rss_over_imports_bytes": peak - baseline,
+        "load_peak_rss_bytes": load_peak,
         "training_peak_rss_bytes": training_peak,
         "update_s": seconds,
         "median_update_s": statistics.median(seconds),
@@ -238,6 +242,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         "learners",
         "state MiB/rank (params+grads+AdamW)",
         "peak RSS MiB/rank over imports",
+        "load peak MiB rank 0 / others",
         "training peak MiB/rank",
         "update s",
     ]
@@ -256,11 +261,19 @@ def table(rows: list[dict[str, Any]]) -> str:
             str(learners),
             f"{max(r['state_bytes'] for r in ranks) / MIB:.0f}",
             f"{max(r['peak_rss_over_imports_bytes'] for r in ranks) / MIB:.0f}",
+            _load_peaks(ranks),
             f"{max(training) / MIB:.0f}" if None not in training else "",
             f"{max(r['median_update_s'] for r in ranks):.2f}",
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _load_peaks(ranks: list[dict[str, Any]]) -> str:
+    """Rank 0's peak RSS over imports until the trainer is ready, and the largest of the other ranks'."""
+    first = next(r for r in ranks if r["rank"] == 0)["load_peak_rss_bytes"] / MIB
+    others = [r["load_peak_rss_bytes"] / MIB for r in ranks if r["rank"] != 0]
+    return f"{first:.0f} / {max(others):.0f}" if others else f"{first:.0f}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,9 +4,9 @@ no storage) and receive their shards from rank 0 once it is sharded.
 Without this every rank loads the whole model before FSDP2 splits it, so each rank's peak memory is at
 least the whole model even though it keeps 1/N. Here a rank > 0 never holds more than its shards: the
 meta skeleton takes no memory, `sharding.shard_model` gives its shards storage (`to_empty`), and
-`fill_from_rank0` broadcasts rank 0's full tensors one at a time, each rank keeping its slice
-(`set_model_state_dict(..., broadcast_from_rank0=True)`). Buffers that are not in the state dict (rotary
-frequencies) are broadcast as they are. Rank 0 keeps what the unsharded load gave it until the fill.
+`fill_from_rank0` broadcasts rank 0's full tensors one at a time, each rank keeping its slice. Buffers that
+are not in the state dict (rotary frequencies) are broadcast as they are. Rank 0 loads the whole model, as
+every rank did before, and drops each full tensor once it is sent.
 """
 
 from __future__ import annotations
@@ -59,10 +59,36 @@ def full_state(model: nn.Module, *, rank: int) -> dict[str, torch.Tensor]:
 
 
 def fill_from_rank0(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Collective, after sharding: every rank's shards (and buffers) become rank 0's values."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    """Collective, after sharding: every rank's shards (and buffers) become rank 0's values.
 
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-    set_model_state_dict(model, state, options=options)
-    for buffer in model.buffers():
-        dist.broadcast(buffer, src=0)
+    One tensor at a time: rank 0 broadcasts it whole, each rank copies its slice (FSDP2 shards dim 0 as
+    `torch.chunk` does) into its shard, and rank 0 drops its full copy, so no rank holds more than its
+    shards and one whole tensor beyond what it already had."""
+    from torch.distributed.tensor import DTensor
+
+    from decentralized_verl.training.sharding import named_state, tied_names
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    wire = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    aliases = tied_names(model)
+    with torch.no_grad():
+        for name, target in named_state(model).items():
+            if name in aliases:
+                state.pop(name, None)  # the same parameter as its first name, filled there
+                continue
+            if rank == 0:
+                full = state.pop(name).detach().to(wire)
+            else:
+                full = torch.empty(target.shape, dtype=target.dtype, device=wire)
+            dist.broadcast(full, src=0)
+            if isinstance(target, DTensor):
+                local = target.to_local()
+                chunks = full.chunk(world, dim=0)
+                local.copy_(chunks[rank] if rank < len(chunks) else full[:0])
+            else:
+                target.copy_(full)
+            del full
+        for buffer in model.buffers():  # the ones outside the state dict too (rotary frequencies)
+            on_wire = buffer.to(wire)
+            dist.broadcast(on_wire, src=0)
+            buffer.copy_(on_wire)
