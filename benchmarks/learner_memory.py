@@ -150,11 +150,11 @@ def rank_main(args: argparse.Namespace) -> None:
     meta = args.load == "rank0" and rank0_weights.uses_rank0_load(args.sharding == "fsdp", world)
     model, tokenizer = rank0_weights.load_for_rank(spec.model, rank=rank, meta=meta)
     parameters = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-    state = rank0_weights.full_state(model, rank=rank) if meta else None
-    trainer = PolicyTrainer(model, spec, distributed=world > 1)
-    if state is not None:
-        rank0_weights.fill_from_rank0(model, state)
-        del state
+
+    def build() -> PolicyTrainer:
+        return PolicyTrainer(model, spec, distributed=world > 1)
+
+    trainer = rank0_weights.build_then_fill(model, rank=rank, build=build) if meta else build()
     vocab = model.get_input_embeddings().num_embeddings
     batch = synthetic_batch(vocab, tokenizer.pad_token_id, args, seed=rank)
     attach_advantages(batch, AlgorithmSettings.from_spec(spec))

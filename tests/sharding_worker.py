@@ -185,9 +185,9 @@ def _rank0_load_checks(spec, rank: int) -> dict:
     plain = load_model_and_tokenizer(spec.model)[0]
     model, _ = rank0_weights.load_for_rank(spec.model, rank=rank, meta=True)
     built_on_meta = next(model.parameters()).is_meta
-    state = rank0_weights.full_state(model, rank=rank)
-    trainer = PolicyTrainer(model, spec, distributed=True)
-    rank0_weights.fill_from_rank0(model, state)
+    trainer = rank0_weights.build_then_fill(
+        model, rank=rank, build=lambda: PolicyTrainer(model, spec, distributed=True)
+    )
     buffers = dict(model.named_buffers())
     return {
         "built_on_meta": built_on_meta,

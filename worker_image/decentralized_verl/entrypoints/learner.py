@@ -37,11 +37,11 @@ async def run_learner(
     distributed.init_distributed(world, rank, sharded=sharded)
     meta = rank0_weights.uses_rank0_load(sharded, world)  # ranks > 0 never hold the whole model
     model, tokenizer = rank0_weights.load_for_rank(spec.model, rank=rank, meta=meta)
-    state = rank0_weights.full_state(model, rank=rank) if meta else None
-    trainer = PolicyTrainer(model, spec, distributed=world > 1)
-    if state is not None:
-        rank0_weights.fill_from_rank0(model, state)
-        del state
+
+    def build() -> PolicyTrainer:
+        return PolicyTrainer(model, spec, distributed=world > 1)
+
+    trainer = rank0_weights.build_then_fill(model, rank=rank, build=build) if meta else build()
     if rank != 0:
         return learner_group.follow(trainer)
     group = LearnerGroup(trainer, world)

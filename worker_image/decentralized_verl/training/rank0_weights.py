@@ -4,18 +4,21 @@ no storage) and receive their shards from rank 0 once it is sharded.
 Without this every rank loads the whole model before FSDP2 splits it, so each rank's peak memory is at
 least the whole model even though it keeps 1/N. Here a rank > 0 never holds more than its shards: the
 meta skeleton takes no memory, `sharding.shard_model` gives its shards storage (`to_empty`), and
-`fill_from_rank0` broadcasts rank 0's full tensors one at a time, each rank keeping its slice. Buffers that
-are not in the state dict (rotary frequencies) are broadcast as they are. Rank 0 loads the whole model, as
-every rank did before, and drops each full tensor once it is sent.
+`build_then_fill` has rank 0 broadcast its full tensors one at a time, each rank keeping its slice. Buffers
+that are not in the state dict (rotary frequencies) are broadcast as they are. Rank 0 loads the whole model
+as every rank did before, and sends before it shards, so its own peak is what it was.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+T = TypeVar("T")
 
 
 def uses_rank0_load(sharded: bool, world: int) -> bool:
@@ -53,42 +56,46 @@ def _skeleton(model_spec: Any, tokenizer: Any, field: str) -> nn.Module:
     return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=dtype)
 
 
-def full_state(model: nn.Module, *, rank: int) -> dict[str, torch.Tensor]:
-    """What rank 0 broadcasts: its unsharded state dict, taken before sharding (the others send nothing)."""
-    return dict(model.state_dict()) if rank == 0 else {}
+def build_then_fill(model: nn.Module, *, rank: int, build: Callable[[], T]) -> T:
+    """Collective: `build()` (which shards `model`, e.g. makes the trainer) with every rank's weights equal
+    to rank 0's. Rank 0 sends from its whole model first, then builds, so sharding frees its full
+    parameters layer by layer as usual; the others build first (their shards get storage), then receive."""
+    if rank == 0:
+        _broadcast_weights(model)
+        return build()
+    built = build()
+    _broadcast_weights(model)
+    return built
 
 
-def fill_from_rank0(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Collective, after sharding: every rank's shards (and buffers) become rank 0's values.
-
-    One tensor at a time: rank 0 broadcasts it whole, each rank copies its slice (FSDP2 shards dim 0 as
-    `torch.chunk` does) into its shard, and rank 0 drops its full copy, so no rank holds more than its
-    shards and one whole tensor beyond what it already had."""
+def _broadcast_weights(model: nn.Module) -> None:
+    """One tensor at a time, in state-dict order (the same on every rank, sharded or not): rank 0 sends its
+    whole tensor, every other rank receives it and copies its slice (FSDP2 shards dim 0 as `torch.chunk`
+    does) into its shard, so none holds more than its shards and one whole tensor."""
     from torch.distributed.tensor import DTensor
 
     from decentralized_verl.training.sharding import named_state, tied_names
 
     rank, world = dist.get_rank(), dist.get_world_size()
     wire = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    aliases = tied_names(model)
+    aliases = tied_names(model)  # the same parameter as its first name, filled there
     with torch.no_grad():
         for name, target in named_state(model).items():
             if name in aliases:
-                state.pop(name, None)  # the same parameter as its first name, filled there
                 continue
             if rank == 0:
-                full = state.pop(name).detach().to(wire)
-            else:
-                full = torch.empty(target.shape, dtype=target.dtype, device=wire)
+                dist.broadcast(target.detach().to(wire), src=0)
+                continue
+            full = torch.empty(target.shape, dtype=target.dtype, device=wire)
             dist.broadcast(full, src=0)
             if isinstance(target, DTensor):
-                local = target.to_local()
                 chunks = full.chunk(world, dim=0)
-                local.copy_(chunks[rank] if rank < len(chunks) else full[:0])
+                target.to_local().copy_(chunks[rank] if rank < len(chunks) else full[:0])
             else:
                 target.copy_(full)
             del full
         for buffer in model.buffers():  # the ones outside the state dict too (rotary frequencies)
             on_wire = buffer.to(wire)
             dist.broadcast(on_wire, src=0)
-            buffer.copy_(on_wire)
+            if rank != 0:
+                buffer.copy_(on_wire)
