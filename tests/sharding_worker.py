@@ -183,6 +183,7 @@ def _rank0_load_checks(spec, rank: int) -> dict:
     from decentralized_verl.training.sharding import gathered_digest
 
     plain = load_model_and_tokenizer(spec.model)[0]
+    rank0_weights.BLOCK_BYTES = 1000  # many blocks per tensor, most straddling the two shards' boundary
     model, _ = rank0_weights.load_for_rank(spec.model, rank=rank, meta=True)
     built_on_meta = next(model.parameters()).is_meta
     trainer = rank0_weights.build_then_fill(

@@ -11,7 +11,8 @@ as every rank did before, and sends before it shards, so its own peak is what it
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import torch
@@ -19,6 +20,8 @@ import torch.distributed as dist
 from torch import nn
 
 T = TypeVar("T")
+BLOCK_BYTES = 16 * 1024 * 1024
+"""Rows sent per broadcast: bounds what a rank holds beyond its shards while it is filled."""
 
 
 def uses_rank0_load(sharded: bool, world: int) -> bool:
@@ -69,10 +72,10 @@ def build_then_fill(model: nn.Module, *, rank: int, build: Callable[[], T]) -> T
 
 
 def _broadcast_weights(model: nn.Module) -> None:
-    """One tensor at a time, in state-dict order (the same on every rank, sharded or not): rank 0 sends its
-    whole tensor, every other rank receives it and copies its slice (FSDP2 shards dim 0 as `torch.chunk`
-    does) into its shard, so none holds more than its shards and one whole tensor."""
-    from torch.distributed.tensor import DTensor
+    """One block of rows at a time (at most BLOCK_BYTES), in state-dict order (the same on every rank,
+    sharded or not): rank 0 sends, every other rank receives the block and copies the rows of it that fall
+    in its shard (FSDP2 shards dim 0 as `torch.chunk` does), so none holds more than its shards and one
+    block; a whole-tensor broadcast of a large embedding would cost a transient copy of it."""
 
     from decentralized_verl.training.sharding import named_state, tied_names
 
@@ -83,19 +86,46 @@ def _broadcast_weights(model: nn.Module) -> None:
         for name, target in named_state(model).items():
             if name in aliases:
                 continue
-            if rank == 0:
-                dist.broadcast(target.detach().to(wire), src=0)
-                continue
-            full = torch.empty(target.shape, dtype=target.dtype, device=wire)
-            dist.broadcast(full, src=0)
-            if isinstance(target, DTensor):
-                chunks = full.chunk(world, dim=0)
-                target.to_local().copy_(chunks[rank] if rank < len(chunks) else full[:0])
-            else:
-                target.copy_(full)
-            del full
+            local, first = _local_rows(target, rank, world)
+            for start, block in _blocks(target, rank, wire):
+                dist.broadcast(block, src=0)
+                if rank == 0:
+                    continue
+                if local is None:  # a whole tensor (a buffer, a scalar): every rank holds all of it
+                    target.copy_(block)
+                    continue
+                low, high = max(start, first), min(start + len(block), first + len(local))
+                if low < high:
+                    local[low - first : high - first].copy_(block[low - start : high - start])
         for buffer in model.buffers():  # the ones outside the state dict too (rotary frequencies)
             on_wire = buffer.to(wire)
             dist.broadcast(on_wire, src=0)
             if rank != 0:
                 buffer.copy_(on_wire)
+
+
+def _local_rows(target: torch.Tensor, rank: int, world: int) -> tuple[torch.Tensor | None, int]:
+    """A shard's local tensor and the first global row it holds; (None, 0) for a tensor held whole."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(target, DTensor) or target.dim() == 0:
+        return None, 0
+    per_rank = -(-target.shape[0] // world)
+    return target.to_local(), min(rank * per_rank, target.shape[0])
+
+
+def _blocks(target: torch.Tensor, rank: int, wire: str) -> Iterator[tuple[int, torch.Tensor]]:
+    """(first row, rows) of `target` in blocks of at most BLOCK_BYTES: rank 0's own rows, the others'
+    empty buffers to receive into. A 0-dim tensor is one block."""
+    if target.dim() == 0:
+        yield 0, (target.detach().to(wire) if rank == 0 else torch.empty((), dtype=target.dtype, device=wire))
+        return
+    rows = target.shape[0]
+    row_bytes = max(1, math.prod(target.shape[1:]) * target.element_size())  # shapes only: DTensors too
+    step = max(1, BLOCK_BYTES // row_bytes)
+    for start in range(0, rows, step):
+        stop = min(rows, start + step)
+        if rank == 0:
+            yield start, target.detach()[start:stop].to(wire).contiguous()
+        else:
+            yield start, torch.empty((stop - start, *target.shape[1:]), dtype=target.dtype, device=wire)
