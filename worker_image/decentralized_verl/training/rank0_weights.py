@@ -6,7 +6,9 @@ least the whole model even though it keeps 1/N. Here a rank > 0 never holds more
 meta skeleton takes no memory, `sharding.shard_model` gives its shards storage (`to_empty`), and
 `build_then_fill` has rank 0 broadcast its full tensors one at a time, each rank keeping its slice. Buffers
 that are not in the state dict (rotary frequencies) are broadcast as they are. Rank 0 loads the whole model
-as every rank did before, and sends before it shards, so its own peak is what it was.
+as every rank did before and sends before it shards; weights memory-mapped from a safetensors file all
+become resident while it sends, so rank 0's load peak can rise to the whole model plus its shards
+(BENCHMARKS.md). Tied parameters are sent once, under their first name.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ BLOCK_BYTES = 16 * 1024 * 1024
 
 
 def uses_rank0_load(sharded: bool, world: int) -> bool:
+    """Whether this rank's group loads through rank 0: fsdp over two or more ranks of a process group."""
     return sharded and world > 1 and dist.is_initialized()
 
 
