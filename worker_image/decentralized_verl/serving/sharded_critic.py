@@ -137,9 +137,7 @@ def critic_device() -> torch.device:
     return torch.device("cpu")
 
 
-async def serve_sharded_critic(
-    spec: Any, worker_id: str, port: int, host: str, output: Path | None
-) -> int:
+async def serve_sharded_critic(spec: Any, worker_id: str, port: int, host: str, output: Path | None) -> int:
     """One rank of a sharded critic, until stopped (rank 0) or released by rank 0 (the others)."""
     from decentralized_verl.lifecycle import serve_until_stopped
     from decentralized_verl.serving import servicers
