@@ -10,8 +10,12 @@ fsdp), and runs `--steps` GRPO updates of one synthetic batch (random responses,
 micro-batches. Per rank it reports:
   - state MiB: bytes this rank holds in parameters + gradients + AdamW state (a DTensor shard counts its
     local part; a tied embedding once), read after the last update, while gradients are still held;
-  - peak RSS MiB: `ru_maxrss` at the end minus the RSS right after imports (model load included: every
-    rank loads the whole model before FSDP shards it);
+  - peak RSS MiB: `ru_maxrss` at the end minus the RSS right after imports, model load included. How
+    fsdp ranks load (`--loads`): `rank0` (what the learner does, `training.rank0_weights`): rank 0 reads
+    the weights, the others build the model on the meta device and receive their shards; `every`: every
+    rank loads the whole model before FSDP shards it (as before);
+  - load peak MiB: the peak RSS over imports until the trainer is ready (model built, sharded and, with
+    `rank0` loads, filled), for rank 0 and for the largest of the other ranks;
   - training peak MiB: the peak RSS of the updates alone (VmHWM reset through /proc/self/clear_refs after
     the trainer is built) minus the RSS just before them; empty where the kernel refuses the reset;
   - update seconds (median).
@@ -133,8 +137,7 @@ def rank_main(args: argparse.Namespace) -> None:
     """One learner rank: measure and write its JSON line to --rank-out."""
     import torch
 
-    from decentralized_verl.models.loading import load_model_and_tokenizer
-    from decentralized_verl.training import distributed
+    from decentralized_verl.training import distributed, rank0_weights
     from decentralized_verl.training.advantage_step import AlgorithmSettings, attach_advantages
     from decentralized_verl.training.trainer import PolicyTrainer
 
@@ -144,13 +147,19 @@ def rank_main(args: argparse.Namespace) -> None:
     distributed.init_distributed(world, rank)
     spec = job_spec(args.model, args.sharding, world, args.dtype, args)
     torch.manual_seed(0)
-    model, tokenizer = load_model_and_tokenizer(spec.model)
+    meta = args.load == "rank0" and rank0_weights.uses_rank0_load(args.sharding == "fsdp", world)
+    model, tokenizer = rank0_weights.load_for_rank(spec.model, rank=rank, meta=meta)
     parameters = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-    trainer = PolicyTrainer(model, spec, distributed=world > 1)
+
+    def build() -> PolicyTrainer:
+        return PolicyTrainer(model, spec, distributed=world > 1)
+
+    trainer = rank0_weights.build_then_fill(model, rank=rank, build=build) if meta else build()
     vocab = model.get_input_embeddings().num_embeddings
     batch = synthetic_batch(vocab, tokenizer.pad_token_id, args, seed=rank)
     attach_advantages(batch, AlgorithmSettings.from_spec(spec))
     before_updates = rss_bytes()
+    load_peak = peak_rss_bytes() - baseline  # the model built, sharded and filled: before any update
     resettable = reset_peak_rss()
     seconds = []
     for _ in range(args.steps):
@@ -164,6 +173,7 @@ def rank_main(args: argparse.Namespace) -> None:
         "model": args.model,
         "dtype": args.dtype,
         "sharding": args.sharding,
+        "load": args.load if args.sharding == "fsdp" and world > 1 else "every",
         "learners": world,
         "rank": rank,
         "parameters": parameters,
@@ -171,6 +181,7 @@ def rank_main(args: argparse.Namespace) -> None:
         **{f"{k}_bytes": v for k, v in held.items()},
         "rss_after_imports_bytes": baseline,
         "peak_rss_over_imports_bytes": peak - baseline,
+        "load_peak_rss_bytes": load_peak,
         "training_peak_rss_bytes": training_peak,
         "update_s": seconds,
         "median_update_s": statistics.median(seconds),
@@ -186,11 +197,11 @@ def rank_main(args: argparse.Namespace) -> None:
 
 
 def run_configuration(
-    model: str, sharding: str, learners: int, args: argparse.Namespace, scratch: Path
+    model: str, sharding: str, learners: int, args: argparse.Namespace, scratch: Path, load: str = "rank0"
 ) -> list[dict[str, Any]]:
     """One torchrun of `learners` ranks; their rows."""
     torchrun = Path(sys.executable).with_name("torchrun")
-    out = scratch / f"{model}-{sharding}-{learners}-RANK.json"
+    out = scratch / f"{model}-{sharding}-{learners}-{load}-RANK.json"
     command = [
         str(torchrun),
         "--standalone",
@@ -203,6 +214,8 @@ def run_configuration(
         model,
         "--sharding",
         sharding,
+        "--load",
+        load,
         "--dtype",
         args.dtype,
         "--threads",
@@ -225,26 +238,30 @@ def table(rows: list[dict[str, Any]]) -> str:
         "dtype",
         "params",
         "sharding",
+        "load",
         "learners",
         "state MiB/rank (params+grads+AdamW)",
         "peak RSS MiB/rank over imports",
+        "load peak MiB rank 0 / others",
         "training peak MiB/rank",
         "update s",
     ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     configs: dict[tuple, list[dict[str, Any]]] = {}
     for row in rows:
-        configs.setdefault((row["model"], row["sharding"], row["learners"]), []).append(row)
-    for (model, sharding, learners), ranks in configs.items():
+        configs.setdefault((row["model"], row["sharding"], row["load"], row["learners"]), []).append(row)
+    for (model, sharding, load, learners), ranks in configs.items():
         training = [r["training_peak_rss_bytes"] for r in ranks]
         cells = [
             model,
             ranks[0]["dtype"],
             f"{ranks[0]['parameters'] / 1e6:.1f} M",
             sharding,
+            load,
             str(learners),
             f"{max(r['state_bytes'] for r in ranks) / MIB:.0f}",
             f"{max(r['peak_rss_over_imports_bytes'] for r in ranks) / MIB:.0f}",
+            _load_peaks(ranks),
             f"{max(training) / MIB:.0f}" if None not in training else "",
             f"{max(r['median_update_s'] for r in ranks):.2f}",
         ]
@@ -252,11 +269,25 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _load_peaks(ranks: list[dict[str, Any]]) -> str:
+    """Rank 0's peak RSS over imports until the trainer is ready, and the largest of the other ranks'."""
+    first = next(r for r in ranks if r["rank"] == 0)["load_peak_rss_bytes"] / MIB
+    others = [r["load_peak_rss_bytes"] / MIB for r in ranks if r["rank"] != 0]
+    return f"{first:.0f} / {max(others):.0f}" if others else f"{first:.0f}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["tiny-512"], choices=sorted(MODELS))
     parser.add_argument("--shardings", nargs="+", default=["ddp", "fsdp"], choices=["ddp", "fsdp"])
     parser.add_argument("--learners", nargs="+", type=int, default=[1, 2])
+    parser.add_argument(
+        "--loads",
+        nargs="+",
+        default=["rank0"],
+        choices=["rank0", "every"],
+        help="how fsdp ranks > 1 load the model: rank 0 reads and broadcasts, or every rank reads it all",
+    )
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--steps", type=int, default=2, help="updates per rank")
     parser.add_argument("--prompts", type=int, default=4, help="prompt groups per rank and update")
@@ -274,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rank-out", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--sharding", help=argparse.SUPPRESS)
+    parser.add_argument("--load", default="rank0", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     for flag in ("steps", "prompts", "samples", "prompt_tokens", "new_tokens", "threads"):
         if getattr(args, flag) < 1:
@@ -288,8 +320,11 @@ def main(argv: list[str] | None = None) -> int:
         for model in args.models:
             for learners in args.learners:
                 for sharding in args.shardings:
-                    log(f"{model}: {sharding} x{learners} ...")
-                    rows += run_configuration(model, sharding, learners, args, Path(scratch))
+                    # Loading differs only where fsdp ranks can take their shards from rank 0.
+                    loads = args.loads if sharding == "fsdp" and learners > 1 else ["every"]
+                    for load in loads:
+                        log(f"{model}: {sharding} x{learners} ({load} loads) ...")
+                        rows += run_configuration(model, sharding, learners, args, Path(scratch), load)
                     (out_dir / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     command = " ".join(["python", "benchmarks/learner_memory.py", *(sys.argv[1:] if argv is None else argv)])
     text = f"`{command}`\n\n{table(rows)}\n"

@@ -174,6 +174,31 @@ def _gather_checks(spec, out: Path, rank: int) -> dict:
     return checks
 
 
+def _rank0_load_checks(spec, rank: int) -> dict:
+    """An fsdp learner built the way `dverl worker --role learner` builds one: rank 1 on the meta device,
+    filled from rank 0 after sharding. Its gathered weights and buffers against the plainly loaded model."""
+    from decentralized_verl.models.loading import load_model_and_tokenizer
+    from decentralized_verl.training import rank0_weights
+    from decentralized_verl.training.distributed import weights_digest
+    from decentralized_verl.training.sharding import gathered_digest
+
+    plain = load_model_and_tokenizer(spec.model)[0]
+    rank0_weights.BLOCK_BYTES = 1000  # many blocks per tensor, most straddling the two shards' boundary
+    model, _ = rank0_weights.load_for_rank(spec.model, rank=rank, meta=True)
+    built_on_meta = next(model.parameters()).is_meta
+    trainer = rank0_weights.build_then_fill(
+        model, rank=rank, build=lambda: PolicyTrainer(model, spec, distributed=True)
+    )
+    buffers = dict(model.named_buffers())
+    return {
+        "built_on_meta": built_on_meta,
+        "gathered_digest": gathered_digest(model),
+        "weights_digest": weights_digest(plain),
+        "buffers_equal": all(torch.equal(b, buffers[name]) for name, b in plain.named_buffers()),
+        "trained": bool(trainer.optimizer.param_groups[0]["params"]),
+    }
+
+
 def main(out: Path) -> None:
     import torch.distributed as dist
 
@@ -199,6 +224,7 @@ def main(out: Path) -> None:
         ),
         "fsdp_offload": _run("fsdp_offload", spec_with(sharding="fsdp", cpuOffload=True), own, out, rank),
         "gather": _gather_checks(base, out, rank),
+        "rank0_load": _rank0_load_checks(spec_with(sharding="fsdp"), rank),
     }
     (out / f"rank{rank}.json").write_text(json.dumps(results))
     dist.barrier()

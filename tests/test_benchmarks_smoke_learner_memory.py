@@ -38,4 +38,5 @@ def test_fsdp_ranks_hold_half_the_state_of_ddp_ranks(tmp_path):
         assert 0 < steps < 1024 and fsdp["optimizer_bytes"] == 2 * fsdp["params_bytes"] + steps
         assert fsdp["peak_rss_over_imports_bytes"] > 0 and len(fsdp["update_s"]) == 1
     table = (tmp_path / "table.md").read_text()
-    assert "| tiny-smoke | float32 | 0.1 M | fsdp | 2 |" in table
+    assert "| tiny-smoke | float32 | 0.1 M | fsdp | rank0 | 2 |" in table
+    assert by["fsdp", 1]["load"] == "rank0" and by["ddp", 1]["load"] == "every"

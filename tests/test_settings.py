@@ -80,3 +80,32 @@ def test_what_the_plan_sets_is_what_the_workers_read() -> None:
         else:
             assert settings.learner_addr == "j-learner-0:50051"
     assert env_name("learner_addr") == "DVERL_LEARNER_ADDR"
+
+
+def test_a_sharded_critic_is_one_gang_reached_through_its_rank_0() -> None:
+    spec = parse_spec(
+        {
+            "model": {"tiny": {}},
+            "algorithm": {"name": "ppo", "samplesPerPrompt": 2},
+            "data": {"train": "t.jsonl"},
+            "roles": {"rollout": {"replicas": 1}, "critic": {"replicas": 2, "sharding": "fsdp"}},
+            "training": {"steps": 2, "batchSize": 2},
+        }
+    )
+    assert spec.roles.failure_policy("critic") == "restartRole"
+    plan = plan_job(spec, "j")
+    addresses = {w.name: f"{w.name}:50051" for w in plan.workers}
+    addresses["j-critic-0/dist"] = "j-critic-0:29600"
+    learner = WorkerSettings.from_env(worker_env(plan, plan.by_role("learner")[0], addresses))
+    assert learner.addresses("critic") == ["j-critic-0:50051"]  # rank 1 serves no calls
+    for worker in plan.by_role("critic"):
+        env = worker_env(plan, worker, addresses)
+        assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("j-critic-0", "29600")
+        assert (env["WORLD_SIZE"], env["RANK"]) == ("2", str(worker.index))
+    learner_env = worker_env(plan, plan.by_role("learner")[0], addresses)
+    assert (learner_env["MASTER_ADDR"], learner_env["WORLD_SIZE"]) == ("j-learner-0", "1")
+    unsharded = spec.model_copy(deep=True)
+    unsharded.roles.critic.sharding = "ddp"
+    assert unsharded.roles.failure_policy("critic") == "restartPod"
+    plain = plan_job(unsharded, "j")
+    assert all("MASTER_ADDR" not in worker_env(plain, w, addresses) for w in plain.by_role("critic"))

@@ -202,3 +202,12 @@ def test_shard_model_names_the_bad_setting():
         shard_model(
             model, sharding="fsdp", world=2, dtype=None, cpu_offload=False, activation_checkpointing=False
         )
+
+
+def test_ranks_built_on_the_meta_device_get_rank_0s_weights(two_ranks):
+    _, ranks = two_ranks
+    assert [r["rank0_load"]["built_on_meta"] for r in ranks] == [False, True]
+    for result in ranks:
+        checks = result["rank0_load"]
+        assert checks["gathered_digest"] == checks["weights_digest"]  # bit for bit
+        assert checks["buffers_equal"] and checks["trained"]

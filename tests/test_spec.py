@@ -122,7 +122,20 @@ INVALID = [
     ("spec.roles.rollout.resources", {"gpuMemory": "big"}, "spec.roles.rollout.resources", "quantity"),
     ("spec.roles.learner.sharding", "zero3", "spec.roles.learner.sharding", "'ddp' or 'fsdp'"),
     ("spec.roles.rollout.sharding", "fsdp", "spec.roles.rollout.sharding", "only training roles"),
-    ("spec.roles.critic", {"sharding": "fsdp"}, "spec.roles.critic.sharding", "only the learner shards"),
+    ("spec.roles.reward", {"sharding": "fsdp"}, "spec.roles.reward.sharding", "only training roles"),
+    (
+        "spec.roles.critic",
+        {"replicas": 0, "sharding": "fsdp"},
+        "spec.roles.critic.replicas",
+        "a colocated critic runs inside learner rank 0",
+    ),
+    (
+        "spec.roles.critic",
+        {"replicas": 2, "sharding": "fsdp", "failurePolicy": "restartPod"},
+        "spec.roles.critic.failurePolicy",
+        "restart together",
+    ),
+    ("spec.roles.critic", {"cpuOffload": True}, "spec.roles.critic.cpuOffload", "needs sharding: fsdp"),
     (
         "spec.roles.rollout.activationCheckpointing",
         True,

@@ -102,10 +102,16 @@ def worker_resources(role: RoleSpec, index: int) -> Resources:
     return _resources_in(role, slots[index])
 
 
+def is_gang(role_name: str, role: RoleSpec) -> bool:
+    """Whether the role's replicas are the ranks of one torch.distributed group (the learners; a sharded
+    critic), rather than independent workers."""
+    return role_name == "learner" or (role_name == "critic" and role.sharding == "fsdp")
+
+
 def _worker(job: str, role_name: str, index: int, role: RoleSpec, pool: NodePool | None) -> PlannedWorker:
     resources = _resources_in(role, pool)
     ports = {"grpc": GRPC_PORT}
-    if role_name == "learner":
+    if is_gang(role_name, role):
         ports["dist"] = DIST_PORT
     return PlannedWorker(
         job=job,
@@ -143,11 +149,14 @@ def plan_job(spec: JobSpec, job: str) -> Plan:
 
 
 def worker_env(plan: Plan, worker: PlannedWorker, addresses: Mapping[str, str]) -> dict[str, str]:
-    """Environment for one worker given every worker's `host:port` (keyed by worker name).
+    """Environment for one worker given every worker's `host:port` (keyed by worker name; a gang's rank 0
+    may add `<name>/dist` for its rendezvous port).
 
-    Learners get torch.distributed's rendezvous variables (as torchrun sets them) and the coordinator
-    (rank 0) gets the address lists of every serving role. Dispatch weights by pool GPU type come from
-    DVERL_POOLS so the coordinator can start from a prior before it has measured throughput.
+    Learners, and the ranks of a sharded critic, get torch.distributed's rendezvous variables (as torchrun
+    sets them, on their own rank 0) and the coordinator (rank 0) gets the address lists of every serving
+    role; a sharded critic's is its rank 0's alone, the only rank that serves calls. Dispatch weights by
+    pool GPU type come from DVERL_POOLS so the coordinator can start from a prior before it has measured
+    throughput.
     """
     env = {
         env_name("job"): plan.job,
@@ -158,23 +167,16 @@ def worker_env(plan: Plan, worker: PlannedWorker, addresses: Mapping[str, str]) 
     if worker.pool:
         env[env_name("pool")] = worker.pool
     learners = plan.by_role("learner")
+    if "dist" in worker.ports:
+        env.update(_rendezvous(plan, worker, addresses))
     if worker.role != "learner":
         if learners:  # where rollout workers pull new weights from (the coordinator's Weights service)
             env[env_name("learner_addr")] = addresses[learners[0].name]
         return env
-    master = addresses[learners[0].name]
-    master_host = master.rsplit(":", 1)[0]
-    env.update(
-        {
-            "MASTER_ADDR": master_host,
-            "MASTER_PORT": addresses.get(f"{learners[0].name}/dist", str(DIST_PORT)).rsplit(":", 1)[-1],
-            "WORLD_SIZE": str(len(learners)),
-            "RANK": str(worker.index),
-            "LOCAL_RANK": "0",
-        }
-    )
     for role in SERVICE_ROLES:
         peers = plan.by_role(role)
+        if peers and "dist" in peers[0].ports:
+            peers = peers[:1]
         if peers:
             env[env_name(f"{role}_addrs")] = ",".join(addresses[p.name] for p in peers)
             env[env_name(f"{role}_pools")] = ",".join(p.gpu_type or p.pool or "" for p in peers)
@@ -182,3 +184,17 @@ def worker_env(plan: Plan, worker: PlannedWorker, addresses: Mapping[str, str]) 
     if dht:
         env[env_name("dht_addr")] = addresses[dht[0].name]
     return env
+
+
+def _rendezvous(plan: Plan, worker: PlannedWorker, addresses: Mapping[str, str]) -> dict[str, str]:
+    """torchrun's variables for one rank of a gang: rank 0 of the worker's role hosts the rendezvous."""
+    gang = plan.by_role(worker.role)
+    first = gang[0]
+    port = addresses.get(f"{first.name}/dist", str(first.ports.get("dist", DIST_PORT)))
+    return {
+        "MASTER_ADDR": addresses[first.name].rsplit(":", 1)[0],
+        "MASTER_PORT": port.rsplit(":", 1)[-1],
+        "WORLD_SIZE": str(len(gang)),
+        "RANK": str(worker.index),
+        "LOCAL_RANK": "0",
+    }

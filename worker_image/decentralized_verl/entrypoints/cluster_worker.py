@@ -60,6 +60,10 @@ async def serve_role(
         )
     if role == "reference":
         handler = servicers.ReferenceServicer(scoring.ReferenceWorker.from_spec(spec, worker_id=worker_id))
+    elif role == "critic" and spec.roles.critic is not None and spec.roles.critic.sharding == "fsdp":
+        from decentralized_verl.serving.sharded_critic import serve_sharded_critic
+
+        return await serve_sharded_critic(spec, worker_id, port, settings.server_host(), output)
     elif role == "critic":
         critic = scoring.CriticWorker.from_spec(spec, worker_id=worker_id)
         if output is not None:  # a restarted critic continues from what it had learned
@@ -141,4 +145,17 @@ def main_cluster_worker(
 
         out = Path(output or WorkerSettings.from_env().output or Path("runs") / name)
         return run(spec, name, port=port, output=out, base_dir=base, resume=resume)
-    return asyncio.run(serve_role(spec, name, role, index, port, base, Path(output) if output else None))
+    import torch.distributed as dist
+
+    code = 1
+    try:
+        code = asyncio.run(serve_role(spec, name, role, index, port, base, Path(output) if output else None))
+    except BaseException:
+        if not dist.is_initialized():
+            raise
+        log.exception("%s %d failed", role, index)
+    if dist.is_initialized():  # a sharded critic's rank: leave without tearing the process group down
+        from decentralized_verl.training.distributed import exit_process
+
+        exit_process(code)
+    return code

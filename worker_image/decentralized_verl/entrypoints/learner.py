@@ -18,10 +18,9 @@ import torch
 import torch.distributed as dist
 
 from decentralized_verl.core.status import StatusBoard
-from decentralized_verl.models.loading import load_model_and_tokenizer
 from decentralized_verl.settings import WorkerSettings
 from decentralized_verl.spec import JobSpec
-from decentralized_verl.training import distributed, learner_group
+from decentralized_verl.training import distributed, learner_group, rank0_weights
 from decentralized_verl.training.learner_group import LearnerGroup
 from decentralized_verl.training.trainer import PolicyTrainer
 
@@ -34,9 +33,15 @@ async def run_learner(
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", str(spec.roles.learner.replicas)))
     torch.manual_seed(spec.training.seed)
-    distributed.init_distributed(world, rank, sharded=spec.roles.learner.sharding == "fsdp")
-    model, tokenizer = load_model_and_tokenizer(spec.model)
-    trainer = PolicyTrainer(model, spec, distributed=world > 1)
+    sharded = spec.roles.learner.sharding == "fsdp"
+    distributed.init_distributed(world, rank, sharded=sharded)
+    meta = rank0_weights.uses_rank0_load(sharded, world)  # ranks > 0 never hold the whole model
+    model, tokenizer = rank0_weights.load_for_rank(spec.model, rank=rank, meta=meta)
+
+    def build() -> PolicyTrainer:
+        return PolicyTrainer(model, spec, distributed=world > 1)
+
+    trainer = rank0_weights.build_then_fill(model, rank=rank, build=build) if meta else build()
     if rank != 0:
         return learner_group.follow(trainer)
     group = LearnerGroup(trainer, world)

@@ -76,7 +76,8 @@ class LocalCluster:
         logs = output_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         self.workers = {w.name: LocalWorker(w, free_port(), logs / f"{w.name}.log") for w in plan.workers}
-        self.dist_port = free_port()
+        self.dist_ports = {w.role: free_port() for w in plan.workers if w.index == 0 and "dist" in w.ports}
+        """Each gang's rendezvous port (the learners', a sharded critic's), on its rank 0."""
         self.cores = share_cores(
             cores or available_cpus(), [(w.name, w.role) for w in plan.workers], overlapped=overlapped
         )
@@ -84,9 +85,8 @@ class LocalCluster:
 
     def addresses(self) -> dict[str, str]:
         out = {name: lw.address for name, lw in self.workers.items()}
-        learners = self.plan.by_role("learner")
-        if learners:
-            out[f"{learners[0].name}/dist"] = f"127.0.0.1:{self.dist_port}"
+        for role, port in self.dist_ports.items():
+            out[f"{self.plan.by_role(role)[0].name}/dist"] = f"127.0.0.1:{port}"
         return out
 
     def env_for(self, lw: LocalWorker) -> dict[str, str]:
@@ -124,8 +124,9 @@ class LocalCluster:
         self._spawn(lw)
 
     def restart_gang(self, role: str, *, extra_args: list[str] | None = None) -> None:
-        """Stop every worker of `role` and start them all again (torch.distributed restarts a learner gang
-        together, on a fresh rendezvous port); `extra_args` apply to this role from now on."""
+        """Stop every worker of `role` and start them all again (torch.distributed restarts a gang, the
+        learners or a sharded critic, together, on a fresh rendezvous port); `extra_args` apply to this
+        role from now on."""
         gang = self.by_role(role)
         for lw in gang:
             self.kill(lw.worker.name, signal.SIGKILL)
@@ -134,8 +135,8 @@ class LocalCluster:
                 lw.process.wait()
         if extra_args is not None:
             self.extra_args[role] = list(extra_args)
-        if role == "learner":
-            self.dist_port = free_port()
+        if role in self.dist_ports:
+            self.dist_ports[role] = free_port()
         for lw in gang:
             lw.restarts += 1
             self._spawn(lw)

@@ -15,11 +15,14 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from decentralized_verl.core.forward import ForwardChooser, response_logprobs
 from decentralized_verl.core.samples import Prompt, Sample, TrainBatch, collate
 from decentralized_verl.environments.replay import ENVIRONMENT_REWARD
 from decentralized_verl.environments.settings import episode_settings
+from decentralized_verl.training.rank_group import split_rounds, world_of
+from decentralized_verl.training.sharding import is_sharded, shard_model
 from decentralized_verl.transport.messages import Score, ScoreItem, SequencePair
 
 
@@ -157,6 +160,9 @@ class CriticWorker:
             )
         )
         self.model = value_model
+        self.rank, self.world = world_of(is_sharded(value_model))
+        """This rank and the ranks a sharded value model spans (0, 1 unsharded): with more than one,
+        `values` and `train` are collectives every rank calls with the same request."""
         self.pad_token_id = pad_token_id if pad_token_id is not None else 0
         self.worker_id = worker_id
         self.version = 0
@@ -175,10 +181,20 @@ class CriticWorker:
         role = spec.roles.critic
         model_spec = (role.model if role is not None else None) or spec.model
         critic, tokenizer = build_value_model(model_spec, device=device)
+        if role is not None and (role.sharding == "fsdp" or role.activation_checkpointing):
+            # Before the optimizer is made: with fsdp it must hold the shards, not the whole parameters.
+            shard_model(
+                critic,
+                sharding=role.sharding,
+                world=dist.get_world_size() if dist.is_initialized() else 1,
+                cpu_offload=role.cpu_offload,
+                activation_checkpointing=role.activation_checkpointing,
+            )
         return cls(critic, spec, pad_token_id=tokenizer.pad_token_id, worker_id=worker_id)
 
     def _values(self, batch: TrainBatch) -> torch.Tensor:
-        return self.model.values(batch)
+        # Through the module's call, not `.values`: a sharded model gathers its root's weights in hooks.
+        return self.model(batch)
 
     def state(self) -> dict[str, Any]:
         """A copy of everything the critic has learned (weights, optimizer, updates taken)."""
@@ -198,12 +214,21 @@ class CriticWorker:
             self.version = int(state["version"])
 
     def values(self, samples: Sequence[Sample]) -> list[tuple[float, ...]]:
-        out: list[tuple[float, ...]] = []
+        """Per-token values. A sharded critic's ranks all call this with the same samples (collective):
+        each computes its rounds of micro-batches and every rank returns the whole answer."""
+        rows: dict[int, list[tuple[float, ...]]] = {}
         with self._lock, torch.no_grad():
             self.model.eval()
-            for mb in _microbatches(_bare(samples), self.microbatch_size):
-                out.extend(_rows(self._values(collate(mb, self.pad_token_id)), mb))
-        return out
+            mbs = _microbatches(_bare(samples), self.microbatch_size)
+            for index, mb in split_rounds(mbs, self.rank, self.world):
+                got = _rows(self._values(collate(mb, self.pad_token_id)), mb)
+                if index >= 0:
+                    rows[index] = got
+        if self.world > 1:
+            parts: list[Any] = [None] * self.world
+            dist.all_gather_object(parts, rows)
+            rows = {i: r for part in parts for i, r in part.items()}
+        return [row for i in range(len(rows)) for row in rows[i]]
 
     def train(
         self,
@@ -235,7 +260,8 @@ class CriticWorker:
             self.model.train()
             self.optimizer.zero_grad(set_to_none=True)
             total = 0.0
-            for mb in _microbatches(rows, self.microbatch_size):
+            mbs = _microbatches(rows, self.microbatch_size)
+            for index, mb in split_rounds(mbs, self.rank, self.world):
                 batch = collate(mb, self.pad_token_id)
                 # collate put the returns in ref_logprobs and the old values in values: same [B, R] layout
                 loss, _ = clipped_value_loss(
@@ -246,9 +272,14 @@ class CriticWorker:
                     clip_range=self.value_clip,
                     aggregation="token_mean",
                 )
-                weight = float(batch.response_mask.sum()) / total_tokens
-                (loss * weight).backward()
+                weight = float(batch.response_mask.sum()) / total_tokens if index >= 0 else 0.0
+                # Sharded ranks' gradients are averaged over the world: scaled up, they add up instead.
+                (loss * weight * self.world).backward()
                 total += float(loss.detach()) * weight
+            if self.world > 1:
+                summed = torch.tensor([total], dtype=torch.float64)
+                dist.all_reduce(summed)
+                total = float(summed)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)

@@ -68,9 +68,9 @@ class NodePool(SpecModel):
 FailurePolicy = Literal["restartPod", "restartRole", "failJob"]
 
 Sharding = Literal["ddp", "fsdp"]
-SHARDED_ROLES = ("learner",)
-"""Roles whose training can be sharded. The critic trains too, but its worker holds its whole model
-(one process per replica): sharding it is not built yet, so asking for it is refused."""
+SHARDED_ROLES = ("learner", "critic")
+"""The roles that train, so can shard their model. A sharded critic's replicas are the ranks of one value
+model (rank 0 serves it); an unsharded critic's are independent copies the learner fails over between."""
 
 
 class RoleSpec(SpecModel):
@@ -94,9 +94,10 @@ class RoleSpec(SpecModel):
     sharding: Sharding = Field(
         default="ddp",
         description=(
-            "The learner: ddp (every replica holds the whole model, gradients and optimizer state) or "
-            "fsdp (FSDP2: parameters, gradients and optimizer state split over the replicas, per decoder "
-            "layer)"
+            "The learner or the critic: ddp (every replica holds the whole model, gradients and optimizer "
+            "state; a critic's replicas are then independent fail-over copies) or fsdp (FSDP2: parameters, "
+            "gradients and optimizer state split over the replicas, per decoder layer; a critic's replicas "
+            "become the ranks of one value model)"
         ),
     )
     cpu_offload: bool = Field(
@@ -104,7 +105,9 @@ class RoleSpec(SpecModel):
     )
     activation_checkpointing: bool = Field(
         default=False,
-        description="The learner: recompute each decoder layer's activations in the backward pass",
+        description=(
+            "The learner or the critic: recompute each decoder layer's activations in the backward pass"
+        ),
     )
 
 
@@ -118,7 +121,8 @@ class RolesSpec(SpecModel):
     def failure_policy(self, name: str) -> str:
         """The role's failure policy with its default filled in."""
         role = getattr(self, name)
-        default = "restartRole" if name == "learner" else "restartPod"
+        gang = name == "learner" or (name == "critic" and role is not None and role.sharding == "fsdp")
+        default = "restartRole" if gang else "restartPod"
         return (role.failure_policy if role is not None else None) or default
 
     def items(self) -> list[tuple[str, RoleSpec]]:

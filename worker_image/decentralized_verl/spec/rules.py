@@ -203,15 +203,26 @@ def role_problems(spec: JobSpec) -> Iterator[Problem]:
 
 def _sharding_problems(name: str, role: RoleSpec) -> Iterator[Problem]:
     trains = name in SHARDED_ROLES
-    why = "only the learner shards (a critic worker holds its whole model)" if name == "critic" else ""
     roles = ", ".join(SHARDED_ROLES)
     if role.sharding != "ddp" and not trains:
-        yield _problem(f"roles.{name}.sharding", why or f"only training roles ({roles}) shard")
+        yield _problem(f"roles.{name}.sharding", f"only training roles ({roles}) shard")
     if role.activation_checkpointing and not trains:
-        where = f"roles.{name}.activationCheckpointing"
-        yield _problem(where, why or f"only training roles ({roles}) use it")
+        yield _problem(f"roles.{name}.activationCheckpointing", f"only training roles ({roles}) use it")
     if role.cpu_offload and role.sharding != "fsdp":
         yield _problem(f"roles.{name}.cpuOffload", "needs sharding: fsdp (FSDP2 does the offloading)")
+    if name == "critic" and role.sharding == "fsdp":
+        if role.replicas == 0:
+            yield _problem(
+                "roles.critic.replicas",
+                "must be >= 1 with roles.critic.sharding: fsdp (a colocated critic runs inside learner "
+                "rank 0 alone; a sharded critic's replicas are its ranks)",
+            )
+        if role.failure_policy == "restartPod":
+            yield _problem(
+                "roles.critic.failurePolicy",
+                "a sharded critic's ranks restart together (restartRole) or fail the job (failJob), not "
+                "one by one",
+            )
 
 
 def sharding_problems(spec: JobSpec) -> Iterator[Problem]:

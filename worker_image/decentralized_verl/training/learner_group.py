@@ -1,5 +1,5 @@
 """Rank 0's handle on the learner ranks: everything that needs every rank is announced to the followers first,
-so they run the same collective at the same time.
+so they run the same collective at the same time (the protocol is `training.rank_group`'s).
 
 Rank 0 runs the loop; ranks > 0 only follow (`follow`), obeying one command at a time:
 - `update`: train on this rank's shard of the batch (DDP or FSDP reduces gradients across ranks);
@@ -15,13 +15,14 @@ and resuming are collectives and go through the group.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from decentralized_verl.training import rank_group
+from decentralized_verl.training.rank_group import Command
 from decentralized_verl.training.sharding import (
     full_cpu,
     gathered_digest,
@@ -30,12 +31,6 @@ from decentralized_verl.training.sharding import (
     tied_names,
 )
 from decentralized_verl.transport.weight_stream import StreamedWeights, TensorSlot
-
-
-@dataclass(frozen=True)
-class Command:
-    name: str
-    payload: Any = None
 
 
 def layout(model: nn.Module) -> tuple[tuple[TensorSlot, ...], dict[str, str]]:
@@ -94,16 +89,9 @@ FOLLOWER_ACTIONS: dict[str, Callable[[Any, Any], Any]] = {
 }
 
 
-def _receive() -> Command:
-    box: list[Any] = [None]
-    dist.scatter_object_list(box, None, src=0)
-    return box[0]
-
-
 def follow(trainer: Any) -> int:
     """Ranks > 0: obey rank 0's commands until told to stop, then compare digests."""
-    while (command := _receive()).name != "stop":
-        FOLLOWER_ACTIONS[command.name](trainer, command.payload)
+    rank_group.follow(trainer, FOLLOWER_ACTIONS)
     _digests(trainer.model)
     return 0
 
@@ -131,9 +119,7 @@ class LearnerGroup:
         """Send command r to rank r (rank 0's own is returned); no-op with one learner."""
         if self.world == 1:
             return commands[0].payload
-        box: list[Any] = [None]
-        dist.scatter_object_list(box, commands, src=0)
-        return box[0].payload
+        return rank_group.announce(commands)
 
     def scatter(self, shards: list[Any]) -> Any:
         """Send each rank its shard of the batch for an update; returns rank 0's."""
@@ -167,5 +153,5 @@ class LearnerGroup:
         if self.released or self.world == 1:
             return []
         self.released = True
-        self._announce([Command("stop")] * self.world)
+        self._announce([Command(rank_group.STOP)] * self.world)
         return _digests(self.trainer.model)

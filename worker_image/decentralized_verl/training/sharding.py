@@ -65,8 +65,9 @@ def shard_model(
 
     param = next(model.parameters())
     dtype = dtype or param.dtype
-    _ensure_process_group(world, param.device.type)
-    mesh = init_device_mesh(param.device.type, (world,))
+    device_type = _device_type(param)
+    _ensure_process_group(world, device_type)
+    mesh = init_device_mesh(device_type, (world,))
     # Inputs are left as the model gets them: casting the root's floating inputs would round the batch.
     precision = MixedPrecisionPolicy(
         param_dtype=dtype,
@@ -77,7 +78,16 @@ def shard_model(
     for layer in layers:
         fully_shard(layer, mesh=mesh, mp_policy=precision, offload_policy=offload)
     fully_shard(model, mesh=mesh, mp_policy=precision, offload_policy=offload)
+    if param.is_meta:  # built without weights (`training.rank0_weights`): shards get storage, unfilled
+        model.to_empty(device="cpu" if cpu_offload else device_type)
     return model
+
+
+def _device_type(param: torch.Tensor) -> str:
+    """Where the shards live: the parameters' device, or for a meta model the process group's."""
+    if not param.is_meta:
+        return param.device.type
+    return "cuda" if dist.is_initialized() and dist.get_backend() == "nccl" else "cpu"
 
 
 def _ensure_process_group(world: int, device_type: str) -> None:

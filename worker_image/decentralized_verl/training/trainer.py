@@ -77,7 +77,6 @@ class PolicyTrainer:
         role = spec.roles.learner
         self.sharded = role.sharding == "fsdp"
         self.distributed = distributed
-        device = next(model.parameters()).device
         forward = PolicyForward(model, self.settings.temperature)
         if self.sharded or role.activation_checkpointing:
             world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
@@ -91,6 +90,7 @@ class PolicyTrainer:
                 activation_checkpointing=role.activation_checkpointing,
             )
         self.forward = forward
+        device = next(model.parameters()).device  # after sharding: a meta-built model has storage now
         self.chooser = ForwardChooser(device.type)
         self.force_plain = False
         """Always the model's own call over the padded batch (benchmarks compare the two forwards)."""

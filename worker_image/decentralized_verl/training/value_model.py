@@ -35,6 +35,8 @@ class ValueModel(nn.Module):
     def __init__(self, backbone: nn.Module, hidden_size: int, *, init_std: float = 1e-2) -> None:
         super().__init__()
         self.backbone = backbone
+        self.config = getattr(backbone, "config", None)
+        """The backbone's Hugging Face config: a sharded checkpoint of the critic records it."""
         dtype = next(backbone.parameters()).dtype
         self.value_head = nn.Linear(hidden_size, 1, dtype=dtype)
         with torch.no_grad():  # small values at first: early advantages are ~ the returns themselves

@@ -1,0 +1,96 @@
+"""End to end with a sharded critic: `dverl run` of the tiny PPO job whose critic is one value model split
+over two FSDP2 ranks (gloo) completes, the critic trains every step, and it persists as sharded (DCP)
+checkpoints written by both ranks; a killed critic rank's gang restarts and resumes from them."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from decentralized_verl.launch.local import LocalCluster
+from decentralized_verl.launch.run import coordinator_status, run_job, write_config
+from decentralized_verl.manifest import load_job
+from decentralized_verl.metrics import read_metrics
+from decentralized_verl.plan import plan_job
+from decentralized_verl.security.credentials import load as load_credentials
+from decentralized_verl.security.credentials import run_folder_credentials
+from tests.test_e2e_run import manifest
+
+pytestmark = pytest.mark.slow
+STEPS = 6
+
+
+def test_ppo_with_a_critic_sharded_over_two_ranks_completes(tmp_path: Path) -> None:
+    job = manifest(
+        tmp_path,
+        "critic-fsdp",
+        **{
+            "algorithm": {"name": "ppo", "samplesPerPrompt": 2},
+            "roles.critic": {"replicas": 2, "sharding": "fsdp"},
+            "roles.rollout": {"replicas": 1, "batchSize": 8},
+            "training.steps": STEPS,
+            "training.batchSize": 8,
+            "training.evalEvery": 0,
+            "training.criticLearningRate": 3.0e-3,
+        },
+    )
+    run_job(job, tmp_path / "run", progress=False, timeout=300)
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    assert all(0 <= r["critic_loss"] < 1 and "advantage_abs_mean" in r for r in records)
+    root = tmp_path / "run" / "critic-fsdp-critic-0" / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == [f"checkpoint-{STEPS - 1}", f"checkpoint-{STEPS}"]
+    saved = json.loads((root / f"checkpoint-{STEPS}" / "sharded.json").read_text())
+    assert saved["world_size"] == 2 and saved["kind"] == "fsdp"
+    assert len(list((root / f"checkpoint-{STEPS}" / "dcp").glob("*.distcp"))) == 2
+
+
+def test_a_sharded_critic_gang_restarts_from_its_checkpoint(tmp_path: Path) -> None:
+    """A killed critic rank takes its gang down: both ranks start again on a fresh rendezvous port (what
+    `dverl run` and the operator do for restartRole), rank 0 resumes from the newest sharded checkpoint,
+    and the learner's critic calls wait for it and carry on."""
+    path = manifest(
+        tmp_path,
+        "critic-gang",
+        **{
+            "algorithm": {"name": "ppo", "samplesPerPrompt": 2},
+            "roles.critic": {"replicas": 2, "sharding": "fsdp"},
+            "roles.rollout": {"replicas": 1, "batchSize": 8},
+            "training.steps": 8,
+            "training.batchSize": 8,
+            "training.evalEvery": 0,
+        },
+    )
+    job = load_job(path)
+    output = tmp_path / "run"
+    config = write_config(job, path, output)
+    folders = run_folder_credentials(output, job.metadata.name)
+    creds = load_credentials(folders.worker)
+    cluster = LocalCluster(plan_job(job.spec, job.metadata.name), config, output, credentials=folders)
+    learner = cluster.by_role("learner")[0]
+    first, second = cluster.by_role("critic")
+    port = cluster.dist_ports["critic"]
+    killed_at = None
+    with cluster:
+        cluster.start()
+        deadline = time.monotonic() + 300
+        while learner.alive() and time.monotonic() < deadline:
+            status = coordinator_status(learner.address, creds)
+            if killed_at is None and status is not None and status.step >= 3:
+                cluster.kill(second.worker.name, signal.SIGKILL)
+                second.process.wait()
+                killed_at = status.step
+                cluster.restart_gang("critic")
+            time.sleep(0.05)
+        assert learner.process.wait(timeout=60) == 0, learner.log_tail()
+    assert killed_at is not None and first.restarts == second.restarts == 1
+    assert cluster.dist_ports["critic"] != port
+    assert re.search(r"restored after \d+ updates", first.log_path.read_text()), first.log_tail()
+    records = read_metrics(output / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(1, 9))
+    assert all(0 <= r["critic_loss"] < 1 for r in records)
