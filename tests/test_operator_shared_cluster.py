@@ -378,3 +378,36 @@ def test_an_ordinary_failure_still_counts() -> None:
     world.pods["j-rollout-0"]["status"] = {"phase": "Failed", "reason": "Error"}
     world.step()
     assert world.status["phase"] == "Failed"
+
+
+# ------------------------------------------------------------------------------- a sharded critic's gang
+def sharded_critic_world() -> World:
+    spec = tiny_spec(algorithm={"name": "ppo"})
+    spec["roles"]["critic"] = {"replicas": 2, "sharding": "fsdp"}
+    world = World(spec)
+    world.settle()
+    world.run_pods()
+    world.step()
+    return world
+
+
+def test_a_missing_critic_rank_takes_its_whole_gang_down_and_back_together() -> None:
+    world = sharded_critic_world()
+    del world.pods["j-critic-1"]
+    actions = world.step()
+    assert ("Pod", "j-critic-0") in actions.delete and not any(
+        o["metadata"]["name"].startswith("j-critic") for o in actions.create
+    )  # every old rank gone before the gang is made again
+    assert not any(name.startswith(("j-learner", "j-rollout")) for kind, name in actions.delete)
+    world.settle()
+    assert {"j-critic-0", "j-critic-1"} <= set(world.pods)
+
+
+def test_a_preempted_critic_rank_restarts_the_critic_gang_without_spending_backoff() -> None:
+    world = sharded_critic_world()
+    world.spec["backoffLimit"] = 0
+    world.preempt("j-critic-0")
+    actions = world.step()
+    assert {name for kind, name in actions.delete} == {"j-critic-0", "j-critic-1"}
+    world.settle()
+    assert world.status["phase"] != "Failed" and world.status["roles"]["critic"]["restarts"] == 0

@@ -1,6 +1,6 @@
 """Which pods of a job to create and delete now: scale, failures counted once with exponential backoff,
-preempted or evicted pods replaced at once and not counted, replaced templates, and the learner gang
-(torch.distributed needs every rank restarted together). Pure."""
+preempted or evicted pods replaced at once and not counted, replaced templates, and the gangs: the learners
+and a sharded critic's ranks (torch.distributed needs every rank restarted together). Pure."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from decentralized_verl.launch.watchdog import STARTUP_S, allowance
+from decentralized_verl.plan import is_gang
 from decentralized_verl.spec import JobSpec
 from dverl_operator import owned
 from dverl_operator import status as st
@@ -69,7 +70,8 @@ def decide_pods(
         by_role.setdefault(pod["metadata"]["labels"][owned.LABEL_ROLE], []).append(name)
     out.scaled_away = [n for n, p in pods.items() if n not in desired_pods and not st.pod_deleting(p)]
     learners = learner_names(desired_pods)
-    gang_restart = False
+    gangs = {r for r in by_role if (spec_role := getattr(spec.roles, r, None)) and is_gang(r, spec_role)}
+    gang_restart: set[str] = set()
     for pod_name, want in desired_pods.items():
         role = want["metadata"]["labels"][owned.LABEL_ROLE]
         have = pods.get(pod_name)
@@ -85,9 +87,10 @@ def decide_pods(
             continue
         if phase == "Failed" and disruption(have) is not None:
             _disrupted(out, pod_name, role, have)
-            if spec.roles.failure_policy(role) == "restartRole" and role != LEARNER:
+            if role in gangs:
+                gang_restart.add(role)
+            elif spec.roles.failure_policy(role) == "restartRole":
                 out.to_delete.update(n for n in by_role[role] if n in pods and not st.pod_deleting(pods[n]))
-            gang_restart |= role == LEARNER
             continue
         if phase in ("Failed", "Succeeded"):
             replace = _exited(out, pod_name, role, have, phase, spec, now, backoff)
@@ -96,17 +99,20 @@ def decide_pods(
                 out.failed_job = (
                     f"pod {pod_name} ({role}) {phase.lower()} and roles.{role}.failurePolicy is failJob"
                 )
-            elif replace and policy == "restartRole" and role != LEARNER:
+            elif replace and policy == "restartRole" and role not in gangs:
                 out.to_delete.update(n for n in by_role[role] if n in pods and not st.pod_deleting(pods[n]))
                 out.restart_messages.append(f"restarting every {role} worker (failurePolicy restartRole)")
-            gang_restart |= replace and role == LEARNER
+            if replace and role in gangs:
+                gang_restart.add(role)
             continue
         if _annotations(have).get(owned.ANNOTATION_TEMPLATE_HASH) != _annotations(want).get(
             owned.ANNOTATION_TEMPLATE_HASH
         ):
             out.to_delete.add(pod_name)  # placement, image or rendezvous changed: replace
-            gang_restart |= role == LEARNER
-    _learner_gang(out, pods, learners, gang_restart)
+            if role in gangs:
+                gang_restart.add(role)
+    for role in sorted(gangs):
+        _gang(out, pods, by_role[role], role in gang_restart, role)
     return out
 
 
@@ -213,10 +219,15 @@ def restart_stalled(
     out.restart_reason = "LearnerStalled"
 
 
-def _learner_gang(
-    out: PodDecision, pods: Mapping[str, Mapping[str, Any]], learners: list[str], gang_restart: bool
+def _gang(
+    out: PodDecision,
+    pods: Mapping[str, Mapping[str, Any]],
+    learners: list[str],
+    gang_restart: bool,
+    role: str = LEARNER,
 ) -> None:
-    """torch.distributed needs every rank restarted together, from the last checkpoint."""
+    """torch.distributed needs every rank restarted together, from the last checkpoint: the learners, and
+    the ranks of a sharded critic."""
     present = [n for n in learners if n in pods and not st.pod_deleting(pods[n])]
     missing = [n for n in learners if n not in pods]
     if present and (missing or gang_restart):
@@ -225,7 +236,7 @@ def _learner_gang(
         ]
         if not failed_unfinished:  # a failed learner still in backoff holds the gang until it ends
             out.to_delete.update(present)
-            out.restart_messages.append("restarting the learner gang")
+            out.restart_messages.append(f"restarting the {role} gang")
         out.to_create = [n for n in out.to_create if n not in learners]
     elif any(n in pods for n in learners) and missing:
         # Learners still terminating: create the gang only once all old ranks are gone.
