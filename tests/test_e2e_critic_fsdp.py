@@ -11,22 +11,18 @@ import time
 from pathlib import Path
 
 import pytest
+from job_manifests import e2e_manifest
+from secured_cluster import secured_cluster
 
-from decentralized_verl.launch.local import LocalCluster
-from decentralized_verl.launch.run import coordinator_status, run_job, write_config
-from decentralized_verl.manifest import load_job
+from decentralized_verl.launch.run import coordinator_status, run_job
 from decentralized_verl.metrics import read_metrics
-from decentralized_verl.plan import plan_job
-from decentralized_verl.security.credentials import load as load_credentials
-from decentralized_verl.security.credentials import run_folder_credentials
-from tests.test_e2e_run import manifest
 
 pytestmark = pytest.mark.slow
 STEPS = 6
 
 
 def test_ppo_with_a_critic_sharded_over_two_ranks_completes(tmp_path: Path) -> None:
-    job = manifest(
+    job = e2e_manifest(
         tmp_path,
         "critic-fsdp",
         **{
@@ -54,7 +50,7 @@ def test_a_sharded_critic_gang_restarts_from_its_checkpoint(tmp_path: Path) -> N
     """A killed critic rank takes its gang down: both ranks start again on a fresh rendezvous port (what
     `dverl run` and the operator do for restartRole), rank 0 resumes from the newest sharded checkpoint,
     and the learner's critic calls wait for it and carry on."""
-    path = manifest(
+    path = e2e_manifest(
         tmp_path,
         "critic-gang",
         **{
@@ -66,12 +62,8 @@ def test_a_sharded_critic_gang_restarts_from_its_checkpoint(tmp_path: Path) -> N
             "training.evalEvery": 0,
         },
     )
-    job = load_job(path)
     output = tmp_path / "run"
-    config = write_config(job, path, output)
-    folders = run_folder_credentials(output, job.metadata.name)
-    creds = load_credentials(folders.worker)
-    cluster = LocalCluster(plan_job(job.spec, job.metadata.name), config, output, credentials=folders)
+    cluster, creds = secured_cluster(path, output)
     learner = cluster.by_role("learner")[0]
     first, second = cluster.by_role("critic")
     port = cluster.dist_ports["critic"]

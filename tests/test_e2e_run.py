@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 from job_manifests import e2e_manifest
+from secured_cluster import secured_cluster
 
 from decentralized_verl.launch.local import LocalCluster
 from decentralized_verl.launch.run import coordinator_status, run_job, write_config
@@ -24,8 +25,6 @@ from decentralized_verl.manifest import load_job
 from decentralized_verl.metrics import read_metrics
 from decentralized_verl.plan import plan_job
 from decentralized_verl.plotting import plot_run
-from decentralized_verl.security.credentials import load as load_credentials
-from decentralized_verl.security.credentials import run_folder_credentials
 
 ROOT = Path(__file__).parents[1]
 
@@ -108,13 +107,9 @@ def test_killed_rollout_worker_mid_step_loses_no_sample(tmp_path: Path) -> None:
             "model.tiny.maxPositions": 160,
         },
     )
-    job = load_job(path)
-    output = tmp_path / "run"
-    config = write_config(job, path, output)
     # The secured path `dverl run` takes: TLS, the job token on every call, signed weights.
-    folders = run_folder_credentials(output, job.metadata.name)
-    creds = load_credentials(folders.worker)
-    cluster = LocalCluster(plan_job(job.spec, job.metadata.name), config, output, credentials=folders)
+    output = tmp_path / "run"
+    cluster, creds = secured_cluster(path, output)
     learner = cluster.by_role("learner")[0]
     victim = cluster.by_role("rollout")[1]
     killed_at = refused = None
