@@ -103,11 +103,12 @@ def scheduler_name(spec: JobSpec) -> str | None:
 
 
 def sync(
-    observed: Mapping[str, Mapping[str, Any] | None], want: Mapping[str, Any] | None, scheduler: str | None
+    observed: Mapping[str, Mapping[str, Any] | None], want: Mapping[str, Any] | None
 ) -> tuple[list[dict[str, Any]], list[Patch], list[tuple[str, str]]]:
-    """(create, patch, delete) bringing the job's PodGroups to `want` (of `scheduler`): one of the wanted
-    scheduler, none of any other (a job moved from one scheduler to the other, suspended or finished).
-    `observed` holds the PodGroups of the schedulers this operator may touch."""
+    """(create, patch, delete) bringing the job's PodGroups to `want`: one of the wanted scheduler (read
+    from its apiVersion), none of any other (a job moved from one scheduler to the other, suspended or
+    finished). `observed` holds the PodGroups of the schedulers this operator may touch."""
+    scheduler = _scheduler_of(want)
     create: list[dict[str, Any]] = []
     patch: list[Patch] = []
     delete: list[tuple[str, str]] = []
@@ -118,9 +119,15 @@ def sync(
             delete.append((KIND_KEYS[name], existing["metadata"]["name"]))
         elif _drifted(existing.get("spec") or {}, want["spec"]):
             patch.append((KIND_KEYS[name], existing["metadata"]["name"], {"spec": dict(want["spec"])}))
-    if want is not None and scheduler is not None and observed.get(scheduler) is None:
+    if want is not None and observed.get(scheduler) is None:
         create.append(dict(want))
     return create, patch, delete
+
+
+def _scheduler_of(group: Mapping[str, Any] | None) -> str | None:
+    if group is None:
+        return None
+    return next(name for name, version in API_VERSIONS.items() if version == group["apiVersion"])
 
 
 def _drifted(have: Mapping[str, Any], want: Mapping[str, Any]) -> bool:

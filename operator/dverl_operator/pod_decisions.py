@@ -222,22 +222,22 @@ def restart_stalled(
 def _gang(
     out: PodDecision,
     pods: Mapping[str, Mapping[str, Any]],
-    learners: list[str],
+    ranks: list[str],
     gang_restart: bool,
     role: str = LEARNER,
 ) -> None:
     """torch.distributed needs every rank restarted together, from the last checkpoint: the learners, and
     the ranks of a sharded critic."""
-    present = [n for n in learners if n in pods and not st.pod_deleting(pods[n])]
-    missing = [n for n in learners if n not in pods]
+    present = [n for n in ranks if n in pods and not st.pod_deleting(pods[n])]
+    missing = [n for n in ranks if n not in pods]
     if present and (missing or gang_restart):
         failed_unfinished = [
             n for n in present if st.pod_phase(pods[n]) in ("Failed", "Succeeded") and n not in out.to_delete
         ]
-        if not failed_unfinished:  # a failed learner still in backoff holds the gang until it ends
+        if not failed_unfinished:  # a failed rank still in backoff holds the gang until it ends
             out.to_delete.update(present)
             out.restart_messages.append(f"restarting the {role} gang")
-        out.to_create = [n for n in out.to_create if n not in learners]
-    elif any(n in pods for n in learners) and missing:
-        # Learners still terminating: create the gang only once all old ranks are gone.
-        out.to_create = [n for n in out.to_create if n not in learners]
+        out.to_create = [n for n in out.to_create if n not in ranks]
+    elif any(n in pods for n in ranks) and missing:
+        # Ranks still terminating: create the gang only once all old ranks are gone.
+        out.to_create = [n for n in out.to_create if n not in ranks]

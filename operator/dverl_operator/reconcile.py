@@ -155,7 +155,7 @@ def _settled(observed: Observed, status: dict[str, Any]) -> Actions | None:
     ):
         actions = Actions(status=_group_finished(status))
         actions.patch = kueue.finish(observed.pods, keep=None)
-        actions.delete = gang.sync(observed.pod_groups, None, None)[2]
+        actions.delete = gang.sync(observed.pod_groups, None)[2]
         if status.get("phase") == "Failed":
             actions.delete += [("Pod", n) for n, p in observed.pods.items() if not st.pod_deleting(p)]
         return actions
@@ -236,9 +236,8 @@ def decide(observed: Observed, settings: Settings) -> Actions:
     create, patch, delete = sync_shared(
         observed.config_map, observed.service, observed.gateway, desired, name, observed.policies
     )
-    scheduler = refusal.effective.scheduling.gang.scheduler if refusal.effective.scheduling.gang else None
     wanted_gang = None if spec.suspend else gang.pod_group(owner, refusal.effective, plan)
-    gang_create, gang_patch, gang_delete = gang.sync(observed.pod_groups, wanted_gang, scheduler)
+    gang_create, gang_patch, gang_delete = gang.sync(observed.pod_groups, wanted_gang)
     actions.issue_credentials = not observed.credentials_ready
     actions.create.extend(create + gang_create)
     actions.patch.extend(patch + gang_patch)

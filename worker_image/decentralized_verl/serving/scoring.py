@@ -21,7 +21,7 @@ from decentralized_verl.core.forward import ForwardChooser, response_logprobs
 from decentralized_verl.core.samples import Prompt, Sample, TrainBatch, collate
 from decentralized_verl.environments.replay import ENVIRONMENT_REWARD
 from decentralized_verl.environments.settings import episode_settings
-from decentralized_verl.training.rank_group import split_rounds, world_of
+from decentralized_verl.training.rank_group import collective_device, split_rounds, world_of
 from decentralized_verl.training.sharding import is_sharded, shard_model
 from decentralized_verl.transport.messages import Score, ScoreItem, SequencePair
 
@@ -277,7 +277,7 @@ class CriticWorker:
                 (loss * weight * self.world).backward()
                 total += float(loss.detach()) * weight
             if self.world > 1:
-                summed = torch.tensor([total], dtype=torch.float64)
+                summed = torch.tensor([total], dtype=torch.float64, device=collective_device())
                 dist.all_reduce(summed)
                 total = float(summed)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)

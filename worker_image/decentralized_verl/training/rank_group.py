@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import torch
 import torch.distributed as dist
 
 log = logging.getLogger(__name__)
@@ -75,3 +76,10 @@ def world_of(sharded: bool) -> tuple[int, int]:
     if sharded and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def collective_device() -> torch.device:
+    """Where the process group's collectives run: the GPU under nccl (it cannot reduce CPU tensors),
+    else the CPU."""
+    nccl = dist.get_backend() == "nccl"
+    return torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")

@@ -34,6 +34,7 @@ from decentralized_verl.core.samples import TrainBatch
 from decentralized_verl.spec import JobSpec
 from decentralized_verl.training import microbatches
 from decentralized_verl.training.advantage_step import AlgorithmSettings
+from decentralized_verl.training.rank_group import collective_device
 from decentralized_verl.training.sharding import is_sharded, shard_model
 
 
@@ -233,7 +234,7 @@ class PolicyTrainer:
         undecided = self.chooser.choice is None
         self.chooser.record(plain, seconds, positions)
         if self.sharded and undecided and self.chooser.choice is not None:
-            choice = torch.tensor([int(self.chooser.choice)], device=self._collective_device())
+            choice = torch.tensor([int(self.chooser.choice)], device=collective_device())
             torch.distributed.broadcast(choice, src=0)
             self.chooser.choice = bool(choice.item())
 
@@ -248,7 +249,7 @@ class PolicyTrainer:
         steps = [[(rows, True) for rows in parts] for parts in plan]
         if not self.sharded or torch.distributed.get_world_size() == 1:
             return steps
-        device = self._collective_device()
+        device = collective_device()
         minis = torch.tensor([len(steps)], device=device)
         torch.distributed.all_reduce(minis, op=torch.distributed.ReduceOp.MAX)
         steps += [[] for _ in range(int(minis.item()) - len(steps))]
@@ -258,11 +259,6 @@ class PolicyTrainer:
         for parts, wanted in zip(steps, micros.tolist(), strict=True):
             parts += [(parts[-1][0] if parts else stand_in, False)] * (wanted - len(parts))
         return steps
-
-    def _collective_device(self) -> torch.device:
-        """Where the process group's collectives run: the GPU under nccl, else the CPU."""
-        nccl = torch.distributed.get_backend() == "nccl"
-        return torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
 
     def _loss(self, mb: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
         s = self.settings
