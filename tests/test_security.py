@@ -189,6 +189,59 @@ async def test_every_rpc_of_every_service_is_refused_without_the_job_token(job, 
         await server.stop(None)
 
 
+def call_blocking(channel: grpc.Channel, path: str, method) -> grpc.StatusCode:
+    """`call`'s twin on a blocking channel."""
+    request = message_factory.GetMessageClass(method.input_type)()
+    ser, de = type(request).SerializeToString, (lambda raw: raw)
+    try:
+        if method.client_streaming and method.server_streaming:
+            list(channel.stream_stream(path, ser, de)(iter([request]), timeout=5))
+        elif method.client_streaming:
+            channel.stream_unary(path, ser, de)(iter([request]), timeout=5)
+        elif method.server_streaming:
+            list(channel.unary_stream(path, ser, de)(request, timeout=5))
+        else:
+            channel.unary_unary(path, ser, de)(request, timeout=5)
+    except grpc.RpcError as exc:
+        return exc.code()
+    return grpc.StatusCode.OK
+
+
+async def test_blocking_channels_carry_the_token_on_every_rpc_without_a_credentials_plugin(
+    job, monkeypatch
+) -> None:
+    """The token rides in the caller's interceptor: a call-credentials plugin is Python code gRPC's own
+    threads call into, and closing a channel that holds one can freeze the process on the GIL."""
+
+    def no_plugin(*args, **kwargs):
+        raise AssertionError("a call-credentials plugin was made")
+
+    monkeypatch.setattr(grpc, "metadata_call_credentials", no_plugin)
+    monkeypatch.setattr(grpc, "access_token_call_credentials", no_plugin)
+    server = await serve(0, *(cls() for cls in SERVICERS))
+    address = f"127.0.0.1:{server.port}"
+
+    def every_code(credentials) -> dict[str, grpc.StatusCode]:
+        with secure.sync_channel(address, credentials) as channel:
+            return {path: call_blocking(channel, path, method) for path, method in every_method()}
+
+    try:
+        with_token = await asyncio.to_thread(every_code, job)
+        assert all(code == grpc.StatusCode.UNIMPLEMENTED for code in with_token.values()), with_token
+        forged = dataclasses.replace(job, token=b"f" * 64)
+        refused = await asyncio.to_thread(every_code, forged)
+        assert set(refused.values()) == {grpc.StatusCode.UNAUTHENTICATED}, refused
+        aio = secure.aio_channel(address, job)
+        try:
+            for path, method in every_method():
+                code, details = await call(aio, path, method)
+                assert code == grpc.StatusCode.UNIMPLEMENTED, (path, code, details)
+        finally:
+            await aio.close()
+    finally:
+        await server.stop(None)
+
+
 async def test_a_refused_call_changes_nothing(job) -> None:
     learner = WeightPublisher(chunk_bytes=CHUNK, signing_key=job.signing_key)
     learner.publish(model_state(1), 1)

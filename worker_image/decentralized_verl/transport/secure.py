@@ -18,8 +18,8 @@ import grpc
 from decentralized_verl.security.credentials import CallerCredentials, JobCredentials
 from decentralized_verl.security.trust import process_credentials
 from decentralized_verl.transport.grpc_options import channel_options, server_options
+from decentralized_verl.transport.token_metadata import TOKEN_KEY, SyncToken, aio_token, bearer
 
-TOKEN_KEY = "authorization"
 PROCESS: Any = object()
 """Default for `credentials=`: this process's own (`security.trust`); None means plaintext."""
 log = logging.getLogger(__name__)
@@ -34,10 +34,8 @@ def resolve(credentials: Any) -> JobCredentials | CallerCredentials | None:
     return _resolve(credentials)
 
 
-def _channel_credentials(creds: JobCredentials | CallerCredentials) -> grpc.ChannelCredentials:
-    tls = grpc.ssl_channel_credentials(root_certificates=creds.ca)
-    token = grpc.access_token_call_credentials(creds.token.decode())
-    return grpc.composite_channel_credentials(tls, token)
+def _tls(creds: JobCredentials | CallerCredentials) -> grpc.ChannelCredentials:
+    return grpc.ssl_channel_credentials(root_certificates=creds.ca)
 
 
 def aio_channel(
@@ -48,7 +46,7 @@ def aio_channel(
     opts = [*channel_options(), *(options or [])]
     if creds is None:
         return grpc.aio.insecure_channel(address, options=opts)
-    return grpc.aio.secure_channel(address, _channel_credentials(creds), options=opts)
+    return grpc.aio.secure_channel(address, _tls(creds), options=opts, interceptors=aio_token(creds.token))
 
 
 def sync_channel(address: str, credentials: Any = PROCESS) -> grpc.Channel:
@@ -56,7 +54,8 @@ def sync_channel(address: str, credentials: Any = PROCESS) -> grpc.Channel:
     creds = _resolve(credentials)
     if creds is None:
         return grpc.insecure_channel(address, options=channel_options())
-    return grpc.secure_channel(address, _channel_credentials(creds), options=channel_options())
+    channel = grpc.secure_channel(address, _tls(creds), options=channel_options())
+    return grpc.intercept_channel(channel, SyncToken(creds.token))
 
 
 def aio_server(
@@ -92,7 +91,7 @@ class RequireJobToken(grpc.aio.ServerInterceptor):
     """Refuse, before the servicer runs, every call that does not carry the job token."""
 
     def __init__(self, token: bytes) -> None:
-        self.expected = b"Bearer " + token
+        self.expected = bearer(token).encode()
 
     def _valid(self, metadata: Any) -> bool:
         for key, value in metadata or ():
