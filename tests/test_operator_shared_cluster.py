@@ -281,6 +281,18 @@ def test_a_failed_kueue_job_releases_its_quota() -> None:
     assert world.status["kueuePodGroup"]["finished"] is True
 
 
+def test_a_kueue_job_that_succeeds_finishes_every_group_patching_each_pod_once() -> None:
+    world = World(tiny_spec(), labels=QUEUE)
+    world.settle()
+    world.run_pods()
+    world.spec["roles"]["rollout"]["replicas"] = 3  # a new group is due: the old pods are outside it ...
+    world.pods["j-learner-0"]["status"] = {"phase": "Succeeded"}  # ... and the job ends in the same pass
+    actions = world.step()
+    assert world.status["phase"] == "Succeeded" and world.status["kueuePodGroup"]["finished"] is True
+    patched = [name for kind, name, patch in actions.patch if kind == "Pod" and _retriable_false(patch)]
+    assert sorted(patched) == ["j-learner-0", "j-rollout-0", "j-rollout-1"]
+
+
 def test_kueue_preemption_deletes_the_pods_and_the_job_queues_again_in_the_same_group() -> None:
     world = World({**tiny_spec(), "backoffLimit": 0}, labels=QUEUE)
     world.settle()

@@ -338,7 +338,8 @@ def _finish(
         actions.delete = [
             ("Pod", n) for n, p in observed.pods.items() if n not in first_learner and not st.pod_deleting(p)
         ]
-        actions.patch.extend(kueue.finish(observed.pods, keep=None))
+        ending = kueue.finish(observed.pods, keep=None)  # every group ends: no pod patched twice
+        actions.patch = [p for p in actions.patch if p not in ending] + ending
         actions.status, events = outcome.succeeded(_group_finished(new_status), conditions, now)
     elif coordinator_state == "Failed":
         actions.status, events = outcome.coordinator_failed(new_status, conditions, now)
