@@ -50,8 +50,9 @@ class _Timer:
         return out
 
 
-def ours_spec(settings: GRPOSettings, dtype: str, steps: int) -> Any:
-    """The RLHFJob spec of our side: GRPO, every role colocated (replicas 0), no KL, one PPO epoch."""
+def ours_spec(settings: GRPOSettings, dtype: str, steps: int, microbatch_tokens: int | None = None) -> Any:
+    """The RLHFJob spec of our side: GRPO, every role colocated (replicas 0), no KL, one PPO epoch.
+    `microbatch_tokens` packs micro-batches by that token budget instead of `microbatch_prompts` rows."""
     from decentralized_verl.manifest import parse_spec
 
     return parse_spec(
@@ -78,7 +79,11 @@ def ours_spec(settings: GRPOSettings, dtype: str, steps: int) -> Any:
                 "steps": max(1, steps),
                 "batchSize": settings.prompts_per_step,
                 "minibatchSize": settings.prompts_per_step,
-                "microbatchSize": settings.microbatch_prompts,
+                **(
+                    {"microbatchTokens": microbatch_tokens}
+                    if microbatch_tokens
+                    else {"microbatchSize": settings.microbatch_prompts}
+                ),
                 "learningRate": settings.learning_rate,
                 "seed": settings.seed,
             },
@@ -92,7 +97,13 @@ class OursGRPO:
     (`step()`), so a caller can time them, evaluate between them, or stop on a wall budget."""
 
     def __init__(
-        self, model: Any, tokenizer: Any, prompts: Sequence[PromptItem], settings: GRPOSettings, dtype: str
+        self,
+        model: Any,
+        tokenizer: Any,
+        prompts: Sequence[PromptItem],
+        settings: GRPOSettings,
+        dtype: str,
+        microbatch_tokens: int | None = None,
     ) -> None:
         from decentralized_verl.core.samples import Prompt
         from decentralized_verl.orchestration.assemble import build_loop
@@ -100,7 +111,8 @@ class OursGRPO:
         from decentralized_verl.training.trainer import PolicyTrainer
 
         self.model, self.tokenizer, self.settings = model, tokenizer, settings
-        self.spec = ours_spec(settings, dtype, steps=10_000)
+        self.microbatch_tokens = microbatch_tokens
+        self.spec = ours_spec(settings, dtype, steps=10_000, microbatch_tokens=microbatch_tokens)
         self.trainer = PolicyTrainer(model, self.spec)
         self.timer = _Timer()
         # Split the update: forward + loss (incl. the learner's log-probs) and the optimizer step are
@@ -139,7 +151,11 @@ class OursGRPO:
             "norm_adv_by_std": s.norm_by_std,
             "clip": [s.clip_low, s.clip_high],
             "optimizer": "torch AdamW, weight decay 0, constant lr, grad clip 1.0",
-            "accumulation": f"{self.settings.accumulation} micro-batches of {rows} rows",
+            "accumulation": (
+                f"micro-batches packed by a {self.microbatch_tokens}-token budget (shared prompts once)"
+                if self.microbatch_tokens
+                else f"{self.settings.accumulation} micro-batches of {rows} rows"
+            ),
             "weights_sync": "colocated: the rollout backend shares the learner's model (version relabel)",
         }
 

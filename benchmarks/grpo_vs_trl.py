@@ -35,9 +35,16 @@ def log(message: str) -> None:
 
 
 def run_ours(
-    base: Any, tokenizer: Any, prompts, settings: c.GRPOSettings, dtype: str, warmup: int, steps: int
+    base: Any,
+    tokenizer: Any,
+    prompts,
+    settings: c.GRPOSettings,
+    dtype: str,
+    warmup: int,
+    steps: int,
+    microbatch_tokens: int | None = None,
 ):
-    runner = OursGRPO(c.fresh_copy(base), tokenizer, prompts, settings, dtype)
+    runner = OursGRPO(c.fresh_copy(base), tokenizer, prompts, settings, dtype, microbatch_tokens)
     try:
         records = [runner.step() for _ in range(warmup + steps)]
         return records[warmup:], runner.settings_used()
@@ -119,7 +126,16 @@ def benchmark_model(args: argparse.Namespace, name: str, settings: c.GRPOSetting
         for side in order:
             began = time.perf_counter()
             if side == "ours":
-                got, used[side] = run_ours(base, tokenizer, prompts, settings, dtype, args.warmup, args.steps)
+                got, used[side] = run_ours(
+                    base,
+                    tokenizer,
+                    prompts,
+                    settings,
+                    dtype,
+                    args.warmup,
+                    args.steps,
+                    args.ours_microbatch_tokens,
+                )
             else:
                 variant = side.removeprefix("trl-")
                 got, used[side] = run_trl(
@@ -197,6 +213,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=8, help="completions per prompt")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--microbatch-prompts", type=int, default=2)
+    parser.add_argument(
+        "--ours-microbatch-tokens",
+        type=int,
+        default=None,
+        help="pack our micro-batches by this token budget (training.microbatchTokens) instead of "
+        "--microbatch-prompts rows; e.g. TRL's micro-batch positions, for equal activation memory",
+    )
     variants = list(TRL_VARIANTS)
     parser.add_argument("--trl-variants", nargs="+", default=variants, choices=variants)
     parser.add_argument("--skip-trl", action="store_true", help="time our side only")
@@ -214,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.warmup < 0:
         parser.error(f"--warmup: must be >= 0 (got {args.warmup})")
+    if args.ours_microbatch_tokens is not None and args.ours_microbatch_tokens < 1:
+        parser.error(f"--ours-microbatch-tokens: must be >= 1 (got {args.ours_microbatch_tokens})")
     args.skip_trl_reason = "--skip-trl given" if args.skip_trl else c.trl_missing_reason()
     if args.skip_trl_reason:
         log(f"TRL side skipped: {args.skip_trl_reason}")

@@ -93,6 +93,22 @@ def flop_counts(model: Any, batch: Any) -> dict[str, float]:
     }
 
 
+def shared_budget(
+    args: argparse.Namespace, tokenizer: Any, settings: c.GRPOSettings, model: Any
+) -> int | None:
+    """The shared side's micro-batch token budget: `--shared-microbatch-tokens`, where "plain" is the token
+    positions one plain micro-batch computes (its rows padded to the batch's longest), i.e. the same
+    activation memory per micro-batch. The plain forward computes every row's prompt, so it cannot pack
+    by the shared cost: it keeps `--microbatch-prompts`."""
+    if args.shared_microbatch_tokens is None:
+        return None
+    if args.shared_microbatch_tokens != "plain":
+        return int(args.shared_microbatch_tokens)
+    batch = synthetic_batch(tokenizer, settings, model)
+    rows = settings.microbatch_prompts * settings.samples_per_prompt
+    return rows * int(batch.input_ids.shape[1])
+
+
 def measure_model(
     args: argparse.Namespace, name: str, settings: c.GRPOSettings, *, plain: bool
 ) -> dict[str, Any]:
@@ -105,7 +121,8 @@ def measure_model(
     torch.manual_seed(0)
     model, tokenizer, _ = c.load_model(name, dtype)
     model.train()
-    spec = ours_spec(settings, dtype, steps=args.repeats + 1)
+    budget = None if plain else shared_budget(args, tokenizer, settings, model)
+    spec = ours_spec(settings, dtype, steps=args.repeats + 1, microbatch_tokens=budget)
     trainer = PolicyTrainer(model, spec)
     trainer.force_plain = plain
     timer = _Timer()
@@ -129,6 +146,7 @@ def measure_model(
     update_s, fwd_bwd_s = c.median(updates), c.median(fwd_bwd)
     out: dict[str, Any] = {
         "forward": "plain" if plain else "shared",
+        "microbatch_tokens": budget,
         "dtype": dtype,
         **counts,
         "tokens_per_s": counts["tokens"] / update_s,
@@ -159,6 +177,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--microbatch-prompts", type=int, default=2)
+    parser.add_argument(
+        "--shared-microbatch-tokens",
+        default=None,
+        help="pack the shared side's micro-batches by this token budget; 'plain': the positions one plain "
+        "micro-batch computes (equal activation memory); default: --microbatch-prompts rows on both sides",
+    )
     parser.add_argument("--matmul-size", type=int, default=2048)
     parser.add_argument("--matmul-repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
@@ -177,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     c.check_batch_args(
         parser, args, ("repeats", "prompts", "samples", "new_tokens", "microbatch_prompts", "matmul_size")
     )
+    budget = args.shared_microbatch_tokens
+    if budget not in (None, "plain") and not (budget.isdigit() and int(budget) > 0):
+        parser.error(f"--shared-microbatch-tokens: 'plain' or a token count > 0 (got {budget!r})")
     threads = c.set_threads(args.threads)
     settings = c.grpo_settings(args)
     report: dict[str, Any] = {
@@ -199,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
                 [
                     name,
                     result["forward"],
+                    f"{result['microbatch_tokens']} tokens"
+                    if result["microbatch_tokens"]
+                    else f"{settings.microbatch_prompts} prompts",
                     result["dtype"],
                     f"{result['parameters'] / 1e6:.2f} M",
                     result["tokens"],
@@ -226,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         [
             "model",
             "forward",
+            "micro-batches by",
             "dtype",
             "params",
             "tokens/update",

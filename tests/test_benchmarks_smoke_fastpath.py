@@ -105,6 +105,15 @@ def test_learner_mfu_smoke() -> None:
     assert 0 < result[own] < 5  # a loaded machine can depress the ceiling, not invert it
 
 
+def test_learner_mfu_packs_the_shared_side_into_the_plain_micro_batch_memory() -> None:
+    out = run("learner_mfu.py", "--tiny", "--threads", "1", "--shared-microbatch-tokens", "plain")
+    report = report_of(out)
+    both = report["models"]["tiny-smoke"]
+    assert both["plain"]["microbatch_tokens"] is None  # the plain forward keeps its rows per micro-batch
+    # 1 prompt x 4 samples a plain micro-batch, each row padded to the batch's width
+    assert both["shared"]["microbatch_tokens"] == 4 * both["plain"]["padded_length"]
+
+
 def test_time_to_accuracy_smoke(tmp_path: Path) -> None:
     out = run("time_to_accuracy.py", "--tiny", "--threads", "1", "--out-dir", str(tmp_path), timeout=300)
     report = report_of(out)
@@ -138,6 +147,8 @@ def test_time_to_accuracy_smoke(tmp_path: Path) -> None:
             "multiple of --microbatch-prompts",
         ),
         ("learner_mfu.py", ["--repeats", "0"], "--repeats: must be >= 1"),
+        ("grpo_vs_trl.py", ["--ours-microbatch-tokens", "0"], "--ours-microbatch-tokens: must be >= 1"),
+        ("learner_mfu.py", ["--shared-microbatch-tokens", "0"], "--shared-microbatch-tokens: 'plain' or"),
         ("time_to_accuracy.py", ["--budget", "-1"], "--budget: must be > 0"),
         ("time_to_accuracy.py", ["--target", "1.5"], "--target: must be in (0, 1]"),
     ],
