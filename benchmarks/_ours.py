@@ -111,7 +111,6 @@ class OursGRPO:
         from decentralized_verl.training.trainer import PolicyTrainer
 
         self.model, self.tokenizer, self.settings = model, tokenizer, settings
-        self.microbatch_tokens = microbatch_tokens
         self.spec = ours_spec(settings, dtype, steps=10_000, microbatch_tokens=microbatch_tokens)
         self.trainer = PolicyTrainer(model, self.spec)
         self.timer = _Timer()
@@ -142,6 +141,7 @@ class OursGRPO:
     def settings_used(self) -> dict[str, Any]:
         backend = self.roles.rollout[0].worker.backend
         s, rows = self.trainer.settings, self.settings.microbatch_rows
+        budget = self.spec.training.microbatch_tokens
         return {
             "generation": f"own HF sampling loop, KV cache, micro-batches of {backend.max_batch_size} rows",
             "gradient_checkpointing": False,
@@ -152,8 +152,8 @@ class OursGRPO:
             "clip": [s.clip_low, s.clip_high],
             "optimizer": "torch AdamW, weight decay 0, constant lr, grad clip 1.0",
             "accumulation": (
-                f"micro-batches packed by a {self.microbatch_tokens}-token budget (shared prompts once)"
-                if self.microbatch_tokens
+                f"micro-batches packed by a {budget}-token budget (shared prompts once)"
+                if budget
                 else f"{self.settings.accumulation} micro-batches of {rows} rows"
             ),
             "weights_sync": "colocated: the rollout backend shares the learner's model (version relabel)",

@@ -93,18 +93,15 @@ def flop_counts(model: Any, batch: Any) -> dict[str, float]:
     }
 
 
-def shared_budget(
-    args: argparse.Namespace, tokenizer: Any, settings: c.GRPOSettings, model: Any
-) -> int | None:
+def shared_budget(args: argparse.Namespace, settings: c.GRPOSettings, batch: Any) -> int | None:
     """The shared side's micro-batch token budget: `--shared-microbatch-tokens`, where "plain" is the token
-    positions one plain micro-batch computes (its rows padded to the batch's longest), i.e. the same
-    activation memory per micro-batch. The plain forward computes every row's prompt, so it cannot pack
-    by the shared cost: it keeps `--microbatch-prompts`."""
+    positions one plain micro-batch of `batch` computes (its rows padded to the batch's longest), i.e. the
+    same activation memory per micro-batch. The plain forward computes every row's prompt, so it cannot
+    pack by the shared cost: it keeps `--microbatch-prompts`."""
     if args.shared_microbatch_tokens is None:
         return None
     if args.shared_microbatch_tokens != "plain":
         return int(args.shared_microbatch_tokens)
-    batch = synthetic_batch(tokenizer, settings, model)
     rows = settings.microbatch_prompts * settings.samples_per_prompt
     return rows * int(batch.input_ids.shape[1])
 
@@ -121,14 +118,14 @@ def measure_model(
     torch.manual_seed(0)
     model, tokenizer, _ = c.load_model(name, dtype)
     model.train()
-    budget = None if plain else shared_budget(args, tokenizer, settings, model)
+    batch = synthetic_batch(tokenizer, settings, model)
+    budget = None if plain else shared_budget(args, settings, batch)
     spec = ours_spec(settings, dtype, steps=args.repeats + 1, microbatch_tokens=budget)
     trainer = PolicyTrainer(model, spec)
     trainer.force_plain = plain
     timer = _Timer()
     trainer._loss = timer.wrap("forward", trainer._loss)
     timer.hook_optimizer(trainer.optimizer)
-    batch = synthetic_batch(tokenizer, settings, model)
     attach_advantages(batch, trainer.settings)  # binary rewards -> non-zero GRPO advantages
     counts = flop_counts(model, batch)
     ceilings = {d: matmul_ceiling(args.matmul_size, d, args.matmul_repeats) for d in ("bfloat16", "float32")}

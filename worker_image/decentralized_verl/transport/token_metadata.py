@@ -80,34 +80,29 @@ def _aio_details(details: grpc.aio.ClientCallDetails, value: str) -> grpc.aio.Cl
     )
 
 
-class _AioUnaryUnary(grpc.aio.UnaryUnaryClientInterceptor):
+class _AioToken:
+    """What the four aio interceptors share: the token value they add."""
+
     def __init__(self, value: str) -> None:
         self.value = value
 
+
+class _AioUnaryUnary(_AioToken, grpc.aio.UnaryUnaryClientInterceptor):
     async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
         return await continuation(_aio_details(details, self.value), request)
 
 
-class _AioUnaryStream(grpc.aio.UnaryStreamClientInterceptor):
-    def __init__(self, value: str) -> None:
-        self.value = value
-
+class _AioUnaryStream(_AioToken, grpc.aio.UnaryStreamClientInterceptor):
     async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
         return await continuation(_aio_details(details, self.value), request)
 
 
-class _AioStreamUnary(grpc.aio.StreamUnaryClientInterceptor):
-    def __init__(self, value: str) -> None:
-        self.value = value
-
+class _AioStreamUnary(_AioToken, grpc.aio.StreamUnaryClientInterceptor):
     async def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
         return await continuation(_aio_details(details, self.value), requests)
 
 
-class _AioStreamStream(grpc.aio.StreamStreamClientInterceptor):
-    def __init__(self, value: str) -> None:
-        self.value = value
-
+class _AioStreamStream(_AioToken, grpc.aio.StreamStreamClientInterceptor):
     async def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
         return await continuation(_aio_details(details, self.value), requests)
 
