@@ -6,6 +6,7 @@ held), a worker without the bulk plane gets a gRPC push instead, and the same ho
 
 from __future__ import annotations
 
+import gc
 import socket
 import time
 from pathlib import Path
@@ -216,3 +217,24 @@ def test_a_receive_buffer_is_reused_only_once_nothing_views_it() -> None:
     second.release()
     again = pool.take(1 << 20)
     assert pool.reused == 1 and len(again) == 1 << 20
+
+
+def test_relays_reuse_their_receive_buffer_for_the_next_version_without_the_cyclic_collector(nodes) -> None:
+    """A relay forwards from its receive buffer; once a version is replaced, that buffer must be free for
+    the next one through plain reference counting, on every node of the chain."""
+    learner = nodes(WeightRelay(WeightPublisher(chunk_bytes=CHUNK, keep=1)))
+    receivers = [nodes(WeightRelay(WeightPublisher(chunk_bytes=CHUNK, keep=1))) for _ in range(3)]
+    route = plan_chain([r.address for r in receivers])
+    gc.disable()
+    try:
+        for version in range(1, 5):
+            learner.relay.publish(model_state(), version)
+            results = learner.call(learner.relay.fan_out_bulk(version, route))
+            assert results == {r.address: OK for r in receivers}
+            for r in receivers:
+                wait_idle(r)
+    finally:
+        gc.enable()
+    for r in receivers:
+        assert same_weights(r, learner, 4)
+        assert r.relay.bulk.buffers.reused >= 2, r.address  # two buffers alternate: held and arriving
