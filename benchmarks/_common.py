@@ -42,6 +42,22 @@ FEW_SHOT = [
     {"role": "assistant", "content": "3 + 4 = 7. The answer is \\boxed{7}."},
 ]
 
+# Further demos for long-prompt runs: sums no split of the shipped data asks (one digit plus two digits).
+_MORE_DEMOS = [(6, 51), (8, 62), (5, 73), (7, 84), (2, 95), (4, 36), (9, 27)]
+
+
+def few_shot(shots: int = 1) -> list[dict[str, str]]:
+    """The one-shot demo followed by ``shots - 1`` more of the same form: a longer prompt with the same task,
+    for measuring where prompts are several times longer than completions."""
+    if not 1 <= shots <= 1 + len(_MORE_DEMOS):
+        raise ValueError(f"shots must be 1..{1 + len(_MORE_DEMOS)}, got {shots}")
+    demos = list(FEW_SHOT)
+    for a, b in _MORE_DEMOS[: shots - 1]:
+        demos.append({"role": "user", "content": f"What is {a} + {b}?"})
+        answer = f"{a} + {b} = {a + b}. The answer is \\boxed{{{a + b}}}."
+        demos.append({"role": "assistant", "content": answer})
+    return demos
+
 
 @dataclass(frozen=True)
 class PromptItem:
@@ -164,10 +180,11 @@ def count_parameters(model: Any) -> int:
 
 
 def arithmetic_prompts(
-    tokenizer: Any, split: str = "small_train", limit: int | None = None
+    tokenizer: Any, split: str = "small_train", limit: int | None = None, shots: int = 1
 ) -> list[PromptItem]:
     """The shipped arithmetic prompts rendered with the tokenizer's chat template and the one-shot demo,
-    exactly as the runtime renders them for examples/smollm2-arithmetic-grpo.yaml."""
+    exactly as the runtime renders them for examples/smollm2-arithmetic-grpo.yaml (``shots`` > 1: more
+    demos, a longer prompt for the same task)."""
     from decentralized_verl.data import load_prompts, prompt_records, render_prompt
 
     path = ARITHMETIC / f"{split}.jsonl"
@@ -176,7 +193,7 @@ def arithmetic_prompts(
         records = records[:limit]
     out = []
     for record in records:
-        text = render_prompt(record, tokenizer, None, FEW_SHOT)
+        text = render_prompt(record, tokenizer, None, few_shot(shots))
         ids = tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
         out.append(PromptItem(str(record.id), text, ids, str(record.ground_truth or "")))
     return out

@@ -3,6 +3,7 @@
     python benchmarks/grpo_vs_trl.py --model smollm2 --repeats 3        # SmolLM2-135M-Instruct, bf16
     python benchmarks/grpo_vs_trl.py --model tiny-llama --repeats 3     # 3.46 M-parameter Llama from config
     python benchmarks/grpo_vs_trl.py --tiny                             # smoke sizes (the test suite)
+    python benchmarks/grpo_vs_trl.py --model smollm2 --shots 3          # 3 demos: prompts ~5x completions
 
 A step = generate 64 completions (8 prompts x 8 samples, 32 new tokens, temperature 1), score them with
 the `boxed` reward of examples/smollm2-arithmetic-grpo.yaml, GRPO advantages, one optimizer step with
@@ -13,7 +14,9 @@ shared machine hits both), each run discards `--warmup` steps and times `--steps
 step time per side, the ratio TRL / ours, and where the time goes (generation, reward, extra log-prob
 passes, learner forward, backward, optimizer, weight sync, other/idle). TRL variants: `matched` (gradient
 checkpointing off, like ours) and `default` (TRL's default, gradient checkpointing on); every setting of
-both sides is in the JSON report. Prints one JSON object on stdout; progress and the tables on stderr.
+both sides is in the JSON report. The target is 2.5x, and 3x where the prompts (median tokens) are longer
+than the completions, since that is where one prompt pass per group saves the most.
+Prints one JSON object on stdout; progress and the tables on stderr.
 """
 
 from __future__ import annotations
@@ -28,6 +31,12 @@ from _ours import OursGRPO
 from _trl import TRL_VARIANTS, TRLGRPO, TRLVariant
 
 TARGET_RATIO = 2.5
+LONG_PROMPT_TARGET_RATIO = 3.0
+"""Where prompts are longer than completions the shared-prompt forward is meant to widen the gap."""
+
+
+def target_ratio(prompt_tokens: float, new_tokens: int) -> float:
+    return LONG_PROMPT_TARGET_RATIO if prompt_tokens > new_tokens else TARGET_RATIO
 
 
 def log(message: str) -> None:
@@ -114,7 +123,10 @@ def profile_rows(sides: dict[str, dict[str, Any]]) -> tuple[list[str], list[list
 def benchmark_model(args: argparse.Namespace, name: str, settings: c.GRPOSettings) -> dict[str, Any]:
     dtype = c.default_dtype(name) if args.dtype == "auto" else args.dtype
     base, tokenizer, load_s = c.load_model(name, dtype)
-    prompts = c.arithmetic_prompts(tokenizer)
+    prompts = c.arithmetic_prompts(tokenizer, shots=args.shots)
+    prompt_tokens = c.median([len(p.token_ids) for p in prompts])
+    target = target_ratio(prompt_tokens, settings.max_new_tokens)
+    log(f"[{name}] prompts: median {prompt_tokens:.0f} tokens ({args.shots} demo(s)); target >= {target}x")
     variants = [] if args.skip_trl_reason else list(args.trl_variants)
     sides = ["ours", *[f"trl-{v}" for v in variants]]
     records: dict[str, list[dict[str, Any]]] = {s: [] for s in sides}
@@ -165,8 +177,8 @@ def benchmark_model(args: argparse.Namespace, name: str, settings: c.GRPOSetting
             "ratio_of_medians": summary[side]["median_step_s"] / ours,
             "per_repeat": paired,
             "median_per_repeat": c.median(paired),
-            "target": TARGET_RATIO,
-            "target_met": summary[side]["median_step_s"] / ours >= TARGET_RATIO,
+            "target": target,
+            "target_met": summary[side]["median_step_s"] / ours >= target,
         }
     headers, rows = profile_rows(summary)
     table = c.markdown_table(headers, rows)
@@ -183,11 +195,13 @@ def benchmark_model(args: argparse.Namespace, name: str, settings: c.GRPOSetting
             for side, r in ratios.items()
         ],
     )
-    log(f"\n[{name}] ratio (target >= {TARGET_RATIO}x)\n{ratio_table}\n")
+    log(f"\n[{name}] ratio (target >= {target}x)\n{ratio_table}\n")
     log(f"[{name}] where the time goes, median s per step\n{table}\n")
     return {
         "dtype": dtype,
         "parameters": c.count_parameters(base),
+        "prompt_tokens_median": prompt_tokens,
+        "shots": args.shots,
         "load_average_per_run": loads,
         "load_s": load_s,
         "sides": summary,
@@ -212,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=8, help="prompts per step")
     parser.add_argument("--samples", type=int, default=8, help="completions per prompt")
     parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument(
+        "--shots", type=int, default=1, help="demos in each prompt (more: longer prompts, same task)"
+    )
     parser.add_argument("--microbatch-prompts", type=int, default=2)
     parser.add_argument(
         "--ours-microbatch-tokens",
@@ -233,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         args.model, args.repeats, args.steps, args.warmup = ["tiny-smoke"], 1, 1, 0
         args.prompts, args.samples, args.new_tokens, args.microbatch_prompts = 2, 4, 8, 1
     c.check_batch_args(
-        parser, args, ("repeats", "steps", "prompts", "samples", "new_tokens", "microbatch_prompts")
+        parser, args, ("repeats", "steps", "prompts", "samples", "new_tokens", "microbatch_prompts", "shots")
     )
     if args.warmup < 0:
         parser.error(f"--warmup: must be >= 0 (got {args.warmup})")

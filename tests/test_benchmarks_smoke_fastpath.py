@@ -21,6 +21,7 @@ sys.path.insert(0, str(BENCH))
 
 import _common  # noqa: E402
 import _trl  # noqa: E402
+import grpo_vs_trl  # noqa: E402
 
 # tiny-smoke by hand: 2 layers x (attention 4*64*64 + MLP 3*64*128 + 2 norms of 64) + embedding and
 # untied lm_head 2*104*64 + final norm 64.
@@ -46,7 +47,7 @@ def report_of(out: subprocess.CompletedProcess) -> dict:
 
 @pytest.fixture(scope="module")
 def grpo_report() -> dict:
-    return report_of(run("grpo_vs_trl.py", "--tiny", "--threads", "1"))
+    return report_of(run("grpo_vs_trl.py", "--tiny", "--threads", "1", "--shots", "2"))
 
 
 def test_grpo_vs_trl_ours_side(grpo_report: dict) -> None:
@@ -62,6 +63,11 @@ def test_grpo_vs_trl_ours_side(grpo_report: dict) -> None:
     assert measured <= ours["median_step_s"] * 1.01
     assert ours["settings"]["gradient_checkpointing"] is False
     assert model["parameters"] == TINY_SMOKE_PARAMS
+    # two demos: the prompt is the one-shot prompt plus one more exchange, far longer than 8 new tokens
+    from decentralized_verl.models.tokenizer import build_char_tokenizer
+
+    one_shot = _common.median([len(p.token_ids) for p in _common.arithmetic_prompts(build_char_tokenizer())])
+    assert model["shots"] == 2 and model["prompt_tokens_median"] > one_shot + 20
 
 
 def test_grpo_vs_trl_trl_side(grpo_report: dict) -> None:
@@ -150,6 +156,7 @@ def test_time_to_accuracy_smoke(tmp_path: Path) -> None:
         ("grpo_vs_trl.py", ["--ours-microbatch-tokens", "0"], "--ours-microbatch-tokens: must be >= 1"),
         ("learner_mfu.py", ["--shared-microbatch-tokens", "0"], "--shared-microbatch-tokens: 'plain' or"),
         ("time_to_accuracy.py", ["--budget", "-1"], "--budget: must be > 0"),
+        ("grpo_vs_trl.py", ["--shots", "0"], "--shots: must be >= 1"),
         ("time_to_accuracy.py", ["--target", "1.5"], "--target: must be in (0, 1]"),
     ],
 )
@@ -171,3 +178,8 @@ def test_helpers_by_hand() -> None:
     kwargs = _trl.trl_config_kwargs(settings, _trl.TRL_VARIANTS["matched"], "/tmp/x", 5)
     assert kwargs["per_device_train_batch_size"] * kwargs["gradient_accumulation_steps"] == 64
     assert kwargs["gradient_checkpointing"] is False and kwargs["bf16"] is False
+    demos = _common.few_shot(3)
+    assert len(demos) == 6 and demos[:2] == _common.FEW_SHOT and "\\boxed{57}" in demos[3]["content"]
+    with pytest.raises(ValueError, match="shots must be"):
+        _common.few_shot(0)
+    assert grpo_vs_trl.target_ratio(75, 32) == 3.0 and grpo_vs_trl.target_ratio(20, 32) == 2.5
