@@ -103,10 +103,15 @@ class GRPOSettings:
 
 # ------------------------------------------------------------------------------------------- basics
 def set_threads(threads: int | None) -> int:
+    """Size torch's pool and keep freed memory for reuse, as the runtime's compute processes do
+    (`cpus.configure_from_environment`); one process, so both sides of a comparison get the same."""
     import torch
+
+    from decentralized_verl.heap import keep_freed_memory
 
     threads = threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
+    keep_freed_memory()
     return threads
 
 
@@ -232,7 +237,9 @@ def write_json(path: str | Path | None, report: dict[str, Any]) -> None:
 
 def fresh_copy(model: Any) -> Any:
     """An independent copy (own weights, no optimizer state) so each run starts from the same policy."""
-    clone = copy.deepcopy(model)
+    from decentralized_verl import compute_thread
+
+    clone = compute_thread.call(copy.deepcopy, model)  # where the runs compute (one OpenMP team)
     clone.train()
     return clone
 

@@ -118,10 +118,16 @@ class TRLGRPO:
         variant: TRLVariant,
         *,
         max_steps: int = 10_000,
+        attention: str = "sdpa",
     ) -> None:
         from datasets import Dataset
         from trl import GRPOConfig, GRPOTrainer
 
+        # TRL users get the model as `from_pretrained` makes it (SDPA attention); `attention="same"` keeps
+        # whatever our loader chose, to show how much of a gap the attention kernel accounts for.
+        if attention != "same":
+            model.set_attn_implementation(attention)
+        self.attention = model.config._attn_implementation
         self.settings = settings
         self._tmp = tempfile.TemporaryDirectory(prefix="bench-trl-")
         self.config_kwargs = trl_config_kwargs(settings, variant, self._tmp.name, max_steps)
@@ -145,6 +151,7 @@ class TRLGRPO:
         shown = {k: v for k, v in self.config_kwargs.items() if k != "output_dir"}
         shown["generation"] = "transformers model.generate (sampling, KV cache), one batch of 64"
         shown["old_logprobs"] = "skipped by TRL (num_iterations 1, aligned generation): detached current"
+        shown["attention"] = self.attention
         return shown
 
     def run(self, on_step: Callable[[dict[str, Any]], bool | None]) -> None:
@@ -195,12 +202,15 @@ class TRLGRPO:
 
         from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
+        from decentralized_verl import compute_thread
+
         self.trainer.remove_callback(PrinterCallback)  # it prints every log dict to stdout
         self.trainer.remove_callback(ProgressCallback)
         self.trainer.add_callback(Clock())
         try:
             with contextlib.redirect_stdout(sys.stderr):  # stdout is for the JSON report
-                self.trainer.train()
+                # on the compute thread, like our side: one OpenMP team in the process (compute_thread)
+                compute_thread.call(self.trainer.train)
         finally:
             profile.close()
 

@@ -70,8 +70,11 @@ def run_trl(
     variant: TRLVariant,
     warmup: int,
     steps: int,
+    attention: str = "sdpa",
 ):
-    runner = TRLGRPO(c.fresh_copy(base), tokenizer, prompts, settings, variant, max_steps=warmup + steps)
+    copy = c.fresh_copy(base)
+    total = warmup + steps
+    runner = TRLGRPO(copy, tokenizer, prompts, settings, variant, max_steps=total, attention=attention)
     records: list[dict[str, Any]] = []
 
     def on_step(info: dict[str, Any]) -> bool:
@@ -158,6 +161,7 @@ def benchmark_model(args: argparse.Namespace, name: str, settings: c.GRPOSetting
                     TRL_VARIANTS[variant],
                     args.warmup,
                     args.steps,
+                    args.trl_attention,
                 )
             records[side] += got
             loads.append({"repeat": repeat, "side": side, "load_1m_after": c.load_average()})
@@ -240,6 +244,12 @@ def main(argv: list[str] | None = None) -> int:
     variants = list(TRL_VARIANTS)
     parser.add_argument("--trl-variants", nargs="+", default=variants, choices=variants)
     parser.add_argument("--skip-trl", action="store_true", help="time our side only")
+    parser.add_argument(
+        "--trl-attention",
+        choices=("sdpa", "same"),
+        default="sdpa",
+        help="TRL's model attention: sdpa (as from_pretrained gives it) or the same as ours",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     parser.add_argument("--out", default=None, help="also write the JSON report here")
     parser.add_argument(

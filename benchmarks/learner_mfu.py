@@ -111,12 +111,15 @@ def measure_model(
 ) -> dict[str, Any]:
     import torch
 
+    from decentralized_verl import compute_thread
     from decentralized_verl.training.advantage_step import attach_advantages
     from decentralized_verl.training.trainer import PolicyTrainer
 
     dtype = c.default_dtype(name) if args.dtype == "auto" else args.dtype
     torch.manual_seed(0)
     model, tokenizer, _ = c.load_model(name, dtype)
+    if plain and args.plain_attention != "same":
+        model.set_attn_implementation(args.plain_attention)  # the old path ran transformers' SDPA
     model.train()
     batch = synthetic_batch(tokenizer, settings, model)
     budget = None if plain else shared_budget(args, settings, batch)
@@ -128,21 +131,29 @@ def measure_model(
     timer.hook_optimizer(trainer.optimizer)
     attach_advantages(batch, trainer.settings)  # binary rewards -> non-zero GRPO advantages
     counts = flop_counts(model, batch)
-    ceilings = {d: matmul_ceiling(args.matmul_size, d, args.matmul_repeats) for d in ("bfloat16", "float32")}
-    trainer.update(batch)  # warm-up: allocator, optimizer state
+    # Everything on the compute thread, as the runtime computes (one OpenMP team: compute_thread.py).
+    ceilings = {
+        d: compute_thread.call(matmul_ceiling, args.matmul_size, d, args.matmul_repeats)
+        for d in ("bfloat16", "float32")
+    }
+    compute_thread.call(trainer.update, batch)  # warm-up: allocator, optimizer state
     timer.take()
     updates, fwd_bwd = [], []
     for _ in range(args.repeats):
         began = time.perf_counter()
-        trainer.update(batch)
+        compute_thread.call(trainer.update, batch)
         wall = time.perf_counter() - began
         parts = timer.take()
         updates.append(wall)
         fwd_bwd.append(wall - parts.get("optimizer", 0.0))
-    after = {d: matmul_ceiling(args.matmul_size, d, args.matmul_repeats) for d in ("bfloat16", "float32")}
+    after = {
+        d: compute_thread.call(matmul_ceiling, args.matmul_size, d, args.matmul_repeats)
+        for d in ("bfloat16", "float32")
+    }
     update_s, fwd_bwd_s = c.median(updates), c.median(fwd_bwd)
     out: dict[str, Any] = {
         "forward": "plain" if plain else "shared",
+        "attention": model.config._attn_implementation,
         "microbatch_tokens": budget,
         "dtype": dtype,
         **counts,
@@ -188,6 +199,12 @@ def main(argv: list[str] | None = None) -> int:
         default="both",
         choices=["both", "plain", "shared"],
         help="plain: the model's call over the padded batch (the old path); shared: a prompt pass per group",
+    )
+    parser.add_argument(
+        "--plain-attention",
+        choices=("sdpa", "same"),
+        default="sdpa",
+        help="the plain side's attention: sdpa (the old path) or the same as the shared side's",
     )
     parser.add_argument("--out", default=None, help="also write the JSON report here")
     parser.add_argument("--tiny", action="store_true", help="smoke: tiny model, 2 prompts x 4 x 8 tokens")

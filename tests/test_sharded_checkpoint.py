@@ -31,9 +31,10 @@ from decentralized_verl.training.checkpoints import restore_latest
 from decentralized_verl.training.sharded_checkpoint import export_hf, load_sharded
 
 WORKER = Path(__file__).with_name("sharded_checkpoint_worker.py")
-STEP_TOLERANCE = 1e-6
+STEP_TOLERANCE = 1e-5
 """One learner sums a step's 4 rows in one backward, two learners in two halves averaged by the reduce-
-scatter: the same gradient up to float32 rounding (measured <= 1e-7 on the weights after the step)."""
+scatter: the same gradient up to float32 rounding, which Adam's normalisation lifts for near-zero gradient
+entries (measured <= 1.1e-6 on the weights after the step; the step itself moves weights by ~1e-2)."""
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from decentralized_verl.security.credentials import run_folder_credentials
 
 SECRET = "volunteer-e2e-secret-0123456789"
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("collected_before_fork")]
 
 
 def manifest(tmp_path: Path, name: str, steps: int = 3, verify: float = 1.0) -> Path:

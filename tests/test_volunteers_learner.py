@@ -22,7 +22,7 @@ import torch
 from local_models import save_tiny_model
 from processes import console_env, free_port
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("collected_before_fork")]
 
 LR = 0.1
 BATCH = 4

@@ -22,6 +22,8 @@ from local_models import save_tiny_model
 from processes import console_env, free_port
 from test_volunteers_quickstart import Shell
 
+pytestmark = pytest.mark.usefixtures("collected_before_fork")
+
 
 def sample(prompt_ids, response_ids, *, prompt_text="", text="", ground_truth=""):
     from decentralized_verl.core.samples import Prompt, Sample

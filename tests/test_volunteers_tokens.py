@@ -10,6 +10,8 @@ import pytest
 from decentralized_verl.volunteers import identity
 from decentralized_verl.volunteers.tokens import TokenError, issue_token, read_claims, verify_token
 
+pytestmark = pytest.mark.usefixtures("collected_before_fork")
+
 SECRET = b"0123456789abcdef-job-secret"
 NOW = 1_700_000_000.0
 

@@ -111,7 +111,11 @@ def share_cores(cores: int, workers: Sequence[tuple[str, str]], *, overlapped: b
 
 
 def configure_from_environment(environ: Mapping[str, str] | None = None) -> int:
-    """Size torch's pools for this process (computing entry points call this first); returns the count."""
+    """Size torch's pools for this process and keep its freed tensor memory for reuse (`heap`); computing
+    entry points call this first, before any worker thread starts. Returns the thread count."""
+    from decentralized_verl.heap import keep_freed_memory
+
     threads = available_cpus(environ)
     configure_torch(threads)
+    keep_freed_memory()
     return threads

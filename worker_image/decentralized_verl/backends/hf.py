@@ -7,7 +7,8 @@ on decoded text, and a seed must make a response independent of its batch-mates.
 1. expand requests into rows (``n`` per prompt), sort by prompt length, cut into micro-batches;
 2. left-pad the micro-batch's distinct prompts, with position ids counted from each row's first real
    token, and run one prefill forward pass that fills a ``DynamicCache``; copy each prompt's cache to
-   its rows (a GRPO group's samples share one prompt pass);
+   its rows (a GRPO group's samples share one prompt pass); full-attention layers write into buffers
+   sized for the whole generation (`kv_cache.decode_cache`), so a step does not copy the cache;
 3. per step: sample one token per live row, record its log-prob, check end-of-sequence / stop strings /
    length, drop finished rows from the batch and the cache, and feed the new tokens.
 
@@ -77,13 +78,21 @@ def sample_tokens(
     """
     logits = logits.float()
     greedy = temperature == 0
-    safe_t = torch.where(greedy, torch.ones_like(temperature), temperature)
-    logprobs_all = torch.log_softmax(logits / safe_t[:, None], dim=-1)
-    tokens = logits.argmax(dim=-1)
+    if bool((temperature == 1).all()):
+        scaled = logits  # the common case: no division pass over the vocabulary
+    else:
+        scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]
+    logprobs_all = torch.log_softmax(scaled, dim=-1)
     sampled_rows = (~greedy).nonzero().flatten().tolist()
+    tokens = logits.argmax(dim=-1) if len(sampled_rows) < len(greedy) else None
     if sampled_rows:
+        every_row = len(sampled_rows) == len(greedy)
         index = torch.tensor(sampled_rows, device=logits.device)
-        probs = filter_logits(logprobs_all[index], top_k[index], top_p[index]).softmax(dim=-1)
+        rows_logprobs = logprobs_all if every_row else logprobs_all[index]
+        rows_top_k, rows_top_p = (top_k, top_p) if every_row else (top_k[index], top_p[index])
+        filtered = filter_logits(rows_logprobs, rows_top_k, rows_top_p)
+        # Unfiltered log-probs are already normalized: exp is the distribution, no second softmax.
+        probs = filtered.exp() if filtered is rows_logprobs else filtered.softmax(dim=-1)
         # Inverse-CDF sampling: one uniform per row from the row's own generator (rows sharing one draw
         # in row order), then one batched search. Exact, and unlike a `multinomial` per seeded row it
         # costs one scalar draw per row instead of a pass over the vocabulary per row.
@@ -98,8 +107,13 @@ def sample_tokens(
         # First index whose cdf exceeds u * total: a zero-probability token can never be that index.
         drawn = torch.searchsorted(cdf, (uniform * cdf[:, -1])[:, None], right=True).flatten()
         past_end = drawn >= cdf.shape[-1]  # u * total rounded up to total (~2^-24): take the mode
-        drawn = torch.where(past_end, probs.argmax(dim=-1), drawn)
-        tokens[index] = drawn
+        if bool(past_end.any()):
+            drawn = torch.where(past_end, probs.argmax(dim=-1), drawn)
+        if tokens is None:
+            tokens = drawn
+        else:
+            tokens[index] = drawn
+    assert tokens is not None
     chosen = logprobs_all.gather(-1, tokens[:, None]).flatten()
     return tokens, chosen
 
@@ -165,6 +179,9 @@ class HFBackend:
         self.pad_token_id = pad if pad is not None else min(self.eos_token_ids, default=0)
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
         self._logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+        from decentralized_verl.backends.kv_cache import cache_keyword
+
+        self._cache_keyword = cache_keyword(model)
 
     def _default_eos(self) -> set[int]:
         ids: set[int] = set()
@@ -264,9 +281,10 @@ class HFBackend:
         top_p = torch.tensor([float(r.params.top_p) for r in rows], device=device)
         live = list(range(len(rows)))  # batch position -> index into rows
 
-        from transformers import DynamicCache
+        from decentralized_verl.backends.kv_cache import decode_cache
 
-        cache = DynamicCache(config=self.model.config)
+        capacity = width + max(r.params.max_new_tokens for r in rows)
+        cache = decode_cache(self.model.config, capacity)
         logits = self._forward(input_ids, attention, positions, cache)
         if len(prompts) < len(rows):
             to_rows = torch.tensor(owner, device=device)
@@ -305,8 +323,8 @@ class HFBackend:
             input_ids=input_ids,
             attention_mask=attention,
             position_ids=positions,
-            past_key_values=cache,
             use_cache=True,
+            **{self._cache_keyword: cache},
             **extra,
         )
         return out.logits[:, -1, :].float()

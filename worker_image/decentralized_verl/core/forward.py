@@ -6,7 +6,8 @@ Three savings over running the padded batch through a causal LM:
   every row of the group and the responses continue from that cache. Gradients flow back through the
   copies into the one prompt pass, so log-probs and gradients equal the full forward's (to rounding).
 - Logits only where needed: the LM head runs on the hidden states of valid response positions alone
-  (a 49k-vocabulary head at prompt or padding positions is most of a small model's FLOPs).
+  (a 49k-vocabulary head at prompt or padding positions is most of a small model's FLOPs), and their
+  log-probs are taken in cache-sized chunks without float32 copies of the logits (`token_logprobs`).
 - Trimmed padding: columns that are padding in every row of the micro-batch are dropped first.
 
 Models whose logits are more than `lm_head(hidden)` (soft-capped or scaled logits), or whose decoder or
@@ -125,6 +126,8 @@ def _shared_hidden(
 ) -> torch.Tensor | None:
     import torch
 
+    from decentralized_verl.backends.kv_cache import cache_keyword, returned_cache
+
     first_row, inverse = plan
     prompt_mask = t.prompt_mask[first_row]
     prompt_positions = (prompt_mask.cumsum(dim=1) - 1).clamp(min=0)
@@ -138,7 +141,7 @@ def _shared_hidden(
     r = t.response_ids.shape[1]
     if r == 1:
         return last
-    cache = _expanded_cache(out.past_key_values, inverse)
+    cache = _expanded_cache(returned_cache(out), inverse)
     if cache is None:
         return None
     # The last response token predicts nothing, so the continuation stops one column short.
@@ -149,8 +152,8 @@ def _shared_hidden(
         input_ids=continuation,
         attention_mask=mask,
         position_ids=positions,
-        past_key_values=cache,
         use_cache=True,
+        **{cache_keyword(decoder): cache},
     )
     return torch.cat([last, rest.last_hidden_state], dim=1)
 
@@ -175,6 +178,8 @@ def response_logprobs(
     `plain` forces the model's own call over the padded batch (the baseline benchmarks compare with)."""
     import torch
 
+    from decentralized_verl.core.token_logprobs import token_logprobs
+
     parts = None if plain else parts_of(model)
     if parts is None:
         return _plain_logprobs(model, batch, temperature, entropy=entropy)
@@ -182,13 +187,19 @@ def response_logprobs(
     t = trim(batch)
     hidden = response_hidden(decoder, t)
     valid = t.response_mask
-    logits = head(hidden[valid]).float()  # [N, V]: only positions with a response token to predict
+    logits = head(hidden[valid])  # [N, V]: only positions with a response token to predict
+    targets = t.response_ids[valid]
+    ent = None
+    if not entropy:
+        picked = token_logprobs(logits, targets, temperature or 1.0)
+        out = torch.zeros(valid.shape, dtype=picked.dtype, device=picked.device).masked_scatter(valid, picked)
+        return _pad_back(out, t.full_width), ent
+    logits = logits.float()
     if temperature and temperature != 1.0:
         logits = logits / temperature
     log_probs = torch.log_softmax(logits, dim=-1)
-    picked = log_probs.gather(-1, t.response_ids[valid].unsqueeze(-1)).squeeze(-1)
+    picked = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     out = torch.zeros(valid.shape, dtype=picked.dtype, device=picked.device).masked_scatter(valid, picked)
-    ent = None
     if entropy:
         per_token = -(log_probs.exp() * log_probs).sum(dim=-1)
         ent = torch.zeros(valid.shape, dtype=per_token.dtype, device=per_token.device).masked_scatter(

@@ -27,6 +27,7 @@ torch.distributed inside the cluster.
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 import json
 import logging
@@ -193,6 +194,7 @@ def run_learner(options: LearnerOptions) -> dict[str, Any]:
         p2p = asyncio.run_coroutine_threadsafe(dht.replicate_p2p(), loop).result(60)
         sync = ParameterSync(p2p, loop, me, params, timeout_s=options.sync_timeout_s)
         sync.register()
+        gc.collect()  # the averager is a forked process: garbage is collected here, not inherited by it
         averager = GradientAverager(
             params,
             dht=dht,

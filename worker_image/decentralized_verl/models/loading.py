@@ -26,7 +26,9 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from decentralized_verl import compute_thread
 from decentralized_verl.errors import ModelError
+from decentralized_verl.models.grouped_attention import use_grouped_attention
 from decentralized_verl.models.tiny import build_tiny, tiny_config
 from decentralized_verl.models.tokenizer import build_char_tokenizer
 
@@ -179,7 +181,14 @@ def load_causal_lm(
 def load_model_and_tokenizer(
     spec: Any, *, device: str | torch.device = "cpu", padding_side: str = "left", field: str = "spec.model"
 ) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
-    """Both halves from one resolution of the spec (the GGUF cache is consulted once)."""
+    """Both halves from one resolution of the spec (the GGUF cache is consulted once); loaded on the
+    process's compute thread, where the model will compute (`compute_thread`)."""
+    return compute_thread.call(_load_model_and_tokenizer, spec, device, padding_side, field)
+
+
+def _load_model_and_tokenizer(
+    spec: Any, device: str | torch.device, padding_side: str, field: str
+) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
     dtype = torch_dtype(getattr(spec, "dtype", "float32"), field=f"{field}.dtype")
     folder = resolve_hf_dir(spec, field=field)
     if folder is None:
@@ -194,6 +203,7 @@ def load_model_and_tokenizer(
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     wrapped = model.to(device)
+    use_grouped_attention(wrapped)  # on a CPU: the faster attention for small grouped-query models
     lora = getattr(spec, "lora", None)
     if lora is not None:
         from decentralized_verl.models.lora import apply_lora

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from decentralized_verl import compute_thread
 from decentralized_verl.core.interfaces import CriticClient, ReferenceClient, RewardClient
 from decentralized_verl.core.samples import Prompt, Sample, collate
 from decentralized_verl.core.sampling import SamplingParams
@@ -227,7 +228,7 @@ class Coordinator:
             done = self._phase("update", timings)
             batch = collate(kept, parts.pad_token_id)
             metrics.update(attach_advantages(batch, self.settings))
-            metrics.update(await asyncio.to_thread(self._update, batch))
+            metrics.update(await compute_thread.run(self._update, batch))
             done()
             if parts.critic is not None:
                 done = self._phase("critic", timings)
@@ -239,7 +240,7 @@ class Coordinator:
                 done()
         self.version += 1
         done = self._phase("weights", timings)
-        await asyncio.to_thread(parts.publish, self.version)
+        await compute_thread.run(parts.publish, self.version)
         done()
         self.step += 1
 

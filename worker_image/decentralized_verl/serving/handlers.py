@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 
+from decentralized_verl import compute_thread
 from decentralized_verl.core.samples import Prompt, Sample
 from decentralized_verl.proto import dverl_pb2 as pb
 from decentralized_verl.serving.local import stream_in_thread
@@ -65,7 +66,7 @@ async def token_values(
     compute: Callable[[Sequence[Sample]], list[tuple[float, ...]]], batch: m.SequenceBatch, worker_id: str
 ) -> pb.TokenValuesBatch:
     """Per-token numbers (reference log-probs, critic values) for each sequence of the batch."""
-    values = await asyncio.to_thread(compute, samples_from_pairs(batch.items))
+    values = await compute_thread.run(compute, samples_from_pairs(batch.items))
     return m.token_values_to_proto(m.TokenValues(tuple(values), batch.policy_version, worker_id))
 
 
@@ -73,7 +74,7 @@ async def critic_update(
     worker: CriticWorker, items: Sequence[m.CriticTrainItem], policy_version: int
 ) -> pb.CriticTrainReply:
     """One value-model update on the given returns; the reply carries the mean loss."""
-    loss = await asyncio.to_thread(
+    loss = await compute_thread.run(
         worker.train,
         samples_from_pairs([it.sequence for it in items]),
         [it.returns for it in items],

@@ -1,7 +1,8 @@
 """Colocated roles: the role protocols served in-process (replicas 0), with the same workers as gRPC.
 
-The torch work runs in a thread (`asyncio.to_thread`), so the coordinator's event loop stays
-responsive; generation is streamed sample by sample through an asyncio queue, as over gRPC.
+The torch work runs on the process's compute thread (`compute_thread`), so the coordinator's event loop
+stays responsive and every step computes on the same thread; generation is streamed sample by sample
+through an asyncio queue, as over gRPC.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import TypeVar
 
+from decentralized_verl import compute_thread
 from decentralized_verl.core.interfaces import WorkerFailure, WorkItem
 from decentralized_verl.core.samples import Sample
 from decentralized_verl.core.sampling import SamplingParams
@@ -22,7 +24,7 @@ _DONE = object()
 
 
 async def stream_in_thread(make: Callable[[], Iterator[T]]) -> AsyncIterator[T]:
-    """Run a blocking iterator in a thread and yield its items on the event loop as they come.
+    """Run a blocking iterator on the compute thread and yield its items on the event loop as they come.
 
     If the consumer stops early (or is cancelled) the thread is told to stop and closes the iterator
     after the item it is producing; an exception in the thread is re-raised here.
@@ -53,8 +55,7 @@ async def stream_in_thread(make: Callable[[], Iterator[T]]) -> AsyncIterator[T]:
                 close()
             put(_DONE)
 
-    thread = threading.Thread(target=run, name="stream-in-thread", daemon=True)
-    thread.start()
+    compute_thread.submit(run)
     try:
         while True:
             item = await queue.get()
@@ -116,7 +117,7 @@ class LocalReferenceClient:
         self.worker_id = worker.worker_id
 
     async def logprobs(self, samples: Sequence[Sample]) -> list[tuple[float, ...]]:
-        return await asyncio.to_thread(self.worker.logprobs, list(samples))
+        return await compute_thread.run(self.worker.logprobs, list(samples))
 
     async def close(self) -> None:
         return None
@@ -130,7 +131,7 @@ class LocalCriticClient:
         self.worker_id = worker.worker_id
 
     async def values(self, samples: Sequence[Sample]) -> list[tuple[float, ...]]:
-        return await asyncio.to_thread(self.worker.values, list(samples))
+        return await compute_thread.run(self.worker.values, list(samples))
 
     async def train(
         self,
@@ -139,7 +140,7 @@ class LocalCriticClient:
         old_values: Sequence[Sequence[float]],
         policy_version: int,
     ) -> float:
-        return await asyncio.to_thread(self.worker.train, list(samples), returns, old_values, policy_version)
+        return await compute_thread.run(self.worker.train, list(samples), returns, old_values, policy_version)
 
     async def close(self) -> None:
         return None

@@ -1,0 +1,62 @@
+"""The process's compute thread: one thread for all torch work, inline when already on it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+
+import pytest
+
+from decentralized_verl import compute_thread
+
+
+def test_calls_from_other_threads_all_land_on_one_thread() -> None:
+    seen = {compute_thread.call(threading.get_ident) for _ in range(5)}
+    seen |= {asyncio.run(compute_thread.run(threading.get_ident))}
+    others: list[int] = []
+    workers = [
+        threading.Thread(target=lambda: others.append(compute_thread.call(threading.get_ident)))
+        for _ in range(3)
+    ]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    seen |= set(others)
+    assert len(seen) == 1 and threading.get_ident() not in seen
+
+
+def test_a_call_made_on_the_compute_thread_runs_inline_and_submit_refuses() -> None:
+    def nested() -> tuple[bool, int]:
+        return compute_thread.on_compute_thread(), compute_thread.call(lambda: 7)
+
+    assert compute_thread.call(nested) == (True, 7)
+    assert not compute_thread.on_compute_thread()
+    with pytest.raises(RuntimeError, match="called on the compute thread"):
+        compute_thread.call(compute_thread.submit, print)
+
+
+def test_errors_reach_the_caller_and_the_thread_lives_on() -> None:
+    def boom() -> None:
+        raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        compute_thread.call(boom)
+    with pytest.raises(ValueError, match="boom"):
+        asyncio.run(compute_thread.run(boom))
+    assert compute_thread.call(lambda: 1 + 1) == 2
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_forked_child_gets_a_thread_of_its_own() -> None:
+    compute_thread.call(lambda: None)  # the parent's thread exists
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: would wait forever on the parent's (absent) thread without the fork hook
+        ok = compute_thread.call(lambda: 42) == 42
+        os.write(write, b"1" if ok else b"0")
+        os._exit(0)
+    os.close(write)
+    assert os.read(read, 1) == b"1"
+    os.waitpid(pid, 0)
