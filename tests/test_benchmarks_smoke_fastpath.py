@@ -120,6 +120,19 @@ def test_learner_mfu_packs_the_shared_side_into_the_plain_micro_batch_memory() -
     assert both["shared"]["microbatch_tokens"] == 4 * both["plain"]["padded_length"]
 
 
+def test_cpu_kernels_smoke() -> None:
+    report = report_of(run("cpu_kernels.py", "--tiny", "--threads", "1", "--repeats", "2"))
+    cases = report["attention"]
+    assert {c["dtype"] for c in cases} == {"bfloat16", "float32"}
+    assert {c["pass"] for c in cases} == {"forward + backward", "forward"}
+    for case in cases:
+        assert case["sdpa_ms"] > 0 and case["grouped_ms"] > 0
+        assert case["speedup"] == pytest.approx(case["sdpa_ms"] / case["grouped_ms"])
+    teams = report["openmp_teams"]
+    assert teams["slowdown"] == pytest.approx(teams["two_teams_s"] / teams["one_team_s"])
+    assert "| SDPA ms |" in report["markdown"]
+
+
 def test_time_to_accuracy_smoke(tmp_path: Path) -> None:
     out = run("time_to_accuracy.py", "--tiny", "--threads", "1", "--out-dir", str(tmp_path), timeout=300)
     report = report_of(out)
@@ -157,6 +170,7 @@ def test_time_to_accuracy_smoke(tmp_path: Path) -> None:
         ("learner_mfu.py", ["--shared-microbatch-tokens", "0"], "--shared-microbatch-tokens: 'plain' or"),
         ("time_to_accuracy.py", ["--budget", "-1"], "--budget: must be > 0"),
         ("grpo_vs_trl.py", ["--shots", "0"], "--shots: must be >= 1"),
+        ("cpu_kernels.py", ["--repeats", "0"], "--repeats: must be >= 1"),
         ("time_to_accuracy.py", ["--target", "1.5"], "--target: must be in (0, 1]"),
     ],
 )

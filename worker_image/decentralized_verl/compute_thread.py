@@ -4,9 +4,10 @@ torch's CPU kernels run on OpenMP (libgomp), and libgomp gives every thread that
 own team of pool threads, kept for the life of that thread. Once a process holds more such threads than it
 has cores, libgomp stops spinning between parallel regions and puts idle workers to sleep at once, so each
 of the thousands of small ops of a decode step waits for a wake-up. Measured on 2 cores: the same 64-row
-SmolLM2 decode took 2.2 s while one thread had ever computed and 3.2 s once a second one had (a plain
-matmul + elementwise loop: 0.74 s vs 1.42 s). A colocated job used a fresh thread per generation call and
-another for each update, so every step after the first ran slow.
+SmolLM2 decode took 2.2 s while one thread had ever computed and 3.2 s once a second one had (a
+decode-like loop of small matmuls and elementwise ops, `benchmarks/cpu_kernels.py`: 0.36 vs 0.68 s).
+A colocated job used a fresh thread per generation call and another for each update, so every step
+after the first ran slow.
 
 So the compute of one process (model loading, generation, the learner's update, colocated scoring) goes
 through ``call`` / ``run``, which execute on a single thread; a call made on that thread runs inline. Work
