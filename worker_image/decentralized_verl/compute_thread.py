@@ -79,13 +79,3 @@ async def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return fn(*args, **kwargs)
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(executor(), functools.partial(fn, *args, **kwargs))
-
-
-def compute_on_thread(fn: Callable[..., T]) -> Callable[..., T]:
-    """Decorator: every call of ``fn`` runs on the compute thread."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> T:
-        return call(fn, *args, **kwargs)
-
-    return wrapper
