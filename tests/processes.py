@@ -107,3 +107,17 @@ class ProcessGroup:
         for proc in self.procs.values():  # children left behind by a process killed outright
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
+
+
+def leave_group(queue) -> None:
+    """End a spawned gloo rank the way the product's learners end (`distributed.exit_process`): hand the
+    results over, meet the other ranks, and leave without interpreter teardown, where destroying the group
+    can wait on the GIL forever or abort."""
+    import torch.distributed as dist
+
+    from decentralized_verl.training.distributed import exit_process
+
+    queue.close()
+    queue.join_thread()  # what was put has reached the pipe
+    dist.barrier()
+    exit_process(0)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import os
 import sys
+import traceback
 from pathlib import Path
 
 import torch
@@ -109,16 +110,21 @@ def in_this_process(tasks: list[str]) -> None:
         dist.destroy_process_group()
 
 
-def main(tasks: list[str]) -> int:
+def main(tasks: list[str]) -> None:
+    """A torchrun rank: leaves the way the product's learners do (`distributed.exit_process`), since
+    tearing a gloo group down at interpreter exit can hang or abort after the work is done."""
+    from decentralized_verl.training.distributed import exit_process
+
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     try:
         run_tasks(tasks)
-    finally:
-        dist.destroy_process_group()
-    return 0
+    except BaseException:
+        traceback.print_exc()
+        exit_process(1)
+    exit_process(0)
 
 
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    sys.exit(main(sys.argv[1:]))
+    main(sys.argv[1:])

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 import transformers
+from processes import leave_group
 
 from decentralized_verl.core.forward import (
     positions_computed,
@@ -217,8 +218,7 @@ def _ddp_grads(rank: int, port: int, queue) -> None:
         ddp(batch).sum().backward()
         out[shared] = grads(model)
     queue.put((rank, out[True].numpy(), out[False].numpy()))
-    dist.barrier()
-    dist.destroy_process_group()
+    leave_group(queue)
 
 
 def test_data_parallel_gradients_equal_the_full_forward() -> None:

@@ -8,6 +8,7 @@ import socket
 import pytest
 import torch
 import torch.multiprocessing as mp
+from processes import leave_group
 
 from decentralized_verl.core.forward import response_logprobs
 from decentralized_verl.core.samples import Prompt, Sample, collate
@@ -131,8 +132,7 @@ def _ddp_worker(rank: int, world: int, port: int, queue) -> None:
     trainer.update(batch)
     flat = torch.cat([p.detach().flatten() for p in model.parameters()])
     queue.put((rank, flat.numpy().tobytes()))
-    dist.barrier()
-    dist.destroy_process_group()
+    leave_group(queue)
 
 
 def test_two_gloo_learners_end_a_step_with_identical_weights():

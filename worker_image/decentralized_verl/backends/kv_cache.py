@@ -10,7 +10,7 @@ model's config made them.
 
 from __future__ import annotations
 
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any
 
 from torch import Tensor
@@ -88,9 +88,17 @@ def decode_cache(config: Any, capacity: int) -> DynamicCache:
 def cache_keyword(module: Any) -> str:
     """The name under which ``module.forward`` takes a cache: ``cache`` in newer transformers releases,
     ``past_key_values`` (deprecated there, removed later) in older ones."""
+    forward = module.forward
+    function = getattr(forward, "__func__", None)  # a plain method: the answer holds for its class
+    return _cache_keyword_of(function) if function is not None else _cache_keyword_of.__wrapped__(forward)
+
+
+@lru_cache(maxsize=256)
+def _cache_keyword_of(forward: Any) -> str:
+    """Looked up once per model class: the learner asks on every micro-batch."""
     import inspect
 
-    parameters = inspect.signature(module.forward).parameters
+    parameters = inspect.signature(forward).parameters
     return "cache" if "cache" in parameters else "past_key_values"
 
 

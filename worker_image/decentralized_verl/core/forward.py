@@ -189,24 +189,24 @@ def response_logprobs(
     valid = t.response_mask
     logits = head(hidden[valid])  # [N, V]: only positions with a response token to predict
     targets = t.response_ids[valid]
-    ent = None
     if not entropy:
         picked = token_logprobs(logits, targets, temperature or 1.0)
-        out = torch.zeros(valid.shape, dtype=picked.dtype, device=picked.device).masked_scatter(valid, picked)
-        return _pad_back(out, t.full_width), ent
+        return _scattered(picked, valid, t.full_width), None
     logits = logits.float()
     if temperature and temperature != 1.0:
         logits = logits / temperature
     log_probs = torch.log_softmax(logits, dim=-1)
     picked = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    out = torch.zeros(valid.shape, dtype=picked.dtype, device=picked.device).masked_scatter(valid, picked)
-    if entropy:
-        per_token = -(log_probs.exp() * log_probs).sum(dim=-1)
-        ent = torch.zeros(valid.shape, dtype=per_token.dtype, device=per_token.device).masked_scatter(
-            valid, per_token
-        )
-        ent = _pad_back(ent, t.full_width)
-    return _pad_back(out, t.full_width), ent
+    per_token = -(log_probs.exp() * log_probs).sum(dim=-1)
+    return _scattered(picked, valid, t.full_width), _scattered(per_token, valid, t.full_width)
+
+
+def _scattered(values: torch.Tensor, valid: torch.Tensor, width: int) -> torch.Tensor:
+    """[B, width] with `values` (one per True in `valid`, row-major) at their positions, zero elsewhere."""
+    import torch
+
+    out = torch.zeros(valid.shape, dtype=values.dtype, device=values.device).masked_scatter(valid, values)
+    return _pad_back(out, width)
 
 
 def _plain_logprobs(
