@@ -394,16 +394,24 @@ def test_relay_weight_source_reads_pushes_and_pulls_what_it_missed(nodes):
     version, state = puller.fetch_latest(1)
     assert version == 1 and puller.pulls == 1
     assert_same(state, bf16(model_state()))
-    # a pushed version is read from the relay, with no pull
+    # still not pushed to (the learner pushes from two workers on): the next version is pulled at once,
+    # without waiting out the grace again
     source.relay.publish(model_state(seed=2), 2)
-    assert source.call(source.relay.fan_out(2, plan_chain([worker.address]))) == {worker.address: OK}
+    puller.push_grace_s = 30.0
+    began = time.monotonic()
     version, state = puller.fetch_latest(2)
-    assert version == 2 and puller.pulls == 1
+    assert version == 2 and puller.pulls == 2 and time.monotonic() - began < 15.0
     assert_same(state, bf16(model_state(seed=2)))
+    # a pushed version is read from the relay, with no pull
+    source.relay.publish(model_state(seed=3), 3)
+    assert source.call(source.relay.fan_out(3, plan_chain([worker.address]))) == {worker.address: OK}
+    version, state = puller.fetch_latest(3)
+    assert version == 3 and puller.pulls == 2 and puller.pushed_last is True
+    assert_same(state, bf16(model_state(seed=3)))
     # asking for a version nobody has is a clear error after wait_s
-    puller.wait_s = 0.3
-    with pytest.raises(WireError, match="no version >= 3"):
-        puller.fetch_latest(3)
+    puller.wait_s, puller.push_grace_s = 0.3, 0.1
+    with pytest.raises(WireError, match="no version >= 4"):
+        puller.fetch_latest(4)
     with pytest.raises(RuntimeError, match="event loop"):  # it blocks: never on the relay's own loop
         worker.call(_call_async(puller.fetch_latest, 2))
 

@@ -161,6 +161,10 @@ class RelayWeightSource:
     a version still arriving is waited for (up to ``wait_s``). Otherwise the learner's push may still be
     on its way down the chain, so it waits ``push_grace_s``, then catches up from ``learner`` (GetManifest
     + Fetch, every chunk verified), which also leaves the version in the relay for peers to Fetch.
+
+    The grace is waited only while versions come by push: a worker the learner does not push to (the only
+    rollout worker of a job: pushing starts at two, `WeightFanout.min_receivers`) pulled the version before
+    and pulls the next at once, unless a push of it is arriving. Waiting there cost every step 0.5 s.
     """
 
     def __init__(
@@ -179,6 +183,8 @@ class RelayWeightSource:
         self.push_grace_s = push_grace_s
         self.pulls = 0
         """Versions this worker had to pull (the push missed it), for logs and tests."""
+        self.pushed_last: bool | None = None
+        """Whether the last version came by push (None before the first): the grace is for pushed workers."""
 
     def _held(self, min_version: int) -> Published | None:
         held = self.relay.publisher.get()
@@ -192,12 +198,14 @@ class RelayWeightSource:
         if running is self.loop:
             raise RuntimeError("RelayWeightSource.fetch_latest blocks: call it off the relay's event loop")
         start = time.monotonic()
+        grace = 0.0 if self.pushed_last is False else self.push_grace_s
         while (held := self._held(min_version)) is None:
             waited = time.monotonic() - start
             arriving = any(v >= min_version for v in list(self.relay.receiving))
-            if waited >= self.wait_s or (waited >= self.push_grace_s and not arriving):
+            if waited >= self.wait_s or (waited >= grace and not arriving):
                 break
             self.relay.publisher.wait_for(min_version, 0.05)
+        self.pushed_last = held is not None
         if held is None:
             self.pulls += 1
             left = max(self.wait_s - (time.monotonic() - start), 0.0)
