@@ -1,14 +1,15 @@
-"""`dverl run` of the tiny example with and without a competing process, thread pools sized per process
-(now) vs every process sized to the whole machine (before).
+"""`dverl run` of the tiny example with and without a competing process: thread pools that follow the
+free cores (now) vs pools sized once per process (before) vs every process sized to the whole machine.
 
     python benchmarks/cpu_sharing.py                  # 200 steps, idle and with one busy competitor
     python benchmarks/cpu_sharing.py --steps 40 --repeats 3
     python benchmarks/cpu_sharing.py --smoke          # 4 steps, one repeat: what the test suite runs
 
 Modes:
-- `shared` (today): each worker computes on its share of the cores (`cpus.share_cores`), torch's pools
-  sized to match.
-- `whole` (before): every worker's pools are sized to the machine's cores, as `dverl run` used to do.
+- `governed` (now): each worker computes on its share of the cores (`cpus.share_cores`), and its compute
+  thread lowers torch's thread count while other programs keep cores busy (`thread_governor`).
+- `shared`: shares as above, thread counts fixed at start (`DVERL_FIXED_THREADS=1`).
+- `whole`: every worker's pools sized to the machine's cores and fixed, as `dverl run` first did.
 Competitor: `none`, or `busy` (a separate process running 1-thread matmuls for the whole run).
 Reported: wall time of each run (seconds from start to the summary), median over repeats, and the ratio
 busy/none per mode. The JSON report goes to stdout's last line.
@@ -72,8 +73,12 @@ def one_run(mode: str, competitor: str, manifest: Path, output: Path) -> float:
         time.sleep(1.0)
     try:
         began = time.perf_counter()
+        fixed = {"DVERL_FIXED_THREADS": "1"} if mode in ("shared", "whole") else {}
         done = subprocess.run(
-            [sys.executable, "-c", RUNNER, mode, str(manifest), str(output)], capture_output=True, text=True
+            [sys.executable, "-c", RUNNER, mode, str(manifest), str(output)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **fixed},
         )
         wall = time.perf_counter() - began
     finally:
@@ -90,12 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--modes", nargs="+", default=["whole", "shared"], choices=["whole", "shared"])
+    parser.add_argument(
+        "--modes", nargs="+", default=["whole", "shared", "governed"], choices=["whole", "shared", "governed"]
+    )
     parser.add_argument("--competitors", nargs="+", default=["none", "busy"], choices=["none", "busy"])
-    parser.add_argument("--smoke", action="store_true", help="4 steps, one repeat, shared mode only")
+    parser.add_argument("--smoke", action="store_true", help="4 steps, one repeat, governed mode only")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.steps, args.repeats, args.modes, args.competitors = 4, 1, ["shared"], ["none"]
+        args.steps, args.repeats, args.modes, args.competitors = 4, 1, ["governed"], ["none"]
     if args.steps < 1 or args.repeats < 1:
         parser.error("--steps and --repeats: must be >= 1")
     report: dict = {"steps": args.steps, "cores": os.cpu_count(), "runs": {}}

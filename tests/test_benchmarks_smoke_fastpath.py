@@ -1,4 +1,5 @@
-"""Smoke runs of the fast-path benchmarks (grpo_vs_trl, learner_mfu, time_to_accuracy) with --tiny sizes.
+"""Smoke runs of the fast-path benchmarks (grpo_vs_trl, learner_mfu, cpu_kernels, cpu_sharing,
+time_to_accuracy) at tiny sizes.
 
 Each script runs as a real subprocess and its JSON report is checked against what the sizes imply
 (hand-counted FLOPs, budgets, curves). TRL's side is skipped, visibly, when `trl` does not import in
@@ -131,6 +132,13 @@ def test_cpu_kernels_smoke() -> None:
     teams = report["openmp_teams"]
     assert teams["slowdown"] == pytest.approx(teams["two_teams_s"] / teams["one_team_s"])
     assert "| SDPA ms |" in report["markdown"]
+
+
+def test_cpu_sharing_smoke() -> None:
+    report = report_of(run("cpu_sharing.py", "--smoke", timeout=300))
+    assert report["steps"] == 4 and list(report["runs"]) == ["governed/none"]
+    (wall,) = report["runs"]["governed/none"]
+    assert wall > 0 and report["median_s"] == {"governed/none": wall}
 
 
 def test_time_to_accuracy_smoke(tmp_path: Path) -> None:

@@ -11,7 +11,9 @@ after the first ran slow.
 
 So the compute of one process (model loading, generation, the learner's update, colocated scoring) goes
 through ``call`` / ``run``, which execute on a single thread; a call made on that thread runs inline. Work
-queued here runs one item at a time, which is what the cores can do anyway.
+queued here runs one item at a time, which is what the cores can do anyway. A compute process hands it a
+`thread_governor.ThreadGovernor` (`govern`), which sizes torch's threads before each item to the cores
+other programs leave free.
 """
 
 from __future__ import annotations
@@ -22,19 +24,42 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
 
 _lock = threading.Lock()
 _executor: ThreadPoolExecutor | None = None
 _thread_id: int | None = None
+_governor: Governor | None = None
+
+
+class Governor(Protocol):
+    def begin(self) -> None: ...
+    def end(self) -> None: ...
+
+
+def govern(governor: Governor | None) -> None:
+    """Call ``governor.begin()`` / ``end()`` around each work item from now on (None: stop)."""
+    global _governor
+    _governor = governor
 
 
 def _forget() -> None:
     """In a forked child the thread does not exist: start afresh on first use."""
     global _executor, _thread_id, _lock
     _executor, _thread_id, _lock = None, None, threading.Lock()
+
+
+def _item(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    governor = _governor
+    if governor is None:
+        return fn(*args, **kwargs)
+    governor.begin()
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        governor.end()
 
 
 if hasattr(os, "register_at_fork"):
@@ -63,7 +88,7 @@ def submit(fn: Callable[..., T], *args: Any, **kwargs: Any) -> Future[T]:
     """Queue ``fn`` on the compute thread (not for calls made from it: they would wait on themselves)."""
     if on_compute_thread():
         raise RuntimeError("compute_thread.submit: called on the compute thread; call the function directly")
-    return executor().submit(fn, *args, **kwargs)
+    return executor().submit(_item, fn, *args, **kwargs)
 
 
 def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -78,4 +103,4 @@ async def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     if on_compute_thread():
         return fn(*args, **kwargs)
     loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(executor(), functools.partial(fn, *args, **kwargs))
+    return await loop.run_in_executor(executor(), functools.partial(_item, fn, *args, **kwargs))

@@ -111,11 +111,16 @@ def share_cores(cores: int, workers: Sequence[tuple[str, str]], *, overlapped: b
 
 
 def configure_from_environment(environ: Mapping[str, str] | None = None) -> int:
-    """Size torch's pools for this process and keep its freed tensor memory for reuse (`heap`); computing
-    entry points call this first, before any worker thread starts. Returns the thread count."""
+    """Size torch's pools for this process, let the compute thread shrink them while other programs take
+    cores (`thread_governor`), and keep freed tensor memory for reuse (`heap`); computing entry points call
+    this first, before any worker thread starts. Returns the thread count."""
+    from decentralized_verl import compute_thread, thread_governor
     from decentralized_verl.heap import keep_freed_memory
+    from decentralized_verl.settings import WorkerSettings
 
     threads = available_cpus(environ)
     configure_torch(threads)
     keep_freed_memory()
+    fixed = WorkerSettings.from_env(environ).fixed_threads
+    compute_thread.govern(None if fixed else thread_governor.for_this_process(threads))
     return threads

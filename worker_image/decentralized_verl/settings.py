@@ -136,6 +136,12 @@ class WorkerSettings(BaseModel):
     vllm_eager: bool = Field(
         False, alias="DVERL_VLLM_EAGER", description="tuning: `1` starts vLLM without torch.compile"
     )
+    fixed_threads: bool = Field(
+        False,
+        alias="DVERL_FIXED_THREADS",
+        description="tuning: `1` keeps torch's thread count as sized at start, even while other programs "
+        "keep some of the cores busy (by default a worker computes on the cores they leave free)",
+    )
 
     @field_validator(
         "rollout_addrs",
@@ -155,7 +161,7 @@ class WorkerSettings(BaseModel):
             return tuple(part for part in value.split(",") if part)
         return value
 
-    @field_validator("vllm_eager", mode="before")
+    @field_validator("vllm_eager", "fixed_threads", mode="before")
     @classmethod
     def _flag(cls, value: object) -> object:
         if isinstance(value, str):
