@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import shutil
 import subprocess
 from collections import Counter
@@ -464,6 +465,9 @@ def test_install_notes_render(helm: list[str]) -> None:
     assert "It watches RLHFJobs in: a, b" in notes
     assert "kubectl get rlhfjobs" in notes
     assert "Volunteer gateway: off" in notes
+    for named in re.findall(r"(?:kubectl apply -f |\()((?:examples|docs)/\S+?\.(?:yaml|md))", notes):
+        assert (ROOT / named).is_file(), f"NOTES.txt names {named}, which does not exist"
+    assert "examples/tiny-grpo-cluster.yaml" in notes
 
 
 # --- bad input is refused with a message that names the field -------------------------------------
