@@ -11,6 +11,7 @@ Python rules (`dverl validate`) and a CEL rule whose message names the field.
 from __future__ import annotations
 
 import copy
+import functools
 import re
 from pathlib import Path
 from typing import Any
@@ -165,6 +166,11 @@ def _map(items: dict) -> Any:
     return celpy.celtypes.MapType({celpy.celtypes.StringType(k): v for k, v in items.items()})
 
 
+@functools.cache
+def _program(rule: str) -> celpy.Runner:
+    return ENV.program(ENV.compile(rule))
+
+
 class RuleError(AssertionError):
     """A rule that could not be evaluated: a bug in the rule, not a refusal."""
 
@@ -176,7 +182,7 @@ def refusals(value: Any, node: dict, path: str = "") -> list[tuple[str, str]]:
         return found
     for rule in node.get("x-kubernetes-validations", []):
         try:
-            ok = ENV.program(ENV.compile(rule["rule"])).evaluate({"self": to_cel(value, node)})
+            ok = _program(rule["rule"]).evaluate({"self": to_cel(value, node)})
         except Exception as exc:
             raise RuleError(f"{path}: {rule['rule']}: {exc}") from exc
         if isinstance(ok, celpy.CELEvalError):
@@ -214,6 +220,22 @@ def test_every_rule_compiles_and_names_only_fields_of_its_node() -> None:
                     name = name[2:-2]
                 assert name in here.get("properties", {}), f"{path}: {rule['rule']} names unknown {chain}"
                 here = here["properties"][name]
+
+
+def test_duplicate_pool_names_are_refused_by_the_list_map_keys() -> None:
+    from decentralized_verl.crd import LIST_MAP_KEYS
+
+    pools = [(p, n) for p, n in _nodes(SCHEMA) if p.endswith(".nodePools")]
+    assert len(pools) == 5  # one per role
+    for path, node in pools:
+        assert node["x-kubernetes-list-type"] == "map", path
+        assert node["x-kubernetes-list-map-keys"] == ["name"]
+        assert set(node["x-kubernetes-list-map-keys"]) <= set(node["items"]["required"])  # keys must be set
+    assert set(LIST_MAP_KEYS) == {("RoleSpec", "nodePools")}
+    pool = {"name": "a", "replicas": 1}
+    manifest = changed({"roles.rollout": {"replicas": 2, "batchSize": 4, "nodePools": [pool, pool]}})
+    with pytest.raises(ManifestError, match=r"spec.roles.rollout.nodePools\[1\].name: duplicate pool"):
+        parse_job(manifest)
 
 
 def test_evaluator_sees_refusals_and_errors() -> None:

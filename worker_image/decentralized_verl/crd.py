@@ -22,6 +22,10 @@ from decentralized_verl.spec.cel import CEL_RULES
 
 _DROP = {"title", "examples"}
 
+LIST_MAP_KEYS: dict[tuple[str, str], list[str]] = {("RoleSpec", "nodePools"): ["name"]}
+"""(model, list field) -> the item fields that identify an item: the API server refuses two items with
+the same key (a duplicate pool name) and server-side apply merges such lists item by item."""
+
 
 class _WithFactoryDefaults(GenerateJsonSchema):
     """Defaults made by a factory appear too: a list or map as itself, a spec section as `{}` (its
@@ -66,6 +70,10 @@ def _structural(node: Any, defs: dict[str, Any], model: str | None = None, defau
             out.setdefault("type", "string" if isinstance(value, str) else "number")
         elif key == "properties":
             out["properties"] = {name: _structural(sub, defs, None, defaults) for name, sub in value.items()}
+            for name, prop in out["properties"].items():
+                if (model, name) in LIST_MAP_KEYS:
+                    prop["x-kubernetes-list-type"] = "map"
+                    prop["x-kubernetes-list-map-keys"] = LIST_MAP_KEYS[(model, name)]
         elif key in ("exclusiveMinimum", "exclusiveMaximum"):
             # JSON Schema 2020 writes the bound itself; OpenAPI v3.0 wants the bound plus a flag.
             out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
