@@ -63,6 +63,7 @@ async def run_volunteer(
     from decentralized_verl.spec import JobSpec
     from decentralized_verl.transport import messages as m
     from decentralized_verl.transport import p2p as wire
+    from decentralized_verl.transport.delta_p2p import DeltaP2PWeightSource
     from decentralized_verl.volunteers.announce import VolunteerRecord, hardware_summary
     from decentralized_verl.volunteers.session import volunteer_session
     from decentralized_verl.volunteers.tokens import TokenError, read_claims
@@ -106,7 +107,7 @@ async def run_volunteer(
                 "weights: only versions signed with the job's key %s are loaded",
                 reply.weights_verify_key.hex()[:16],
             )
-        source = wire.P2PWeightSource(
+        source = DeltaP2PWeightSource(
             p2p, claims.coordinator, asyncio.get_running_loop(), verify_key=reply.weights_verify_key or None
         )
         worker = RolloutWorker(
@@ -146,7 +147,9 @@ async def run_volunteer(
         return await serve_until_stopped(
             ready,
             served=lambda: (
-                f"volunteer {me} served {endpoint.samples} samples in {endpoint.requests} requests"
+                f"volunteer {me} served {endpoint.samples} samples in {endpoint.requests} requests; "
+                f"weights: {source.full_fetches} full ({source.full_bytes} bytes), "
+                f"{source.deltas_used} deltas ({source.delta_bytes} bytes)"
             ),
             stop=stop,
         )

@@ -104,6 +104,7 @@ class VolunteerHub:
         self.events: list[VolunteerEvent] = []
         self._all_clients: dict[str, Any] = {}
         self._last_expiry: dict[str, float] = {}
+        self._seen: dict[str, VolunteerRecord] = {}
         self._task: asyncio.Task | None = None
         self._closers: list[Callable[[], Any]] = []
 
@@ -189,8 +190,20 @@ class VolunteerHub:
             on_failure=self.on_failure,
         )
 
-    def apply_records(self, records: list[VolunteerRecord]) -> None:
+    def remembered(self, records: list[VolunteerRecord], now: float) -> list[VolunteerRecord]:
+        """This read's records plus those seen before that have not lapsed yet: a DHT read that misses a
+        record (a partitioned peer held it, a lookup timed out on a slow link) is not the volunteer leaving;
+        only its record's expiry is."""
+        for record in records:
+            seen = self._seen.get(record.peer_id)
+            if seen is None or record.expires_at >= seen.expires_at:
+                self._seen[record.peer_id] = record
+        self._seen = {p: r for p, r in self._seen.items() if r.expires_at > now}
+        return list(self._seen.values())
+
+    def apply_records(self, records: list[VolunteerRecord], now: float | None = None) -> None:
         """Pure-ish core of a poll: reconcile dispatcher clients with live, admitted records."""
+        records = self.remembered(records, time.time() if now is None else now)
         self._last_expiry = {r.peer_id: r.expires_at for r in records}
         live = {
             r.peer_id: r
@@ -219,7 +232,18 @@ class VolunteerHub:
     async def poll_once(self) -> None:
         from decentralized_verl.transport.p2p import connect
 
-        records, problems = await read_records(self.dht, self.config.job)
+        # Records lapse against the time this read began: a read that hangs while a partitioned DHT peer
+        # times out must not expire every record whose heartbeat it was blind to.
+        began = time.time()
+        try:
+            records, problems = await asyncio.wait_for(
+                read_records(self.dht, self.config.job), max(5.0, 4 * self.config.poll_s)
+            )
+        except TimeoutError:
+            log.info(
+                "volunteer discovery: a DHT read timed out (a peer is unreachable); keeping what is known"
+            )
+            return
         for problem in problems:
             log.debug("ignoring DHT record: %s", problem)
         for record in records:
@@ -229,7 +253,7 @@ class VolunteerHub:
                 and self.p2p is not None
             ):
                 await connect(self.p2p, record.peer_id, record.maddrs)
-        self.apply_records(records)
+        self.apply_records(records, now=began)
 
     async def _loop(self) -> None:
         while True:
