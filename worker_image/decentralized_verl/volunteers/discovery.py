@@ -73,6 +73,9 @@ class HubConfig:
     poll_s: float = 2.0
     deadline_s: float = 300.0
     limits: m.WireLimits = field(default_factory=m.WireLimits)
+    answer_keeps_s: float = 30.0
+    """A volunteer that answered work this recently stays even if its record lapsed: heartbeats can fail
+    to land while a DHT peer is partitioned, and a record is only a claim where an answer is evidence."""
     open: bool = False
     """The quick-start job (open_worker.py): every announced actor is used without a token; trusted
     networks only. Verification and blocking still apply."""
@@ -219,7 +222,10 @@ class VolunteerHub:
             self._all_clients[peer_id] = client
             self.dispatcher.add(client, prior=hardware_prior(record.hardware))
             self._event("Added", peer_id, f"{record.hardware}, {record.tokens_per_second:.1f} tok/s")
+        now = time.time() if now is None else now
         for peer_id in [p for p in self.clients if p not in live]:
+            if now - getattr(self.clients[peer_id], "last_answer", 0.0) < self.config.answer_keeps_s:
+                continue  # it answered work just now: alive, whatever the DHT could or could not confirm
             client = self.clients.pop(peer_id)
             self.dispatcher.remove(client.worker_id)
             self._event("Removed", peer_id, "record expired")
