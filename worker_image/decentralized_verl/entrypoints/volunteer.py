@@ -149,7 +149,8 @@ async def run_volunteer(
             served=lambda: (
                 f"volunteer {me} served {endpoint.samples} samples in {endpoint.requests} requests; "
                 f"weights: {source.full_fetches} full ({source.full_bytes} bytes), "
-                f"{source.deltas_used} deltas ({source.delta_bytes} bytes)"
+                f"{source.deltas_used} deltas ({source.delta_bytes} bytes), "
+                f"{source.wait_s_total:.2f}s waiting for weights"
             ),
             stop=stop,
         )

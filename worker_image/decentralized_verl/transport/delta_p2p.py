@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 
 from google.protobuf import wrappers_pb2
@@ -117,8 +118,17 @@ class DeltaP2PWeightSource(P2PWeightSource):
         self.full_bytes = 0
         self.deltas_used = 0
         self.full_fetches = 0
+        self.wait_s_total = 0.0
         self.delta_calls: list[tuple[int, int, int]] = []
         """(base, version, from_piece) of every Delta stream started, for logs and tests."""
+
+    async def fetch_latest_async(self, min_version: int):
+        """As `P2PWeightSource`, timed: `wait_s` is how long generation waited for weights in all."""
+        started = time.perf_counter()
+        try:
+            return await super().fetch_latest_async(min_version)
+        finally:
+            self.wait_s_total += time.perf_counter() - started
 
     async def _fetch_async(self, manifest: m.WeightManifest):
         from decentralized_verl.transport.weight_receive import decode_held

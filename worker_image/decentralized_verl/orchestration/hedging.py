@@ -1,0 +1,20 @@
+"""When a share of generation work is late enough to hedge: give its unanswered items to a second worker.
+
+A share's expected time comes from its worker's measured speed, which is tokens over the wall time of its
+past shares, so it already includes that worker's link: a volunteer behind a slow link is expected to be
+slow and is not hedged for being itself; one that goes silent (partitioned, stopped, its link collapsed)
+is hedged after `HEDGE_FACTOR` times its usual time, never sooner than `HEDGE_FLOOR_S`, instead of holding
+the step until its deadline (dispatch.DEADLINE_FLOOR_S + more). Unmeasured workers are never hedged.
+"""
+
+from __future__ import annotations
+
+HEDGE_FACTOR = 3.0
+HEDGE_FLOOR_S = 5.0
+
+
+def late_after(expected_s: float | None) -> float | None:
+    """Seconds into a round after which a share expected to take `expected_s` is hedged (None: never)."""
+    if expected_s is None:
+        return None
+    return max(HEDGE_FLOOR_S, HEDGE_FACTOR * expected_s)
