@@ -106,7 +106,9 @@ class Job:
         while time.monotonic() < deadline:
             if found := re.search(pattern, self.log(host)):
                 return found
-            if self.procs[host].poll() is not None or self.procs["coord"].poll() not in (None, 0):
+            if self.procs[host].poll() is not None or self.procs.get(
+                "coord", self.procs[host]
+            ).poll() not in (None, 0):
                 break
             time.sleep(0.2)
         raise RuntimeError(f"{host}: no {pattern!r}:\n{self.log(host)[-2000:]}")
@@ -237,6 +239,42 @@ def summarize(records, report, logs, peers, profiles, events, folder) -> dict[st
     return out
 
 
+def plot(result: dict[str, Any], path: Path) -> None:
+    """Step time, useful samples/s per volunteer, weight wait and bytes per version, one bar per link."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    links = list(result)
+    vols = [list(result[p]["volunteers"].values()) for p in links]
+    panels = [
+        ("median step (s)", [result[p]["step_s_median"] for p in links]),
+        (
+            "useful samples/s per volunteer",
+            [statistics.fmean(v["useful_samples_per_s"] for v in vs) for vs in vols],
+        ),
+        (
+            "weights wait per version (s)",
+            [statistics.fmean(v["weights_wait_s_per_version"] for v in vs) for vs in vols],
+        ),
+    ]
+    fig, axes = plt.subplots(1, 4, figsize=(14, 3))
+    for ax, (title, values) in zip(axes, panels, strict=False):
+        ax.bar(links, values, color="#4c72b0")
+        ax.set_title(title, fontsize=10)
+    full = [vs[0]["full_bytes_each"] / 1e6 for vs in vols]
+    delta = [max(v["delta_bytes_each"] for v in vs) / 1e6 for vs in vols]
+    x = range(len(links))
+    axes[3].bar([i - 0.2 for i in x], full, 0.4, label="full")
+    axes[3].bar([i + 0.2 for i in x], delta, 0.4, label="delta")
+    axes[3].set_xticks(list(x), links)
+    axes[3].set_title("MB per version", fontsize=10)
+    axes[3].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profiles", nargs="+", default=["lan", "home100", "home20"])
@@ -245,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--faults", action="store_true")
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--plot", type=Path, help="write a PNG of the per-link results here")
     args = parser.parse_args(argv)
     from decentralized_verl.netlab.hosts import namespaces_refused
 
@@ -259,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         result = {p: run([p] * args.volunteers, args.steps, args.seed) for p in args.profiles}
     print(json.dumps(result, indent=2))
+    if args.plot and not args.faults:
+        plot(result, args.plot)
     return 0
 
 
