@@ -11,7 +11,8 @@ tbf for bandwidth, the userspace link relay for latency, jitter and loss): the D
 coordinator (learner) and each volunteer. The job is a GRPO run of a small model served in bf16, so the
 volunteers pull each new version as a delta. Reported per profile: median step time, useful samples per
 second per volunteer (accepted samples / training time / volunteers), bytes per version full vs delta
-(what the volunteers received), and the seconds a volunteer waited for weights per version. The learner
+(what the volunteers received), the seconds a volunteer spent pulling each version, and how many of those
+pulls it made ahead of its next work item (a volunteer prefetches each new version as it appears). The learner
 also generates (its colocated worker), as in every volunteer job. Prints one JSON object.
 """
 
@@ -34,7 +35,7 @@ SECRET = "wan-benchmark-secret-0123456789abcdef"
 TOY = ROOT / "examples" / "data" / "toy"
 SERVED = re.compile(
     r"served (\d+) samples in (\d+) requests; weights: (\d+) full \((\d+) bytes\), "
-    r"(\d+) deltas \((\d+) bytes\), ([\d.]+)s waiting"
+    r"(\d+) deltas \((\d+) bytes\), ([\d.]+)s pulling weights \((\d+) pulls ahead of work\)"
 )
 
 
@@ -203,7 +204,7 @@ def summarize(records, report, logs, peers, profiles, events, folder) -> dict[st
         served = SERVED.search(log)
         if served is None:
             raise RuntimeError(f"{name}: no served line:\n{log[-1500:]}")
-        _, _, full_n, full_b, delta_n, delta_b, wait = served.groups()
+        _, _, full_n, full_b, delta_n, delta_b, pull, ahead = served.groups()
         versions = int(full_n) + int(delta_n)
         accepted = report["samples"].get(peers[name], {}).get("accepted", 0)
         per_volunteer[name] = {
@@ -215,7 +216,8 @@ def summarize(records, report, logs, peers, profiles, events, folder) -> dict[st
             "full_bytes_each": int(full_b) // max(1, int(full_n)),
             "deltas": int(delta_n),
             "delta_bytes_each": int(delta_b) // max(1, int(delta_n)),
-            "weights_wait_s_per_version": round(float(wait) / max(1, versions), 3),
+            "weights_pull_s_per_version": round(float(pull) / max(1, versions), 3),
+            "pulls_ahead_of_work": int(ahead),
         }
     steps = [r["step_seconds"] for r in records[1:]] or [records[0]["step_seconds"]]
     out: dict[str, Any] = {
@@ -240,7 +242,7 @@ def summarize(records, report, logs, peers, profiles, events, folder) -> dict[st
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    """Step time, useful samples/s per volunteer, weight wait and bytes per version, one bar per link."""
+    """Step time, useful samples/s per volunteer, weight pull time and bytes per version, one bar per link."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -255,8 +257,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
             [statistics.fmean(v["useful_samples_per_s"] for v in vs) for vs in vols],
         ),
         (
-            "weights wait per version (s)",
-            [statistics.fmean(v["weights_wait_s_per_version"] for v in vs) for vs in vols],
+            "weights pull per version (s)",
+            [statistics.fmean(v["weights_pull_s_per_version"] for v in vs) for vs in vols],
         ),
     ]
     fig, axes = plt.subplots(1, 4, figsize=(14, 3))

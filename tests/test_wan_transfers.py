@@ -175,3 +175,39 @@ def test_pieces_rebuild_frames_and_bad_headers_are_named() -> None:
         uncut({**header, "frames": [5000, 2999]}, dict(enumerate(pieces)))
     with pytest.raises(WireError, match="malformed"):
         uncut({"digests": []}, {})
+
+
+async def test_a_volunteer_prefetches_each_new_version_ahead_of_work(two_peers) -> None:
+    from decentralized_verl.volunteers.prefetch import WeightPrefetch
+
+    states = _model_and_steps(lr=1e-5, steps=3)
+    publisher, _, source = await _serve(two_peers, DeltaEndpoint)
+
+    class Holder:
+        """What prefetch uses of a RolloutWorker: the version held, and pulling a newer one."""
+
+        version = -1
+
+        def ensure_version(self, version: int) -> int:
+            self.version, self.state = source.fetch_latest(version)
+            return self.version
+
+    holder = Holder()
+    prefetch = WeightPrefetch(source, holder, poll_s=0.05)
+    try:
+        assert not await prefetch.once()  # nothing published yet
+        publisher.publish(states[0], 0)
+        assert await prefetch.once() and holder.version == 0
+        assert not await prefetch.once()  # already held: no pull
+        publisher.publish(states[1], 1)
+        assert await prefetch.once() and holder.version == 1 and source.deltas_used == 1
+        prefetch.start()
+        publisher.publish(states[2], 2)
+        for _ in range(400):
+            if holder.version == 2:
+                break
+            await asyncio.sleep(0.05)
+        assert holder.version == 2 and _same(holder.state, states[2]) and prefetch.prefetched == 3
+    finally:
+        await prefetch.stop()
+        publisher.close()

@@ -123,7 +123,7 @@ class DeltaP2PWeightSource(P2PWeightSource):
         """(base, version, from_piece) of every Delta stream started, for logs and tests."""
 
     async def fetch_latest_async(self, min_version: int):
-        """As `P2PWeightSource`, timed: `wait_s` is how long generation waited for weights in all."""
+        """As `P2PWeightSource`, timed: `wait_s_total` is how long all pulls took (ahead of work or not)."""
         started = time.perf_counter()
         try:
             return await super().fetch_latest_async(min_version)
