@@ -58,7 +58,30 @@ async def test_a_worker_gone_silent_is_hedged_and_nothing_is_lost_or_doubled() -
     assert sum(s.worker_id == "silent" for s in samples) == 2
     silent.silent = False
     _, report = await dispatcher.run(work, sampling, version=2)
-    assert report.hedged == 0 and report.assigned["silent"] > 0
+    assert "silent" not in report.assigned  # one step on probation after a late share
+    _, report = await dispatcher.run(work, sampling, version=3)
+    assert report.hedged == 0 and report.assigned["silent"] > 0  # then back, and on time
+
+
+async def test_a_worker_that_stays_late_sits_out_longer_each_time() -> None:
+    steady, silent = FakeRollout("steady", delay=0.002), GoesSilent("silent", delay=0.002, after=0)
+    dispatcher = Dispatcher([steady, silent])
+    work = items(3, 2)
+    sampling = SamplingParams(max_new_tokens=4)
+    await dispatcher.run(work, sampling, version=0)
+    silent.silent = True
+    used = []
+    for version in range(1, 9):
+        samples, report = await asyncio.wait_for(dispatcher.run(work, sampling, version=version), 20)
+        assert len({s.key for s in samples}) == len(work) and report.failures == []
+        used.append("silent" in report.assigned)
+    # late at 1; out 1 step; late at 3; out 2; late at 6; out 4 (probation doubles while it stays late)
+    assert used == [True, False, True, False, False, True, False, False]
+
+
+def test_probation_doubles_and_is_capped() -> None:
+    assert [hedging.probation_steps(n) for n in range(6)] == [0, 1, 2, 4, 8, 8]
+    assert hedging.late_after(None) is None and hedging.late_after(10.0) == 30.0
 
 
 async def test_a_worker_slow_as_usual_is_not_hedged() -> None:

@@ -22,7 +22,7 @@ from decentralized_verl.core.interfaces import RolloutClient, WorkerFailure, Wor
 from decentralized_verl.core.samples import Sample
 from decentralized_verl.core.sampling import SamplingParams
 from decentralized_verl.orchestration.health import HealthGate
-from decentralized_verl.orchestration.hedging import late_after
+from decentralized_verl.orchestration.hedging import late_after, probation_steps
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +109,10 @@ class Dispatcher:
         """Model turns an item may take (an episode's `maxTurns`), each up to `max_new_tokens` long."""
         self.step_timeout_s = 0.0
         self._hedge_worker: dict[asyncio.Future, str] = {}
+        self._strikes: dict[str, int] = {}
+        """Worker id -> shares in a row that were late and hedged."""
+        self._skip: dict[str, int] = {}
+        """Worker id -> steps it still sits out."""
         """How long one environment step may take; a share's episodes step together, once a turn."""
 
     def add(self, client: RolloutClient, prior: float = 1.0) -> None:
@@ -148,7 +152,7 @@ class Dispatcher:
         report = DispatchReport()
         results: dict[tuple[str, int], Sample] = {}
         pending = list(items)
-        healthy = list(self.clients)
+        healthy = self._off_probation(list(self.clients))
         expected = {(p.prompt_id, i) for p, i in items}
         rounds = 0
         while pending:
@@ -268,12 +272,24 @@ class Dispatcher:
                 if task in main:  # late and outdone: held out until its Health answers (a stopped worker)
                     wid = shares[main[task]][0]
                     self.gate.mark_down(wid, clients[wid])
+                    self._strikes[wid] = strikes = self._strikes.get(wid, 0) + 1
+                    self._skip[wid] = probation_steps(strikes)
             for task in running:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             for task in extra:
                 self._hedge_worker.pop(task, None)
         return outcomes
+
+    def _off_probation(self, workers: list[str]) -> list[str]:
+        """The workers this step may use: one whose share was late and hedged sits out a few steps
+        (`hedging.probation_steps`, doubling while it stays late) so a partitioned volunteer, which
+        cannot be probed, does not cost every step the hedge's wait; never all of them."""
+        benched = {w for w in workers if self._skip.get(w, 0) > 0}
+        for w in benched:
+            self._skip[w] -= 1
+        usable = [w for w in workers if w not in benched]
+        return usable or workers
 
     def _failed(self, client: RolloutClient, reason: str, report: DispatchReport) -> bool:
         """Count the failure, hold the worker out until it is healthy again; True (it failed)."""
@@ -329,5 +345,6 @@ class Dispatcher:
         finally:
             report.tokens += tokens
         stats.items += len(share)
+        self._strikes.pop(wid, None)  # on time again: no longer on probation
         stats.observe(tokens, time.perf_counter() - started)
         return False

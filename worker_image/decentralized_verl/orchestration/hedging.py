@@ -5,6 +5,8 @@ past shares, so it already includes that worker's link: a volunteer behind a slo
 slow and is not hedged for being itself; one that goes silent (partitioned, stopped, its link collapsed)
 is hedged after `HEDGE_FACTOR` times its usual time, never sooner than `HEDGE_FLOOR_S`, instead of holding
 the step until its deadline (dispatch.DEADLINE_FLOOR_S + more). Unmeasured workers are never hedged.
+A worker whose share was hedged and never finished sits out a few steps (probation), so a partition costs
+one hedge wait per probation period, not one per step.
 """
 
 from __future__ import annotations
@@ -18,3 +20,14 @@ def late_after(expected_s: float | None) -> float | None:
     if expected_s is None:
         return None
     return max(HEDGE_FLOOR_S, HEDGE_FACTOR * expected_s)
+
+
+MAX_PROBATION_STEPS = 8
+
+
+def probation_steps(strikes: int) -> int:
+    """Steps a worker sits out after its `strikes`-th late share in a row: 1, 2, 4, ... up to 8. It gets
+    work again after that (a partition may have healed); an on-time share clears its strikes."""
+    if strikes < 1:
+        return 0
+    return min(MAX_PROBATION_STEPS, 2 ** (strikes - 1))
