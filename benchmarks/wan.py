@@ -2,8 +2,8 @@
 40 ms, and on 20 Mbit/s + 150 ms + 1% loss; and a run with network faults.
 
     python benchmarks/wan.py                          # lan, home100, home20: 3 volunteers each, 12 steps
-    python benchmarks/wan.py --faults                 # partition one volunteer 60 s, cut one briefly,
-                                                      # a third on home20; 30 steps
+    python benchmarks/wan.py --faults --steps 60      # partition one volunteer 60 s, cut one briefly,
+                                                      # a third on home20
     python benchmarks/wan.py --smoke                  # home20 only, 2 volunteers, 3 steps
 
 Every process runs on its own host (decentralized_verl.netlab: a network namespace and address each; tc
