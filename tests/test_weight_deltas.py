@@ -159,12 +159,25 @@ def test_the_publisher_keeps_a_chain_and_sends_full_bundles_past_it() -> None:
         publisher.close()
 
 
-def test_a_chain_no_smaller_than_the_bundle_is_refused() -> None:
+def test_deltas_not_worth_sending_are_not_built_or_sent() -> None:
     states = _model_and_steps(lr=1e-2, steps=2)
-    publisher = DeltaPublisher(dtype="float32", chunk_bytes=4096, max_fraction=0.05, signing_key=None)
+    fp32 = _bundles(states, "float32")
+    with pytest.raises(WireError, match="of the bytes changed: not worth a delta"):
+        encode_delta(fp32[0].payload(), fp32[1].payload(), 0, 1, max_changed=0.5)
+    publisher = DeltaPublisher(dtype="float32", chunk_bytes=4096, max_fraction=0.5, signing_key=None)
     try:
         for version, state in enumerate(states):
             publisher.publish(state, version)
+        with pytest.raises(NoDelta, match="too much did"):  # never built: every fp32 element moved
+            publisher.chain(1, 2)
+    finally:
+        publisher.close()
+    publisher = DeltaPublisher(dtype="bfloat16", chunk_bytes=4096, max_fraction=0.99, signing_key=None)
+    try:
+        for version, state in enumerate(states):
+            publisher.publish(state, version)
+        assert publisher.chain(1, 2)
+        publisher.max_fraction = 0.001  # read when a receiver asks: now no chain is small enough
         with pytest.raises(NoDelta, match="not much smaller"):
             publisher.chain(1, 2)
     finally:

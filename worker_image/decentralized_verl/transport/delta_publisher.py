@@ -7,7 +7,9 @@ compressed frame per version for the last `max_chain` versions, nothing per rece
 when a version is stored, in a background thread, from the two newest bundles (so `keep` must be >= 2);
 a receiver that asks before it is ready waits for it. A chain longer than `max_chain`, a base no
 longer covered, or a chain larger than `max_fraction` of the full bundle is refused: the receiver
-fetches the full bundle.
+fetches the full bundle. A version where more than `max_fraction` of the bytes changed (fp32 weights
+after a step) gets no delta at all, so the learner does not spend a compression pass per version on
+deltas nobody would be sent.
 """
 
 from __future__ import annotations
@@ -49,20 +51,21 @@ class DeltaPublisher(WeightPublisher):
         version = published.manifest.version
         if previous is None or previous.manifest.version != version - 1:
             return  # a gap in versions: receivers below it get the full bundle
-        future = self._pool.submit(self._frame, previous, published)
+        future = self._pool.submit(self._frame, previous, published, self.max_fraction)
         with self._frames_lock:
             self._frames[version] = future
             for old in sorted(self._frames)[: -self.max_chain]:
                 del self._frames[old]
 
     @staticmethod
-    def _frame(previous: Published, published: Published) -> bytes | None:
+    def _frame(previous: Published, published: Published, max_fraction: float) -> bytes | None:
         try:
             return encode_delta(
                 previous.bundle.payload(),
                 published.bundle.payload(),
                 previous.manifest.version,
                 published.manifest.version,
+                max_changed=max_fraction,
             )
         except WireError as exc:
             log.info("no delta v%d -> v%d: %s", previous.manifest.version, published.manifest.version, exc)
@@ -85,7 +88,7 @@ class DeltaPublisher(WeightPublisher):
             raise NoDelta(f"no delta chain from v{base} (deltas held for {sorted(self._frames)})")
         frames = [f.result(timeout) for f in futures]  # type: ignore[union-attr]
         if any(f is None for f in frames):
-            raise NoDelta(f"the layout changed between v{base} and v{version}")
+            raise NoDelta(f"no delta between v{base} and v{version} (the layout changed, or too much did)")
         size = sum(len(f) for f in frames)  # type: ignore[arg-type]
         if size > self.max_fraction * held.manifest.total_bytes:
             raise NoDelta(f"the chain ({size} bytes) is not much smaller than the bundle")

@@ -65,12 +65,19 @@ class DeltaInfo:
 
 
 def encode_delta(
-    base: bytes | memoryview, target: bytes | memoryview, base_version: int, version: int
+    base: bytes | memoryview,
+    target: bytes | memoryview,
+    base_version: int,
+    version: int,
+    *,
+    max_changed: float = 1.0,
 ) -> bytes:
     """The frame turning bundle payload `base` (version `base_version`) into `target` (`version`).
 
     Raises WireError when the two data regions differ in size (a different model or wire dtype): a delta
-    only exists between versions of one layout."""
+    only exists between versions of one layout; and when more than `max_changed` of the data bytes
+    differ, before spending the compression on a delta that would not be worth sending (fp32 weights
+    after an optimizer step change nearly every byte)."""
     if version <= base_version:
         raise WireError("weights.delta", f"version {version} is not newer than its base {base_version}")
     _, base_data = split_safetensors(base)
@@ -81,6 +88,10 @@ def encode_delta(
             f"v{base_version} has {len(base_data)} data bytes, v{version} {len(target_data)}: layouts differ",
         )
     xor = np.bitwise_xor(np.frombuffer(base_data, np.uint8), np.frombuffer(target_data, np.uint8))
+    if max_changed < 1.0:
+        changed = np.count_nonzero(xor) / max(1, xor.size)
+        if changed > max_changed:
+            raise WireError("weights.delta", f"{changed:.0%} of the bytes changed: not worth a delta")
     info = DeltaInfo(base_version, version, len(target_header), len(target_data))
     head = json.dumps(vars(info), sort_keys=True).encode()
     compressor = _zstd().ZstdCompressor(level=ZSTD_LEVEL)
