@@ -94,8 +94,9 @@ class DeltaEndpoint:
             raise ValueError(f"bad delta request: {exc}") from None
         try:
             frames = await asyncio.to_thread(self.publisher.chain, base, version)
-        except NoDelta as exc:
-            raise LookupError(f"no delta: {exc}") from None
+        except NoDelta as exc:  # an answer, not an error: the volunteer fetches the full bundle
+            yield wrappers_pb2.BytesValue(value=json.dumps({"none": str(exc)}).encode())
+            return
         header, pieces = cut(frames, self.piece_bytes)
         if not 0 <= start < len(pieces):
             raise IndexError(f"from_piece {start} outside [0, {len(pieces)})")
@@ -197,39 +198,29 @@ class DeltaP2PWeightSource(P2PWeightSource):
         ask = wrappers_pb2.StringValue(
             value=json.dumps({"base": base, "version": version, "from_piece": start})
         )
-        try:
-            stream = await self.p2p.iterate_protobuf_handler(
-                peer(self.coordinator), DELTA, ask, wrappers_pb2.BytesValue
-            )
-        except Exception as exc:
-            if "no delta" in str(exc):
-                raise LookupError(str(exc)) from None
-            raise
+        stream = await self.p2p.iterate_protobuf_handler(
+            peer(self.coordinator), DELTA, ask, wrappers_pb2.BytesValue
+        )
         index = start - 1
         async with asyncio.timeout(self.timeout_s):
-            try:
-                async for msg in stream:
-                    if index == start - 1:
-                        header = json.loads(msg.value)
-                        if not isinstance(header, dict) or not isinstance(header.get("digests"), list):
-                            raise WireError("weights.delta.header", "malformed")
-                        if header_box[0] is not None and header_box[0] != header:
-                            raise WireError("weights.delta.header", "changed between resumed streams")
-                        header_box[0] = header
-                        index = start
-                        continue
-                    digests = header_box[0]["digests"]
-                    if index >= len(digests):
-                        raise WireError("weights.delta", "more pieces than the header lists")
-                    if digest_hex(msg.value) != digests[index]:
-                        raise WireError(
-                            f"weights.delta.piece[{index}]", "digest mismatch (corrupted in transit)"
-                        )
-                    pieces[index] = msg.value
-                    self.delta_bytes += len(msg.value)
-                    self.bytes_received += len(msg.value)
-                    index += 1
-            except Exception as exc:
-                if "no delta" in str(exc):
-                    raise LookupError(str(exc)) from None
-                raise
+            async for msg in stream:
+                if index == start - 1:
+                    header = json.loads(msg.value)
+                    if isinstance(header, dict) and "none" in header:
+                        raise LookupError(f"no delta: {header['none']}")
+                    if not isinstance(header, dict) or not isinstance(header.get("digests"), list):
+                        raise WireError("weights.delta.header", "malformed")
+                    if header_box[0] is not None and header_box[0] != header:
+                        raise WireError("weights.delta.header", "changed between resumed streams")
+                    header_box[0] = header
+                    index = start
+                    continue
+                digests = header_box[0]["digests"]
+                if index >= len(digests):
+                    raise WireError("weights.delta", "more pieces than the header lists")
+                if digest_hex(msg.value) != digests[index]:
+                    raise WireError(f"weights.delta.piece[{index}]", "digest mismatch (corrupted in transit)")
+                pieces[index] = msg.value
+                self.delta_bytes += len(msg.value)
+                self.bytes_received += len(msg.value)
+                index += 1
