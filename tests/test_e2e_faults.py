@@ -30,9 +30,11 @@ def test_a_rollout_worker_that_hangs_alive_has_its_work_redone(tmp_path: Path) -
     assert report.rows_missing == [] and report.rows_repeated == []
     assert report.samples_lost == 0 and report.samples_duplicated == 0
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
-    assert sum(r["worker_failures"] for r in rows) >= 1 and sum(r["redispatched"] for r in rows) >= 1
+    # Its share is hedged on the other worker once far past its usual time (not held to its deadline),
+    # and the stopped worker is held out of dispatch until its Health answers again.
+    assert sum(r["hedged"] for r in rows) >= 1
     learner_log = (tmp_path / "run" / "logs" / "hang-learner-0.log").read_text()
-    assert "rollout worker hang-rollout-0 failed: no answer within" in learner_log
+    assert "share of hang-rollout-0 is late" in learner_log
 
 
 @pytest.mark.timeout(900)

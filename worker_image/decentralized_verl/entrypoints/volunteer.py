@@ -63,7 +63,9 @@ async def run_volunteer(
     from decentralized_verl.spec import JobSpec
     from decentralized_verl.transport import messages as m
     from decentralized_verl.transport import p2p as wire
+    from decentralized_verl.transport.delta_p2p import DeltaP2PWeightSource
     from decentralized_verl.volunteers.announce import VolunteerRecord, hardware_summary
+    from decentralized_verl.volunteers.prefetch import WeightPrefetch
     from decentralized_verl.volunteers.session import volunteer_session
     from decentralized_verl.volunteers.tokens import TokenError, read_claims
 
@@ -106,7 +108,7 @@ async def run_volunteer(
                 "weights: only versions signed with the job's key %s are loaded",
                 reply.weights_verify_key.hex()[:16],
             )
-        source = wire.P2PWeightSource(
+        source = DeltaP2PWeightSource(
             p2p, claims.coordinator, asyncio.get_running_loop(), verify_key=reply.weights_verify_key or None
         )
         worker = RolloutWorker(
@@ -139,17 +141,25 @@ async def run_volunteer(
             )
 
         await session.announce(record)
+        prefetch = WeightPrefetch(source, worker)
+        prefetch.start()
         ready = (
             f"volunteer {me} joined job {options.job} as rollout: weights v{held} "
             f"({source.bytes_received} bytes) in {joined_s:.2f}s"
         )
-        return await serve_until_stopped(
-            ready,
-            served=lambda: (
-                f"volunteer {me} served {endpoint.samples} samples in {endpoint.requests} requests"
-            ),
-            stop=stop,
-        )
+        try:
+            return await serve_until_stopped(
+                ready,
+                served=lambda: (
+                    f"volunteer {me} served {endpoint.samples} samples in {endpoint.requests} requests; "
+                    f"weights: {source.full_fetches} full ({source.full_bytes} bytes), "
+                    f"{source.deltas_used} deltas ({source.delta_bytes} bytes), "
+                    f"{source.wait_s_total:.2f}s pulling weights ({prefetch.prefetched} pulls ahead of work)"
+                ),
+                stop=stop,
+            )
+        finally:
+            await prefetch.stop()
 
 
 def main_volunteer(options: VolunteerOptions) -> int:

@@ -260,6 +260,7 @@ class Coordinator:
             "tokens_per_second": report.tokens / max(report.seconds, 1e-9),
             "step_seconds": elapsed,
             "redispatched": report.redispatched,
+            "hedged": report.hedged,
             "worker_failures": len(report.failures),
             "rollout_workers": len(report.assigned),
             "samples": len(generated.samples),

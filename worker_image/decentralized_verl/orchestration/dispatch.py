@@ -11,6 +11,7 @@ repeated answers are counted and dropped. With every worker down, dispatch waits
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -21,6 +22,7 @@ from decentralized_verl.core.interfaces import RolloutClient, WorkerFailure, Wor
 from decentralized_verl.core.samples import Sample
 from decentralized_verl.core.sampling import SamplingParams
 from decentralized_verl.orchestration.health import HealthGate
+from decentralized_verl.orchestration.hedging import late_after, probation_steps
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +77,8 @@ class DispatchReport:
     assigned: dict[str, int] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
     redispatched: int = 0
+    hedged: int = 0
+    """Items also given to a second worker because the first was late (the first answer is kept)."""
     duplicates_dropped: int = 0
     tokens: int = 0
     seconds: float = 0.0
@@ -104,6 +108,11 @@ class Dispatcher:
         self.turns_per_item = 1
         """Model turns an item may take (an episode's `maxTurns`), each up to `max_new_tokens` long."""
         self.step_timeout_s = 0.0
+        self._hedge_worker: dict[asyncio.Future, str] = {}
+        self._strikes: dict[str, int] = {}
+        """Worker id -> shares in a row that were late and hedged."""
+        self._skip: dict[str, int] = {}
+        """Worker id -> steps it still sits out."""
         """How long one environment step may take; a share's episodes step together, once a turn."""
 
     def add(self, client: RolloutClient, prior: float = 1.0) -> None:
@@ -115,15 +124,22 @@ class Dispatcher:
         self.clients.pop(worker_id, None)
         self.gate.forget(worker_id)
 
-    def deadline(self, worker_id: str, n_items: int, sampling: SamplingParams) -> float | None:
-        """Seconds a share may take: a generous multiple of what the worker's measured speed implies (so a
-        worker that stops answering is noticed), None until it has been measured."""
+    def expected(self, worker_id: str, n_items: int, sampling: SamplingParams) -> float | None:
+        """Seconds a share should take at the worker's measured speed (its link included: the speed is
+        tokens over the wall time of its past shares); None until it has been measured."""
         stats = self.stats.get(worker_id)
         if stats is None or not stats.measured:
             return None
         tokens = n_items * sampling.max_new_tokens * self.turns_per_item
-        expected = tokens / max(stats.tokens_per_second, 1e-6)
-        return DEADLINE_FLOOR_S + DEADLINE_FACTOR * expected + self.turns_per_item * self.step_timeout_s
+        return tokens / max(stats.tokens_per_second, 1e-6) + self.turns_per_item * self.step_timeout_s
+
+    def deadline(self, worker_id: str, n_items: int, sampling: SamplingParams) -> float | None:
+        """Seconds a share may take: a generous multiple of what the worker's measured speed implies (so a
+        worker that stops answering is noticed), None until it has been measured."""
+        expected = self.expected(worker_id, n_items, sampling)
+        if expected is None:
+            return None
+        return DEADLINE_FLOOR_S + DEADLINE_FACTOR * expected
 
     def _weights(self, healthy: list[str]) -> list[float]:
         return [max(self.stats[w].tokens_per_second, 1e-6) for w in healthy]
@@ -136,7 +152,7 @@ class Dispatcher:
         report = DispatchReport()
         results: dict[tuple[str, int], Sample] = {}
         pending = list(items)
-        healthy = list(self.clients)
+        healthy = self._off_probation(list(self.clients))
         expected = {(p.prompt_id, i) for p, i in items}
         rounds = 0
         while pending:
@@ -163,12 +179,7 @@ class Dispatcher:
                     shares.append((wid, pending[offset : offset + count]))
                     report.assigned[wid] = report.assigned.get(wid, 0) + count
                 offset += count
-            outcomes = await asyncio.gather(
-                *(
-                    self._one(clients[wid], share, sampling, version, results, expected, report)
-                    for wid, share in shares
-                )
-            )
+            outcomes = await self._round(clients, shares, sampling, version, results, expected, report)
             pending = []
             for (wid, share), failed in zip(shares, outcomes, strict=True):
                 if failed:
@@ -179,6 +190,106 @@ class Dispatcher:
         report.seconds = time.perf_counter() - started
         ordered = [results[(p.prompt_id, i)] for p, i in items]
         return ordered, report
+
+    async def _round(
+        self,
+        clients: dict[str, RolloutClient],
+        shares: list[tuple[str, list[WorkItem]]],
+        sampling: SamplingParams,
+        version: int,
+        results: dict[tuple[str, int], Sample],
+        expected: set[tuple[str, int]],
+        report: DispatchReport,
+    ) -> list[bool]:
+        """Run one round's shares; whether each one's worker failed.
+
+        A share still running well past what its worker's measured speed implies (`hedging.late_after`)
+        is hedged: its unanswered items also go to a worker that finished its own share, and whichever
+        answers first is kept (the other's answer is counted as a duplicate and dropped), so a worker
+        that went slow or silent, cut off by a partition or a slow link, holds the step seconds, not
+        until its deadline. Once every item of the round is answered, shares still running are cancelled
+        and their workers held out until their Health answers (a stopped worker stays out; a volunteer,
+        which cannot be probed, is left to discovery); they are not counted as failed."""
+        started = time.monotonic()
+        main = {
+            asyncio.ensure_future(
+                self._one(clients[wid], share, sampling, version, results, expected, report)
+            ): k
+            for k, (wid, share) in enumerate(shares)
+        }
+        outcomes: list[bool] = [False] * len(shares)
+        idle: list[str] = []
+        extra: set[asyncio.Future] = set()
+        hedged: set[int] = set()
+        wanted = {(p.prompt_id, i) for _, share in shares for p, i in share}
+        running = set(main)
+        try:
+            while running:
+                late = {
+                    k: late_after(self.expected(wid, len(share), sampling))
+                    for k, (wid, share) in enumerate(shares)
+                    if k not in hedged
+                }
+                due = [started + t for t in late.values() if t is not None]
+                timeout = max(0.0, min(due) - time.monotonic()) if due and idle else None
+                done, running = await asyncio.wait(
+                    running, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+                for task in done:
+                    if task in main:
+                        k = main[task]
+                        outcomes[k] = task.result()
+                        if not outcomes[k]:
+                            idle.append(shares[k][0])
+                    elif not task.result():
+                        idle.append(self._hedge_worker[task])
+                if wanted <= results.keys():
+                    break
+                now = time.monotonic() - started
+                for k, after in late.items():
+                    if after is None or now < after or not idle:
+                        continue
+                    wid, share = shares[k]
+                    main_task = next(t for t, j in main.items() if j == k)
+                    missing = [item for item in share if (item[0].prompt_id, item[1]) not in results]
+                    if main_task.done() or not missing:
+                        continue
+                    helper = idle.pop(0)
+                    hedged.add(k)
+                    report.hedged += len(missing)
+                    log.info(
+                        "share of %s is late (%.1fs): hedging %d items on %s", wid, now, len(missing), helper
+                    )
+                    task = asyncio.ensure_future(
+                        self._one(clients[helper], missing, sampling, version, results, expected, report)
+                    )
+                    self._hedge_worker[task] = helper
+                    extra.add(task)
+                    running.add(task)
+        finally:
+            for task in running:
+                task.cancel()
+                if task in main:  # late and outdone: held out until its Health answers (a stopped worker)
+                    wid = shares[main[task]][0]
+                    self.gate.mark_down(wid, clients[wid])
+                    self._strikes[wid] = strikes = self._strikes.get(wid, 0) + 1
+                    self._skip[wid] = probation_steps(strikes)
+            for task in running:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            for task in extra:
+                self._hedge_worker.pop(task, None)
+        return outcomes
+
+    def _off_probation(self, workers: list[str]) -> list[str]:
+        """The workers this step may use: one whose share was late and hedged sits out a few steps
+        (`hedging.probation_steps`, doubling while it stays late) so a partitioned volunteer, which
+        cannot be probed, does not cost every step the hedge's wait; never all of them."""
+        benched = {w for w in workers if self._skip.get(w, 0) > 0}
+        for w in benched:
+            self._skip[w] -= 1
+        usable = [w for w in workers if w not in benched]
+        return usable or workers
 
     def _failed(self, client: RolloutClient, reason: str, report: DispatchReport) -> bool:
         """Count the failure, hold the worker out until it is healthy again; True (it failed)."""
@@ -234,5 +345,6 @@ class Dispatcher:
         finally:
             report.tokens += tokens
         stats.items += len(share)
+        self._strikes.pop(wid, None)  # on time again: no longer on probation
         stats.observe(tokens, time.perf_counter() - started)
         return False

@@ -193,7 +193,13 @@ class P2PWeightSource:
         return m.manifest_from_proto(msg)
 
     async def _fetch_async(self, manifest: m.WeightManifest):
-        from decentralized_verl.transport.weight_receive import ChunkFetch, decode_held
+        from decentralized_verl.transport.weight_receive import decode_held
+
+        return decode_held(await self._fetch_published(manifest))
+
+    async def _fetch_published(self, manifest: m.WeightManifest):
+        """Every chunk of `manifest`'s version, verified (not decoded)."""
+        from decentralized_verl.transport.weight_receive import ChunkFetch
 
         fetch = ChunkFetch(manifest, self.coordinator, self.verify_key)
         while (start := fetch.next_start()) is not None:
@@ -216,7 +222,7 @@ class P2PWeightSource:
                 fetch.failed(str(exc))
             except Exception as exc:
                 fetch.failed(f"stream from chunk {start} broke: {type(exc).__name__}: {exc}")
-        return decode_held(fetch.builder.finish())
+        return fetch.builder.finish()
 
     async def fetch_latest_async(self, min_version: int):
         deadline = self.loop.time() + self.wait_s

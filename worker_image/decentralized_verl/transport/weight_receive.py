@@ -105,8 +105,11 @@ class BundleBuilder:
 
 class ChunkFetch:
     """The policy of pulling one version from a source: stream from the first missing chunk; when a
-    stream breaks or brings a bad chunk, resume once from the next missing chunk; a second failure
-    raises `WireError` and nothing is held. Every puller (gRPC, P2P, a relay catching up) follows it."""
+    stream breaks or brings a bad chunk, resume from the next missing chunk (every verified chunk is
+    kept). The first break is forgiven; after it, a stream that breaks having brought no new chunk raises
+    `WireError` and nothing is held, while one that made progress is resumed again, so a flaky link that
+    drops a long transfer several times still finishes it. Every puller (gRPC, P2P, a relay catching up)
+    follows it."""
 
     def __init__(
         self, manifest: m.WeightManifest, source: str, verify_key: bytes | object | None = PROCESS_KEY
@@ -114,6 +117,7 @@ class ChunkFetch:
         self.builder = BundleBuilder(manifest, verify_key)
         self.source = source
         self.failures: list[str] = []
+        self._held_at_failure = 0
 
     def next_start(self) -> int | None:
         """The chunk the next stream starts at; None once every chunk is in."""
@@ -124,14 +128,21 @@ class ChunkFetch:
             raise WireError("weights.chunks", f"stream ended with chunks {self.builder.missing} missing")
 
     def failed(self, reason: str) -> None:
-        """Record a broken stream; raises on the second."""
+        """Record a broken stream; raises on a second one that brought nothing new."""
         self.failures.append(reason)
         version = self.builder.manifest.version
-        if len(self.failures) > 1:
+        held = len(self.builder.chunks)
+        progressed, self._held_at_failure = held > self._held_at_failure, held
+        if len(self.failures) > 1 and not progressed:
             raise WireError(
-                f"weights[v{version}]", f"fetch from {self.source} failed twice: {'; '.join(self.failures)}"
+                f"weights[v{version}]",
+                f"fetch from {self.source} failed {_times(len(self.failures))}: {'; '.join(self.failures)}",
             )
         log.warning("weights v%d: %s; resuming from chunk %d", version, reason, self.builder.missing[0])
+
+
+def _times(n: int) -> str:
+    return "twice" if n == 2 else f"{n} times"
 
 
 # ------------------------------------------------------------------------------------------ pullers

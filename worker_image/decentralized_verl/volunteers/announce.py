@@ -139,8 +139,18 @@ class Heartbeat:
         self._task: asyncio.Task | None = None
 
     async def beat(self) -> VolunteerRecord:
+        """Store a fresh record; give up waiting after one interval. A store reaches every DHT peer it
+        can at once but only reports when the last replica answered, and one partitioned replica can
+        hold that answer for longer than the record lives: waiting for it would let the record lapse."""
         record = self.make_record(time.time() + self.ttl)
-        if not await store_record(self.dht, self.job, record):
+        try:
+            stored = await asyncio.wait_for(store_record(self.dht, self.job, record), self.interval)
+        except TimeoutError:
+            log.info(
+                "a DHT replica is slow to confirm the announcement; beating again in %.0fs", self.interval
+            )
+            stored = True
+        if not stored:
             log.warning("DHT did not accept the announcement (will retry in %.0fs)", self.interval)
         self.beats += 1
         return record

@@ -49,6 +49,8 @@ class VolunteerRolloutClient:
         self.on_failure = on_failure
         self.accepted = 0
         self.rejected = 0
+        self.last_answer = 0.0
+        """Wall time of its last complete answer: direct evidence that it is alive (discovery.py)."""
 
     def _fail(self, reason: str, *, dishonest: bool = False) -> WorkerFailure:
         if self.on_failure is not None:
@@ -77,6 +79,7 @@ class VolunteerRolloutClient:
                     dishonest=True,
                 )
         self.accepted += len(samples)
+        self.last_answer = time.time()
         log.debug("%s: %d samples in %.2fs", self.worker_id, len(samples), time.perf_counter() - started)
         for sample in samples:
             yield sample

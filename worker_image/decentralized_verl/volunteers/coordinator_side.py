@@ -55,6 +55,8 @@ async def start_volunteer_discovery(
     optionally how many volunteers to wait for before training starts (tests and benchmarks).
     """
     from decentralized_verl.training.trainer import rollout_state_dict
+    from decentralized_verl.transport.delta_p2p import DeltaEndpoint
+    from decentralized_verl.transport.delta_publisher import DeltaPublisher
     from decentralized_verl.transport.p2p import CoordinatorEndpoints
     from decentralized_verl.volunteers.dht import PeerOptions, start_dht
     from decentralized_verl.volunteers.identity import bootstrap_maddr, coordinator_seed, write_identity
@@ -105,6 +107,9 @@ async def start_volunteer_discovery(
         spec_json=spec.model_dump_json(by_alias=True, exclude_none=True),
     )
     await endpoints.register()
+    if isinstance(publisher, DeltaPublisher):
+        await DeltaEndpoint(p2p, publisher, hub.is_admitted).register()
+        hub._closers.append(publisher.close)
     hub._closers.append(dht.shutdown)
     hub.start()
     log.info("volunteer discovery for job %s: coordinator peer %s, bootstrap %s", job, dht.peer_id, addr)

@@ -73,6 +73,9 @@ class HubConfig:
     poll_s: float = 2.0
     deadline_s: float = 300.0
     limits: m.WireLimits = field(default_factory=m.WireLimits)
+    answer_keeps_s: float = 30.0
+    """A volunteer that answered work this recently stays even if its record lapsed: heartbeats can fail
+    to land while a DHT peer is partitioned, and a record is only a claim where an answer is evidence."""
     open: bool = False
     """The quick-start job (open_worker.py): every announced actor is used without a token; trusted
     networks only. Verification and blocking still apply."""
@@ -104,6 +107,7 @@ class VolunteerHub:
         self.events: list[VolunteerEvent] = []
         self._all_clients: dict[str, Any] = {}
         self._last_expiry: dict[str, float] = {}
+        self._seen: dict[str, VolunteerRecord] = {}
         self._task: asyncio.Task | None = None
         self._closers: list[Callable[[], Any]] = []
 
@@ -189,8 +193,20 @@ class VolunteerHub:
             on_failure=self.on_failure,
         )
 
-    def apply_records(self, records: list[VolunteerRecord]) -> None:
+    def remembered(self, records: list[VolunteerRecord], now: float) -> list[VolunteerRecord]:
+        """This read's records plus those seen before that have not lapsed yet: a DHT read that misses a
+        record (a partitioned peer held it, a lookup timed out on a slow link) is not the volunteer leaving;
+        only its record's expiry is."""
+        for record in records:
+            seen = self._seen.get(record.peer_id)
+            if seen is None or record.expires_at >= seen.expires_at:
+                self._seen[record.peer_id] = record
+        self._seen = {p: r for p, r in self._seen.items() if r.expires_at > now}
+        return list(self._seen.values())
+
+    def apply_records(self, records: list[VolunteerRecord], now: float | None = None) -> None:
         """Pure-ish core of a poll: reconcile dispatcher clients with live, admitted records."""
+        records = self.remembered(records, time.time() if now is None else now)
         self._last_expiry = {r.peer_id: r.expires_at for r in records}
         live = {
             r.peer_id: r
@@ -206,7 +222,10 @@ class VolunteerHub:
             self._all_clients[peer_id] = client
             self.dispatcher.add(client, prior=hardware_prior(record.hardware))
             self._event("Added", peer_id, f"{record.hardware}, {record.tokens_per_second:.1f} tok/s")
+        now = time.time() if now is None else now
         for peer_id in [p for p in self.clients if p not in live]:
+            if now - getattr(self.clients[peer_id], "last_answer", 0.0) < self.config.answer_keeps_s:
+                continue  # it answered work just now: alive, whatever the DHT could or could not confirm
             client = self.clients.pop(peer_id)
             self.dispatcher.remove(client.worker_id)
             self._event("Removed", peer_id, "record expired")
@@ -219,7 +238,18 @@ class VolunteerHub:
     async def poll_once(self) -> None:
         from decentralized_verl.transport.p2p import connect
 
-        records, problems = await read_records(self.dht, self.config.job)
+        # Records lapse against the time this read began: a read that hangs while a partitioned DHT peer
+        # times out must not expire every record whose heartbeat it was blind to.
+        began = time.time()
+        try:
+            records, problems = await asyncio.wait_for(
+                read_records(self.dht, self.config.job), max(5.0, 4 * self.config.poll_s)
+            )
+        except TimeoutError:
+            log.info(
+                "volunteer discovery: a DHT read timed out (a peer is unreachable); keeping what is known"
+            )
+            return
         for problem in problems:
             log.debug("ignoring DHT record: %s", problem)
         for record in records:
@@ -229,7 +259,7 @@ class VolunteerHub:
                 and self.p2p is not None
             ):
                 await connect(self.p2p, record.peer_id, record.maddrs)
-        self.apply_records(records)
+        self.apply_records(records, now=began)
 
     async def _loop(self) -> None:
         while True:

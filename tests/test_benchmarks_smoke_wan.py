@@ -1,0 +1,52 @@
+"""The WAN benchmarks' smoke modes: weight deltas on the tiny model (every delta is applied back and
+byte-compared with the full bundle inside the benchmark), and the volunteer job across emulated hosts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from processes import console_env
+
+from decentralized_verl.netlab.hosts import namespaces_refused
+
+ROOT = Path(__file__).parents[1]
+
+
+def test_wan_deltas_smoke() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "wan_deltas.py"), "--smoke"],
+        capture_output=True,
+        text=True,
+        env=console_env(),
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    for dtype in ("bfloat16", "float32"):
+        row = result["by_lr"]["0.001"][dtype]
+        assert 0 < row["delta_bytes"] < row["full_bytes"] and 0 < row["changed_fraction"] <= 1
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    namespaces_refused() is not None, reason=f"network namespaces refused: {namespaces_refused()}"
+)
+@pytest.mark.usefixtures("collected_before_fork")
+def test_wan_smoke() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "wan.py"), "--smoke"],
+        capture_output=True,
+        text=True,
+        env=console_env(),
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = json.loads(done.stdout)["home20"]
+    assert run["steps"] == 3 and run["samples_lost"] == 0 and run["samples_duplicated"] == 0
+    far = run["volunteers"]["v0"]
+    assert far["link"] == "home20" and far["accepted_samples"] > 0
+    assert far["full"] == 1 and far["deltas"] == 2 and far["delta_bytes_each"] * 5 < far["full_bytes_each"]

@@ -1,0 +1,1 @@
+"""Hosts on emulated networks: network namespaces with their own addresses, shaped links, partitions."""
