@@ -82,6 +82,7 @@ class SpanServer:
         self.staged: dict[str, Tensor] = {}
         self.staged_version: int | None = None
         self.hops = 0
+        self.weight_bytes_received = 0
         from decentralized_verl.backends.kv_cache import cache_keyword
 
         self._cache_keyword = cache_keyword(module)
@@ -176,6 +177,7 @@ class SpanServer:
 
         version = _tagged_version(data)
         tensors = decode_state_dict(data, version)
+        self.weight_bytes_received += len(data)
         if self.staged_version != version:
             self.staged, self.staged_version = {}, version  # a new refresh replaces an unfinished one
         self.staged.update(tensors)
@@ -189,12 +191,12 @@ class SpanServer:
         if self.staged_version != version:
             raise WireError("weights.version", f"nothing staged for version {version} (staged: {self.staged_version})")
         tensors = cast_like(self.staged, self.module.state_dict())
+        self.staged, self.staged_version = {}, None  # a refused refresh is dropped whole: restage to retry
         plan = plan_weight_copy(self.module, tensors)
         with torch.no_grad():
             for target, source in plan:
                 target.copy_(source)
         self.version = version
-        self.staged, self.staged_version = {}, None
         self.sessions.clear()  # caches computed with the old weights must not be continued
 
     def info(self) -> dict[str, Any]:
@@ -204,6 +206,7 @@ class SpanServer:
             "version": self.version,
             "sessions": len(self.sessions),
             "hops": self.hops,
+            "weight_bytes_received": self.weight_bytes_received,
             "hidden_size": self.hidden_size,
             "dtype": str(self.dtype).removeprefix("torch."),
             "parameter_bytes": sum(p.numel() * p.element_size() for p in self.module.parameters()),
