@@ -4,6 +4,8 @@ computing the same hidden states)."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -88,7 +90,7 @@ def test_split_state_gives_each_span_only_its_layers(whole):
     assert all(name.split(".")[1] in {"0", "1"} for name in spans_parts[0])
     assert to_span_name("model.layers.3.mlp.up_proj.weight", spans[1]) == "layers.1.mlp.up_proj.weight"
     assert sum(len(p) for p in spans_parts) + len(front) == len(model.state_dict())
-    with pytest.raises(LayoutError, match="model.rotary"):
+    with pytest.raises(LayoutError, match=r"model.rotary"):
         split_state({"model.rotary.inv_freq": torch.zeros(1)}, spans)
     with pytest.raises(LayoutError, match="layer 9 is in no span"):
         split_state({"model.layers.9.x": torch.zeros(1)}, spans)
@@ -113,7 +115,9 @@ def test_front_and_spans_compute_the_whole_models_logits(whole, parts):
     with torch.no_grad():
         expected = model(input_ids=ids).logits
     torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
-    assert all(s.info()["parameter_bytes"] < sum(p.numel() * 4 for p in model.parameters()) / 2 for s in servers)
+    assert all(
+        s.info()["parameter_bytes"] < sum(p.numel() * 4 for p in model.parameters()) / 2 for s in servers
+    )
 
 
 # ---------------------------------------------------------------- the codec refuses bad hops
@@ -167,7 +171,9 @@ def test_codec_refuses_what_is_not_a_hop():
 # ---------------------------------------------------------------- a span server's sessions
 
 
-def _open(server: SpanServer, session: str, tokens: int = 3, rows: int = 2, capacity: int = 8, version: int = 0):
+def _open(
+    server: SpanServer, session: str, tokens: int = 3, rows: int = 2, capacity: int = 8, version: int = 0
+):
     request = codec.HopRequest(
         session,
         version,
@@ -202,18 +208,22 @@ def test_sessions_are_routed_by_id_and_refuse_what_does_not_fit(parts):
         _open(server, "a")
     with pytest.raises(UnknownSession, match="'zzz'"):
         _step(server, "zzz", 3)
-    with pytest.raises(WireError, match="hop.rows"):
+    with pytest.raises(WireError, match=r"hop.rows"):
         _step(server, "a", 3, rows=(0, 5))
-    with pytest.raises(WireError, match="hop.hidden: has 2 rows, the session holds 1"):
+    with pytest.raises(WireError, match=r"hop.hidden: has 2 rows, the session holds 1"):
         _step(server, "b", 3)
     assert _step(server, "a", 3).shape == (2, 1, 32)
-    with pytest.raises(WireError, match="hop.attention: covers 4 positions, expected 4 cached"):
+    with pytest.raises(WireError, match=r"hop.attention: covers 4 positions, expected 4 cached"):
         _step(server, "a", 3)  # as if the previous step had not happened
     assert _step(server, "b", 3, rows=(0, 0, 0), count=3).shape == (3, 1, 32)  # a group copied from a row
     with pytest.raises(WireError, match="exceed the session's 8"):
         server.run(
             codec.HopRequest(
-                "b", 0, torch.randn(3, 5, 32), torch.ones(3, 9, dtype=torch.long), torch.arange(4, 9).repeat(3, 1)
+                "b",
+                0,
+                torch.randn(3, 5, 32),
+                torch.ones(3, 9, dtype=torch.long),
+                torch.arange(4, 9).repeat(3, 1),
             )
         )
     assert server.close("a") and not server.close("a")
@@ -253,7 +263,7 @@ def test_weights_load_only_the_spans_layers_and_a_bad_refresh_changes_nothing(wh
     new = {k: v + 1.0 for k, v in spans_parts[1].items()}
     before = {k: v.clone() for k, v in server.module.state_dict().items()}
     server.stage(_blob({**new, "layers.9.x": torch.zeros(1)}, 1))
-    with pytest.raises(WireError, match="layers.9.x"):
+    with pytest.raises(WireError, match=r"layers.9.x"):
         server.commit(1)
     assert server.version == 0
     assert all(torch.equal(before[k], v) for k, v in server.module.state_dict().items())
@@ -279,9 +289,79 @@ def test_models_that_are_not_a_plain_decoder_stack_are_refused(parts):
     with pytest.raises(ModelError, match="only 4 decoder layers"):
         build_span(config, Span(2, 6), source, dtype)
     with pytest.raises(ModelError, match="lora"):
-        spec_parts(ModelSpec.model_validate({**SPEC.model_dump(by_alias=True, exclude_none=True), "lora": {}}))
+        spec_parts(
+            ModelSpec.model_validate({**SPEC.model_dump(by_alias=True, exclude_none=True), "lora": {}})
+        )
 
 
 def test_generation_request_types_are_shared_with_the_hf_backend():
     # The span backend is the HF backend's loop: one request type, one sampling params type.
     assert GenerationRequest("p", (1,), SamplingParams()).params.n == 1
+
+
+# ---------------------------------------------------------------- placement by memory
+
+LLAMA_70B = {
+    "model_type": "llama",
+    "hidden_size": 8192,
+    "intermediate_size": 28672,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 131072,
+}
+
+
+def test_a_70b_model_is_placed_as_spans_over_24_gib_workers():
+    from decentralized_verl.planning.devices import GIB
+    from decentralized_verl.planning.shapes import shape_from_config
+    from decentralized_verl.planning.spans import USABLE, Load, place_spans, render
+
+    shape = shape_from_config(LLAMA_70B)
+    whole = shape.parameters() * 2
+    assert whole > 5 * 24 * GIB  # ~131 GiB of bf16 weights: no single worker could hold it
+    workers = [(f"rollout-{i}", 24 * GIB) for i in range(12)]
+    placement = place_spans(shape, workers, Load(rows=16, tokens=1024))
+    spans = placement.spans
+    assert spans[0][0] == 0 and spans[-1][1] == 80
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))  # contiguous, each layer once
+    assert placement.places[0].front and not any(p.front for p in placement.places[1:])
+    assert all(p.total <= USABLE * p.memory for p in placement.places)
+    assert sum(p.weight_bytes for p in placement.places) == whole
+    assert 6 <= len(placement.places) <= 8
+    assert "front + layers 0:" in render(placement)
+
+
+def test_a_placement_that_cannot_fit_says_how_much_is_missing():
+    from decentralized_verl.planning.devices import GIB
+    from decentralized_verl.planning.shapes import shape_from_config
+    from decentralized_verl.planning.spans import Load, SpanPlanError, place_spans
+
+    shape = shape_from_config(LLAMA_70B)
+    with pytest.raises(
+        SpanPlanError, match=r"of 80 layers fit on no worker \(\d+\.\d GiB more .* more worker"
+    ):
+        place_spans(shape, [("a", 24 * GIB), ("b", 24 * GIB)], Load(rows=16, tokens=1024))
+    with pytest.raises(SpanPlanError, match=r"the front .* does not fit worker small"):
+        place_spans(shape, [("small", 2 * GIB)])
+    with pytest.raises(SpanPlanError, match="no rollout worker"):
+        place_spans(shape, [])
+
+
+def test_the_placement_cli_prints_what_each_worker_holds(tmp_path, capsys):
+    import json
+
+    from decentralized_verl.planning.spans import main
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(LLAMA_70B))
+    assert (
+        main([str(config), "--worker-memory", "24Gi", "--workers", "10", "--rows", "8", "--tokens", "512"])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "front + layers 0:" in out and ":80" in out
+    assert main([str(config), "--worker-memory", "24Gi", "--workers", "2"]) == 2
+    assert "fit on no worker" in capsys.readouterr().out

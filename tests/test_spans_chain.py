@@ -19,7 +19,6 @@ from processes import ProcessGroup, free_port  # noqa: E402
 
 from decentralized_verl.backends.base import GenerationRequest, SamplingParams  # noqa: E402
 from decentralized_verl.backends.hf import HFBackend  # noqa: E402
-from decentralized_verl.core.interfaces import WorkItem  # noqa: E402
 from decentralized_verl.errors import WireError  # noqa: E402
 from decentralized_verl.models.loading import load_model_and_tokenizer  # noqa: E402
 from decentralized_verl.serving.rollout import RolloutWorker  # noqa: E402
@@ -32,7 +31,16 @@ from decentralized_verl.spec.model import ModelSpec  # noqa: E402
 
 torch.set_num_threads(1)
 
-MODEL = {"tiny": {"hiddenSize": 32, "numLayers": 4, "numHeads": 4, "intermediateSize": 64, "maxPositions": 96, "seed": 5}}
+MODEL = {
+    "tiny": {
+        "hiddenSize": 32,
+        "numLayers": 4,
+        "numHeads": 4,
+        "intermediateSize": 64,
+        "maxPositions": 96,
+        "seed": 5,
+    }
+}
 SPEC = ModelSpec.model_validate(MODEL)
 TWO = (Span(0, 2), Span(2, 4))
 THREE = (Span(0, 1), Span(1, 3), Span(3, 4))
@@ -131,7 +139,15 @@ def prompt_item(tokenizer, text: str):
 def test_a_malformed_hop_is_refused_by_name(servers):
     _, address = servers
     client = SpanClient(address["b2"])
-    bad = HopRequest("s", 0, torch.zeros(1, 2, 16), torch.ones(1, 2, dtype=torch.long), torch.zeros(1, 2, dtype=torch.long), open=True, capacity=4)
+    bad = HopRequest(
+        "s",
+        0,
+        torch.zeros(1, 2, 16),
+        torch.ones(1, 2, dtype=torch.long),
+        torch.zeros(1, 2, dtype=torch.long),
+        open=True,
+        capacity=4,
+    )
     with pytest.raises(WireError, match=r"hop.hidden: must be \[rows, tokens, 32\]"):
         client.forward(bad, 32)
 
@@ -170,7 +186,7 @@ def _kill_on_forward(monkeypatch, group: ProcessGroup, name: str, at: int) -> No
 
 def test_weights_refresh_per_span_and_a_restarted_span_catches_up(servers, reference, monkeypatch):
     group, address = servers
-    model, tokenizer = reference
+    _, tokenizer = reference
     new_model, _ = load_model_and_tokenizer(SPEC)
     with torch.no_grad():
         for p in new_model.parameters():

@@ -315,7 +315,7 @@ class HFBackend:
             next_position = next_position + 1
 
     def _new_cache(self, capacity: int) -> Any:
-        """The cache of one micro-batch, for ``capacity`` positions (a span chain's front returns a session)."""
+        """One micro-batch's cache for ``capacity`` positions (a span chain's front returns a session)."""
         from decentralized_verl.backends.kv_cache import decode_cache
 
         return decode_cache(self.model.config, capacity)

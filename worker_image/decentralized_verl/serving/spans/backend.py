@@ -36,7 +36,13 @@ class SpanBackend(HFBackend):
 
     @classmethod
     def from_spec(
-        cls, spec: Any, spans: Sequence[Span], replicas: Sequence[Sequence[str]], *, chain_options: Mapping[str, Any] | None = None, **kw: Any
+        cls,
+        spec: Any,
+        spans: Sequence[Span],
+        replicas: Sequence[Sequence[str]],
+        *,
+        chain_options: Mapping[str, Any] | None = None,
+        **kw: Any,
     ) -> SpanBackend:
         """The front of `spec.model`'s model (reading only the front's tensors) over the given servers."""
         from decentralized_verl import compute_thread

@@ -49,9 +49,7 @@ def check_supported(config: Any, *, field: str = "spec.model") -> None:
 def span_config(config: Any, span: Span) -> Any:
     """The full config with only the span's layers (per-layer fields sliced to the span)."""
     if span.end > config.num_hidden_layers:
-        raise ModelError(
-            f"layers {span}: the model has only {config.num_hidden_layers} decoder layers"
-        )
+        raise ModelError(f"layers {span}: the model has only {config.num_hidden_layers} decoder layers")
     out = copy.deepcopy(config)
     out.num_hidden_layers = span.layers
     layer_types = getattr(config, "layer_types", None)
@@ -72,7 +70,9 @@ def _fill(module: nn.Module, tensors: Mapping[str, Tensor], dtype: torch.dtype, 
         for name, target in module.state_dict(keep_vars=True).items():
             source = tensors[name]
             if tuple(source.shape) != tuple(target.shape):
-                raise ModelError(f"{what}: {name} has shape {tuple(source.shape)}, expected {tuple(target.shape)}")
+                raise ModelError(
+                    f"{what}: {name} has shape {tuple(source.shape)}, expected {tuple(target.shape)}"
+                )
             target.copy_(source.to(dtype))
     return module.to(dtype).eval()
 
@@ -227,7 +227,7 @@ def folder_source(folder: Path, field: str = "spec.model") -> TensorSource:
         out: dict[str, Tensor] = {}
         for file, names in files.items():
             with safe_open(str(folder / file), framework="pt") as f:
-                for name in names if names is not None else [k for k in f.keys() if wanted(k)]:
+                for name in names if names is not None else [k for k in f.keys() if wanted(k)]:  # noqa: SIM118
                     out[name] = f.get_tensor(name)
         return out
 

@@ -15,6 +15,7 @@ refresh (it was down, or it is new) is brought up to date before it takes over a
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import time
@@ -126,16 +127,30 @@ class Chain:
                     _stage(client, part, version)
                     reached.append(client)
                 except SpanFailure as exc:
-                    log.warning("span %s: %s missed the refresh to version %d (%s)", route.span, client.address, version, exc)
+                    log.warning(
+                        "span %s: %s missed the refresh to version %d (%s)",
+                        route.span,
+                        client.address,
+                        version,
+                        exc,
+                    )
             if not reached:
-                raise ChainBroken(f"span {route.span}: no replica reachable for the refresh to version {version}")
+                raise ChainBroken(
+                    f"span {route.span}: no replica reachable for the refresh to version {version}"
+                )
             staged.append(reached)
         for route, reached in zip(self.routes, staged, strict=True):
             for client in reached:
                 try:
                     client.commit(version)
                 except SpanFailure as exc:
-                    log.warning("span %s: %s failed to commit version %d (%s)", route.span, client.address, version, exc)
+                    log.warning(
+                        "span %s: %s failed to commit version %d (%s)",
+                        route.span,
+                        client.address,
+                        version,
+                        exc,
+                    )
         self.parts = list(parts)
         self.version = version
 
@@ -213,7 +228,9 @@ class ChainSession:
         self.positions.append(positions)
         return hidden
 
-    def _hop(self, index: int, hidden: Tensor, attention: Tensor, positions: Tensor, rows: Tensor | None) -> Tensor:
+    def _hop(
+        self, index: int, hidden: Tensor, attention: Tensor, positions: Tensor, rows: Tensor | None
+    ) -> Tensor:
         route = self.chain.routes[index]
         deadline = time.monotonic() + self.chain.failover_s
         while True:
@@ -224,7 +241,9 @@ class ChainSession:
             except SpanFailure as exc:
                 self.opened[index] = None
                 if time.monotonic() > deadline:
-                    raise ChainBroken(f"span {route.span}: no replica answered within {self.chain.failover_s:.0f}s ({exc})") from exc
+                    raise ChainBroken(
+                        f"span {route.span}: no replica answered within {self.chain.failover_s:.0f}s ({exc})"
+                    ) from exc
                 if exc.code.name == "FAILED_PRECONDITION":
                     try:
                         self.chain.bring_up_to_date(index, client)
@@ -239,12 +258,23 @@ class ChainSession:
             return out
 
     def _send(
-        self, index: int, client: SpanClient, hidden: Tensor, attention: Tensor, positions: Tensor, rows: Tensor | None
+        self,
+        index: int,
+        client: SpanClient,
+        hidden: Tensor,
+        attention: Tensor,
+        positions: Tensor,
+        rows: Tensor | None,
     ) -> Tensor:
         version, session, size = self.chain.version, self.id, self.chain.hidden_size
         if self.opened[index] is client:
             request = HopRequest(
-                session, version, hidden, attention, positions, rows=None if rows is None else tuple(rows.tolist())
+                session,
+                version,
+                hidden,
+                attention,
+                positions,
+                rows=None if rows is None else tuple(rows.tolist()),
             )
             return client.forward(request, size)
         # A session new to this server: open it with everything the span has seen (none on the first hop).
@@ -253,7 +283,13 @@ class ChainSession:
         all_positions = torch.cat([*self.positions, positions], dim=1) if prefix else positions
         replayed = int(full.shape[1] - hidden.shape[1])
         request = HopRequest(
-            session, version, full, attention, all_positions, open=True, capacity=self.capacity,
+            session,
+            version,
+            full,
+            attention,
+            all_positions,
+            open=True,
+            capacity=self.capacity,
             keep_last=int(hidden.shape[1]) if replayed else 0,
         )
         out = client.forward(request, size)
@@ -265,8 +301,6 @@ class ChainSession:
         """Free the session on every server that holds it (best effort: a dead one frees nothing)."""
         for index, client in enumerate(self.opened):
             if client is not None:
-                try:
+                with contextlib.suppress(DverlError):
                     client.close(self.id)
-                except (SpanFailure, DverlError):
-                    pass
                 self.opened[index] = None

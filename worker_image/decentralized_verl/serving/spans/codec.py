@@ -77,7 +77,12 @@ def _blob(data: bytes, what: str) -> tuple[dict[str, Tensor], dict]:
 
 def _int(fields: dict, name: str, low: int, high: int | None = None) -> int:
     value = fields.get(name)
-    if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
+    if (
+        not isinstance(value, int)
+        or isinstance(value, bool)
+        or value < low
+        or (high is not None and value > high)
+    ):
         bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
         raise WireError(f"hop.{name}", f"must be an integer {bound} (got {value!r})")
     return value
@@ -109,19 +114,25 @@ def decode_request(data: bytes, hidden_size: int, dtype: torch.dtype) -> HopRequ
     if hidden.shape[0] > MAX_ROWS:
         raise WireError("hop.hidden", f"at most {MAX_ROWS} rows (got {rows_count})")
     if attention.dtype != torch.int64 or attention.dim() != 2 or attention.shape[0] != rows_count:
-        raise WireError("hop.attention", f"must be int64 [{rows_count}, positions] (got {list(attention.shape)})")
+        raise WireError(
+            "hop.attention", f"must be int64 [{rows_count}, positions] (got {list(attention.shape)})"
+        )
     if attention.shape[1] < tokens or not bool(((attention == 0) | (attention == 1)).all()):
         raise WireError("hop.attention", f"must hold 0/1 over >= {tokens} positions")
     if positions.dtype != torch.int64 or list(positions.shape) != [rows_count, tokens]:
-        raise WireError("hop.positions", f"must be int64 [{rows_count}, {tokens}] (got {list(positions.shape)})")
+        raise WireError(
+            "hop.positions", f"must be int64 [{rows_count}, {tokens}] (got {list(positions.shape)})"
+        )
     if bool((positions < 0).any()):
         raise WireError("hop.positions", "must be >= 0")
     rows = fields.get("rows")
     if rows is not None:
         if opening:
             raise WireError("hop.rows", "a session being opened has no rows to select from")
-        if not isinstance(rows, list) or len(rows) != rows_count or not all(
-            isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in rows
+        if (
+            not isinstance(rows, list)
+            or len(rows) != rows_count
+            or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in rows)
         ):
             raise WireError("hop.rows", f"must be {rows_count} row indices >= 0 (one per hidden row)")
         rows = tuple(rows)

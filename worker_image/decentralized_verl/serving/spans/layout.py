@@ -60,7 +60,9 @@ def check_layout(spans: Iterable[Span], num_layers: int, *, field: str = "spans"
     expected = 0
     for i, span in enumerate(out):
         if span.start != expected:
-            raise LayoutError(f"{field}[{i}]: starts at layer {span.start}, expected {expected} (gap or overlap)")
+            raise LayoutError(
+                f"{field}[{i}]: starts at layer {span.start}, expected {expected} (gap or overlap)"
+            )
         expected = span.end
     if expected != num_layers:
         raise LayoutError(f"{field}: the spans end at layer {expected} but the model has {num_layers} layers")
@@ -102,9 +104,7 @@ def is_front(name: str) -> bool:
     return name.startswith(FRONT_PREFIXES)
 
 
-def split_state(
-    state: Mapping[str, T], spans: tuple[Span, ...]
-) -> tuple[dict[str, T], list[dict[str, T]]]:
+def split_state(state: Mapping[str, T], spans: tuple[Span, ...]) -> tuple[dict[str, T], list[dict[str, T]]]:
     """(the front's tensors under their full names, each span's tensors under its own names).
 
     A name that belongs to no part (a rotary buffer, an unknown module) is an error: a refresh that

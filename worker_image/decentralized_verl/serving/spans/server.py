@@ -113,7 +113,8 @@ class SpanServer:
         self.sweep()
         if request.version != self.version:
             raise WrongVersion(
-                f"{self.server_id}: holds policy version {self.version}, the hop was computed with {request.version}"
+                f"{self.server_id}: holds policy version {self.version}, "
+                f"the hop was computed with {request.version}"
             )
         session, cache = self._session_for(request)
         try:
@@ -156,15 +157,22 @@ class SpanServer:
             held = session.cache.get_seq_length()
             capacity = _capacity(session.cache)
             if request.rows is not None and max(request.rows) >= session.rows:
-                raise WireError("hop.rows", f"row {max(request.rows)} is out of the session's {session.rows} rows")
+                raise WireError(
+                    "hop.rows", f"row {max(request.rows)} is out of the session's {session.rows} rows"
+                )
             if request.rows is None and request.hidden.shape[0] != session.rows:
-                raise WireError("hop.hidden", f"has {request.hidden.shape[0]} rows, the session holds {session.rows}")
+                raise WireError(
+                    "hop.hidden", f"has {request.hidden.shape[0]} rows, the session holds {session.rows}"
+                )
         if request.attention.shape[1] != held + tokens:
             raise WireError(
-                "hop.attention", f"covers {request.attention.shape[1]} positions, expected {held} cached + {tokens} new"
+                "hop.attention",
+                f"covers {request.attention.shape[1]} positions, expected {held} cached + {tokens} new",
             )
         if capacity and held + tokens > capacity:
-            raise WireError("hop.hidden", f"{held} cached + {tokens} new positions exceed the session's {capacity}")
+            raise WireError(
+                "hop.hidden", f"{held} cached + {tokens} new positions exceed the session's {capacity}"
+            )
         if request.rows is not None:
             session.cache.batch_select_indices(torch.tensor(request.rows, dtype=torch.long))
         return session, session.cache
@@ -189,7 +197,9 @@ class SpanServer:
         from decentralized_verl.transport.weights import cast_like
 
         if self.staged_version != version:
-            raise WireError("weights.version", f"nothing staged for version {version} (staged: {self.staged_version})")
+            raise WireError(
+                "weights.version", f"nothing staged for version {version} (staged: {self.staged_version})"
+            )
         tensors = cast_like(self.staged, self.module.state_dict())
         self.staged, self.staged_version = {}, None  # a refused refresh is dropped whole: restage to retry
         plan = plan_weight_copy(self.module, tensors)
