@@ -44,7 +44,15 @@ MODEL = {
 SPEC = ModelSpec.model_validate(MODEL)
 TWO = (Span(0, 2), Span(2, 4))
 THREE = (Span(0, 1), Span(1, 3), Span(3, 4))
-SERVERS = {"a0": TWO[0], "a1": TWO[1], "b0": THREE[0], "b1": THREE[1], "b1r": THREE[1], "b2": THREE[2]}
+SERVERS = {
+    "a0": TWO[0],
+    "a1": TWO[1],
+    "b0": THREE[0],
+    "b1": THREE[1],
+    "b1r": THREE[1],
+    "b2": THREE[2],
+    "b2r": THREE[2],
+}
 PROMPTS = ["hello there", "abc", "what is 2+2?", "x"]
 
 
@@ -168,8 +176,28 @@ def test_a_span_killed_mid_rollout_is_replaced_by_a_replica(servers, reference, 
     assert SpanClient(address["b1r"]).info()["hops"] > 0
 
 
-def _kill_on_forward(monkeypatch, group: ProcessGroup, name: str, at: int) -> None:
-    """SIGKILL server `name` before the `at`-th chain step of the first micro-batch (mid-decode)."""
+def test_a_span_that_hangs_mid_rollout_is_replaced_after_the_hop_deadline(servers, reference, monkeypatch):
+    group, address = servers
+    model, tokenizer = reference
+    requests = _requests(tokenizer, max_new_tokens=16, temperature=0.0)
+    expected = list(HFBackend(model, tokenizer, max_batch_size=6).generate(requests))
+    replicas = [[address["b0"]], [address["b1r"]], [address["b2"], address["b2r"]]]
+    front = SpanBackend.from_spec(
+        SPEC, THREE, replicas, chain_options={"timeout_s": 5.0, "failover_s": 180.0}, max_batch_size=6
+    )
+    _kill_on_forward(monkeypatch, group, "b2", at=3, sig=signal.SIGSTOP)
+    try:
+        got = list(front.generate(requests))
+    finally:
+        os.kill(group.procs["b2"].pid, signal.SIGCONT)
+    # A slow hop on a loaded machine may also fail over: the answer is the same either way.
+    _same(expected, got, tolerance=1e-4)
+    assert front.chain.routes[2].stats.failovers >= 1
+    assert SpanClient(address["b2r"]).info()["hops"] > 0
+
+
+def _kill_on_forward(monkeypatch, group: ProcessGroup, name: str, at: int, sig=signal.SIGKILL) -> None:
+    """Send `sig` to server `name` before the `at`-th chain step of the first micro-batch (mid-decode)."""
     forward = ChainSession.forward
     calls = [0]
 
@@ -177,8 +205,9 @@ def _kill_on_forward(monkeypatch, group: ProcessGroup, name: str, at: int) -> No
         calls[0] += 1
         if calls[0] == at:
             proc = group.procs[name]
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
+            os.kill(proc.pid, sig)
+            if sig == signal.SIGKILL:
+                proc.wait()
         return forward(self, hidden, attention, positions)
 
     monkeypatch.setattr(ChainSession, "forward", counting)
