@@ -21,7 +21,7 @@ from decentralized_verl.backends.hf import HFBackend, _Row
 from decentralized_verl.backends.weight_copy import plan_weight_copy
 from decentralized_verl.serving.spans.blocks import FrontModel, build_front, spec_parts
 from decentralized_verl.serving.spans.chain import Chain, ChainSession
-from decentralized_verl.serving.spans.layout import Span, check_layout, split_state
+from decentralized_verl.serving.spans.layout import Span, check_layout, even_layout, split_state
 
 
 class SpanBackend(HFBackend):
@@ -38,16 +38,19 @@ class SpanBackend(HFBackend):
     def from_spec(
         cls,
         spec: Any,
-        spans: Sequence[Span],
+        spans: Sequence[Span] | int,
         replicas: Sequence[Sequence[str]],
         *,
         chain_options: Mapping[str, Any] | None = None,
         **kw: Any,
     ) -> SpanBackend:
-        """The front of `spec.model`'s model (reading only the front's tensors) over the given servers."""
+        """The front of `spec.model`'s model (reading only the front's tensors) over the given servers;
+        `spans` is the layout, or a count to split the layers evenly."""
         from decentralized_verl import compute_thread
 
         config, tokenizer, source, dtype = spec_parts(spec)
+        if isinstance(spans, int):  # a count: the layers split evenly
+            spans = even_layout(int(config.num_hidden_layers), spans)
         front = compute_thread.call(build_front, config, source, dtype)
         chain = Chain(spans, replicas, int(config.hidden_size), **dict(chain_options or {}))
         return cls(front, tokenizer, chain, **kw)
@@ -85,3 +88,11 @@ class SpanBackend(HFBackend):
 
     def close(self) -> None:
         self.chain.close()
+
+
+def parse_span_addresses(text: str, *, field: str = "DVERL_SPAN_ADDRS") -> list[list[str]]:
+    """`a,b;c;d` -> [[a, b], [c], [d]]: the spans in chain order, each span's servers."""
+    chain = [[a.strip() for a in span.split(",") if a.strip()] for span in text.split(";")]
+    if not text.strip() or any(not servers for servers in chain):
+        raise ValueError(f"{field}: every span needs at least one host:port (got {text!r})")
+    return chain

@@ -324,6 +324,32 @@ def load_span_server(spec: Any, span: Span, **kw: Any) -> SpanServer:
     return SpanServer(compute_thread.call(build), span, **kw)
 
 
+async def serve_span_role(spec: Any, job: str, index: int, port: int, host: str) -> int:
+    """`dverl worker --role span --index I`: the span the job's plan gives span worker I, until stopped."""
+    from decentralized_verl.lifecycle import serve_until_stopped
+    from decentralized_verl.plan import plan_job
+    from decentralized_verl.serving.spans.blocks import spec_parts
+    from decentralized_verl.serving.spans.layout import even_layout
+
+    planned = plan_job(spec, job).by_role("span")
+    if not 0 <= index < len(planned) or planned[index].span is None:
+        raise ValueError(f"--index: the job plans {len(planned)} span workers, so no span worker {index}")
+    front, position = planned[index].span
+    config = spec_parts(spec.model)[0]
+    span = even_layout(int(config.num_hidden_layers), spec.roles.rollout.spans.count)[position]
+    server = load_span_server(spec.model, span, server_id=planned[index].name)
+    grpc_server = await serve_span(server, port, host)
+    sweeper = asyncio.create_task(_sweeper(server, 30.0))
+    try:
+        return await serve_until_stopped(
+            f"{server.server_id} layers {span} of rollout {front} ready on port {grpc_server.port}",
+            served=lambda: f"{server.server_id} served {server.hops} hops",
+        )
+    finally:
+        sweeper.cancel()
+        await grpc_server.stop(grace=1.0)
+
+
 async def _main(args: argparse.Namespace) -> int:
     from decentralized_verl.lifecycle import serve_until_stopped
     from decentralized_verl.serving.spans.layout import parse_span
