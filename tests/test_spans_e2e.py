@@ -57,6 +57,8 @@ def test_a_span_killed_mid_step_is_restarted_and_no_sample_is_lost(tmp_path: Pat
             time.sleep(0.02)
         assert learner.process.wait(timeout=60) == 0, learner.log_tail()
     assert killed_at is not None and victim.restarts == 1
+    front_log = cluster.by_role("rollout")[0].log_path.read_text()
+    assert "trying" in front_log or "missed the refresh" in front_log  # the front saw the span go
     records = read_metrics(output / "metrics.jsonl")
     assert len(records) == 5
     for r in records:  # every prompt x sample answered exactly once, also in the step of the kill

@@ -116,11 +116,27 @@ class Chain:
     # ------------------------------------------------------------ weights
 
     def load_weights(self, parts: Sequence[Mapping[str, Tensor]], version: int) -> None:
-        """Stage every span's tensors on every reachable replica, then commit `version` on them."""
+        """Stage every span's tensors on every reachable replica, then commit `version` on them. A span
+        with no replica up (one restarting) is waited for, up to `failover_s`, as a hop would be."""
         if len(parts) != len(self.routes):
             raise ValueError(f"weights: {len(parts)} parts for {len(self.routes)} spans")
-        staged: list[list[SpanClient]] = []
-        for route, part in zip(self.routes, parts, strict=True):
+        staged = [
+            self._stage_span(route, part, version) for route, part in zip(self.routes, parts, strict=True)
+        ]
+        for route, reached in zip(self.routes, staged, strict=True):
+            for client in reached:
+                try:
+                    client.commit(version)
+                except SpanFailure as exc:
+                    log.warning(
+                        "span %s: %s did not commit version %d (%s)", route.span, client.address, version, exc
+                    )
+        self.parts = list(parts)
+        self.version = version
+
+    def _stage_span(self, route: _Route, part: Mapping[str, Tensor], version: int) -> list[SpanClient]:
+        deadline = time.monotonic() + self.failover_s
+        while True:
             reached = []
             for client in route.clients:
                 try:
@@ -134,25 +150,13 @@ class Chain:
                         version,
                         exc,
                     )
-            if not reached:
+            if reached:
+                return reached
+            if time.monotonic() > deadline:
                 raise ChainBroken(
                     f"span {route.span}: no replica reachable for the refresh to version {version}"
                 )
-            staged.append(reached)
-        for route, reached in zip(self.routes, staged, strict=True):
-            for client in reached:
-                try:
-                    client.commit(version)
-                except SpanFailure as exc:
-                    log.warning(
-                        "span %s: %s failed to commit version %d (%s)",
-                        route.span,
-                        client.address,
-                        version,
-                        exc,
-                    )
-        self.parts = list(parts)
-        self.version = version
+            time.sleep(1.0)
 
     def close(self) -> None:
         for route in self.routes:
