@@ -80,3 +80,57 @@ def test_misused_spans_are_refused_by_name(change, message):
 def test_bad_span_addresses_name_the_variable(text):
     with pytest.raises(ValueError, match="DVERL_SPAN_ADDRS"):
         parse_span_addresses(text)
+
+
+def _seventy_b_job(tmp_path, **rollout):
+    import json
+
+    folder = tmp_path / "llama-70b"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": 8192,
+                "intermediate_size": 28672,
+                "num_hidden_layers": 80,
+                "num_attention_heads": 64,
+                "num_key_value_heads": 8,
+                "vocab_size": 128256,
+                "tie_word_embeddings": False,
+                "max_position_embeddings": 131072,
+            }
+        )
+    )
+    gpu = {"gpus": 1, "gpuMemory": "24Gi"}
+    return parse_spec(
+        {
+            "model": {"path": str(folder), "dtype": "bfloat16"},
+            "algorithm": {"name": "grpo", "samplesPerPrompt": 4},
+            "data": {"train": "/data/train.jsonl", "maxPromptTokens": 256, "maxNewTokens": 256},
+            "roles": {
+                "rollout": {"replicas": 1, "batchSize": 4, "resources": gpu, **rollout},
+                "learner": {"replicas": 1, "resources": gpu},
+            },
+            "training": {"batchSize": 4},
+        }
+    )
+
+
+def test_a_70b_rollout_that_fits_no_worker_is_planned_as_spans(tmp_path):
+    from decentralized_verl.planning import plan_for
+
+    whole = plan_for(_seventy_b_job(tmp_path), tmp_path)
+    rollout = next(w for w in whole.workers if w.role == "rollout")
+    assert rollout.verdict == "does not fit"
+    suggestion = next(f for f in rollout.fixes if f.startswith("roles.rollout.spans.count: "))
+    count = int(suggestion.split(":")[1].split()[0])
+    assert 5 <= count <= 10  # ~131 GiB of bf16 weights over 24 GiB GPUs
+
+    spanned = plan_for(_seventy_b_job(tmp_path, spans={"count": count}), tmp_path)
+    rollout = next(w for w in spanned.workers if w.role == "rollout")
+    assert rollout.verdict == "fits", rollout.reason
+    names = {c.name: c for c in rollout.estimate.components}
+    assert "of 80 layers" in names["span weights"].detail
+    fewer = plan_for(_seventy_b_job(tmp_path, spans={"count": count - 1}), tmp_path)
+    assert next(w for w in fewer.workers if w.role == "rollout").verdict == "does not fit"

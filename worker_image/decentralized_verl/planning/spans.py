@@ -18,9 +18,16 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from decentralized_verl.planning.devices import GIB, quantity_bytes
-from decentralized_verl.planning.memory import kv_cache_bytes, layer_transient_bytes
+from decentralized_verl.planning.memory import (
+    Component,
+    Estimate,
+    kv_cache_bytes,
+    layer_transient_bytes,
+    peak_bytes,
+)
 from decentralized_verl.planning.rollout_memory import HF_DECODE_ROWS
 from decentralized_verl.planning.shapes import ModelShape, shape_from_config
 
@@ -136,6 +143,60 @@ def place_spans(shape: ModelShape, workers: Sequence[tuple[str, int]], load: Loa
             f"({missing / GIB:.1f} GiB more is needed at {load.rows} rows x {load.tokens} tokens{hint})"
         )
     return SpanPlacement(tuple(places), shape.layers)
+
+
+def chain_estimate(shape: ModelShape, b: int, gen: Any, on_gpu: bool, count: int) -> Estimate:
+    """The heaviest process of a rollout worker's chain of `count` spans (`roles.rollout.spans`): the
+    front (embeddings, LM head, sampling logits) or the largest span (its layers' weights, their share of
+    the KV cache, one layer's temporaries). Every process of the chain gets the rollout role's resources,
+    so the role fits when its heaviest process does."""
+    from decentralized_verl.planning import memory as mem
+
+    device = "gpu" if on_gpu else "host"
+    rows = min(gen.sequences, HF_DECODE_ROWS)
+    length = gen.prompt_tokens + gen.response_tokens
+    layers = -(-shape.layers // count)
+    kv = kv_cache_bytes(shape, b, rows, length) * layers // shape.layers
+    span = [
+        Component(
+            "span weights",
+            layers * shape.layer_parameters() * b,
+            device,
+            detail=f"{layers} of {shape.layers} layers",
+        ),
+        Component(
+            "kv cache",
+            kv,
+            device,
+            phase="generation",
+            detail=f"{layers} layers x {rows} rows x {length} tokens",
+        ),
+        Component(
+            "workspace", layer_transient_bytes(shape, b, rows * gen.prompt_tokens), device, phase="generation"
+        ),
+    ]
+    front = [
+        Component(
+            "front weights", shape.embedding_parameters() * b, device, detail="embeddings, LM head, norm"
+        ),
+        Component(
+            "workspace", rows * shape.vocab * 4 * 3, device, phase="generation", detail="sampling logits"
+        ),
+    ]
+    runtime = mem.runtime_components(on_gpu)
+    heaviest = max((span, front), key=lambda parts: peak_bytes(parts, device))
+    return Estimate(tuple(heaviest + runtime))
+
+
+def smallest_chain(
+    shape: ModelShape, b: int, gen: Any, on_gpu: bool, fits: Any
+) -> tuple[int, Estimate] | None:
+    """The fewest spans (2 or more) whose heaviest process `fits`, with its estimate; None if none does."""
+    for count in range(2, shape.layers + 1):
+        estimate = chain_estimate(shape, b, gen, on_gpu, count)
+        if fits(estimate):
+            return count, estimate
+    return None
 
 
 def render(placement: SpanPlacement) -> str:
