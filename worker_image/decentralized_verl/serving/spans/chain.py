@@ -208,6 +208,9 @@ class ChainSession:
         self.history: list[list[Tensor]] = [[] for _ in chain.routes]
         self.positions: list[Tensor] = []
         self.opened: list[SpanClient | None] = [None] * len(chain.routes)
+        self.names = [self.id] * len(chain.routes)
+        """The session's id on each span: a new one after a failure, since a server that was only slow
+        may still hold (or go on to finish) the old one, which then expires unused."""
         self.rows: Tensor | None = None
 
     def batch_select_indices(self, index: Tensor) -> None:
@@ -244,6 +247,7 @@ class ChainSession:
                 out = self._send(index, client, hidden, attention, positions, rows)
             except SpanFailure as exc:
                 self.opened[index] = None
+                self.names[index] = f"{self.id}.{next(_ids)}"
                 if time.monotonic() > deadline:
                     raise ChainBroken(
                         f"span {route.span}: no replica answered within {self.chain.failover_s:.0f}s ({exc})"
@@ -270,7 +274,7 @@ class ChainSession:
         positions: Tensor,
         rows: Tensor | None,
     ) -> Tensor:
-        version, session, size = self.chain.version, self.id, self.chain.hidden_size
+        version, session, size = self.chain.version, self.names[index], self.chain.hidden_size
         if self.opened[index] is client:
             request = HopRequest(
                 session,
@@ -306,5 +310,5 @@ class ChainSession:
         for index, client in enumerate(self.opened):
             if client is not None:
                 with contextlib.suppress(DverlError):
-                    client.close(self.id)
+                    client.close(self.names[index])
                 self.opened[index] = None
