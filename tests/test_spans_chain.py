@@ -196,6 +196,32 @@ def test_a_span_that_hangs_mid_rollout_is_replaced_after_the_hop_deadline(server
     assert SpanClient(address["b2r"]).info()["hops"] > 0
 
 
+def test_a_lone_span_that_stalls_and_resumes_takes_the_session_again_under_a_new_id(
+    servers, reference, monkeypatch
+):
+    group, address = servers
+    model, tokenizer = reference
+    requests = _requests(tokenizer, max_new_tokens=12, temperature=0.0)
+    expected = list(HFBackend(model, tokenizer, max_batch_size=6).generate(requests))
+    replicas = [[address["b0"]], [address["b1r"]], [address["b2r"]]]
+    front = SpanBackend.from_spec(
+        SPEC, THREE, replicas, chain_options={"timeout_s": 3.0, "failover_s": 180.0}, max_batch_size=6
+    )
+    stalled = group.procs["b0"]
+    resume = threading.Timer(8.0, lambda: os.kill(stalled.pid, signal.SIGCONT))
+    _kill_on_forward(monkeypatch, group, "b0", at=2, sig=signal.SIGSTOP)
+    try:
+        resume.start()
+        got = list(front.generate(requests))
+    finally:
+        resume.cancel()
+        os.kill(stalled.pid, signal.SIGCONT)
+    # The stalled server may finish the timed-out calls once resumed; the front reopened elsewhere under
+    # a new id, so the old session only waits for its timeout.
+    _same(expected, got, tolerance=1e-4)
+    assert front.chain.routes[0].stats.failovers >= 1 and front.chain.routes[0].stats.replayed_tokens > 0
+
+
 def _kill_on_forward(monkeypatch, group: ProcessGroup, name: str, at: int, sig=signal.SIGKILL) -> None:
     """Send `sig` to server `name` before the `at`-th chain step of the first micro-batch (mid-decode)."""
     forward = ChainSession.forward
