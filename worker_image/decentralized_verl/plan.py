@@ -8,7 +8,7 @@ command line, environment and ports. Addresses are supplied by the executor (clu
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from decentralized_verl.settings import SERVICE_ROLES, env_name
 from decentralized_verl.spec import JobSpec, NodePool, Resources, RoleSpec
@@ -32,6 +32,8 @@ class PlannedWorker:
     cpu: str | None = None
     memory: str | None = None
     ports: Mapping[str, int] = field(default_factory=dict)
+    span: tuple[int, int] | None = None
+    """A span server's (rollout worker it serves, span position in that worker's chain)."""
 
     @property
     def name(self) -> str:
@@ -143,9 +145,34 @@ def plan_job(spec: JobSpec, job: str) -> Plan:
             continue
         for index, pool in enumerate(_pool_slots(role)):
             workers.append(_worker(job, role_name, index, role, pool))
+        if role_name == "rollout" and role.spans is not None:
+            workers.extend(_span_workers(job, role))
     if spec.volunteers.enabled:
         workers.append(PlannedWorker(job=job, role="dht", index=0, ports={"grpc": spec.volunteers.dht_port}))
     return Plan(job=job, workers=tuple(workers), colocated=tuple(colocated))
+
+
+def _span_workers(job: str, role: RoleSpec) -> list[PlannedWorker]:
+    """Each rollout worker's own chain: `spans.count` spans, each served by `spans.replicas` processes,
+    on the rollout worker's pool and resources (docs/spans.md)."""
+    assert role.spans is not None
+    out = []
+    for front, pool in enumerate(_pool_slots(role)):
+        like = _worker(job, "span", 0, role, pool)
+        for position in range(role.spans.count):
+            for _ in range(role.spans.replicas):
+                out.append(replace(like, index=len(out), span=(front, position)))
+    return out
+
+
+def span_addresses(plan: Plan, front: int, addresses: Mapping[str, str]) -> str:
+    """DVERL_SPAN_ADDRS of rollout worker `front`: its spans in chain order separated by `;`, each span's
+    servers by `,`."""
+    chain: dict[int, list[str]] = {}
+    for worker in plan.by_role("span"):
+        if worker.span is not None and worker.span[0] == front:
+            chain.setdefault(worker.span[1], []).append(addresses[worker.name])
+    return ";".join(",".join(chain[position]) for position in sorted(chain))
 
 
 def worker_env(plan: Plan, worker: PlannedWorker, addresses: Mapping[str, str]) -> dict[str, str]:
@@ -169,6 +196,8 @@ def worker_env(plan: Plan, worker: PlannedWorker, addresses: Mapping[str, str]) 
     learners = plan.by_role("learner")
     if "dist" in worker.ports:
         env.update(_rendezvous(plan, worker, addresses))
+    if worker.role == "rollout" and plan.by_role("span"):
+        env[env_name("span_addrs")] = span_addresses(plan, worker.index, addresses)
     if worker.role != "learner":
         if learners:  # where rollout workers pull new weights from (the coordinator's Weights service)
             env[env_name("learner_addr")] = addresses[learners[0].name]

@@ -142,6 +142,11 @@ class WorkerSettings(BaseModel):
         description="tuning: `1` keeps torch's thread count as sized at start, even while other programs "
         "keep some of the cores busy (by default a worker computes on the cores they leave free)",
     )
+    span_addrs: str | None = Field(
+        None,
+        alias="DVERL_SPAN_ADDRS",
+        description="plan, rollout with spans: its span servers, spans `;`-separated, replicas `,`-separated",
+    )
 
     @field_validator(
         "rollout_addrs",

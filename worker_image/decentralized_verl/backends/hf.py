@@ -281,10 +281,8 @@ class HFBackend:
         top_p = torch.tensor([float(r.params.top_p) for r in rows], device=device)
         live = list(range(len(rows)))  # batch position -> index into rows
 
-        from decentralized_verl.backends.kv_cache import decode_cache
-
         capacity = width + max(r.params.max_new_tokens for r in rows)
-        cache = decode_cache(self.model.config, capacity)
+        cache = self._new_cache(capacity)
         logits = self._forward(input_ids, attention, positions, cache)
         if len(prompts) < len(rows):
             to_rows = torch.tensor(owner, device=device)
@@ -315,6 +313,12 @@ class HFBackend:
             attention = torch.cat([attention, attention.new_ones((len(live), 1))], dim=-1)
             logits = self._forward(tokens[:, None], attention, next_position[:, None], cache)
             next_position = next_position + 1
+
+    def _new_cache(self, capacity: int) -> Any:
+        """One micro-batch's cache for ``capacity`` positions (a span chain's front returns a session)."""
+        from decentralized_verl.backends.kv_cache import decode_cache
+
+        return decode_cache(self.model.config, capacity)
 
     def _forward(self, input_ids: Tensor, attention: Tensor, positions: Tensor, cache: Any) -> Tensor:
         """Logits of the last position of each row, float32."""

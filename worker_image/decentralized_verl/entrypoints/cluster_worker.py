@@ -43,13 +43,23 @@ async def serve_role(
 
     worker_id = f"{job}-{role}-{index}"
     settings = WorkerSettings.from_env()
-    if role == "rollout":
+    if role == "span":
+        from decentralized_verl.serving.spans.server import serve_span_role
+
+        return await serve_span_role(spec, job, index, port, settings.server_host())
+    if role == "rollout" and spec.roles.rollout.spans is not None:
+        from decentralized_verl.serving.spans.backend import SpanBackend, parse_span_addresses
+
+        servers = parse_span_addresses(settings.span_addrs or "")
+        backend = SpanBackend.from_spec(spec.model, len(servers), servers, seed=spec.training.seed + index)
+    elif role == "rollout":
         model, tokenizer = load_model_and_tokenizer(spec.model)
         name = spec.roles.rollout.backend
         gpus = worker_resources(spec.roles.rollout, index).gpus  # what this worker's pod was given
         backend = make_backend(
             name, model, tokenizer, seed=spec.training.seed + index, **backend_options(name, gpus)
         )
+    if role == "rollout":
         return await serve_rollout(
             RolloutWorker(
                 backend, worker_id, backend_name=spec.roles.rollout.backend, environment=spec.data.environment

@@ -16,7 +16,7 @@ from typing import Literal
 
 from decentralized_verl.errors import DverlError
 
-ROLES = ("rollout", "learner", "critic", "reward", "reference", "actor")
+ROLES = ("rollout", "learner", "critic", "reward", "reference", "actor", "span")
 DEFAULT_PORT = 50051
 
 WorkerKind = Literal["cluster", "volunteer", "open-volunteer", "volunteer-learner"]

@@ -187,6 +187,11 @@ def rollout(
                 Component("host copy", params * b, "host", detail="the HF model the engine was built from")
             )
         return Estimate(tuple([*parts, mem.runtime_components(False)[0]]))
+    spans = job.spec.roles.rollout.spans
+    if spans is not None:  # a chain of span processes, each with the role's resources
+        from decentralized_verl.planning.spans import chain_estimate
+
+        return chain_estimate(shape, b, gen, on_gpu, spans.count)
     parts = rollout_mem.hf_generation_components(shape, b, gen, on_gpu, own_weights=True)
     return Estimate(tuple(parts + mem.runtime_components(on_gpu)))
 

@@ -83,6 +83,16 @@ SHARDED_ROLES = ("learner", "critic")
 model (rank 0 serves it); an unsharded critic's are independent copies the learner fails over between."""
 
 
+class SpansSpec(SpecModel):
+    """The rollout policy served as a chain of layer spans (docs/spans.md): each span a process holding
+    decoder layers [a, b) of the model, the rollout worker the front (embeddings, LM head, sampling)."""
+
+    count: PositiveInt = Field(description="Spans per rollout worker; the layers are split evenly")
+    replicas: PositiveInt = Field(
+        default=1, description="Servers per span: a dead or hung one is replaced by another mid-generation"
+    )
+
+
 class RoleSpec(SpecModel):
     """One role's workers. replicas 0 runs the role colocated inside the learner process."""
 
@@ -124,6 +134,10 @@ class RoleSpec(SpecModel):
             "The learner or the critic: recompute each decoder layer's activations in the backward pass"
         ),
     )
+    spans: SpansSpec | None = Field(
+        default=None,
+        description="rollout only: serve the policy as a chain of layer-span processes (hf backend, no LoRA)",
+    )
 
 
 class RolesSpec(SpecModel):
@@ -139,7 +153,8 @@ class RolesSpec(SpecModel):
     """Reference model for the KL penalty (klCoef > 0); replicas 0: inside the learner."""
 
     def failure_policy(self, name: str) -> str:
-        """The role's failure policy with its default filled in."""
+        """The role's failure policy with its default filled in (span servers follow the rollout's)."""
+        name = "rollout" if name == "span" else name
         role = getattr(self, name)
         gang = name == "learner" or (name == "critic" and role is not None and role.sharding == "fsdp")
         default = "restartRole" if gang else "restartPod"

@@ -196,9 +196,30 @@ def role_problems(spec: JobSpec) -> Iterator[Problem]:
             )
         if role.backend == "vllm" and name != "rollout":
             yield _problem(f"roles.{name}.backend", "only the rollout role generates; use hf here")
+        if role.spans is not None:
+            yield from _span_problems(spec, name, role)
         yield from _sharding_problems(name, role)
     if spec.roles.learner.replicas < 1:
         yield _problem("roles.learner.replicas", "must be >= 1 (got 0): the learner cannot run colocated")
+
+
+def _span_problems(spec: JobSpec, name: str, role: RoleSpec) -> Iterator[Problem]:
+    """A policy served as layer spans (docs/spans.md): the rollout role's own hf workers, full weights."""
+    if name != "rollout":
+        yield _problem(f"roles.{name}.spans", "only the rollout role can be served as spans")
+    elif role.replicas < 1:
+        yield _problem(
+            "roles.rollout.spans", "needs roles.rollout.replicas >= 1 (a colocated rollout has none)"
+        )
+    elif role.backend != "hf":
+        yield _problem("roles.rollout.spans", f"needs the hf backend (got {role.backend!r})")
+    elif spec.model.lora is not None:
+        yield _problem("roles.rollout.spans", "cannot serve a model.lora job (spans take whole weights)")
+    elif spec.model.tiny is not None and role.spans.count > spec.model.tiny.num_layers:
+        yield _problem(
+            "roles.rollout.spans.count",
+            f"{role.spans.count} spans for a model of {spec.model.tiny.num_layers} layers",
+        )
 
 
 def _sharding_problems(name: str, role: RoleSpec) -> Iterator[Problem]:

@@ -1,0 +1,136 @@
+"""`roles.rollout.spans` in a job: the plan's span workers (each rollout worker its own chain, each span
+its replicas), the rollout worker's DVERL_SPAN_ADDRS, the operator's span pods, and the spec's refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from decentralized_verl.errors import ManifestError
+from decentralized_verl.manifest import parse_spec
+from decentralized_verl.plan import plan_job, worker_env
+from decentralized_verl.serving.spans.backend import parse_span_addresses
+
+
+def _spec(**rollout):
+    return {
+        "model": {"tiny": {"numLayers": 4}},
+        "algorithm": {"name": "grpo", "samplesPerPrompt": 2},
+        "data": {"train": "/data/train.jsonl"},
+        "roles": {"rollout": {"replicas": 2, "batchSize": 4, **rollout}},
+        "training": {"batchSize": 8},
+    }
+
+
+def test_each_rollout_worker_gets_its_own_chain_of_span_workers():
+    spec = parse_spec(_spec(spans={"count": 2, "replicas": 2}))
+    plan = plan_job(spec, "j")
+    spans = plan.by_role("span")
+    assert [w.span for w in spans] == [(0, 0), (0, 0), (0, 1), (0, 1), (1, 0), (1, 0), (1, 1), (1, 1)]
+    assert [w.name for w in spans[:2]] == ["j-span-0", "j-span-1"]
+    assert spans[0].command("/c.yaml", 7)[:4] == ["dverl", "worker", "--role", "span"]
+    addresses = {w.name: f"{w.name}:50051" for w in plan.workers}
+    env = worker_env(plan, plan.by_role("rollout")[1], addresses)
+    chain = parse_span_addresses(env["DVERL_SPAN_ADDRS"])
+    assert chain == [["j-span-4:50051", "j-span-5:50051"], ["j-span-6:50051", "j-span-7:50051"]]
+    assert "DVERL_SPAN_ADDRS" not in worker_env(plan, plan.by_role("learner")[0], addresses)
+    assert spec.roles.failure_policy("span") == spec.roles.failure_policy("rollout") == "restartPod"
+    assert not plan_job(parse_spec(_spec()), "j").by_role("span")
+
+
+def test_the_operator_makes_span_pods_and_wires_the_front_to_them():
+    from dverl_operator.children import Owner, for_job
+
+    spec = parse_spec(_spec(spans={"count": 2}))
+    children = for_job(Owner("j", "ns", "uid-1"), spec, plan_job(spec, "j"), "img")
+    assert {"j-span-0", "j-span-1", "j-span-2", "j-span-3"} <= set(children.pods)
+    command = children.pods["j-span-2"]["spec"]["containers"][0]["command"]
+    assert command[command.index("--role") + 1] == "span" and command[command.index("--index") + 1] == "2"
+    env = {e["name"]: e.get("value") for e in children.pods["j-rollout-0"]["spec"]["containers"][0]["env"]}
+    assert len(parse_span_addresses(env["DVERL_SPAN_ADDRS"])) == 2
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"roles.rollout.backend": "vllm"}, "roles.rollout.spans: needs the hf backend"),
+        ({"roles.rollout.replicas": 0}, "roles.rollout.spans: needs roles.rollout.replicas >= 1"),
+        ({"roles.rollout.spans": {"count": 5}}, "roles.rollout.spans.count: 5 spans for a model of 4 layers"),
+        ({"roles.rollout.spans": {"count": 0}}, "roles.rollout.spans.count"),
+        ({"roles.rollout.spans": {"count": 2, "extra": 1}}, "extra"),
+        (
+            {"roles.reward": {"replicas": 1, "spans": {"count": 2}}},
+            "roles.reward.spans: only the rollout role",
+        ),
+        ({"model.lora": {}}, "roles.rollout.spans: cannot serve a model.lora job"),
+    ],
+)
+def test_misused_spans_are_refused_by_name(change, message):
+    raw = _spec(spans={"count": 2})
+    for path, value in change.items():
+        node = raw
+        *parents, last = path.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[last] = value
+    with pytest.raises(ManifestError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_spec(raw)
+
+
+@pytest.mark.parametrize("text", ["", ";", "a:1;;b:2", " , "])
+def test_bad_span_addresses_name_the_variable(text):
+    with pytest.raises(ValueError, match="DVERL_SPAN_ADDRS"):
+        parse_span_addresses(text)
+
+
+def _seventy_b_job(tmp_path, **rollout):
+    import json
+
+    folder = tmp_path / "llama-70b"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": 8192,
+                "intermediate_size": 28672,
+                "num_hidden_layers": 80,
+                "num_attention_heads": 64,
+                "num_key_value_heads": 8,
+                "vocab_size": 128256,
+                "tie_word_embeddings": False,
+                "max_position_embeddings": 131072,
+            }
+        )
+    )
+    gpu = {"gpus": 1, "gpuMemory": "24Gi"}
+    return parse_spec(
+        {
+            "model": {"path": str(folder), "dtype": "bfloat16"},
+            "algorithm": {"name": "grpo", "samplesPerPrompt": 4},
+            "data": {"train": "/data/train.jsonl", "maxPromptTokens": 256, "maxNewTokens": 256},
+            "roles": {
+                "rollout": {"replicas": 1, "batchSize": 4, "resources": gpu, **rollout},
+                "learner": {"replicas": 1, "resources": gpu},
+            },
+            "training": {"batchSize": 4},
+        }
+    )
+
+
+def test_a_70b_rollout_that_fits_no_worker_is_planned_as_spans(tmp_path):
+    from decentralized_verl.planning import plan_for
+
+    whole = plan_for(_seventy_b_job(tmp_path), tmp_path)
+    rollout = next(w for w in whole.workers if w.role == "rollout")
+    assert rollout.verdict == "does not fit"
+    suggestion = next(f for f in rollout.fixes if f.startswith("roles.rollout.spans.count: "))
+    count = int(suggestion.split(":")[1].split()[0])
+    assert 5 <= count <= 10  # ~131 GiB of bf16 weights over 24 GiB GPUs
+
+    spanned = plan_for(_seventy_b_job(tmp_path, spans={"count": count}), tmp_path)
+    rollout = next(w for w in spanned.workers if w.role == "rollout")
+    assert rollout.verdict == "fits", rollout.reason
+    names = {c.name: c for c in rollout.estimate.components}
+    assert "of 80 layers" in names["span weights"].detail
+    fewer = plan_for(_seventy_b_job(tmp_path, spans={"count": count - 1}), tmp_path)
+    assert next(w for w in fewer.workers if w.role == "rollout").verdict == "does not fit"

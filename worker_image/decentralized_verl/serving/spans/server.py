@@ -1,0 +1,402 @@
+"""A span server: decoder layers [a, b) of one model, and the KV cache of each session sent through them.
+
+Transport-free core (`SpanServer`) plus its gRPC face (`span_handler`, service `dverl.Span`, raw bytes
+in and out: the messages are `codec`'s safetensors blobs, so the project's proto is untouched).
+
+Sessions are the front's micro-batches, routed by id. A session's cache lives until the front closes it,
+or until it has been idle `session_timeout_s` (a front that died never closes its sessions), and at most
+`max_sessions` live at once. A forward that fails part-way drops its session: its cache may hold some
+layers' keys and not others, so the front must replay the prefix rather than continue on it.
+
+Weights: a refresh stages this span's tensors (in any number of calls, each a safetensors blob) and then
+commits a version; the commit checks every name, shape and dtype before copying anything, so a bad
+refresh changes nothing. Every hop names the version its caller computes with, and a span holding
+another version refuses it: a chain never mixes two policies in one token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from decentralized_verl.errors import DverlError, WireError
+from decentralized_verl.serving.spans.codec import HopRequest, decode_request, encode_hidden
+from decentralized_verl.serving.spans.layout import Span
+
+log = logging.getLogger(__name__)
+
+SERVICE = "dverl.Span"
+
+
+class UnknownSession(DverlError):
+    """A hop for a session this server does not hold (never opened, expired, or the server restarted)."""
+
+
+class WrongVersion(DverlError):
+    """A hop computed with another policy version than this span holds."""
+
+
+class Busy(DverlError):
+    """Every session slot is taken."""
+
+
+@dataclass
+class _Session:
+    cache: Any
+    rows: int
+    last_used: float
+
+
+class SpanServer:
+    """One span's layers and sessions; every method runs on the process's compute thread."""
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        span: Span,
+        *,
+        server_id: str,
+        version: int = 0,
+        session_timeout_s: float = 300.0,
+        max_sessions: int = 64,
+        clock: Any = time.monotonic,
+    ) -> None:
+        self.module = module
+        self.span = span
+        self.server_id = server_id
+        self.version = version
+        self.session_timeout_s = session_timeout_s
+        self.max_sessions = max_sessions
+        self.clock = clock
+        self.sessions: dict[str, _Session] = {}
+        self.hidden_size = int(module.config.hidden_size)
+        self.dtype = next(module.parameters()).dtype
+        self.staged: dict[str, Tensor] = {}
+        self.staged_version: int | None = None
+        self.hops = 0
+        self.weight_bytes_received = 0
+        from decentralized_verl.backends.kv_cache import cache_keyword
+
+        self._cache_keyword = cache_keyword(module)
+
+    # ------------------------------------------------------------ sessions
+
+    def sweep(self) -> list[str]:
+        """Free the sessions idle longer than the timeout; their ids."""
+        now = self.clock()
+        expired = [k for k, s in self.sessions.items() if now - s.last_used > self.session_timeout_s]
+        for key in expired:
+            del self.sessions[key]
+        if expired:
+            log.info("%s: freed %d idle session(s)", self.server_id, len(expired))
+        return expired
+
+    def close(self, session: str) -> bool:
+        """Free a session's cache; False when it was not held (closing twice is harmless)."""
+        return self.sessions.pop(session, None) is not None
+
+    def forward(self, data: bytes) -> bytes:
+        """One hop: decode and check the request, run the layers, answer the hidden states."""
+        request = decode_request(data, self.hidden_size, self.dtype)
+        return encode_hidden(self.run(request))
+
+    @torch.no_grad()
+    def run(self, request: HopRequest) -> Tensor:
+        self.sweep()
+        if request.version != self.version:
+            raise WrongVersion(
+                f"{self.server_id}: holds policy version {self.version}, "
+                f"the hop was computed with {request.version}"
+            )
+        session, cache = self._session_for(request)
+        try:
+            out = self.module(
+                inputs_embeds=request.hidden,
+                attention_mask=request.attention,
+                position_ids=request.positions,
+                use_cache=True,
+                **{self._cache_keyword: cache},
+            ).last_hidden_state
+        except Exception:
+            self.sessions.pop(request.session, None)  # a half-written cache must not be continued
+            raise
+        session.rows = int(request.hidden.shape[0])
+        session.last_used = self.clock()
+        self.sessions[request.session] = session
+        self.hops += 1
+        return out[:, -request.keep_last :] if request.keep_last else out
+
+    def _session_for(self, request: HopRequest) -> tuple[_Session, Any]:
+        """The request's session with its rows selected, every check made before anything changes."""
+        from decentralized_verl.backends.kv_cache import decode_cache
+
+        tokens = int(request.hidden.shape[1])
+        if request.open:
+            if request.session in self.sessions:
+                raise WireError("hop.session", f"session {request.session!r} is already open")
+            if len(self.sessions) >= self.max_sessions:
+                raise Busy(f"{self.server_id}: all {self.max_sessions} session slots are in use")
+            held = 0
+            capacity = request.capacity
+            session = _Session(decode_cache(self.module.config, capacity), 0, self.clock())
+        else:
+            found = self.sessions.get(request.session)
+            if found is None:
+                raise UnknownSession(
+                    f"{self.server_id}: no session {request.session!r} (never opened, expired or restarted)"
+                )
+            session = found
+            held = session.cache.get_seq_length()
+            capacity = _capacity(session.cache)
+            if request.rows is not None and max(request.rows) >= session.rows:
+                raise WireError(
+                    "hop.rows", f"row {max(request.rows)} is out of the session's {session.rows} rows"
+                )
+            if request.rows is None and request.hidden.shape[0] != session.rows:
+                raise WireError(
+                    "hop.hidden", f"has {request.hidden.shape[0]} rows, the session holds {session.rows}"
+                )
+        if request.attention.shape[1] != held + tokens:
+            raise WireError(
+                "hop.attention",
+                f"covers {request.attention.shape[1]} positions, expected {held} cached + {tokens} new",
+            )
+        if capacity and held + tokens > capacity:
+            raise WireError(
+                "hop.hidden", f"{held} cached + {tokens} new positions exceed the session's {capacity}"
+            )
+        if request.rows is not None:
+            session.cache.batch_select_indices(torch.tensor(request.rows, dtype=torch.long))
+        return session, session.cache
+
+    # ------------------------------------------------------------ weights
+
+    def stage(self, data: bytes) -> int:
+        """Keep a blob's tensors for the version it is tagged with; the count staged so far."""
+        from decentralized_verl.transport.weights import decode_state_dict
+
+        version = _tagged_version(data)
+        tensors = decode_state_dict(data, version)
+        self.weight_bytes_received += len(data)
+        if self.staged_version != version:
+            self.staged, self.staged_version = {}, version  # a new refresh replaces an unfinished one
+        self.staged.update(tensors)
+        return len(self.staged)
+
+    def commit(self, version: int) -> None:
+        """Load the staged tensors as `version` (every one checked first), or change nothing."""
+        from decentralized_verl.backends.weight_copy import plan_weight_copy
+        from decentralized_verl.transport.weights import cast_like
+
+        if self.staged_version != version:
+            raise WireError(
+                "weights.version", f"nothing staged for version {version} (staged: {self.staged_version})"
+            )
+        tensors = cast_like(self.staged, self.module.state_dict())
+        self.staged, self.staged_version = {}, None  # a refused refresh is dropped whole: restage to retry
+        plan = plan_weight_copy(self.module, tensors)
+        with torch.no_grad():
+            for target, source in plan:
+                target.copy_(source)
+        self.version = version
+        self.sessions.clear()  # caches computed with the old weights must not be continued
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "server_id": self.server_id,
+            "layers": str(self.span),
+            "version": self.version,
+            "sessions": len(self.sessions),
+            "hops": self.hops,
+            "weight_bytes_received": self.weight_bytes_received,
+            "hidden_size": self.hidden_size,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "parameter_bytes": sum(p.numel() * p.element_size() for p in self.module.parameters()),
+        }
+
+
+def _capacity(cache: Any) -> int:
+    capacities = [getattr(layer, "capacity", 0) for layer in getattr(cache, "layers", [])]
+    return min(capacities) if capacities and all(capacities) else 0
+
+
+def _tagged_version(data: bytes) -> int:
+    import struct
+
+    try:
+        (length,) = struct.unpack("<Q", data[:8])
+        tagged = json.loads(data[8 : 8 + length])["__metadata__"]["dverl.version"]
+        return int(tagged)
+    except Exception:
+        raise WireError("weights.version", "the blob carries no version tag") from None
+
+
+# ---------------------------------------------------------------- gRPC
+
+
+def span_handler(server: SpanServer) -> Any:
+    """The `dverl.Span` service over raw bytes: Forward, Close, Info, Stage, Commit."""
+    import grpc
+
+    from decentralized_verl import compute_thread
+
+    codes = {
+        WireError: grpc.StatusCode.INVALID_ARGUMENT,
+        UnknownSession: grpc.StatusCode.NOT_FOUND,
+        WrongVersion: grpc.StatusCode.FAILED_PRECONDITION,
+        Busy: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    }
+
+    def wrap(fn: Any) -> Any:
+        async def call(request: bytes, context: Any) -> bytes:
+            try:
+                return await compute_thread.run(fn, request)
+            except tuple(codes) as exc:
+                await context.abort(codes[type(exc)], str(exc))
+            except ValueError as exc:  # a cache written past its capacity, a bad tensor
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            except Exception as exc:
+                log.exception("%s: span call failed", server.server_id)
+                await context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"[:2000])
+
+        return grpc.unary_unary_rpc_method_handler(call)
+
+    def close(data: bytes) -> bytes:
+        return b"1" if server.close(data.decode("utf-8", "replace")) else b"0"
+
+    def commit(data: bytes) -> bytes:
+        try:
+            version = int(data.decode())
+        except ValueError:
+            raise WireError("weights.version", f"must be an integer (got {data[:20]!r})") from None
+        server.commit(version)
+        return b""
+
+    def stage(data: bytes) -> bytes:
+        return str(server.stage(data)).encode()
+
+    def info(_: bytes) -> bytes:
+        return json.dumps(server.info()).encode()
+
+    methods = {"Forward": server.forward, "Close": close, "Info": info, "Stage": stage, "Commit": commit}
+    return grpc.method_handlers_generic_handler(SERVICE, {name: wrap(fn) for name, fn in methods.items()})
+
+
+async def serve_span(server: SpanServer, port: int, host: str = "127.0.0.1", credentials: Any = None) -> Any:
+    """Start a gRPC server for `server` (credentials: `transport.secure`'s; None is plaintext)."""
+    from decentralized_verl.transport import secure
+
+    grpc_server = secure.aio_server(credentials=secure.PROCESS if credentials is None else credentials)
+    grpc_server.add_generic_rpc_handlers((span_handler(server),))
+    bound = secure.bind(grpc_server, host, port)
+    if bound == 0:
+        raise OSError(f"cannot bind {host}:{port}")
+    await grpc_server.start()
+    grpc_server.port = bound  # type: ignore[attr-defined]
+    return grpc_server
+
+
+async def _sweeper(server: SpanServer, every_s: float) -> None:
+    from decentralized_verl import compute_thread
+
+    while True:
+        await asyncio.sleep(every_s)
+        await compute_thread.run(server.sweep)
+
+
+def load_span_server(spec: Any, span: Span, **kw: Any) -> SpanServer:
+    """Build the span's module from a model spec (reading only its layers) and wrap it."""
+    from decentralized_verl import compute_thread
+    from decentralized_verl.serving.spans.blocks import build_span, spec_parts
+
+    def build() -> torch.nn.Module:
+        config, _, source, dtype = spec_parts(spec)
+        return build_span(config, span, source, dtype)
+
+    return SpanServer(compute_thread.call(build), span, **kw)
+
+
+async def serve_span_role(spec: Any, job: str, index: int, port: int, host: str) -> int:
+    """`dverl worker --role span --index I`: the span the job's plan gives span worker I, until stopped."""
+    from decentralized_verl.lifecycle import serve_until_stopped
+    from decentralized_verl.plan import plan_job
+    from decentralized_verl.serving.spans.blocks import spec_parts
+    from decentralized_verl.serving.spans.layout import even_layout
+
+    planned = plan_job(spec, job).by_role("span")
+    if not 0 <= index < len(planned) or planned[index].span is None:
+        raise ValueError(f"--index: the job plans {len(planned)} span workers, so no span worker {index}")
+    front, position = planned[index].span
+    config = spec_parts(spec.model)[0]
+    span = even_layout(int(config.num_hidden_layers), spec.roles.rollout.spans.count)[position]
+    server = load_span_server(spec.model, span, server_id=planned[index].name)
+    grpc_server = await serve_span(server, port, host)
+    sweeper = asyncio.create_task(_sweeper(server, 30.0))
+    try:
+        return await serve_until_stopped(
+            f"{server.server_id} layers {span} of rollout {front} ready on port {grpc_server.port}",
+            served=lambda: f"{server.server_id} served {server.hops} hops",
+        )
+    finally:
+        sweeper.cancel()
+        await grpc_server.stop(grace=1.0)
+
+
+async def _main(args: argparse.Namespace) -> int:
+    from decentralized_verl.lifecycle import serve_until_stopped
+    from decentralized_verl.serving.spans.layout import parse_span
+    from decentralized_verl.spec.model import ModelSpec
+
+    spec = ModelSpec.model_validate(json.loads(args.model))
+    span = parse_span(args.layers, field="--layers")
+    server = load_span_server(
+        spec,
+        span,
+        server_id=args.id or f"span-{span}",
+        session_timeout_s=args.session_timeout,
+        max_sessions=args.max_sessions,
+    )
+    grpc_server = await serve_span(server, args.port, args.host)
+    sweeper = asyncio.create_task(_sweeper(server, min(30.0, args.session_timeout)))
+    try:
+        return await serve_until_stopped(
+            f"{server.server_id} layers {span} ready on port {grpc_server.port}",
+            served=lambda: f"{server.server_id} served {server.hops} hops",
+        )
+    finally:
+        sweeper.cancel()
+        await grpc_server.stop(grace=1.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m decentralized_verl.serving.spans.server --model JSON --layers a:b --port N`."""
+    from decentralized_verl.cpus import configure_from_environment
+
+    parser = argparse.ArgumentParser(description="Serve decoder layers [a, b) of a model as one span.")
+    parser.add_argument("--model", required=True, help="the job's spec.model as JSON")
+    parser.add_argument("--layers", required=True, help="start:end, the span's decoder layers")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--id", default=None)
+    parser.add_argument("--session-timeout", type=float, default=300.0)
+    parser.add_argument("--max-sessions", type=int, default=64)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    configure_from_environment()
+    try:
+        return asyncio.run(_main(args))
+    except DverlError as exc:
+        print(f"error: {exc}", flush=True)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
