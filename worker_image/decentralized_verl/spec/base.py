@@ -26,10 +26,15 @@ class CrossFieldProblems(ValueError):
 
 
 class SpecModel(BaseModel):
-    """Base of every spec section: camelCase aliases, unknown fields forbidden, names accepted too."""
+    """Base of every spec section: camelCase aliases, unknown fields forbidden, names accepted too, and
+    strict types as the CRD states them: no "0.001" for a number, no 1e9 for an integer, no 1 for a bool."""
 
     model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_default=True
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        validate_default=True,
+        strict=True,
     )
 
 
