@@ -14,6 +14,7 @@ import pytest
 
 from decentralized_verl.cli import _run, build_parser, main
 from decentralized_verl.core.status import JobStatus
+from decentralized_verl.errors import PeerUnavailable
 from decentralized_verl.launch.run import RunFailed, StepLines
 from decentralized_verl.progress import eta_seconds, format_duration, progress_line
 
@@ -72,6 +73,11 @@ def test_usage_and_invalid_input_exit_2_a_failed_operation_1(tmp_path: Path) -> 
         raise RunFailed("learner exited with code 1")
 
     assert _run(argparse.Namespace(_run=failing)) == 1
+
+    def unreachable(args: argparse.Namespace) -> int:
+        raise PeerUnavailable("could not reach the coordinator 1.2.3.4:5 in 30s")
+
+    assert _run(argparse.Namespace(_run=unreachable)) == 1  # a peer that is down: the input was fine
 
 
 def test_closed_pipe_ends_quietly() -> None:

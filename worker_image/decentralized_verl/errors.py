@@ -60,3 +60,8 @@ class VolunteerError(DverlError):
 class OperationFailed(DverlError):
     """A run or operation that started from valid input and then failed; the CLI exits 1 for it (2 is
     kept for usage and input a person must fix)."""
+
+
+class PeerUnavailable(VolunteerError, OperationFailed):
+    """A peer this process needs could not be reached or refused it: the command failed (exit 1), its
+    input was fine."""
