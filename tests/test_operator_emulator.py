@@ -143,7 +143,11 @@ async def test_create_makes_configmap_service_and_pods(cluster):
     svc = await emu.get("services", "alpha-workers")
     assert svc["spec"]["clusterIP"] == "None"
     assert svc["spec"]["selector"] == {"dverl.io/job": "alpha"}
-    assert {(p["name"], p["port"]) for p in svc["spec"]["ports"]} == {("grpc", 50051), ("dist", 29500)}
+    assert {(p["name"], p["port"]) for p in svc["spec"]["ports"]} == {
+        ("grpc", 50051),
+        ("dist", 29500),
+        ("metrics", 9400),
+    }
 
     for obj in (cm, svc, *pods.values()):
         (ref,) = obj["metadata"]["ownerReferences"]

@@ -75,7 +75,7 @@ def test_children_names_labels_and_service_ports():
     assert list(want.pods) == ["j-learner-0", "j-rollout-0", "j-rollout-1", "j-dht-0"]
     assert want.config_map["metadata"]["name"] == "j-config"
     ports = {(p["name"], p["port"]) for p in want.service["spec"]["ports"]}
-    assert ports == {("grpc", 50051), ("dist", 29500), ("dht", 31337)}
+    assert ports == {("grpc", 50051), ("dist", 29500), ("dht", 31337), ("metrics", 9400)}
     assert want.pods["j-dht-0"]["spec"]["containers"][0]["command"][:2] == ["dverl", "dht"]
 
 

@@ -287,11 +287,23 @@ def pod(
         template["scheduling"] = [dict(marks.labels), dict(marks.annotations), marks.priority_class_name]
     meta = metadata(owner, worker.name, labels)
     meta["annotations"] = {
+        **_scrape_annotations(worker),
         **spec.pod_annotations,
         **marks.annotations,
         ANNOTATION_TEMPLATE_HASH: content_hash(template),
     }
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+
+
+def _scrape_annotations(worker: PlannedWorker) -> dict[str, str]:
+    """The learner's training metrics, for a Prometheus that discovers pods by annotation."""
+    if "metrics" not in worker.ports:
+        return {}
+    return {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(worker.ports["metrics"]),
+        "prometheus.io/path": "/metrics",
+    }
 
 
 def for_job(

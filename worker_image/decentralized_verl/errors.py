@@ -55,3 +55,13 @@ class CheckpointError(DverlError):
 
 class VolunteerError(DverlError):
     """An untrusted peer's result or join request that is rejected; the message names the peer."""
+
+
+class OperationFailed(DverlError):
+    """A run or operation that started from valid input and then failed; the CLI exits 1 for it (2 is
+    kept for usage and input a person must fix)."""
+
+
+class PeerUnavailable(VolunteerError, OperationFailed):
+    """A peer this process needs could not be reached or refused it: the command failed (exit 1), its
+    input was fine."""

@@ -30,9 +30,29 @@ def _path(loc: tuple[Any, ...]) -> str:
     return "".join(parts)
 
 
+QUOTE_LIMIT = 200
+"""Characters of an offending value an error quotes (YAML aliases can expand a few bytes into megabytes)."""
+
+HINTS = {
+    "int_from_float": "write a whole number without a decimal point or exponent",
+    "float_type": "a quoted number is a string: remove the quotes",
+    "int_type": "a quoted number is a string: remove the quotes",
+    "bool_type": "write true or false without quotes",
+}
+
+
+def quote(value: Any, limit: int = QUOTE_LIMIT) -> str:
+    """`repr(value)`, cut to `limit` characters with how much was left out."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
 def _describe(error: dict[str, Any]) -> str:
-    """Say what is wrong in the words of the manifest, with the offending value."""
-    kind, given, ctx = error["type"], error.get("input"), error.get("ctx") or {}
+    """Say what is wrong in the words of the manifest, with the offending value (quoted in short)."""
+    kind, ctx = error["type"], error.get("ctx") or {}
+    given = _Quoted(quote(error.get("input")))
     bounds = {
         "greater_than": ("gt", ">"),
         "greater_than_equal": ("ge", ">="),
@@ -51,9 +71,25 @@ def _describe(error: dict[str, Any]) -> str:
     if kind in ("too_short", "too_long", "string_too_short", "string_too_long"):
         return f"{error['msg'].lower()} (got {given!r})"
     message = error["msg"].removeprefix("Value error, ")
-    if kind.endswith("_type") or kind.endswith("_parsing") or kind == "literal_error":
-        return f"{message} (got {given!r})"
+    if kind.endswith("_type") or kind.endswith("_parsing") or kind in ("literal_error", "int_from_float"):
+        hint = _hint(kind, error.get("input"))
+        return f"{message} (got {given!r}){hint}"
     return message
+
+
+def _hint(kind: str, given: Any) -> str:
+    if kind == "int_type" and isinstance(given, float):
+        kind = "int_from_float"
+    elif kind in ("float_type", "int_type") and not isinstance(given, str):
+        return ""
+    return f"; {HINTS[kind]}" if kind in HINTS else ""
+
+
+class _Quoted(str):
+    """A value already quoted (and shortened): `{x!r}` shows it as is."""
+
+    def __repr__(self) -> str:
+        return str(self)
 
 
 def problems_from_validation_error(exc: ValidationError, prefix: str = "") -> list[Problem]:
@@ -79,6 +115,17 @@ def parse_job(document: Any, source: str | None = None) -> RLHFJob:
         )
     problems: list[Problem] = []
     api_version, kind = document.get("apiVersion"), document.get("kind")
+    if kind is None and api_version is None and STAGE_KEYS & set(document):
+        raise ManifestError(
+            [
+                Problem(
+                    "(root)",
+                    "this is a stages config (sft/reward/rlhf), not an RLHFJob manifest: run it with "
+                    "`dverl train --stage all --config FILE`",
+                )
+            ],
+            source,
+        )
     if kind != KIND:
         problems.append(Problem("kind", f"expected {KIND!r} (got {kind!r}): this is not an RLHFJob manifest"))
     if api_version != f"{API_GROUP}/{API_VERSION}":
@@ -101,9 +148,42 @@ def parse_spec(spec: Any, source: str | None = None) -> JobSpec:
         raise ManifestError(problems_from_validation_error(exc, prefix="spec"), source) from None
 
 
+STAGE_KEYS = {"sft", "reward", "rlhf"}
+"""Top-level sections of a `dverl train` stages config, told apart from a manifest with a hint."""
+
+
+class DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: Any, line: int, first_line: int) -> None:
+        self.key, self.line, self.first_line = key, line, first_line
+        super().__init__(f"duplicate key {key!r} at line {line} (first at line {first_line})")
+
+
+class StrictLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` that refuses a key given twice in one mapping (YAML says keys are unique; PyYAML
+    would silently keep the last value, and a setting a person thinks is in force would not be)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: the constructor below reports it
+                continue
+            line = key_node.start_mark.line + 1
+            if first is not None:
+                raise DuplicateKey(key, line, first)
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_yaml_text(text: str, source: str) -> Any:
     try:
-        documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]
+        documents = [doc for doc in yaml.load_all(text, Loader=StrictLoader) if doc is not None]
+    except DuplicateKey as exc:
+        raise ManifestError([Problem("(file)", str(exc))], source) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
@@ -135,12 +215,38 @@ def load_fitting_job(path: str | Path) -> RLHFJob:
     says why; model shapes are read from config.json files next to the manifest). Kept out of the spec's
     own validation because it reads files."""
     from decentralized_verl.planning import plan_problems
+    from decentralized_verl.planning.limits import limit_problems
 
     job = load_job(path)
-    problems = plan_problems(job.spec, Path(path).resolve().parent)
+    base = Path(path).resolve().parent
+    problems = limit_problems(job.spec, base) + plan_problems(job.spec, base)
     if problems:
         raise ManifestError(problems, str(path))
     return job
+
+
+def warnings_for(spec: JobSpec) -> list[Problem]:
+    """Settings that validate but teach the model nothing; said, not refused (a person may mean them)."""
+    from decentralized_verl.spec.rules import GROUP_ESTIMATORS
+
+    warnings: list[Problem] = []
+    estimator = spec.advantage_estimator
+    if spec.data.temperature == 0 and estimator in GROUP_ESTIMATORS:
+        warnings.append(
+            Problem(
+                "spec.data.temperature",
+                f"0 samples greedily, so every sample of a prompt is the same and {estimator!r} "
+                "advantages (each sample against its group) are all 0: no learning signal; use > 0",
+            )
+        )
+    if spec.algorithm.samples_per_prompt == 1 and estimator in GROUP_ESTIMATORS:
+        warnings.append(
+            Problem(
+                "spec.algorithm.samplesPerPrompt",
+                f"1 sample per prompt gives {estimator!r} no group to compare against: no learning signal",
+            )
+        )
+    return warnings
 
 
 def summary(job: RLHFJob) -> str:

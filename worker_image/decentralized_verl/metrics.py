@@ -1,5 +1,5 @@
-"""Training metrics as JSONL, one object a line (what `dverl plot` and people read), with optional
-TensorBoard / W&B loggers beside it."""
+"""Training metrics as JSONL, one object a line (what `dverl plot`, `dverl status` and people read), with
+the job's experiment trackers (TensorBoard, W&B, MLflow: `trackers.py`) fed the same numbers."""
 
 from __future__ import annotations
 
@@ -10,38 +10,35 @@ import time
 from pathlib import Path
 from typing import Any
 
+from decentralized_verl.trackers import RunInfo, Tracker, open_trackers
+
 log = logging.getLogger(__name__)
 EVAL_FILE = "eval.jsonl"
+SAMPLES_FILE = "samples.jsonl"
 
 
 class MetricsLog:
     """One JSON object per line, flushed per step, so a crash loses at most the step in flight."""
 
-    def __init__(self, path: Path, loggers: list[str] | None = None, *, stage: str | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        loggers: list[str] | None = None,
+        *,
+        stage: str | None = None,
+        run: RunInfo | None = None,
+    ) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.stage = stage
         """Written into every record when set (the SFT and reward-model stages share one file format)."""
-        self._file = path.open("a", encoding="utf-8")
         self.eval_path = path.with_name(EVAL_FILE)
         """Evaluations, one line each (step 0 is the one before training): accuracy, its 95% interval."""
-        self._tensorboard = None
-        self._wandb = None
-        for name in loggers or []:
-            self._enable(name, path.parent)
-
-    def _enable(self, name: str, folder: Path) -> None:
-        try:
-            if name == "tensorboard":
-                from torch.utils.tensorboard import SummaryWriter
-
-                self._tensorboard = SummaryWriter(str(folder / "tensorboard"))
-            elif name == "wandb":
-                import wandb
-
-                self._wandb = wandb.init(project="dverl", dir=str(folder), reinit=True)
-        except ImportError as exc:
-            log.warning("%s logging requested but not installed (%s); continuing with JSONL only", name, exc)
+        self.samples_path = path.with_name(SAMPLES_FILE)
+        """Sample generations (prompt, response, reward) of every step the job logs them on."""
+        info = run or RunInfo(name=path.parent.name, project="dverl", folder=path.parent)
+        self.trackers: list[Tracker] = open_trackers(list(loggers or []), info) if loggers else []
+        self._file = path.open("a", encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
         record = {"time": round(time.time(), 3), **record}
@@ -51,12 +48,22 @@ class MetricsLog:
         self._file.write(json.dumps(clean, sort_keys=True) + "\n")
         self._file.flush()
         step = int(record.get("step", 0))
-        numbers = {k: v for k, v in clean.items() if isinstance(v, int | float) and not isinstance(v, bool)}
-        if self._tensorboard is not None:
-            for key, value in numbers.items():
-                self._tensorboard.add_scalar(key, value, step)
-        if self._wandb is not None:
-            self._wandb.log(numbers, step=step)
+        numbers = {
+            k: v
+            for k, v in clean.items()
+            if isinstance(v, int | float) and not isinstance(v, bool) and k not in ("step", "time")
+        }
+        for tracker in self.trackers:
+            tracker.log(numbers, step)
+
+    def write_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        """A table of generations (`prompt`, `response`, `reward`) to the file and every tracker."""
+        rows = [{"step": step, **row} for row in rows]
+        with self.samples_path.open("a", encoding="utf-8") as out:
+            for row in rows:
+                out.write(json.dumps(row, sort_keys=True) + "\n")
+        for tracker in self.trackers:
+            tracker.log_samples(rows, step)
 
     def write_eval(self, record: dict[str, Any]) -> None:
         record = {"time": round(time.time(), 3), **record}
@@ -71,10 +78,9 @@ class MetricsLog:
 
     def close(self) -> None:
         self._file.close()
-        if self._tensorboard is not None:
-            self._tensorboard.close()
-        if self._wandb is not None:
-            self._wandb.finish()
+        for tracker in self.trackers:
+            tracker.close()
+        self.trackers = []
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

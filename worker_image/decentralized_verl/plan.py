@@ -14,6 +14,8 @@ from decentralized_verl.settings import SERVICE_ROLES, env_name
 from decentralized_verl.spec import JobSpec, NodePool, Resources, RoleSpec
 
 GRPC_PORT = 50051
+METRICS_PORT = 9400
+"""Learner rank 0's Prometheus endpoint (/metrics): the training metrics of each step."""
 DIST_PORT = 29500
 CONFIG_PATH = "/etc/dverl/job.yaml"
 """Where the operator mounts the ConfigMap with the rendered spec; `dverl run` passes its own path."""
@@ -115,6 +117,8 @@ def _worker(job: str, role_name: str, index: int, role: RoleSpec, pool: NodePool
     ports = {"grpc": GRPC_PORT}
     if is_gang(role_name, role):
         ports["dist"] = DIST_PORT
+    if role_name == "learner" and index == 0:
+        ports["metrics"] = METRICS_PORT
     return PlannedWorker(
         job=job,
         role=role_name,
@@ -193,6 +197,10 @@ def worker_env(plan: Plan, worker: PlannedWorker, addresses: Mapping[str, str]) 
     }
     if worker.pool:
         env[env_name("pool")] = worker.pool
+    if "metrics" in worker.ports:  # an executor may move it, or turn it off with "0" (local runs)
+        metrics = addresses.get(f"{worker.name}/metrics", str(worker.ports["metrics"]))
+        if metrics != "0":
+            env[env_name("metrics_port")] = metrics
     learners = plan.by_role("learner")
     if "dist" in worker.ports:
         env.update(_rendezvous(plan, worker, addresses))

@@ -1,4 +1,8 @@
-"""`dverl plot RUN_DIR`: PNG curves from metrics.jsonl, where people look (next to the metrics)."""
+"""`dverl plot RUN_DIR`: PNG curves from metrics.jsonl, where people look (next to the metrics).
+
+Noisy per-step curves (reward, loss, KL) are drawn smoothed (an exponential moving average, as
+TensorBoard's slider does) over the raw values drawn faintly; evaluations are drawn raw with their
+95% intervals."""
 
 from __future__ import annotations
 
@@ -10,6 +14,11 @@ from decentralized_verl.metrics import EVAL_FILE, read_evals, read_metrics
 PANELS = (
     ("reward_mean", "reward (mean per step)"),
     ("kl", "KL to reference"),
+    ("pg_loss", "policy loss"),
+    ("entropy", "entropy (nats/token)"),
+    ("grad_norm", "grad norm (before clipping)"),
+    ("pg_approx_kl", "KL of the update to the rollout policy"),
+    ("pg_clip_frac", "clipped fraction"),
     ("response_length_mean", "response length (tokens)"),
     ("eval_accuracy", "eval accuracy"),
     ("tokens_per_second", "rollout tokens/s"),
@@ -17,8 +26,25 @@ PANELS = (
 )
 
 
-def plot_run(run_dir: str | Path) -> list[Path]:
-    """One PNG per metric found, plus an overview grid; returns the written paths."""
+RAW_PANELS = ("eval_accuracy",)
+"""Drawn unsmoothed: few points, each with its own interval."""
+
+
+def smoothed(values: list[float], weight: float) -> list[float]:
+    """Exponential moving average with TensorBoard's debiasing (the first points are not pulled to 0)."""
+    out, last, norm = [], 0.0, 0.0
+    for value in values:
+        last = weight * last + (1 - weight) * value
+        norm = weight * norm + (1 - weight)
+        out.append(last / norm)
+    return out
+
+
+def plot_run(run_dir: str | Path, smooth: float = 0.6) -> list[Path]:
+    """One PNG per metric found, plus an overview grid; returns the written paths. `smooth` in [0, 1):
+    the moving average's weight (0 draws the raw values only)."""
+    if not 0 <= smooth < 1:
+        raise ValueError(f"smooth must be in [0, 1) (got {smooth})")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -40,11 +66,16 @@ def plot_run(run_dir: str | Path) -> list[Path]:
         points = sorted((r["step"], r[key]) for r in records if r.get(key) is not None)
         xs, ys = zip(*points, strict=True)
         band = _interval_band(records, key)
-        ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, linewidth=1.2)
+        single, single_ax = plt.subplots(figsize=(6, 3.5))
+        marker = "o" if len(xs) < 30 else None
+        for target in (ax, single_ax):
+            if smooth and key not in RAW_PANELS and len(xs) > 2:
+                line = target.plot(xs, ys, alpha=0.25, linewidth=0.8)[0]
+                target.plot(xs, smoothed(list(ys), smooth), color=line.get_color(), linewidth=1.4)
+            else:
+                target.plot(xs, ys, marker=marker, linewidth=1.2)
         ax.set_ylabel(title, fontsize=8)
         ax.grid(alpha=0.3)
-        single, single_ax = plt.subplots(figsize=(6, 3.5))
-        single_ax.plot(xs, ys, marker="o" if len(xs) < 30 else None)
         if band is not None:
             for target in (ax, single_ax):
                 target.fill_between(*band, alpha=0.2, label="95% interval")

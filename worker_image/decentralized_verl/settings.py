@@ -130,6 +130,11 @@ class WorkerSettings(BaseModel):
         pattern=r"^\d+(:\d+(\.\d+)?)?$",
         description="tuning: `N[:SECONDS]`, start training once N volunteers are active (tests, benchmarks)",
     )
+    metrics_port: int | None = Field(
+        None,
+        alias="DVERL_METRICS_PORT",
+        description="plan, learner: serve the training metrics for Prometheus on this port (/metrics)",
+    )
     cache_dir: str | None = Field(
         None, alias="DVERL_CACHE_DIR", description="tuning: converted models (default ~/.cache/dverl/models)"
     )

@@ -87,8 +87,13 @@ async def _coordinate(
         health,
         host=WorkerSettings.from_env().server_host(),
     )
-    loop = None
+    loop = exporter = None
+    metrics_port = WorkerSettings.from_env().metrics_port
     try:
+        if metrics_port:
+            from decentralized_verl.serving.metrics_exporter import TrainingMetricsExporter
+
+            exporter = TrainingMetricsExporter(metrics_port, job)
         start = group.restore(checkpoint_root(spec, output)) if resume else None
         roles = await connect_roles(
             spec,
@@ -114,6 +119,7 @@ async def _coordinate(
             attach=(join_volunteers(publisher, output), follow_scaling),
             checkpoint=True,
             save=group.save if group.sharded else None,
+            on_step=exporter.observe if exporter is not None else None,
         )
         health.set_ready(True)
         summary = await loop.run()
@@ -129,6 +135,8 @@ async def _coordinate(
             group.release()
         if loop is not None:
             await loop.close()
+        if exporter is not None:
+            exporter.close()
         await server.stop(grace=1.0)
 
 

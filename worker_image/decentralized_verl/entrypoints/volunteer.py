@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from decentralized_verl.errors import VolunteerError
+from decentralized_verl.errors import PeerUnavailable, VolunteerError
 from decentralized_verl.lifecycle import serve_until_stopped
 from decentralized_verl.volunteers.session import PeerReach
 
@@ -46,7 +46,7 @@ async def _join_with_retry(p2p, coordinator: str, request, timeout: float):
             last = f"{type(exc).__name__}: {exc}"
             log.info("coordinator %s not reachable yet (%s); retrying", coordinator, last)
             await asyncio.sleep(1.0)
-    raise VolunteerError(f"could not reach the coordinator {coordinator} in {timeout:g}s ({last})")
+    raise PeerUnavailable(f"could not reach the coordinator {coordinator} in {timeout:g}s ({last})")
 
 
 async def run_volunteer(
@@ -92,7 +92,7 @@ async def run_volunteer(
         request = m.JoinRequest(options.job, options.token, "rollout", hardware, 0.0)
         reply = await _join_with_retry(p2p, claims.coordinator, request, options.join_timeout_s)
         if not reply.accepted:
-            raise VolunteerError(f"the coordinator refused to let this peer join: {reply.reason}")
+            raise PeerUnavailable(f"the coordinator refused to let this peer join: {reply.reason}")
         spec = JobSpec.model_validate_json(await wire.fetch_spec(p2p, claims.coordinator, options.job))
         model_spec = spec.model
         if options.model:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from decentralized_verl.errors import VolunteerError
+from decentralized_verl.errors import PeerUnavailable, VolunteerError
 from decentralized_verl.volunteers.session import PeerReach
 
 log = logging.getLogger(__name__)
@@ -141,7 +141,7 @@ async def _announce_and_wait(dht, job: str, me: str, peers: int, timeout: float)
         if seen >= peers:
             return seen
         if time.monotonic() >= deadline:
-            raise VolunteerError(f"barrier: {seen} of {peers} learners visible after {timeout:g}s")
+            raise PeerUnavailable(f"barrier: {seen} of {peers} learners visible after {timeout:g}s")
         await asyncio.sleep(0.5)
 
 

@@ -87,6 +87,9 @@ class LocalCluster:
         out = {name: lw.address for name, lw in self.workers.items()}
         for role, port in self.dist_ports.items():
             out[f"{self.plan.by_role(role)[0].name}/dist"] = f"127.0.0.1:{port}"
+        for worker in self.plan.workers:  # no Prometheus endpoint here: the run folder has the metrics
+            if "metrics" in worker.ports:
+                out[f"{worker.name}/metrics"] = "0"
         return out
 
     def env_for(self, lw: LocalWorker) -> dict[str, str]:

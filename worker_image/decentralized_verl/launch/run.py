@@ -18,12 +18,14 @@ from typing import Any
 import yaml
 
 from decentralized_verl.core.status import JobStatus
-from decentralized_verl.errors import DverlError, WireError
+from decentralized_verl.errors import ManifestError, OperationFailed, WireError
 from decentralized_verl.launch.local import LocalCluster
+from decentralized_verl.launch.preflight import preflight_problems
 from decentralized_verl.launch.watchdog import ProgressClock
 from decentralized_verl.manifest import load_fitting_job, load_job
 from decentralized_verl.orphans import guard_descendants
 from decentralized_verl.plan import plan_job
+from decentralized_verl.progress import eta_seconds, progress_line
 from decentralized_verl.security.credentials import JobCredentials, run_folder_credentials
 from decentralized_verl.security.credentials import load as load_credentials
 from decentralized_verl.spec import with_defaults
@@ -31,7 +33,7 @@ from decentralized_verl.spec import with_defaults
 log = logging.getLogger(__name__)
 
 
-class RunFailed(DverlError):
+class RunFailed(OperationFailed):
     pass
 
 
@@ -99,10 +101,15 @@ def run_job(
     resume: bool = False,
     progress: bool = True,
     timeout: float | None = None,
+    lines: bool = False,
 ) -> dict[str, Any]:
-    """Run a job to the end on this machine; returns the summary the learner wrote."""
+    """Run a job to the end on this machine; returns the summary the learner wrote. `progress` shows a
+    bar (for a terminal); `lines` prints one plain line per step on stderr instead (for a pipe or CI)."""
     manifest = Path(manifest)
     job = load_fitting_job(manifest)
+    problems = preflight_problems(job.spec, manifest.resolve().parent)
+    if problems:
+        raise ManifestError(problems, str(manifest))
     output = Path(output) if output else Path("runs") / job.metadata.name
     config = write_config(job, manifest, output)
     plan = plan_job(job.spec, job.metadata.name)
@@ -125,6 +132,7 @@ def run_job(
     clock = ProgressClock(job.spec.training.stall_factor)
     learner_restarts = 0
     bar = None
+    printer = StepLines() if lines and not progress else None
     previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
@@ -187,12 +195,16 @@ def run_job(
                 raise RunFailed(f"run exceeded {timeout:.0f} s; see {output / 'logs'}")
             if bar is not None and status is not None:
                 _show(bar, status)
+            if printer is not None and status is not None:
+                printer.show(status, now)
             time.sleep(0.5)
     finally:
         if bar is not None:
             bar.close()
         cluster.stop()
         signal.signal(signal.SIGTERM, previous)
+    if printer is not None:  # the last steps may end between two polls of the learner
+        printer.catch_up(output / "metrics.jsonl")
     summary_path = output / "summary.json"
     if not summary_path.exists():
         raise RunFailed(f"learner finished without writing {summary_path}")
@@ -216,6 +228,47 @@ def _learner_down(learners: list, clock: ProgressClock, now: float) -> str | Non
     if clock.stalled(now):
         return f"made no progress for {now - clock.last_change:.0f}s"
     return None
+
+
+class StepLines:
+    """Prints the learner's progress as one line per finished step on stderr (no bar in a pipe)."""
+
+    def __init__(self) -> None:
+        self.printed = 0
+        self.pace_from: tuple[int, float] | None = None
+        self.accuracy: float | None = None
+        self.total = 0
+
+    def show(self, status: JobStatus, now: float) -> None:
+        if not status.reported or status.step <= self.printed:
+            return
+        self.total = status.total_steps
+        if self.pace_from is None or status.step < self.pace_from[0]:
+            self.pace_from = (status.step, now)  # its first step's time is unknown: pace from here
+        first, since = self.pace_from
+        accuracy = status.eval_accuracy if status.eval_accuracy != self.accuracy else None
+        self.accuracy = status.eval_accuracy
+        eta = eta_seconds(status.step, status.total_steps, now - since, first)
+        line = progress_line(
+            status.step, status.total_steps, status.reward_mean, status.tokens_per_second, eta, accuracy
+        )
+        print(line, file=sys.stderr, flush=True)
+        self.printed = status.step
+
+    def catch_up(self, metrics: Path) -> None:
+        """Print the steps the learner finished after the last poll, from its metrics file."""
+        from decentralized_verl.metrics import read_metrics
+
+        for record in read_metrics(metrics):
+            if int(record.get("step", 0)) > self.printed:
+                status = JobStatus(
+                    step=int(record["step"]),
+                    total_steps=self.total or int(record["step"]),
+                    reward_mean=float(record.get("reward_mean") or 0.0),
+                    tokens_per_second=float(record.get("tokens_per_second") or 0.0),
+                    eval_accuracy=record.get("eval_accuracy", self.accuracy),
+                )
+                self.show(status, time.monotonic())
 
 
 def _show(bar: Any, status: JobStatus) -> None:
@@ -297,6 +350,7 @@ def main_run(manifest: str, output: str | None, resume: bool) -> int:
     out = Path(output) if output else None
     job_name = load_job(manifest).metadata.name
     out = out or Path("runs") / job_name
-    summary = run_job(manifest, out, resume=resume, progress=sys.stderr.isatty())
+    terminal = sys.stderr.isatty()
+    summary = run_job(manifest, out, resume=resume, progress=terminal, lines=not terminal)
     print(format_summary(summary, out))
     return 0

@@ -178,7 +178,14 @@ async def build_loop(
             if closer is not None:
                 closers.append(closer)
         if output is not None:
-            metrics = MetricsLog(output / "metrics.jsonl", list(spec.training.logging))
+            from decentralized_verl.spec import with_defaults
+            from decentralized_verl.trackers import RunInfo
+
+            tracking = spec.training.tracking
+            run = RunInfo(
+                tracking.run_name or job, tracking.project, output, {"job": job, **with_defaults(spec)}
+            )
+            metrics = MetricsLog(output / "metrics.jsonl", list(spec.training.logging), run=run)
 
             async def close_metrics() -> None:
                 metrics.close()

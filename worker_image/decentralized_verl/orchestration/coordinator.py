@@ -27,6 +27,7 @@ from decentralized_verl.environments.metrics import episode_metrics
 from decentralized_verl.environments.replay import ENVIRONMENT_REWARD
 from decentralized_verl.metrics import MetricsLog
 from decentralized_verl.orchestration.dispatch import Dispatcher
+from decentralized_verl.progress import eta_seconds, progress_line
 from decentralized_verl.spec import JobSpec
 from decentralized_verl.stats import wilson_interval
 from decentralized_verl.training.advantage_step import AlgorithmSettings, attach_advantages, select_samples
@@ -87,6 +88,8 @@ class Coordinator:
         self._last_eval: tuple[int, dict[str, float]] | None = None
         """(policy version, result) of the latest evaluation: the same policy is not evaluated twice."""
         self._last_step_end: float | None = None
+        self._pace_from: tuple[int, float] | None = None
+        """(step, monotonic time) the run started at, for the ETA of the per-step progress line."""
         self.max_staleness = parts.spec.training.max_staleness if parts.async_capable else 0
         environment = parts.spec.data.environment
         if environment is not None:  # an episode is up to maxTurns turns and steps: its deadline says so
@@ -293,7 +296,20 @@ class Coordinator:
                 )  # the previous one's, in the background
                 done()
         self._publish_progress(record, timings)
+        self._log_samples(generated.samples)
         return record
+
+    def _log_samples(self, samples: Sequence[Sample]) -> None:
+        """Every `tracking.samplesEvery` steps, a few generations as a table (what a person reads to see
+        what the numbers mean)."""
+        tracking = self.spec.training.tracking
+        if self.p.metrics is None or not tracking.samples_every or self.step % tracking.samples_every:
+            return
+        rows = [
+            {"prompt": s.prompt.text, "response": s.text, "reward": s.score}
+            for s in list(samples)[: tracking.samples]
+        ]
+        self.p.metrics.write_samples(self.step, rows)
 
     def _even_for_learners(self, kept: list[Sample]) -> list[Sample]:
         """Data-parallel replicas must run the same number of micro-batches: trim to a multiple."""
@@ -328,10 +344,24 @@ class Coordinator:
             phase_seconds=tuple(sorted(timings.items())),
             phase="idle",
         )
+        log.info(self._progress_line(record))
         if self.p.metrics is not None:
             self.p.metrics.write({"time": time.time(), **record})
         if self.p.on_step is not None:
             self.p.on_step(record)
+
+    def _progress_line(self, record: dict[str, Any]) -> str:
+        """The step's line in the learner log (a pod log has no progress bar)."""
+        first_step, since = self._pace_from or (self.step - 1, time.monotonic())
+        eta = eta_seconds(self.step, self.total_steps, time.monotonic() - since, first_step)
+        return progress_line(
+            self.step,
+            self.total_steps,
+            record.get("reward_mean"),
+            record.get("tokens_per_second"),
+            eta,
+            accuracy=record.get("eval_accuracy"),
+        )
 
     # ------------------------------------------------------------------------------------------ run
     async def run(self) -> dict[str, Any]:
@@ -339,6 +369,7 @@ class Coordinator:
         status = self.p.status
         status.update(state="Running", total_steps=self.total_steps, policy_version=self.version)
         before = await self.evaluate() if self.p.eval_prompts else {}
+        self._pace_from = (self.step, time.monotonic())
         first_rewards: list[float] = []
         last_rewards: list[float] = []
         started = time.perf_counter()

@@ -6,6 +6,7 @@ that needs another change (more fsdp learners change the batch arithmetic) says 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,10 +83,22 @@ def _say(
     )
 
 
+def gib_up(n: int) -> str:
+    """GiB rounded up to a tenth: a bound that is never below the need it states."""
+    return f"{math.ceil(n * 10 / GIB) / 10:.1f}"
+
+
+def memory_quantity(n: int) -> str:
+    """The smallest round Kubernetes quantity >= n bytes (Mi below 10 GiB, else Gi)."""
+    if n < 10 * GIB:
+        return f"{math.ceil(n / 2**20)}Mi"
+    return f"{math.ceil(n / GIB)}Gi"
+
+
 def bigger(role: str, smallest: Estimate, placement: Placement) -> str:
     if placement.on_gpu:
-        return f"GPUs with >= {gib(smallest.gpu)} GiB"
-    return f"roles.{role}.resources.memory >= {gib(smallest.host)} GiB"
+        return f"GPUs with >= {gib_up(smallest.gpu)} GiB"
+    return f"roles.{role}.resources.memory >= {memory_quantity(smallest.host)}"
 
 
 # ---------------------------------------------------------------------------------------- training
@@ -172,8 +185,8 @@ def training_fixes(role: str, job: Job, placement: Placement) -> list[str]:
                 break
     if combined:
         return combined
-    best = dataclasses.replace(setup, shards=MAX_SHARDS) if setup.trainable.full else setup
-    return [bigger(role, estimate(best, micro), placement) + " (no setting fits it on this one)"]
+    # The memory that fits the job as written (a bound under it would need settings it does not name).
+    return [bigger(role, estimate(current, micro_now), placement) + " (no setting fits it on this one)"]
 
 
 def _more_workers(job: Job, role: str, placement: Placement, n: int) -> Change:

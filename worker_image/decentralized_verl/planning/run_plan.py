@@ -12,12 +12,29 @@ from pathlib import Path
 from decentralized_verl.manifest import load_job
 
 
-def print_workers(file: str) -> int:
+def print_workers(file: str, as_json: bool = False) -> int:
     """One line per worker process of the job: role, index, pool, GPUs and the command it runs."""
     from decentralized_verl.plan import plan_job
 
     job = load_job(file)
-    for worker in plan_job(job.spec, job.metadata.name).workers:
+    workers = plan_job(job.spec, job.metadata.name).workers
+    if as_json:
+        rows = [
+            {
+                "name": w.name,
+                "role": w.role,
+                "index": w.index,
+                "pool": w.pool,
+                "gpus": w.gpus,
+                "cpu": w.cpu,
+                "memory": w.memory,
+                "command": w.command(),
+            }
+            for w in workers
+        ]
+        print(json.dumps(rows, indent=2))
+        return 0
+    for worker in workers:
         pool = f" pool={worker.pool}" if worker.pool else ""
         print(
             f"{worker.name}: role={worker.role} index={worker.index}{pool} gpus={worker.gpus} "
@@ -29,7 +46,7 @@ def print_workers(file: str) -> int:
 def main_plan(file: str, *, as_json: bool = False, workers: bool = False) -> int:
     """Print the job's memory plan (or its workers); 2 when the plan has problems, else 0."""
     if workers:
-        return print_workers(file)
+        return print_workers(file, as_json)
     from decentralized_verl.planning import plan_for
     from decentralized_verl.planning.report import render, to_json
 

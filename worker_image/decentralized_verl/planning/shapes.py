@@ -153,6 +153,8 @@ def _known(
 KNOWN_SHAPES: dict[str, ModelShape] = dict(
     [
         # The published config.json numbers of each model (the -Instruct and base models share them).
+        _known("Qwen/Qwen2-0.5B-Instruct", 24, 896, 4864, 14, 2, 151936, True, 32768, model_type="qwen2"),
+        _known("Qwen/Qwen2-7B-Instruct", 28, 3584, 18944, 28, 4, 152064, False, 32768, model_type="qwen2"),
         _known("Qwen/Qwen2.5-0.5B-Instruct", 24, 896, 4864, 14, 2, 151936, True, 32768, model_type="qwen2"),
         _known("Qwen/Qwen2.5-1.5B-Instruct", 28, 1536, 8960, 12, 2, 151936, True, 32768, model_type="qwen2"),
         _known("Qwen/Qwen2.5-3B-Instruct", 36, 2048, 11008, 16, 2, 151936, True, 32768, model_type="qwen2"),

@@ -26,7 +26,8 @@ class CrossFieldProblems(ValueError):
 
 
 class SpecModel(BaseModel):
-    """Base of every spec section: camelCase aliases, unknown fields forbidden, names accepted too.
+    """Base of every spec section: camelCase aliases, unknown fields forbidden, names accepted too, and
+    strict types as the CRD states them: no "0.001" for a number, no 1e9 for an integer, no 1 for a bool.
 
     A field's docstring (the string under it) is its description, so `kubectl explain` shows it; a
     test fails on any CRD property without one."""
@@ -37,6 +38,7 @@ class SpecModel(BaseModel):
         extra="forbid",
         validate_default=True,
         use_attribute_docstrings=True,
+        strict=True,
     )
 
 

@@ -26,6 +26,19 @@ class CheckpointSpec(SpecModel):
     )
 
 
+class TrackingSpec(SpecModel):
+    """How the experiment trackers of `logging` label and fill a run."""
+
+    project: str = Field(default="dverl", description="W&B project / MLflow experiment")
+    run_name: str | None = Field(
+        default=None, description="The run's name in every tracker (default: the job name)"
+    )
+    samples_every: NonNegativeInt = Field(
+        default=10, description="Log a table of sample generations every N steps (0: never)"
+    )
+    samples: PositiveInt = Field(default=8, description="Generations in each samples table")
+
+
 class TrainingSpec(SpecModel):
     steps: PositiveInt | None = None
     """Learner steps to train (100 when neither steps nor epochs is set)."""
@@ -66,8 +79,11 @@ class TrainingSpec(SpecModel):
     )
     seed: NonNegativeInt = 0
     """Seed of sampling and data order."""
-    logging: list[Literal["tensorboard", "wandb"]] = Field(default_factory=list)
-    """Loggers besides the job's status and stdout: tensorboard, wandb."""
+    logging: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
+        default_factory=list,
+        description="Trackers fed every step's metrics (pip install 'decentralized-verl[trackers]')",
+    )
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
 
     @model_validator(mode="after")
     def _steps_or_epochs(self) -> TrainingSpec:

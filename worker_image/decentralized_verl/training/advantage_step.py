@@ -141,6 +141,10 @@ def attach_advantages(batch: TrainBatch, settings: AlgorithmSettings) -> dict[st
         scores = scores + factor * penalty
         metrics["overlong_penalty_mean"] = float(penalty.mean())
     mask = batch.trained_mask()  # a multi-turn episode's observations are neither scored nor trained
+    if bool(mask.any()):
+        # The sampled tokens' mean surprise: a Monte Carlo estimate of the policy's token entropy at no
+        # cost (the learner's exact entropy replaces it when entropyCoef > 0 computes one).
+        metrics["entropy"] = float(-masked_mean(batch.old_logprobs, mask.bool()))
     token_rewards = None
     if batch.ref_logprobs is not None:
         kl = token_kl(batch.old_logprobs, batch.ref_logprobs, mask, settings.kl_estimator)

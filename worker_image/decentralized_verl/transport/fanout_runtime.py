@@ -209,7 +209,7 @@ class RelayWeightSource:
         if held is None:
             self.pulls += 1
             left = max(self.wait_s - (time.monotonic() - start), 0.0)
-            log.info("weights: no pushed version >= %d; pulling from %s", min_version, self.learner)
+            log.debug("weights: no pushed version >= %d; pulling from %s", min_version, self.learner)
             future = asyncio.run_coroutine_threadsafe(
                 self.relay.catch_up(self.learner, min_version, wait_s=left, poll_s=0.2), self.loop
             )

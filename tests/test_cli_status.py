@@ -1,0 +1,65 @@
+"""`dverl status RUN_DIR`: a run folder's step, reward, ETA, workers and last evaluation, as text or JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from decentralized_verl.cli import main
+from decentralized_verl.metrics import MetricsLog
+
+
+def _run_folder(tmp_path: Path, steps: int, finished: bool) -> Path:
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    for name in ("job-learner-0", "job-rollout-0", "job-rollout-1"):
+        (run / "logs" / f"{name}.log").write_text("")
+    (run / "job.yaml").write_text(yaml.safe_dump({"spec": {"training": {"steps": 10}}}))
+    with MetricsLog(run / "metrics.jsonl") as log:
+        for step in range(1, steps + 1):
+            log.write(
+                {"time": 1000.0 + 2 * step, "step": step, "reward_mean": step / 10, "rollout_workers": 2}
+            )
+        log.write_eval(
+            {
+                "step": 0,
+                "eval_accuracy": 0.25,
+                "eval_accuracy_low": 0.1,
+                "eval_accuracy_high": 0.4,
+                "eval_problems": 20,
+            }
+        )
+    if finished:
+        (run / "summary.json").write_text(json.dumps({"steps": steps, "last_checkpoint": "ck/step-10"}))
+    return run
+
+
+def test_status_of_a_run_in_progress(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = _run_folder(tmp_path, steps=4, finished=False)
+    assert main(["status", str(run)]) == 0
+    text = capsys.readouterr().out
+    assert "running, step 4/10" in text
+    assert "reward 0.400" in text
+    assert "eta 12s" in text  # 2 s a step, 6 steps left
+    assert "workers 3: job-learner-0, job-rollout-0, job-rollout-1 (2 rollout serving" in text
+    assert "last eval (step 0): accuracy 25.0% [10.0-40.0] on 20 problems" in text
+    assert main(["status", "--json", str(run)]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["step"] == 4 and status["total_steps"] == 10 and status["eta_seconds"] == pytest.approx(12)
+    assert status["state"] == "running" and status["last_eval"]["eval_accuracy"] == 0.25
+
+
+def test_watch_stops_when_the_run_finishes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = _run_folder(tmp_path, steps=10, finished=True)
+    assert main(["status", "--watch", "0.1", "--json", str(run)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["state"] == "finished"
+    assert json.loads(lines[0])["last_checkpoint"] == "ck/step-10"
+
+
+def test_status_of_a_folder_that_is_no_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["status", str(tmp_path)]) == 2
+    assert "not a run folder" in capsys.readouterr().err

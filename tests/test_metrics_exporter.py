@@ -1,0 +1,72 @@
+"""The learner's training metrics on a Prometheus endpoint: real HTTP scrapes of the exporter, the plan
+giving learner rank 0 a `metrics` port (and only in a cluster), the operator's pod exposing it."""
+
+from __future__ import annotations
+
+import urllib.request
+
+from operator_fixtures import tiny_spec
+from prometheus_client.parser import text_string_to_metric_families
+
+from decentralized_verl.manifest import parse_spec
+from decentralized_verl.plan import METRICS_PORT, plan_job, worker_env
+from decentralized_verl.serving.metrics_exporter import TrainingMetricsExporter, metric_name
+from decentralized_verl.settings import WorkerSettings
+from dverl_operator import children as kids
+from dverl_operator import owned
+
+
+def _scrape(port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name.startswith("dverl_train_") and sample.labels.get("job") == "tiny"
+    }
+
+
+def test_each_steps_numbers_are_served_as_gauges() -> None:
+    exporter = TrainingMetricsExporter(0, "tiny", host="127.0.0.1")
+    try:
+        exporter.observe({"step": 1, "reward_mean": 0.25, "kl": 0.01, "checkpoint": "/x", "ok": True})
+        exporter.observe({"step": 2, "reward_mean": 0.5, "entropy": 1.5, "time": 1e9})
+        served = _scrape(exporter.port)
+        assert served == {
+            "dverl_train_step": 2.0,
+            "dverl_train_reward_mean": 0.5,
+            "dverl_train_kl": 0.01,  # the last value a step reported
+            "dverl_train_entropy": 1.5,
+        }
+        assert metric_name("pg_clip-frac") == "dverl_train_pg_clip_frac"
+    finally:
+        exporter.close()
+
+
+def test_learner_rank_0_gets_a_metrics_port_in_a_cluster_and_none_locally() -> None:
+    spec = parse_spec(tiny_spec(roles={"learner": {"replicas": 2}, "rollout": {"replicas": 2}}))
+    plan = plan_job(spec, "j")
+    first, second = plan.by_role("learner")
+    assert first.ports["metrics"] == METRICS_PORT and "metrics" not in second.ports
+    assert all("metrics" not in w.ports for w in plan.by_role("rollout"))
+    addresses = {w.name: f"{w.name}:50051" for w in plan.workers}
+    env = worker_env(plan, first, addresses)
+    assert WorkerSettings.from_env(env).metrics_port == METRICS_PORT
+    assert "DVERL_METRICS_PORT" not in worker_env(plan, second, addresses)
+    local = {**addresses, f"{first.name}/metrics": "0"}  # what `dverl run` supplies
+    assert "DVERL_METRICS_PORT" not in worker_env(plan, first, local)
+
+
+def test_the_learner_pod_exposes_and_announces_the_port() -> None:
+    spec = parse_spec(tiny_spec())
+    plan = plan_job(spec, "j")
+    want = kids.for_job(owned.Owner("j", "ns", "u-1"), spec, plan, "img:1")
+    learner = want.pods["j-learner-0"]
+    ports = {p["name"]: p["containerPort"] for p in learner["spec"]["containers"][0]["ports"]}
+    assert ports["metrics"] == METRICS_PORT
+    annotations = learner["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/port"] == str(METRICS_PORT)
+    rollout = want.pods["j-rollout-0"]
+    assert "prometheus.io/scrape" not in rollout["metadata"]["annotations"]

@@ -1,0 +1,123 @@
+"""The experiment trackers a job names write real files with the real libraries, offline, and the tests
+read them back: TensorBoard event files, an offline W&B run, an MLflow file store. A tracker that is not
+installed stops the run before it starts instead of being skipped."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from tracker_files import tensorboard_run, wandb_run
+
+from decentralized_verl.metrics import MetricsLog, read_metrics
+from decentralized_verl.plotting import plot_run, smoothed
+from decentralized_verl.trackers import RunInfo, TrackerError, flatten, open_trackers
+
+CONFIG = {"job": "tiny", "training": {"steps": 3, "learningRate": 0.001}, "algorithm": {"name": "grpo"}}
+SAMPLES = [
+    {"prompt": "3+4=", "response": "7", "reward": 1.0},
+    {"prompt": "1+1=", "response": "3", "reward": 0.0},
+]
+
+
+def _log_three_steps(folder: Path, trackers: list[str]) -> None:
+    run = RunInfo("tiny-run", "dverl-tests", folder, CONFIG)
+    with MetricsLog(folder / "metrics.jsonl", trackers, run=run) as log:
+        for step in (1, 2, 3):
+            log.write(
+                {
+                    "step": step,
+                    "reward_mean": step / 10,
+                    "kl": 0.0,
+                    "entropy": 1.5 - step / 10,
+                    "grad_norm": 2.0,
+                }
+            )
+        log.write_samples(3, SAMPLES)
+
+
+def test_tensorboard_event_files_hold_metrics_config_and_samples(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    _log_three_steps(tmp_path, ["tensorboard"])
+    events = tensorboard_run(tmp_path / "tensorboard" / "tiny-run")
+    assert [(e.step, round(e.value, 3)) for e in events.Scalars("reward_mean")] == [
+        (1, 0.1),
+        (2, 0.2),
+        (3, 0.3),
+    ]
+    assert {"kl", "entropy", "grad_norm"} <= set(events.Tags()["scalars"])
+    assert "step" not in events.Tags()["scalars"]
+    samples = events.Tensors("samples/text_summary")[0]
+    table = samples.tensor_proto.string_val[0].decode()
+    assert samples.step == 3 and "| 3+4= |" in table and "| 7 |" in table
+    config = events.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert '"learningRate": 0.001' in config
+
+
+def test_wandb_offline_run_has_name_config_history_and_table(tmp_path: Path, monkeypatch) -> None:
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    _log_three_steps(tmp_path, ["wandb"])
+    run = wandb_run(tmp_path)
+    assert run["name"] == "tiny-run" and run["project"] == "dverl-tests"
+    assert run["config"]["training"] == {"steps": 3, "learningRate": 0.001}
+    rows = {row["_step"]: row for row in run["history"]}
+    assert [rows[s]["reward_mean"] for s in (1, 2, 3)] == [0.1, 0.2, 0.3]
+    assert rows[3]["samples/_type"] == "table-file" and rows[3]["samples/nrows"] == 2
+    (table_file,) = tmp_path.glob("wandb/offline-run-*/files/" + rows[3]["samples/path"])
+    table = json.loads(table_file.read_text())
+    assert table["columns"] == ["step", "prompt", "response", "reward"]
+    assert table["data"][0] == [3, "3+4=", "7", 1.0]
+
+
+def test_mlflow_file_store_has_run_params_metrics_and_samples(tmp_path: Path, monkeypatch) -> None:
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    _log_three_steps(tmp_path, ["mlflow"])
+    client = MlflowClient((tmp_path / "mlruns").resolve().as_uri())
+    experiment = client.get_experiment_by_name("dverl-tests")
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.run_name == "tiny-run"
+    assert run.data.params["training.learningRate"] == "0.001" and run.data.params["algorithm.name"] == "grpo"
+    history = client.get_metric_history(run.info.run_id, "reward_mean")
+    assert [(m.step, m.value) for m in history] == [(1, 0.1), (2, 0.2), (3, 0.3)]
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"job_spec.json", "samples"} <= artifacts
+    local = Path(client.download_artifacts(run.info.run_id, "samples/step_000003.json", str(tmp_path / "dl")))
+    table = json.loads(local.read_text())
+    assert table["columns"] == ["step", "prompt", "response", "reward"]
+    assert table["data"][1] == [3, "1+1=", "3", 0.0]
+
+
+def test_a_tracker_that_is_not_installed_stops_the_run(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "wandb", None)  # what Python does for a package that is absent
+    with pytest.raises(TrackerError, match=r"wandb but it is not installed here \(pip install"):
+        open_trackers(["wandb"], RunInfo("r", "p", tmp_path))
+    with pytest.raises(TrackerError):
+        MetricsLog(tmp_path / "metrics.jsonl", ["wandb"])
+
+
+def test_samples_file_and_flattened_config(tmp_path: Path) -> None:
+    _log_three_steps(tmp_path, [])
+    rows = read_metrics(tmp_path / "samples.jsonl")
+    assert rows == [{"step": 3, **SAMPLES[0]}, {"step": 3, **SAMPLES[1]}]
+    assert flatten({"a": {"b": 1, "c": [1, 2]}, "d": "x"}) == {"a.b": "1", "a.c": "[1, 2]", "d": "x"}
+
+
+def test_plot_draws_loss_entropy_and_grad_norm_panels_smoothed(tmp_path: Path) -> None:
+    with MetricsLog(tmp_path / "metrics.jsonl") as log:
+        for step in range(1, 11):
+            log.write(
+                {"step": step, "reward_mean": step % 3, "pg_loss": 0.1, "entropy": 1.0, "grad_norm": 0.5}
+            )
+    written = {p.name for p in plot_run(tmp_path, smooth=0.8)}
+    assert {"pg_loss.png", "entropy.png", "grad_norm.png", "reward_mean.png", "overview.png"} <= written
+    assert smoothed([1.0, 1.0, 1.0], 0.9) == pytest.approx([1.0, 1.0, 1.0])  # no pull towards 0
+    assert smoothed([0.0, 10.0], 0.5)[1] == pytest.approx(10 * 0.5 / 0.75)
+    with pytest.raises(ValueError, match="smooth"):
+        plot_run(tmp_path, smooth=1.0)

@@ -1,0 +1,36 @@
+"""`dverl convert`: a veRL `ppo_trainer` config (with Hydra overrides), a TRL `GRPOConfig` or an OpenRLHF
+command line, as an RLHFJob manifest, with every source field that has no place in it listed and why.
+
+Each importer is a table from the source's field to a spec path (and a value conversion) plus the
+fields it knowingly drops with a reason; the tables are the mapping docs/convert.md shows both ways.
+Pure: nothing here reads model files or data.
+"""
+
+from __future__ import annotations
+
+from decentralized_verl.convert.common import Conversion, Unmapped
+
+__all__ = ["Conversion", "Unmapped", "convert"]
+
+SOURCES = ("verl", "trl", "openrlhf")
+
+
+def convert(
+    source: str, text: str, overrides: list[str] | None = None, name: str | None = None
+) -> Conversion:
+    """`text` (a YAML/JSON config, or a shell command line for openrlhf) as a manifest."""
+    if source == "verl":
+        from decentralized_verl.convert.verl import convert_verl
+
+        return convert_verl(text, overrides or [], name)
+    if overrides:
+        raise ValueError("overrides (key=value) apply to veRL configs only")
+    if source == "trl":
+        from decentralized_verl.convert.trl import convert_trl
+
+        return convert_trl(text, name)
+    if source == "openrlhf":
+        from decentralized_verl.convert.openrlhf import convert_openrlhf
+
+        return convert_openrlhf(text, name)
+    raise ValueError(f"unknown source {source!r}; expected {', '.join(SOURCES)}")

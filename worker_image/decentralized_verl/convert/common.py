@@ -1,0 +1,160 @@
+"""What every importer shares: the manifest being built, the list of fields left out, the rules."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+Convert = Callable[[Any], Any]
+Rule = tuple[str, Convert | None]
+"""(spec path, value conversion or None for as-is); a spec path is dotted camelCase under `spec`."""
+
+
+@dataclass(frozen=True)
+class Unmapped:
+    """A source field the manifest does not carry, and why."""
+
+    field: str
+    value: Any
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.field}={self.value!r}: {self.why}"
+
+
+@dataclass
+class Conversion:
+    manifest: dict[str, Any]
+    unmapped: list[Unmapped] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """What the manifest assumes that the source did not say (defaults chosen, layouts changed)."""
+
+
+def job_name(raw: str | None, fallback: str) -> str:
+    """A DNS-1123 label of at most 40 characters made from a run or experiment name."""
+    name = re.sub(r"[^a-z0-9-]+", "-", (raw or fallback).lower()).strip("-")[:40].strip("-")
+    return name or fallback
+
+
+def put(spec: dict[str, Any], path: str, value: Any) -> None:
+    node = spec
+    *parents, leaf = path.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+
+
+def get(spec: dict[str, Any], path: str, default: Any = None) -> Any:
+    node: Any = spec
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested keys as dotted paths; lists and scalars are leaves."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, path))
+        else:
+            out[path] = value
+    return out
+
+
+SPEC_ORDER = ("model", "algorithm", "data", "roles", "training")
+
+
+def manifest(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """The RLHFJob around `spec`, its sections in the order the examples write them."""
+    ordered = {key: spec[key] for key in SPEC_ORDER if key in spec}
+    ordered.update({k: v for k, v in spec.items() if k not in ordered})
+    return {"apiVersion": "dverl.io/v1alpha1", "kind": "RLHFJob", "metadata": {"name": name}, "spec": ordered}
+
+
+def as_int(value: Any) -> int:
+    number = float(value)
+    if number != int(number):
+        raise ValueError(f"expected a whole number, got {value!r}")
+    return int(number)
+
+
+def as_float(value: Any) -> float:
+    return float(value)
+
+
+def as_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise ValueError(f"expected true or false, got {value!r}")
+
+
+KL_ESTIMATORS = {"kl": "k1", "k1": "k1", "mse": "k2", "k2": "k2", "low_var_kl": "k3", "k3": "k3"}
+"""veRL / OpenRLHF KL estimator names to dverl's."""
+
+LOSS_AGGREGATIONS = {
+    "token-mean": "token_mean",
+    "seq-mean-token-sum": "seq_mean_token_sum",
+    "seq-mean-token-mean": "seq_mean_token_mean",
+}
+
+TRACKERS = ("tensorboard", "wandb", "mlflow")
+
+LORA_ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def lora_targets(value: Any) -> list[str]:
+    if value == "all-linear":
+        return list(LORA_ALL_LINEAR)
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    return [str(v) for v in value]
+
+
+def apply_rules(
+    flat: dict[str, Any],
+    rules: dict[str, Rule],
+    dropped: dict[str, str],
+    spec: dict[str, Any],
+    result: Conversion,
+) -> None:
+    """Put each mapped field into `spec`; every other field goes to `result.unmapped` with its reason."""
+    for key, value in flat.items():
+        if key in rules:
+            path, conv = rules[key]
+            try:
+                put(spec, path, conv(value) if conv is not None else value)
+            except (TypeError, ValueError, KeyError) as exc:
+                result.unmapped.append(Unmapped(key, value, f"cannot be read as spec.{path}: {exc}"))
+        elif key in dropped:
+            result.unmapped.append(Unmapped(key, value, dropped[key]))
+        else:
+            result.unmapped.append(Unmapped(key, value, "no dverl equivalent known to the converter"))
+
+
+def per_learner(spec: dict[str, Any], result: Conversion, total_paths: tuple[str, ...] = ()) -> None:
+    """The sources count a step's prompts (and mini-batches) over all learners; a manifest counts them per
+    learner replica. Divide, and size each rollout request so the rollout workers share a step evenly."""
+    learners = int(get(spec, "roles.learner.replicas", 1) or 1)
+    for path in ("training.batchSize", "training.minibatchSize", *total_paths):
+        value = get(spec, path)
+        if value is None or learners == 1:
+            continue
+        share = max(1, value // learners)
+        if value % learners:
+            result.notes.append(f"{path}: {value} over {learners} learners is not whole; {share} each")
+        put(spec, path, share)
+    rollouts = int(get(spec, "roles.rollout.replicas", 1) or 1)
+    step = learners * int(get(spec, "training.batchSize", 8))
+    if rollouts > 1 and step % rollouts == 0:
+        put(spec, "roles.rollout.batchSize", step // rollouts)

@@ -1,0 +1,42 @@
+"""The mapping tables of docs/convert.md, made from the importers' own tables (a test keeps the page equal
+to this output, so the docs cannot drift from what `dverl convert` does)."""
+
+from __future__ import annotations
+
+from decentralized_verl.convert import openrlhf, trl, verl
+
+SOURCES = (("veRL", verl), ("TRL GRPOConfig", trl), ("OpenRLHF", openrlhf))
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def from_sources() -> str:
+    """Each framework's fields: where each goes in the manifest, or why it is left out."""
+    parts: list[str] = []
+    for title, module in SOURCES:
+        prefix = "--" if module is openrlhf else ""
+        lines = [f"### {title}", "", "| field | RLHFJob spec | note |", "|---|---|---|"]
+        for key, (path, _) in sorted(module.RULES.items()):
+            lines.append(f"| `{prefix}{key}` | `{path}` | |")
+        for key, where in sorted(module.HANDLED.items()):
+            lines.append(f"| `{prefix}{key}` | {_cell(where)} | read together with related fields |")
+        for key, why in sorted(module.DROPPED.items()):
+            lines.append(f"| `{prefix}{key}` | not mapped | {_cell(why)} |")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts) + "\n"
+
+
+def to_sources() -> str:
+    """Each spec field: the field of each framework that sets it."""
+    paths: dict[str, dict[str, list[str]]] = {}
+    for title, module in SOURCES:
+        prefix = "--" if module is openrlhf else ""
+        for key, (path, _) in module.RULES.items():
+            paths.setdefault(path, {}).setdefault(title, []).append(f"`{prefix}{key}`")
+    lines = ["| RLHFJob spec | " + " | ".join(t for t, _ in SOURCES) + " |", "|---|---|---|---|"]
+    for path in sorted(paths):
+        cells = [", ".join(sorted(paths[path].get(title, []))) or "-" for title, _ in SOURCES]
+        lines.append(f"| `{path}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,57 @@
+"""What `dverl run` checks before it starts a worker: the data files read, the reward callable
+imports, the trackers the job names are installed. A cluster cannot read a person's files at
+submission; this machine can, so a typo costs seconds here rather than a failed learner minutes in."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from decentralized_verl.errors import DverlError, Problem
+from decentralized_verl.spec import JobSpec
+
+
+def preflight_problems(spec: JobSpec, base: Path) -> list[Problem]:
+    from decentralized_verl.data.dataset import load_prompts
+
+    problems: list[Problem] = []
+    data = spec.data
+    for field, path in (("train", data.train), ("eval", data.eval)):
+        if path is None:
+            continue
+        candidate = Path(path) if Path(path).is_absolute() else base / path
+        try:
+            if len(load_prompts(candidate, format=data.format)) == 0:
+                problems.append(Problem(f"spec.data.{field}", f"{candidate} holds no records"))
+        except (DverlError, OSError) as exc:
+            problems.append(Problem(f"spec.data.{field}", str(exc)))
+    if data.environment is None and ":" in data.reward_type:
+        problems.extend(_reward_problems(data.reward_type, base))
+    problems.extend(_tracker_problems(list(spec.training.logging)))
+    return problems
+
+
+def _tracker_problems(names: list[str]) -> list[Problem]:
+    from decentralized_verl.trackers import INSTALL, missing_packages
+
+    return [
+        Problem("spec.training.logging", f"{name} is not installed here ({INSTALL})")
+        for name in missing_packages(names)
+    ]
+
+
+def _reward_problems(name: str, base: Path) -> list[Problem]:
+    from decentralized_verl.rewards.registry import reward_function
+
+    # Workers import a user module from the manifest's folder as well as the installed packages.
+    added = str(base) not in sys.path
+    if added:
+        sys.path.insert(0, str(base))
+    try:
+        reward_function(name)
+    except (ValueError, ImportError) as exc:
+        return [Problem("spec.data.rewardType", str(exc))]
+    finally:
+        if added:
+            sys.path.remove(str(base))
+    return []

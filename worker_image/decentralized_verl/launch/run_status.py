@@ -1,0 +1,112 @@
+"""`dverl status RUN_DIR`: where a run stands, read from its folder (metrics, evaluations, logs, summary).
+
+Reads only files the run writes anyway, so it works on a run in progress, a finished one, or one copied
+off a pod's volume; it never talks to the workers.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from decentralized_verl.errors import DverlError
+from decentralized_verl.metrics import EVAL_FILE, read_evals, read_metrics
+from decentralized_verl.progress import format_duration
+
+PACE_WINDOW = 20
+"""Steps the ETA's pace is measured over (recent steps say more about the rest than the first ones)."""
+
+
+class NotARunFolder(DverlError):
+    """The folder has none of the files a run writes."""
+
+
+def _total_steps(run_dir: Path, summary: dict[str, Any] | None) -> int | None:
+    job = run_dir / "job.yaml"
+    if job.exists():
+        try:
+            steps = (
+                ((yaml.safe_load(job.read_text()) or {}).get("spec") or {}).get("training", {}).get("steps")
+            )
+        except (yaml.YAMLError, AttributeError):
+            steps = None
+        if isinstance(steps, int):
+            return steps
+    return int(summary["steps"]) if summary and "steps" in summary else None
+
+
+def _eta(records: list[dict[str, Any]], total: int | None) -> float | None:
+    recent = [r for r in records[-PACE_WINDOW:] if isinstance(r.get("time"), int | float)]
+    if total is None or len(recent) < 2:
+        return None
+    steps = recent[-1]["step"] - recent[0]["step"]
+    seconds = recent[-1]["time"] - recent[0]["time"]
+    if steps <= 0 or seconds <= 0:
+        return None
+    return max(total - recent[-1]["step"], 0) * seconds / steps
+
+
+def run_status(run_dir: str | Path) -> dict[str, Any]:
+    """The run's state as plain data (what `--json` prints)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise NotARunFolder(f"{run_dir}: no such folder")
+    metrics = run_dir / "metrics.jsonl"
+    summary_path = run_dir / "summary.json"
+    if not any(p.exists() for p in (metrics, summary_path, run_dir / "job.yaml")):
+        raise NotARunFolder(f"{run_dir}: not a run folder (no metrics.jsonl, job.yaml or summary.json)")
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+    records = read_metrics(metrics)
+    last = records[-1] if records else {}
+    total = _total_steps(run_dir, summary)
+    evals = read_evals(run_dir / EVAL_FILE)
+    logs = run_dir / "logs"
+    state = "finished" if summary is not None else ("running" if records else "starting")
+    return {
+        "run_dir": str(run_dir),
+        "state": state,
+        "step": int(last.get("step", 0)),
+        "total_steps": total,
+        "reward_mean": last.get("reward_mean"),
+        "kl": last.get("kl"),
+        "tokens_per_second": last.get("tokens_per_second"),
+        "eta_seconds": None if summary is not None else _eta(records, total),
+        "rollout_workers": last.get("rollout_workers"),
+        "workers": sorted(p.stem for p in logs.glob("*.log")) if logs.is_dir() else [],
+        "last_eval": evals[-1] if evals else None,
+        "last_checkpoint": (summary or {}).get("last_checkpoint") or last.get("checkpoint"),
+        "updated": last.get("time"),
+    }
+
+
+def render_status(status: dict[str, Any]) -> str:
+    """A few lines a person reads at a glance."""
+    total = status["total_steps"]
+    step = f"{status['step']}/{total}" if total else str(status["step"])
+    lines = [f"{status['run_dir']}: {status['state']}, step {step}"]
+    if status["reward_mean"] is not None:
+        numbers = f"reward {status['reward_mean']:.3f}"
+        if status["kl"] is not None:
+            numbers += f", kl {status['kl']:.4f}"
+        if status["tokens_per_second"] is not None:
+            numbers += f", {status['tokens_per_second']:.0f} tokens/s"
+        lines.append(numbers)
+    if status["state"] != "finished":
+        lines.append(f"eta {format_duration(status['eta_seconds'])}")
+    if status["workers"]:
+        serving = status["rollout_workers"]
+        active = f" ({serving} rollout serving the last step)" if serving is not None else ""
+        lines.append(f"workers {len(status['workers'])}: {', '.join(status['workers'])}{active}")
+    last_eval = status["last_eval"]
+    if last_eval:
+        lines.append(
+            f"last eval (step {last_eval['step']}): accuracy {100 * last_eval['eval_accuracy']:.1f}% "
+            f"[{100 * last_eval['eval_accuracy_low']:.1f}-{100 * last_eval['eval_accuracy_high']:.1f}] "
+            f"on {last_eval['eval_problems']} problems"
+        )
+    if status["last_checkpoint"]:
+        lines.append(f"checkpoint {status['last_checkpoint']}")
+    return "\n".join(lines)
