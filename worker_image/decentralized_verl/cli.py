@@ -87,11 +87,31 @@ def _run(parser: argparse.ArgumentParser) -> Command:
     parser.add_argument("file", metavar="JOB.yaml")
     parser.add_argument("--output", "-o", default=None, help="run folder (default runs/<job name>)")
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    parser.add_argument(
+        "--ray", default=None, metavar="ADDRESS", help="run as actors of a Ray cluster (or auto)"
+    )
 
     def run(args: argparse.Namespace) -> int:
         from decentralized_verl.launch.run import main_run
 
-        return main_run(args.file, args.output, args.resume)
+        return main_run(args.file, args.output, args.resume, ray=args.ray)
+
+    return run
+
+
+# -------------------------------------------------------------------------------------------- status
+@command("status", "a running job's progress and workers")
+def _status(parser: argparse.ArgumentParser) -> Command:
+    parser.add_argument("job", metavar="JOB")
+    parser.add_argument("--ray", default=None, metavar="ADDRESS", help="read it from a Ray cluster (or auto)")
+    parser.add_argument("--json", action="store_true")
+
+    def run(args: argparse.Namespace) -> int:
+        from decentralized_verl.launch.ray_status import main_ray_status
+
+        if args.ray is None:
+            parser.error("give --ray ADDRESS (a job `dverl run` runs locally reports on its progress bar)")
+        return main_ray_status(args.ray, args.job, as_json=args.json)
 
     return run
 

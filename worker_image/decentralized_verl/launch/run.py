@@ -99,8 +99,10 @@ def run_job(
     resume: bool = False,
     progress: bool = True,
     timeout: float | None = None,
+    ray: str | None = None,
 ) -> dict[str, Any]:
-    """Run a job to the end on this machine; returns the summary the learner wrote."""
+    """Run a job to the end on this machine (or, with `ray`, as actors of the Ray cluster at that address
+    or `auto`); returns the summary the learner wrote."""
     manifest = Path(manifest)
     job = load_fitting_job(manifest)
     output = Path(output) if output else Path("runs") / job.metadata.name
@@ -111,14 +113,19 @@ def run_job(
     guard_descendants()  # a `kill -9` of this process must not leave workers or their helpers running
     # The secured path, as in a cluster: TLS and the job token on every call, signed weights.
     credentials = run_folder_credentials(output, job.metadata.name)
-    cluster = LocalCluster(
-        plan,
-        config,
-        output,
-        extra_args=extra_args,
-        credentials=credentials,
-        overlapped=job.spec.training.max_staleness > 0,  # asynchronous rollouts overlap the update
-    )
+    if ray is not None:
+        from decentralized_verl.launch.ray_executor import RayCluster
+
+        cluster = RayCluster(plan, config, output, ray, extra_args=extra_args, credentials=credentials)
+    else:
+        cluster = LocalCluster(
+            plan,
+            config,
+            output,
+            extra_args=extra_args,
+            credentials=credentials,
+            overlapped=job.spec.training.max_staleness > 0,  # asynchronous rollouts overlap the update
+        )
     status_credentials = load_credentials(credentials.worker)
     learners = cluster.by_role("learner")
     learner = learners[0]
@@ -187,10 +194,14 @@ def run_job(
                 raise RunFailed(f"run exceeded {timeout:.0f} s; see {output / 'logs'}")
             if bar is not None and status is not None:
                 _show(bar, status)
+            if status is not None and hasattr(cluster, "publish"):
+                cluster.publish(step=status.step, total_steps=status.total_steps, phase=status.phase)
             time.sleep(0.5)
     finally:
         if bar is not None:
             bar.close()
+        if hasattr(cluster, "fetch_results"):
+            cluster.fetch_results()
         cluster.stop()
         signal.signal(signal.SIGTERM, previous)
     summary_path = output / "summary.json"
@@ -293,10 +304,10 @@ def format_summary(summary: dict[str, Any], output: Path) -> str:
     )
 
 
-def main_run(manifest: str, output: str | None, resume: bool) -> int:
+def main_run(manifest: str, output: str | None, resume: bool, ray: str | None = None) -> int:
     out = Path(output) if output else None
     job_name = load_job(manifest).metadata.name
     out = out or Path("runs") / job_name
-    summary = run_job(manifest, out, resume=resume, progress=sys.stderr.isatty())
+    summary = run_job(manifest, out, resume=resume, progress=sys.stderr.isatty(), ray=ray)
     print(format_summary(summary, out))
     return 0

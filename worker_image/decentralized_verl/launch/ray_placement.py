@@ -1,0 +1,94 @@
+"""Pure: where a planned worker goes on a Ray cluster, in the terms Ray schedules by.
+
+A pod asks Kubernetes for CPUs, memory, GPUs and a node pool's labels; a Ray actor asks its cluster for
+the same things: `num_cpus`, `memory` (bytes), `num_gpus`, a custom resource per GPU type (Ray's
+`accelerator_type:<TYPE>`, which nodes advertise) and the node pool's selector as a Ray label selector.
+The learner ranks are one placement group, so they are placed together or not at all, like a gang of pods.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from decentralized_verl.plan import Plan, PlannedWorker
+from decentralized_verl.planning.devices import quantity_bytes
+
+DEFAULT_CPUS = 1.0
+"""What a worker whose role names no `resources.cpu` asks Ray for: one CPU, as a pod without requests
+takes about one core once it computes."""
+
+NAMESPACE = "dverl"
+"""The Ray namespace every job's named actors live in (`dverl status --ray` looks them up there)."""
+
+
+class PlacementError(ValueError):
+    """A role's resources that Ray cannot express; names the worker and the field."""
+
+
+def cpu_count(quantity: str | None) -> float:
+    """A Kubernetes CPU quantity (4, 0.5, 500m) as Ray's `num_cpus`."""
+    if quantity is None:
+        return DEFAULT_CPUS
+    if quantity.endswith("m"):
+        return int(quantity[:-1]) / 1000
+    try:
+        return float(quantity)
+    except ValueError as exc:
+        raise ValueError(f"not a CPU quantity: {quantity!r}") from exc
+
+
+def threads_for(num_cpus: float) -> int:
+    """Torch threads for a worker Ray gave `num_cpus` (never 0: half a CPU still computes on one)."""
+    return max(1, int(num_cpus))
+
+
+def record_name(job: str) -> str:
+    """The named actor that holds the job's run record (what `dverl status --ray` reads)."""
+    return f"{job}-job"
+
+
+def actor_options(worker: PlannedWorker) -> dict[str, Any]:
+    """`.options(...)` for the actor that runs `worker`: its resources and its node pool's placement."""
+    try:
+        options: dict[str, Any] = {"num_cpus": cpu_count(worker.cpu), "num_gpus": worker.gpus}
+        if worker.memory is not None:
+            options["memory"] = quantity_bytes(worker.memory)
+    except ValueError as exc:
+        raise PlacementError(f"{worker.name}: resources: {exc}") from exc
+    if worker.gpu_type:
+        options["accelerator_type"] = worker.gpu_type
+    if worker.node_selector:
+        options["label_selector"] = dict(worker.node_selector)
+    return options
+
+
+@dataclass(frozen=True)
+class Gang:
+    """The learner ranks' placement group: one bundle per rank, in rank order."""
+
+    bundles: tuple[dict[str, float], ...]
+    strategy: str
+
+
+def learner_gang(plan: Plan) -> Gang | None:
+    """The learners' placement group, or None for a job without learner processes.
+
+    STRICT_SPREAD when the ranks span more than one node pool (different kinds of node, so never one
+    node, as their pods would be); PACK otherwise, so ranks share a node where they fit and their
+    collectives stay off the network.
+    """
+    learners = plan.by_role("learner")
+    if not learners:
+        return None
+    bundles = []
+    for rank in learners:
+        options = actor_options(rank)
+        bundle = {"CPU": options["num_cpus"]}
+        if options["num_gpus"]:
+            bundle["GPU"] = float(options["num_gpus"])
+        if "memory" in options:
+            bundle["memory"] = float(options["memory"])
+        bundles.append(bundle)
+    pools = {rank.pool for rank in learners}
+    return Gang(tuple(bundles), "STRICT_SPREAD" if len(pools) > 1 else "PACK")
