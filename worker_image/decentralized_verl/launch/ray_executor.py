@@ -65,6 +65,12 @@ def connect(address: str) -> Any:
     return ray
 
 
+def node_addresses(address: str) -> list[str]:
+    """The IP address of every live node of the cluster (where workers may listen)."""
+    ray = connect(address)
+    return sorted({node["NodeManagerAddress"] for node in ray.nodes() if node.get("Alive")})
+
+
 class RemoteProcess:
     """A worker process inside its actor, with the parts of `subprocess.Popen` the supervisor uses."""
 
@@ -232,6 +238,7 @@ class RayCluster:
 
     def env_for(self, rw: RayWorker) -> dict[str, str]:
         env = worker_env(self.plan, rw.worker, self.addresses())
+        env[env_name("bind_host")] = rw.host  # the node's address, which the others dial
         env.update(self.extra_env)
         if self.credentials is not None:
             env[env_name("tls_dir")] = str(self.credentials.for_role(rw.worker.role).resolve())

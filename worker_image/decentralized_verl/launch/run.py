@@ -112,12 +112,14 @@ def run_job(
     extra_args = {"learner": ["--resume"]} if resume else {}
     guard_descendants()  # a `kill -9` of this process must not leave workers or their helpers running
     # The secured path, as in a cluster: TLS and the job token on every call, signed weights.
-    credentials = run_folder_credentials(output, job.metadata.name)
     if ray is not None:
-        from decentralized_verl.launch.ray_executor import RayCluster
+        from decentralized_verl.launch.ray_executor import RayCluster, node_addresses
 
+        # The servers listen on the Ray nodes' addresses, so the certificate names each of them.
+        credentials = run_folder_credentials(output, job.metadata.name, hosts=node_addresses(ray))
         cluster = RayCluster(plan, config, output, ray, extra_args=extra_args, credentials=credentials)
     else:
+        credentials = run_folder_credentials(output, job.metadata.name)
         cluster = LocalCluster(
             plan,
             config,
