@@ -52,6 +52,8 @@ ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 # Kept equal to the worker extra's torch requirement in pyproject.toml (a test checks).
 ARG TORCH_SPEC="torch>=2.13,<=2.14.1"
 ARG WITH_VLLM=false
+# Ray (the `ray` extra) for `dverl run --ray` and KubeRay's RayJob/RayCluster pods: --build-arg WITH_RAY=true.
+ARG WITH_RAY=false
 # torch first, from TORCH_INDEX: the extras below then find it installed and keep that build.
 # hadolint ignore=DL3013
 RUN pip install --index-url "${TORCH_INDEX}" "${TORCH_SPEC}"
@@ -60,6 +62,7 @@ COPY --from=wheel /wheels /wheels
 RUN set -- /wheels/decentralized_verl-*.whl \
  && pip install "$1[worker,volunteer]" \
  && if [ "${WITH_VLLM}" = "true" ]; then pip install "$1[vllm]"; fi \
+ && if [ "${WITH_RAY}" = "true" ]; then pip install "$1[ray]"; fi \
  && rm -rf /wheels
 ENV HF_HOME=/home/dverl/.cache/huggingface
 USER 10001:10001

