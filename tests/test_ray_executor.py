@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -31,6 +32,8 @@ import chaos
 STEPS = 8
 KILLS = {2: "rollout", 3: "reward", 5: "reference", 6: "learner"}
 """Step reached -> role whose actor is killed then (rollout-1, the others' only worker)."""
+PROCESS_KILL_AT = 4
+"""Step at which rollout-0's worker process (not its actor) is SIGKILLed: restarted inside its actor."""
 
 
 # ------------------------------------------------------------------------------------------ placement
@@ -72,9 +75,12 @@ def test_each_worker_asks_ray_for_its_roles_resources_and_pool(tmp_path: Path) -
     assert actor_options(plan.by_role("rollout")[0]) == {"num_cpus": 1.0, "num_gpus": 0}
     gang = learner_gang(plan)
     assert gang.strategy == "STRICT_SPREAD"  # two pools: two kinds of node
-    assert gang.bundles == ({"CPU": 4.0, "GPU": 1.0, "memory": float(16 * 2**30)}, {"CPU": 0.5, "GPU": 1.0})
+    big = {"CPU": 4.0, "GPU": 1.0, "memory": float(16 * 2**30), "accelerator_type:a100": 0.001}
+    assert gang.bundles == (big, {"CPU": 0.5, "GPU": 1.0})
+    assert gang.label_selectors == ({"pool": "big"}, {})
     one_pool = learner_gang(_plan(tmp_path, {"learner": {"replicas": 2}}))
     assert one_pool.strategy == "PACK" and one_pool.bundles == ({"CPU": 1.0}, {"CPU": 1.0})
+    assert one_pool.label_selectors == ()
 
 
 def test_a_quantity_ray_cannot_take_names_the_worker() -> None:
@@ -150,6 +156,11 @@ def test_tiny_job_runs_on_ray_survives_a_killed_actor_of_each_role_and_shows_in_
             step = state.get("step") or 0
             if status_seen is None and step >= 1:
                 status_seen = _dverl("status", "rayjob", "--ray", address, "--json")
+            if step >= PROCESS_KILL_AT and "process" not in killed:
+                actor = ray.get_actor("rayjob-rollout-0")
+                pid = ray.get(actor.pid.remote())
+                ray.get(actor.signal.remote(signal.SIGKILL))
+                killed["process"] = pid
             for at, role in KILLS.items():
                 name = f"rayjob-{role}-{1 if role == 'rollout' else 0}"
                 if step >= at and role not in killed:
@@ -165,7 +176,7 @@ def test_tiny_job_runs_on_ray_survives_a_killed_actor_of_each_role_and_shows_in_
             run.terminate()
             run.wait(60)
         ray.shutdown()
-    assert set(killed) == set(KILLS.values()), killed
+    assert set(killed) == {*KILLS.values(), "process"}, killed
     assert leftover == []  # every actor of the job went with it
     # every step once, every sample of every step answered exactly once, across the kills
     rows = read_metrics(output / "metrics.jsonl")
@@ -173,7 +184,11 @@ def test_tiny_job_runs_on_ray_survives_a_killed_actor_of_each_role_and_shows_in_
     assert all(r["samples"] == r["expected_samples"] == r["unique_samples"] for r in rows)
     summary = json.loads((output / "summary.json").read_text())
     assert summary["steps"] == STEPS and summary["learner_restarts"] >= 1
-    assert set(summary["worker_restarts"]) >= {"rayjob-rollout-1", "rayjob-reward-0", "rayjob-reference-0"}
+    restarted = {"rayjob-rollout-0", "rayjob-rollout-1", "rayjob-reward-0", "rayjob-reference-0"}
+    assert set(summary["worker_restarts"]) >= restarted
+    log = (tmp_path / "run.log").read_text()
+    assert "worker rayjob-rollout-0 exited with code -9; restarting it" in log
+    assert "actor of rayjob-rollout-0 is gone" not in log  # its actor lived on and started it again
     # the learner came back from its checkpoint, not from scratch
     assert "resumed from" in (output / "logs" / "rayjob-learner-0.log").read_text()
     # status, read from the cluster while the job ran: one named actor per planned worker, each running
@@ -189,3 +204,27 @@ def test_status_of_a_job_the_cluster_does_not_run_names_it(address: str) -> None
     result = _dverl("status", "no-such-job", "--ray", address)
     assert result.returncode == 2
     assert "no job 'no-such-job' on this Ray cluster (jobs running: none)" in result.stderr
+
+
+def test_run_where_no_ray_cluster_answers_fails_at_once_naming_the_address(tmp_path: Path) -> None:
+    from ray_head import _free_port
+
+    job = chaos.tiny_job(tmp_path, "nowhere", 2, seed=1)
+    address = f"127.0.0.1:{_free_port()}"
+    result = _dverl("run", str(job), "-o", str(tmp_path / "run"), "--ray", address)
+    assert result.returncode == 2
+    assert f"error: --ray {address}: no Ray cluster answers there" in result.stderr
+    assert not (tmp_path / "run" / "logs").exists()  # no worker was started anywhere
+
+
+def test_the_run_certificate_names_every_ray_node_and_is_reissued_for_a_new_one(tmp_path: Path) -> None:
+    from decentralized_verl.security.credentials import certificate_ips, load, run_folder_credentials
+
+    folders = run_folder_credentials(tmp_path, "job", hosts=["10.0.0.5"])
+    first = load(folders.learner)
+    assert certificate_ips(first.cert) == {"127.0.0.1", "10.0.0.5"}
+    again = load(run_folder_credentials(tmp_path, "job", hosts=["10.0.0.5"]).learner)
+    assert again.verify_key == first.verify_key  # the same run's credentials, kept on a resume
+    grown = load(run_folder_credentials(tmp_path, "job", hosts=["10.0.0.5", "10.0.0.6"]).learner)
+    assert certificate_ips(grown.cert) == {"127.0.0.1", "10.0.0.5", "10.0.0.6"}
+    assert load(folders.worker).cert == grown.cert  # every process gets the new certificate

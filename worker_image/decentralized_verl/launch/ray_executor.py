@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +45,8 @@ log = logging.getLogger(__name__)
 CALL_TIMEOUT_S = 60.0
 """How long one call to a worker's actor may take before the actor counts as lost."""
 ACTOR_LOST = -9
-"""The exit code a worker whose actor died is reported with (its process was killed with it)."""
+"""The exit code a worker whose actor died is reported with (its process was killed with it, as by
+SIGKILL)."""
 
 
 class RayUnavailable(DverlError):
@@ -58,6 +60,7 @@ def connect(address: str) -> Any:
     except ImportError as exc:
         raise RayUnavailable("--ray needs Ray installed: pip install 'decentralized-verl[ray]'") from exc
     if not ray.is_initialized():
+        _reachable(address)
         try:
             ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
         except (ConnectionError, RuntimeError, ValueError) as exc:
@@ -71,12 +74,27 @@ def node_addresses(address: str) -> list[str]:
     return sorted({node["NodeManagerAddress"] for node in ray.nodes() if node.get("Alive")})
 
 
+def _reachable(address: str, timeout: float = 10.0) -> None:
+    """Fail at once, naming the address, where nothing listens (Ray itself would retry for minutes)."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if address == "auto" or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise RayUnavailable(
+            f"--ray {address}: no Ray cluster answers there ({exc.strerror or exc})"
+        ) from None
+
+
 class RemoteProcess:
     """A worker process inside its actor, with the parts of `subprocess.Popen` the supervisor uses."""
 
     def __init__(self, ray: Any, actor: Any, pid: int) -> None:
         self._ray, self._actor, self.pid = ray, actor, pid
         self.returncode: int | None = None
+        self.actor_lost = False
+        """Whether the actor itself is gone (not only its worker process): it must be made again."""
 
     def poll(self) -> int | None:
         if self.returncode is not None:
@@ -84,7 +102,7 @@ class RemoteProcess:
         try:
             self.returncode = self._ray.get(self._actor.poll.remote(), timeout=CALL_TIMEOUT_S)
         except (self._ray.exceptions.RayActorError, self._ray.exceptions.GetTimeoutError):
-            self.returncode = ACTOR_LOST
+            self.returncode, self.actor_lost = ACTOR_LOST, True
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -156,8 +174,9 @@ class RayCluster:
         if gang is not None:
             from ray.util.placement_group import placement_group
 
+            labels = {"bundle_label_selector": list(gang.label_selectors)} if gang.label_selectors else {}
             self.group = placement_group(
-                list(gang.bundles), strategy=gang.strategy, name=f"{plan.job}-learners"
+                list(gang.bundles), strategy=gang.strategy, name=f"{plan.job}-learners", **labels
             )
         self.record = (
             self.ray.remote(num_cpus=0, max_restarts=0)(JobRecord)
@@ -289,7 +308,7 @@ class RayCluster:
             time.sleep(0.2)
 
     def _actor_lost(self, rw: RayWorker) -> bool:
-        return rw.process is not None and rw.process.returncode == ACTOR_LOST
+        return rw.process is not None and rw.process.actor_lost
 
     def restart(self, name: str) -> None:
         """Start a worker again: in its actor, or in a new actor if that one is gone. A serving worker

@@ -69,6 +69,8 @@ class Gang:
 
     bundles: tuple[dict[str, float], ...]
     strategy: str
+    label_selectors: tuple[dict[str, str], ...] = ()
+    """Each bundle's node labels (its rank's node pool selector); empty when no rank has one."""
 
 
 def learner_gang(plan: Plan) -> Gang | None:
@@ -89,6 +91,13 @@ def learner_gang(plan: Plan) -> Gang | None:
             bundle["GPU"] = float(options["num_gpus"])
         if "memory" in options:
             bundle["memory"] = float(options["memory"])
+        if "accelerator_type" in options:  # what Ray's accelerator_type option asks of a node
+            bundle[f"accelerator_type:{options['accelerator_type']}"] = 0.001
         bundles.append(bundle)
     pools = {rank.pool for rank in learners}
-    return Gang(tuple(bundles), "STRICT_SPREAD" if len(pools) > 1 else "PACK")
+    selectors = tuple(dict(rank.node_selector) for rank in learners)
+    return Gang(
+        tuple(bundles),
+        "STRICT_SPREAD" if len(pools) > 1 else "PACK",
+        selectors if any(selectors) else (),
+    )
