@@ -89,7 +89,10 @@ def test_a_quantity_ray_cannot_take_names_the_worker() -> None:
     worker = PlannedWorker(job="j", role="reward", index=0, cpu="1", memory="lots")
     with pytest.raises(PlacementError, match=r"j-reward-0: resources: .*'lots'"):
         actor_options(worker)
-    assert cpu_count("1500m") == 1.5 and cpu_count(None) == 1.0
+    assert cpu_count("1500m") == 1.5 and cpu_count(None) == 1.0 and cpu_count("2k") == 2000.0
+    tiny = PlannedWorker(job="j", role="rollout", index=1, memory="500m")
+    with pytest.raises(PlacementError, match=r"j-rollout-1: resources: memory '500m' is less than one byte"):
+        actor_options(tiny)
 
 
 # ----------------------------------------------------------------------------------- a real cluster
@@ -228,3 +231,33 @@ def test_the_run_certificate_names_every_ray_node_and_is_reissued_for_a_new_one(
     grown = load(run_folder_credentials(tmp_path, "job", hosts=["10.0.0.5", "10.0.0.6"]).learner)
     assert certificate_ips(grown.cert) == {"127.0.0.1", "10.0.0.5", "10.0.0.6"}
     assert load(folders.worker).cert == grown.cert  # every process gets the new certificate
+
+
+def test_a_worker_no_ray_node_can_hold_fails_the_run_naming_it_and_places_nothing(
+    address: str, tmp_path: Path
+) -> None:
+    job = chaos.tiny_job(tmp_path, "toobig", 2, seed=1)
+    doc = yaml.safe_load(job.read_text())
+    doc["spec"]["roles"]["reward"]["resources"] = {"cpu": "64"}  # the head has 6
+    job.write_text(yaml.safe_dump(doc))
+    result = _dverl("run", str(job), "-o", str(tmp_path / "run"), "--ray", address)
+    assert result.returncode == 2, result.stderr
+    assert (
+        "error: toobig-reward-0: no node of the Ray cluster has CPU 64 (most on a node: 6)" in result.stderr
+    )
+    status = _dverl("status", "toobig", "--ray", address)
+    assert "no job 'toobig' on this Ray cluster" in status.stderr  # no record, no actor was made
+
+
+def test_unplaceable_names_each_worker_and_what_it_lacks(tmp_path: Path) -> None:
+    from decentralized_verl.launch.ray_placement import unplaceable
+
+    plan = _plan(tmp_path, {"reward": {"replicas": 1, "resources": {"cpu": "2", "gpus": 1}}})
+    nodes = [{"CPU": 8.0, "memory": 1e10}, {"CPU": 1.0, "GPU": 1.0}]
+    assert unplaceable(plan, nodes) == [
+        "place-reward-0: no node of the Ray cluster has all of {'CPU': 2.0, 'GPU': 1.0}"
+    ]  # CPUs on one node, the GPU on another: neither holds both
+    assert unplaceable(plan, [{"CPU": 8.0, "GPU": 2.0}]) == []
+    assert unplaceable(plan, [{"CPU": 8.0}]) == [
+        "place-reward-0: no node of the Ray cluster has GPU 1 (most on a node: 0)"
+    ]

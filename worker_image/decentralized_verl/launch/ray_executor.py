@@ -31,10 +31,12 @@ from decentralized_verl.errors import DverlError
 from decentralized_verl.launch.ray_actor import JobRecord, WorkerHost
 from decentralized_verl.launch.ray_placement import (
     NAMESPACE,
+    PlacementError,
     actor_options,
     learner_gang,
     record_name,
     threads_for,
+    unplaceable,
 )
 from decentralized_verl.plan import Plan, PlannedWorker, worker_env
 from decentralized_verl.security.credentials import CredentialFolders
@@ -158,7 +160,13 @@ class RayCluster:
         extra_args: dict[str, list[str]] | None = None,
         credentials: CredentialFolders | None = None,
     ) -> None:
+        for worker in plan.workers:  # what Ray cannot express fails here, before anything is placed
+            actor_options(worker)
         self.ray = connect(address)
+        nodes = [node["Resources"] for node in self.ray.nodes() if node.get("Alive")]
+        problems = unplaceable(plan, nodes)
+        if problems:
+            raise PlacementError("; ".join(problems))
         self.plan = plan
         self.config_path = config_path
         self.output_dir = output_dir.resolve()

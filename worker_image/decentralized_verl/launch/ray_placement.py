@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from decentralized_verl.errors import DverlError
 from decentralized_verl.plan import Plan, PlannedWorker
 from decentralized_verl.planning.devices import quantity_bytes
 
@@ -22,20 +23,17 @@ NAMESPACE = "dverl"
 """The Ray namespace every job's named actors live in (`dverl status --ray` looks them up there)."""
 
 
-class PlacementError(ValueError):
+class PlacementError(DverlError, ValueError):
     """A role's resources that Ray cannot express; names the worker and the field."""
 
 
 def cpu_count(quantity: str | None) -> float:
-    """A Kubernetes CPU quantity (4, 0.5, 500m) as Ray's `num_cpus`."""
+    """A Kubernetes CPU quantity (4, 0.5, 500m, 1k) as Ray's `num_cpus`."""
     if quantity is None:
         return DEFAULT_CPUS
     if quantity.endswith("m"):
-        return int(quantity[:-1]) / 1000
-    try:
-        return float(quantity)
-    except ValueError as exc:
-        raise ValueError(f"not a CPU quantity: {quantity!r}") from exc
+        return float(quantity[:-1]) / 1000
+    return float(quantity_bytes(quantity))  # the same suffixes (k, Ki, M, ...), as plain numbers
 
 
 def threads_for(num_cpus: float) -> int:
@@ -54,6 +52,10 @@ def actor_options(worker: PlannedWorker) -> dict[str, Any]:
         options: dict[str, Any] = {"num_cpus": cpu_count(worker.cpu), "num_gpus": worker.gpus}
         if worker.memory is not None:
             options["memory"] = quantity_bytes(worker.memory)
+            if options["memory"] < 1:
+                raise ValueError(
+                    f"memory {worker.memory!r} is less than one byte (Mi, Gi are bytes; m is 1/1000)"
+                )
     except ValueError as exc:
         raise PlacementError(f"{worker.name}: resources: {exc}") from exc
     if worker.gpu_type:
@@ -101,3 +103,34 @@ def learner_gang(plan: Plan) -> Gang | None:
         "STRICT_SPREAD" if len(pools) > 1 else "PACK",
         selectors if any(selectors) else (),
     )
+
+
+def _demands(options: dict[str, Any]) -> dict[str, float]:
+    """An actor's options as the resource amounts a node must hold."""
+    out = {"CPU": float(options["num_cpus"])}
+    if options.get("num_gpus"):
+        out["GPU"] = float(options["num_gpus"])
+    if options.get("memory"):
+        out["memory"] = float(options["memory"])
+    if options.get("accelerator_type"):
+        out[f"accelerator_type:{options['accelerator_type']}"] = 0.001
+    return out
+
+
+def unplaceable(plan: Plan, nodes: list[dict[str, float]]) -> list[str]:
+    """Workers that no node of the cluster could ever hold (its total resources, not what is free now),
+    each with what it asks and the most any node has; Ray would otherwise wait for them forever."""
+    problems = []
+    for worker in plan.workers:
+        demands = _demands(actor_options(worker))
+        if any(all(node.get(k, 0.0) >= v for k, v in demands.items()) for node in nodes):
+            continue
+        short = [
+            f"{k} {v:g} (most on a node: {max((node.get(k, 0.0) for node in nodes), default=0.0):g})"
+            for k, v in demands.items()
+            if all(node.get(k, 0.0) < v for node in nodes)
+        ]
+        problems.append(
+            f"{worker.name}: no node of the Ray cluster has {', '.join(short) or 'all of ' + str(demands)}"
+        )
+    return problems
