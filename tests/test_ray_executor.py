@@ -261,3 +261,24 @@ def test_unplaceable_names_each_worker_and_what_it_lacks(tmp_path: Path) -> None
     assert unplaceable(plan, [{"CPU": 8.0}]) == [
         "place-reward-0: no node of the Ray cluster has GPU 1 (most on a node: 0)"
     ]
+
+
+def test_status_text_lists_each_worker_with_its_state_address_and_restarts() -> None:
+    from decentralized_verl.launch.ray_status import format_status
+
+    status = {
+        "job": "j",
+        "step": 3,
+        "total_steps": 8,
+        "phase": "rollout",
+        "output": "/runs/j",
+        "workers": [
+            {"name": "j-learner-0", "state": "running", "address": "10.0.0.3:4000", "restarts": 1},
+            {"name": "j-rollout-0", "state": "actor lost", "address": None, "restarts": 0},
+        ],
+    }
+    lines = format_status(status).splitlines()
+    assert lines[0] == "j: step 3/8 (rollout); run folder /runs/j"
+    assert lines[1].split() == ["j-learner-0", "running", "10.0.0.3:4000", "restarts", "1"]
+    assert lines[2].split() == ["j-rollout-0", "actor", "lost", "-", "restarts", "0"]
+    assert format_status({**status, "step": None}).startswith("j: starting;")
