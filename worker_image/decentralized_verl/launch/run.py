@@ -102,9 +102,11 @@ def run_job(
     progress: bool = True,
     timeout: float | None = None,
     lines: bool = False,
+    ray: str | None = None,
 ) -> dict[str, Any]:
-    """Run a job to the end on this machine; returns the summary the learner wrote. `progress` shows a
-    bar (for a terminal); `lines` prints one plain line per step on stderr instead (for a pipe or CI)."""
+    """Run a job to the end on this machine (or, with `ray`, as actors of the Ray cluster at that address
+    or `auto`); returns the summary the learner wrote. `progress` shows a bar (for a terminal); `lines`
+    prints one plain line per step on stderr instead (for a pipe or CI)."""
     manifest = Path(manifest)
     job = load_fitting_job(manifest)
     problems = preflight_problems(job.spec, manifest.resolve().parent)
@@ -117,15 +119,22 @@ def run_job(
     extra_args = {"learner": ["--resume"]} if resume else {}
     guard_descendants()  # a `kill -9` of this process must not leave workers or their helpers running
     # The secured path, as in a cluster: TLS and the job token on every call, signed weights.
-    credentials = run_folder_credentials(output, job.metadata.name)
-    cluster = LocalCluster(
-        plan,
-        config,
-        output,
-        extra_args=extra_args,
-        credentials=credentials,
-        overlapped=job.spec.training.max_staleness > 0,  # asynchronous rollouts overlap the update
-    )
+    if ray is not None:
+        from decentralized_verl.launch.ray_executor import RayCluster, node_addresses
+
+        # The servers listen on the Ray nodes' addresses, so the certificate names each of them.
+        credentials = run_folder_credentials(output, job.metadata.name, hosts=node_addresses(ray))
+        cluster = RayCluster(plan, config, output, ray, extra_args=extra_args, credentials=credentials)
+    else:
+        credentials = run_folder_credentials(output, job.metadata.name)
+        cluster = LocalCluster(
+            plan,
+            config,
+            output,
+            extra_args=extra_args,
+            credentials=credentials,
+            overlapped=job.spec.training.max_staleness > 0,  # asynchronous rollouts overlap the update
+        )
     status_credentials = load_credentials(credentials.worker)
     learners = cluster.by_role("learner")
     learner = learners[0]
@@ -197,10 +206,14 @@ def run_job(
                 _show(bar, status)
             if printer is not None and status is not None:
                 printer.show(status, now)
+            if status is not None and hasattr(cluster, "publish"):
+                cluster.publish(step=status.step, total_steps=status.total_steps, phase=status.phase)
             time.sleep(0.5)
     finally:
         if bar is not None:
             bar.close()
+        if hasattr(cluster, "fetch_results"):
+            cluster.fetch_results()
         cluster.stop()
         signal.signal(signal.SIGTERM, previous)
     if printer is not None:  # the last steps may end between two polls of the learner
@@ -346,11 +359,11 @@ def format_summary(summary: dict[str, Any], output: Path) -> str:
     )
 
 
-def main_run(manifest: str, output: str | None, resume: bool) -> int:
+def main_run(manifest: str, output: str | None, resume: bool, ray: str | None = None) -> int:
     out = Path(output) if output else None
     job_name = load_job(manifest).metadata.name
     out = out or Path("runs") / job_name
     terminal = sys.stderr.isatty()
-    summary = run_job(manifest, out, resume=resume, progress=terminal, lines=not terminal)
+    summary = run_job(manifest, out, resume=resume, progress=terminal, lines=not terminal, ray=ray)
     print(format_summary(summary, out))
     return 0

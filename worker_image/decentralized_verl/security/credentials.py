@@ -19,6 +19,7 @@ import datetime
 import ipaddress
 import os
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,9 +140,12 @@ def issue(
     authority: Authority | None = None,
     token: bytes | None = None,
     now: datetime.datetime | None = None,
+    hosts: Sequence[str] = (),
 ) -> JobCredentials:
     """Fresh credentials for `job`: a certificate for its servers signed by `authority` (default: a CA
-    made for this job alone), `token` (default: random) and a new weight-signing key pair."""
+    made for this job alone), `token` (default: random) and a new weight-signing key pair. The
+    certificate names the job's Service names, 127.0.0.1 and the IP addresses in `hosts` (the nodes of
+    a Ray cluster the servers listen on)."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec, ed25519
@@ -153,7 +157,8 @@ def issue(
     start, end = _validity(now)
     key = ec.generate_private_key(ec.SECP256R1())
     names: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names(job, namespace)]
-    names.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
+    for host in dict.fromkeys(["127.0.0.1", *hosts]):
+        names.append(x509.IPAddress(ipaddress.ip_address(host)))
     cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{job}.{namespace}")]))
@@ -232,17 +237,31 @@ class CredentialFolders:
         return self.learner if role == "learner" else self.worker
 
 
-def run_folder_credentials(output: Path, job: str) -> CredentialFolders:
+def certificate_ips(cert: bytes) -> set[str]:
+    """The IP addresses a PEM server certificate names."""
+    from cryptography import x509
+
+    loaded = x509.load_pem_x509_certificate(cert)
+    try:
+        names = loaded.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return set()
+    return {str(ip) for ip in names.get_values_for_type(x509.IPAddress)}
+
+
+def run_folder_credentials(output: Path, job: str, hosts: Sequence[str] = ()) -> CredentialFolders:
     """`dverl run`'s credentials, in `<output>/secrets/` (0700/0600): issued on the first run, the same
-    ones again on a resumed run (a restarted learner signs with the key its workers already trust)."""
+    ones again on a resumed run (a restarted learner signs with the key its workers already trust),
+    unless their certificate lacks one of `hosts` (a Ray cluster's node addresses): then new ones."""
     folders = CredentialFolders(output / "secrets" / "learner", output / "secrets" / "worker")
     try:
-        load(folders.learner)
+        learner = load(folders.learner)
         load(folders.worker)
-        return folders
+        if set(hosts) <= certificate_ips(learner.cert):
+            return folders
     except CredentialsError:
         pass
-    credentials = issue(job, "local")
+    credentials = issue(job, "local", hosts=hosts)
     write(folders.learner, credentials, signing=True)
     write(folders.worker, credentials, signing=False)
     os.chmod(output / "secrets", 0o700)

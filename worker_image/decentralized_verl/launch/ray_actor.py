@@ -1,0 +1,130 @@
+"""The Ray actor that runs one planned worker: the worker process itself is the same `dverl worker` a pod
+or `dverl run` starts, a child of the actor, so it dies with it (PR_SET_PDEATHSIG) and a `ray.kill` of
+the actor is a kill of the worker.
+
+The actor carries what a pod gets from its volumes: the rendered job and the role's credentials arrive as
+file contents and are written on the actor's own node, so the cluster needs no shared filesystem for them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from decentralized_verl.orphans import PARENT_VARIABLE
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class WorkerHost:
+    """One worker process on whichever node Ray put this actor (used as a Ray actor class)."""
+
+    def __init__(self, name: str, output: str) -> None:
+        self.name = name
+        self.output = Path(output)
+        self.log_path = self.output / "logs" / f"{name}.log"
+        self.process: subprocess.Popen | None = None
+
+    def where(self, want_dist_port: bool) -> dict[str, object]:
+        """The node this actor runs on and free ports there for the worker's gRPC (and rendezvous)."""
+        import ray
+
+        host = ray.util.get_node_ip_address()
+        return {
+            "host": host,
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "port": _free_port(host),
+            "dist_port": _free_port(host) if want_dist_port else None,
+        }
+
+    def put_files(self, files: dict[str, bytes]) -> None:
+        """Write the job's files (paths absolute, as the driver has them) where this node lacks them."""
+        for path, data in files.items():
+            target = Path(path)
+            with contextlib.suppress(OSError):
+                if target.read_bytes() == data:
+                    continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            temporary = target.with_name(target.name + f".{os.getpid()}.tmp")
+            temporary.write_bytes(data)
+            temporary.chmod(0o600)
+            temporary.replace(target)
+
+    def start(self, command: list[str], env: dict[str, str]) -> int:
+        """Start the worker (any earlier one of this actor must have ended); returns its pid."""
+        if self.process is not None and self.process.poll() is None:
+            raise RuntimeError(f"{self.name} is still running (pid {self.process.pid})")
+        environment = dict(os.environ)
+        environment.update(env)
+        environment[PARENT_VARIABLE] = str(os.getpid())
+        python = environment.pop("DVERL_WORKER_PYTHON", "") or sys.executable
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log_file:
+            self.process = subprocess.Popen(
+                [python, *command],
+                env=environment,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        return self.process.pid
+
+    def poll(self) -> int | None:
+        """The worker's exit code, None while it runs (or before it started)."""
+        return self.process.poll() if self.process is not None else None
+
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    def signal(self, sig: int) -> None:
+        """Send `sig` to the worker's process group (what a pod's kubelet or a chaos test does)."""
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, sig)
+
+    def stop(self, grace: float) -> int | None:
+        """SIGTERM the worker, SIGKILL it after `grace` seconds; returns its exit code."""
+        if self.process is None:
+            return None
+        self.signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while self.process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.signal(signal.SIGKILL)
+        return self.process.wait()
+
+    def log_tail(self, lines: int) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def read(self, path: str) -> bytes | None:
+        """A file the worker wrote on this node (the learner's summary and metrics), None if absent."""
+        with contextlib.suppress(OSError):
+            return Path(path).read_bytes()
+        return None
+
+
+class JobRecord:
+    """The run as `dverl status --ray` sees it: the supervisor writes it every poll (used as a Ray actor)."""
+
+    def __init__(self) -> None:
+        self.state: dict[str, object] = {}
+
+    def update(self, state: dict[str, object]) -> None:
+        self.state.update(state)
+
+    def read(self) -> dict[str, object]:
+        return dict(self.state)
