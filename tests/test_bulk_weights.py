@@ -160,10 +160,11 @@ async def test_a_worker_without_the_bulk_plane_is_pushed_to_over_grpc(nodes) -> 
 
 @pytest.fixture()
 def job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> cr.JobCredentials:
-    """This test process is one of the job's workers (TLS, the token, signed weights only)."""
-    folders = cr.run_folder_credentials(tmp_path / "run", "bulk-job")
-    monkeypatch.setenv("DVERL_TLS_DIR", str(folders.worker))
-    return cr.load(folders.learner)
+    """This test process is one of the job's rollout workers (TLS, its token, signed weights only); the
+    credentials returned are the learner's."""
+    issued = cr.run_folder_credentials(tmp_path / "run", "bulk-job").issued
+    monkeypatch.setenv("DVERL_TLS_DIR", str(cr.write(tmp_path / "rollout", issued, "rollout")))
+    return issued.for_role("learner")
 
 
 def test_with_tls_signed_weights_cross_a_chain_and_forged_ones_do_not(job, nodes) -> None:

@@ -46,11 +46,12 @@ class FakeCoordinator(dverl_pb2_grpc.CoordinatorServicer):
         return self.reply
 
 
-class AnyJobsToken(secure.RequireJobToken):
-    """Every job's coordinator checks its own token; this one coordinator stands in for all the jobs, so
-    it accepts the token of any job whose credentials Secret the emulator holds."""
+class AnyJobsToken(secure.RequireRole):
+    """Every job's coordinator checks its own callers' tokens; this one coordinator stands in for all the
+    jobs, so it accepts the observer token of any job whose credentials Secret the emulator holds."""
 
     def __init__(self, emu: Emulator) -> None:
+        super().__init__(())
         self.emu = emu
         self.tokens: set[str] = set()
         """Tokens seen in credentials Secrets; re-read only for a token not seen yet, since every job's
@@ -58,16 +59,16 @@ class AnyJobsToken(secure.RequireJobToken):
 
     def _refresh(self) -> None:
         self.tokens = {
-            "Bearer " + base64.b64decode(obj["data"]["token"]).decode()
+            "Bearer " + base64.b64decode(obj["data"]["token.observer"]).decode()
             for (resource, _, name), obj in list(self.emu.kmock.objects.items())
             if resource.plural == "secrets" and not obj.deleted and name.endswith("-credentials")
         }
 
-    def _valid(self, metadata) -> bool:
+    def _role(self, metadata) -> str | None:
         presented = [value for key, value in metadata or () if key == secure.TOKEN_KEY]
         if any(value not in self.tokens for value in presented):
             self._refresh()
-        return any(value in self.tokens for value in presented)
+        return "observer" if any(value in self.tokens for value in presented) else None
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")

@@ -19,11 +19,16 @@ import pytest
 from job_manifests import TOY, write_manifest
 from processes import ProcessGroup, free_port
 
-from decentralized_verl.security.credentials import run_folder_credentials
+from decentralized_verl.security.credentials import issue, write
 
 SECRET = "volunteer-e2e-secret-0123456789"
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("collected_before_fork")]
+
+
+def learner_folder(tmp_path: Path, job: str) -> Path:
+    """A learner's credentials as its pod mounts them (its token and the signing key)."""
+    return write(tmp_path / "credentials", issue(job, "local"), "learner")
 
 
 def manifest(tmp_path: Path, name: str, steps: int = 3, verify: float = 1.0) -> Path:
@@ -98,7 +103,7 @@ def start_job(procs: Procs, tmp_path: Path, job: str, volunteers: int, **kw) -> 
         {
             # A secured learner, as the operator starts one: it signs every weight version, and the
             # volunteers it admits refuse any version its key did not sign.
-            "DVERL_TLS_DIR": str(run_folder_credentials(tmp_path / "credentials", job).learner),
+            "DVERL_TLS_DIR": str(learner_folder(tmp_path, job)),
             "DVERL_DHT_ADDR": f"127.0.0.1:{port}",
             "DVERL_JOIN_SECRET": SECRET,
             "DVERL_WAIT_VOLUNTEERS": f"{volunteers}:180",
