@@ -10,6 +10,7 @@ process without them (library use, unit tests of one component) talks plaintext 
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from typing import Any
@@ -112,7 +113,8 @@ class RequireRole(grpc.aio.ServerInterceptor):
     async def intercept_service(self, continuation: Any, details: Any) -> Any:
         role = self._role(details.invocation_metadata)
         if role is not None and may_call(role, details.method):
-            return await continuation(details)
+            handler = await continuation(details)
+            return _parsing(handler, _short(details.method)) if handler is not None else None
         handler = await continuation(details)
         if handler is None:
             return None
@@ -151,6 +153,75 @@ class RateLimitedLog:
 
 def _raw(data: bytes) -> bytes:
     return data
+
+
+def _parsing(handler: Any, method: str) -> Any:
+    """The same method, parsing its request itself: bytes that are not the message it takes end the call
+    with INVALID_ARGUMENT naming the call and the caller (gRPC would answer UNKNOWN, as for a crash)."""
+    parse = handler.request_deserializer
+    if parse is None or parse is _raw:
+        return handler
+
+    async def parsed(raw: bytes, context: Any) -> Any:
+        try:
+            return parse(raw)
+        except Exception as exc:  # DecodeError, or anything a custom deserializer raises
+            why = f"{method} from {_peer(context)}: the request is not a valid message ({type(exc).__name__})"
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, why)
+
+    async def each(raws: Any, context: Any) -> Any:
+        async for raw in raws:
+            yield await parsed(raw, context)
+
+    inner = handler.unary_unary or handler.unary_stream or handler.stream_unary or handler.stream_stream
+
+    if handler.request_streaming:
+
+        async def stream_in(raws: Any, context: Any) -> Any:
+            return inner(each(raws, context), context)
+
+        behavior = stream_in
+    else:
+
+        async def unary_in(raw: bytes, context: Any) -> Any:
+            return inner(await parsed(raw, context), context)
+
+        behavior = unary_in
+    return _rebuild(handler, behavior)
+
+
+def _rebuild(handler: Any, parse_then_call: Any) -> Any:
+    """`handler` with raw-bytes requests, each parsed by `parse_then_call` before the servicer runs."""
+    kinds = {
+        (False, False): grpc.unary_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (True, True): grpc.stream_stream_rpc_method_handler,
+    }
+    make = kinds[(handler.request_streaming, handler.response_streaming)]
+
+    if handler.response_streaming:
+
+        async def streamed(request: Any, context: Any) -> Any:
+            out = await parse_then_call(request, context)
+            if hasattr(out, "__aiter__"):
+                async for item in out:
+                    yield item
+            elif inspect.isawaitable(out):  # a servicer that writes with `context.write`
+                await out
+            else:
+                for item in out or ():
+                    yield item
+
+        behavior = streamed
+    else:
+
+        async def single(request: Any, context: Any) -> Any:
+            out = await parse_then_call(request, context)
+            return await out if inspect.isawaitable(out) else out
+
+        behavior = single
+    return make(behavior, request_deserializer=_raw, response_serializer=handler.response_serializer)
 
 
 def _refusing(handler: Any, code: grpc.StatusCode, method: str, why: str, log_to: RateLimitedLog) -> Any:
