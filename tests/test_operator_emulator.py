@@ -497,7 +497,7 @@ async def test_status_progress_from_coordinator(cluster):
     assert reads[path] - before <= 3, reads[path] - before
     # over TLS, with the job's own token (which the coordinator's servers check on every call)
     secret = await emu.get("secrets", "progress-credentials")
-    token = base64.b64decode(secret["data"]["token"]).decode()
+    token = base64.b64decode(secret["data"]["token.observer"]).decode()
     assert f"Bearer {token}" in coordinator.tokens
 
 
@@ -514,24 +514,31 @@ async def test_job_credentials_and_network_policy_are_owned_by_the_job_and_go_wi
              "controller": True, "blockOwnerDeletion": True}  # fmt: skip
     assert secret["metadata"]["ownerReferences"] == [owner]
     files = {k: base64.b64decode(v) for k, v in secret["data"].items()}
-    assert sorted(files) == ["ca.crt", "tls.crt", "tls.key", "token", "weights.key", "weights.pub"]
+    roles = ["critic", "learner", "observer", "reference", "reward", "rollout"]
+    public = ["ca.crt", "callers", "tls.crt", "tls.key", "weights.pub"]
+    assert sorted(files) == sorted([*public, "weights.key", *(f"token.{r}" for r in roles)])
     identity = OperatorIdentity.from_secret(await emu.get("secrets", IDENTITY))
-    assert files["token"] == identity.job_token("default", "guarded", uid)  # what the Status client sends
+    # the observer's token is what the Status client sends; every other role's is random, its own
+    assert files["token.observer"] == identity.job_token("default", "guarded", uid)
+    assert len({files[f"token.{r}"] for r in roles}) == len(roles)
     cert = x509.load_pem_x509_certificate(files["tls.crt"])
     cert.verify_directly_issued_by(x509.load_pem_x509_certificate(identity.authority.cert))
     assert "*.guarded-workers.default.svc" in cert.extensions.get_extension_for_class(
         x509.SubjectAlternativeName
     ).value.get_values_for_type(x509.DNSName)
 
-    def mounted(pod) -> list[str]:
+    def mounted(pod) -> dict[str, str]:
         (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == "credentials"]
         assert volume["secret"]["secretName"] == "guarded-credentials"
         assert env_of(pod)["DVERL_TLS_DIR"] == "/var/run/dverl/credentials"
         assert pod["spec"]["securityContext"] == {"fsGroup": 10001}
-        return sorted(item["key"] for item in volume["secret"]["items"])
+        return {item["key"]: item["path"] for item in volume["secret"]["items"]}
 
-    assert mounted(pods["guarded-learner-0"]) == sorted(files)  # the learner alone can sign weights
-    assert mounted(pods["guarded-rollout-0"]) == sorted(set(files) - {"weights.key"})
+    # each pod its own role's token, as `token`; the learner alone can sign weights
+    files_of = {k: k for k in public}
+    learner = {**files_of, "token.learner": "token", "weights.key": "weights.key"}
+    assert mounted(pods["guarded-learner-0"]) == learner
+    assert mounted(pods["guarded-rollout-0"]) == {**files_of, "token.rollout": "token"}
 
     guard = await wait_for(lambda: policy(emu, "guarded-workers"), timeout=30, what="NetworkPolicy")
     assert guard["metadata"]["ownerReferences"] == [owner]
