@@ -143,9 +143,8 @@ def finish(procs: Procs, out: Path, timeout: float = 240) -> tuple[list[dict], d
 def test_two_volunteers_train_and_every_prompt_is_answered_once(procs: Procs, tmp_path: Path) -> None:
     job = "vol-e2e"
     maddr, out = start_job(procs, tmp_path, job, volunteers=2)
-    tok = token(job)
-    for i in range(2):
-        procs.start(f"vol{i}", volunteer_cmd(maddr, job, tok))
+    for i in range(2):  # each volunteer its own token: a token admits one peer identity
+        procs.start(f"vol{i}", volunteer_cmd(maddr, job, token(job)))
     for i in range(2):
         joined = procs.wait_for(f"vol{i}", r"joined job vol-e2e as rollout: weights v0 \((\d+) bytes\)", 180)
         assert int(joined.group(1)) > 10_000  # the tiny model's weights really came over P2P
@@ -167,9 +166,8 @@ def test_two_volunteers_train_and_every_prompt_is_answered_once(procs: Procs, tm
 def test_killed_volunteer_work_is_redispatched(procs: Procs, tmp_path: Path) -> None:
     job = "vol-kill"
     maddr, out = start_job(procs, tmp_path, job, volunteers=2, steps=2)
-    tok = token(job)
-    procs.start("honest", volunteer_cmd(maddr, job, tok))
-    procs.start("slow", volunteer_cmd(maddr, job, tok, "slow"))
+    procs.start("honest", volunteer_cmd(maddr, job, token(job)))
+    procs.start("slow", volunteer_cmd(maddr, job, token(job), "slow"))
     procs.wait_for("slow", r"request \w+: \d+ items", 240)  # mid-task: it sleeps before each result
     procs.procs["slow"].kill()
     records, report = finish(procs, out)
@@ -183,9 +181,8 @@ def test_killed_volunteer_work_is_redispatched(procs: Procs, tmp_path: Path) -> 
 def test_dishonest_volunteer_is_caught_and_blocked(procs: Procs, tmp_path: Path) -> None:
     job = "vol-cheat"
     maddr, out = start_job(procs, tmp_path, job, volunteers=2, steps=2)
-    tok = token(job)
-    procs.start("honest", volunteer_cmd(maddr, job, tok))
-    procs.start("cheat", volunteer_cmd(maddr, job, tok, "cheat", "logprobs", "0.5"))
+    procs.start("honest", volunteer_cmd(maddr, job, token(job)))
+    procs.start("cheat", volunteer_cmd(maddr, job, token(job), "cheat", "logprobs", "0.5"))
     cheat_peer = procs.wait_for("cheat", r"volunteer (\S+) joined", 180).group(1)
     records, report = finish(procs, out)
     assert all(r["samples"] == r["expected_samples"] == r["unique_samples"] == 16 for r in records)
