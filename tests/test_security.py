@@ -93,6 +93,8 @@ def test_run_folder_credentials_keep_every_secret_off_disk(tmp_path: Path) -> No
     assert learner.signing_key == local.issued.signing_key and rollout.signing_key is None
     assert (learner.role, rollout.role) == ("learner", "rollout") and learner.token != rollout.token
     assert cr.load(local.folder).token == b""  # the files alone: no role, no rights
+    dht = cr.load(local.folder, local.handed("dht"))  # the DHT bootstrap is handed nothing
+    assert (dht.role, dht.token, dht.signing_key) == ("", b"", None)
     # a resumed run issues new credentials; an older layout's key files are removed
     (tmp_path / "secrets" / "learner").mkdir()
     (tmp_path / "secrets" / "learner" / cr.SIGNING_KEY_FILE).write_bytes(b"k" * 32)

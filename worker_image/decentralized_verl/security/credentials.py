@@ -286,7 +286,8 @@ def write(folder: Path, issued: IssuedCredentials, role: str) -> Path:
 def handed_secrets(role: str, credentials: JobCredentials) -> bytes:
     """What a launcher writes into the pipe a child reads its secrets from (`load(..., handed=)`)."""
     signing = credentials.signing_key.hex() if credentials.signing_key else ""
-    return f"{role}\n{credentials.token.decode()}\n{signing}\n".encode()
+    holder = role if role in TOKEN_ROLES else ""  # the DHT bootstrap: no token, no rights
+    return f"{holder}\n{credentials.token.decode()}\n{signing}\n".encode()
 
 
 def _parse_handed(handed: bytes) -> tuple[str, bytes, bytes | None]:
