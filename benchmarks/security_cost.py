@@ -184,15 +184,16 @@ def main(argv: list[str] | None = None) -> int:
         args.mb, args.repeats, args.steps, args.chunk_mb, args.receivers = 2.0, 1, 3, 0.25, 1
     os.environ.pop("DVERL_TLS_DIR", None)  # this process chooses per run; it holds no job of its own
 
-    from decentralized_verl.security.credentials import load, run_folder_credentials
+    from decentralized_verl.security.credentials import run_folder_credentials, write
 
     info = machine_info()
     with tempfile.TemporaryDirectory(prefix="dverl-security-") as tmp:
-        folders = run_folder_credentials(Path(tmp) / "bench", "security-bench")
-        creds = load(folders.learner)
+        issued = run_folder_credentials(Path(tmp) / "bench", "security-bench").issued
+        creds = issued.for_role("learner")
+        rollout_dir = write(Path(tmp) / "rollout", issued, "rollout")
         prims = primitives(creds, args.repeats) if "primitives" in args.parts else None
         sync = (
-            weight_sync(creds, str(folders.worker), args.mb, args.receivers, args.repeats, args.chunk_mb)
+            weight_sync(creds, str(rollout_dir), args.mb, args.receivers, args.repeats, args.chunk_mb)
             if "sync" in args.parts
             else None
         )

@@ -155,8 +155,8 @@ def run(profiles: list[str], steps: int, seed: int, faults: bool = False) -> dic
                 "DVERL_VOLUNTEER_POLL_S": "0.5",
             },
         )  # fmt: skip
-        token = issue_token(SECRET.encode(), job_name, 7200)
         for name in names:
+            token = issue_token(SECRET.encode(), job_name, 7200)  # a join token admits one peer identity
             job.start(
                 name,
                 ["dverl-worker", "--initial-peers", maddr, "--job", job_name, "--token", token,

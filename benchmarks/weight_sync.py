@@ -195,10 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.tls:
         import tempfile
 
-        from decentralized_verl.security.credentials import load, run_folder_credentials
+        from decentralized_verl.security.credentials import run_folder_credentials, write
 
-        folders = run_folder_credentials(Path(tempfile.mkdtemp(prefix="weight-sync-")), "weight-sync")
-        tls_dir, credentials = str(folders.worker), load(folders.learner)
+        base = Path(tempfile.mkdtemp(prefix="weight-sync-"))
+        issued = run_folder_credentials(base, "weight-sync").issued
+        tls_dir, credentials = str(write(base / "rollout", issued, "rollout")), issued.for_role("learner")
     learner = Learner(chunk_bytes, grpc_options, credentials)
     version = 0
     payload_bytes = encode_state_dict(state, 0, dtype="bfloat16", chunk_bytes=chunk_bytes).payload()

@@ -10,13 +10,13 @@ from decentralized_verl.launch.run import write_config
 from decentralized_verl.manifest import load_job
 from decentralized_verl.plan import plan_job
 from decentralized_verl.security.credentials import JobCredentials, run_folder_credentials
-from decentralized_verl.security.credentials import load as load_credentials
 
 
 def secured_cluster(manifest: Path, output: Path) -> tuple[LocalCluster, JobCredentials]:
-    """The cluster (not started) and the credentials a caller of its workers presents."""
+    """The cluster (not started) and the credentials a caller of its workers presents (the observer's:
+    Status and Ready, what `dverl run` itself holds)."""
     job = load_job(manifest)
     config = write_config(job, manifest, output)
-    folders = run_folder_credentials(output, job.metadata.name)
-    cluster = LocalCluster(plan_job(job.spec, job.metadata.name), config, output, credentials=folders)
-    return cluster, load_credentials(folders.worker)
+    local = run_folder_credentials(output, job.metadata.name)
+    cluster = LocalCluster(plan_job(job.spec, job.metadata.name), config, output, credentials=local)
+    return cluster, local.for_role("observer")

@@ -160,10 +160,11 @@ async def test_a_worker_without_the_bulk_plane_is_pushed_to_over_grpc(nodes) -> 
 
 @pytest.fixture()
 def job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> cr.JobCredentials:
-    """This test process is one of the job's workers (TLS, the token, signed weights only)."""
-    folders = cr.run_folder_credentials(tmp_path / "run", "bulk-job")
-    monkeypatch.setenv("DVERL_TLS_DIR", str(folders.worker))
-    return cr.load(folders.learner)
+    """This test process is one of the job's rollout workers (TLS, its token, signed weights only); the
+    credentials returned are the learner's."""
+    issued = cr.run_folder_credentials(tmp_path / "run", "bulk-job").issued
+    monkeypatch.setenv("DVERL_TLS_DIR", str(cr.write(tmp_path / "rollout", issued, "rollout")))
+    return issued.for_role("learner")
 
 
 def test_with_tls_signed_weights_cross_a_chain_and_forged_ones_do_not(job, nodes) -> None:
@@ -190,7 +191,7 @@ def test_with_tls_signed_weights_cross_a_chain_and_forged_ones_do_not(job, nodes
     results = stranger.call(stranger.relay.fan_out_bulk(3, plan_chain([receivers[0].address])))
     assert "failed: UNAVAILABLE" in results[receivers[0].address]  # no TLS, no token: not even BulkOpen
     assert [r.relay.publisher.versions for r in receivers] == [[1]] * 3
-    # a plaintext connection to a TLS bulk port does not get past the handshake
+    # a connection no BulkOpen announced is closed as it is accepted: no TLS, no thread, no ticket read
     with socket.create_connection(("127.0.0.1", receivers[0].relay.bulk.port)) as sock:
         sock.sendall(bw.MAGIC + b"\0" * bw.TICKET_BYTES)
         sock.settimeout(5)
@@ -198,11 +199,49 @@ def test_with_tls_signed_weights_cross_a_chain_and_forged_ones_do_not(job, nodes
             answer = sock.recv(1024)
         except ConnectionResetError:
             answer = b""
-        assert answer[:1] in (b"\x15", b"")  # a TLS alert, or closed
-    deadline = time.monotonic() + 5
-    while "SSL" not in receivers[0].relay.bulk.refused[-1] and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert "SSL" in receivers[0].relay.bulk.refused[-1]
+        assert answer == b""
+
+
+def test_idle_connections_cost_no_thread_and_an_announced_one_a_short_deadline(nodes, monkeypatch) -> None:
+    """A flood of TCP connections to the bulk port: none gets a thread while no ticket is open; with one
+    open, at most a few do, each dropped when its header does not come within the deadline."""
+    import threading
+
+    from decentralized_verl.transport import bulk_relay
+
+    monkeypatch.setattr(bulk_relay, "HEADER_DEADLINE_S", 0.5)
+    receiver = nodes()
+    port = receiver.relay.bulk.port
+    before = threading.active_count()
+    flood = [socket.create_connection(("127.0.0.1", port)) for _ in range(100)]
+    try:
+        for sock in flood:
+            sock.settimeout(5)
+            assert sock.recv(1) == b""  # closed by the receiver, unread
+        assert threading.active_count() <= before + 1
+    finally:
+        for sock in flood:
+            sock.close()
+    # an open ticket (as BulkOpen makes): a few connections are served, the rest closed at once
+    plane = receiver.relay.bulk
+    with plane._lock:
+        plane._pending[b"t" * bw.TICKET_BYTES] = None  # type: ignore[assignment]
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]
+    try:
+        closed = 0
+        for sock in idle:
+            sock.settimeout(5)
+            assert sock.recv(1) == b""  # at once, or after the header deadline
+            closed += 1
+        assert closed == 20 and plane._serving <= 4
+        deadline = time.monotonic() + 5
+        while plane._serving and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert plane._serving == 0
+        assert any("bulk.header" in r or "timed out" in r for r in plane.refused)
+    finally:
+        for sock in idle:
+            sock.close()
 
 
 def test_a_receive_buffer_is_reused_only_once_nothing_views_it() -> None:

@@ -46,11 +46,12 @@ class FakeCoordinator(dverl_pb2_grpc.CoordinatorServicer):
         return self.reply
 
 
-class AnyJobsToken(secure.RequireJobToken):
-    """Every job's coordinator checks its own token; this one coordinator stands in for all the jobs, so
-    it accepts the token of any job whose credentials Secret the emulator holds."""
+class AnyJobsToken(secure.RequireRole):
+    """Every job's coordinator checks its own callers' tokens; this one coordinator stands in for all the
+    jobs, so it accepts the observer token of any job whose credentials Secret the emulator holds."""
 
     def __init__(self, emu: Emulator) -> None:
+        super().__init__(())
         self.emu = emu
         self.tokens: set[str] = set()
         """Tokens seen in credentials Secrets; re-read only for a token not seen yet, since every job's
@@ -58,16 +59,16 @@ class AnyJobsToken(secure.RequireJobToken):
 
     def _refresh(self) -> None:
         self.tokens = {
-            "Bearer " + base64.b64decode(obj["data"]["token"]).decode()
+            "Bearer " + base64.b64decode(obj["data"]["token.observer"]).decode()
             for (resource, _, name), obj in list(self.emu.kmock.objects.items())
             if resource.plural == "secrets" and not obj.deleted and name.endswith("-credentials")
         }
 
-    def _valid(self, metadata) -> bool:
+    def _role(self, metadata) -> str | None:
         presented = [value for key, value in metadata or () if key == secure.TOKEN_KEY]
         if any(value not in self.tokens for value in presented):
             self._refresh()
-        return any(value in self.tokens for value in presented)
+        return "observer" if any(value in self.tokens for value in presented) else None
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -500,7 +501,7 @@ async def test_status_progress_from_coordinator(cluster):
     assert reads[path] - before <= 3, reads[path] - before
     # over TLS, with the job's own token (which the coordinator's servers check on every call)
     secret = await emu.get("secrets", "progress-credentials")
-    token = base64.b64decode(secret["data"]["token"]).decode()
+    token = base64.b64decode(secret["data"]["token.observer"]).decode()
     assert f"Bearer {token}" in coordinator.tokens
 
 
@@ -517,24 +518,31 @@ async def test_job_credentials_and_network_policy_are_owned_by_the_job_and_go_wi
              "controller": True, "blockOwnerDeletion": True}  # fmt: skip
     assert secret["metadata"]["ownerReferences"] == [owner]
     files = {k: base64.b64decode(v) for k, v in secret["data"].items()}
-    assert sorted(files) == ["ca.crt", "tls.crt", "tls.key", "token", "weights.key", "weights.pub"]
+    roles = ["critic", "learner", "observer", "reference", "reward", "rollout"]
+    public = ["ca.crt", "callers", "tls.crt", "tls.key", "weights.pub"]
+    assert sorted(files) == sorted([*public, "weights.key", *(f"token.{r}" for r in roles)])
     identity = OperatorIdentity.from_secret(await emu.get("secrets", IDENTITY))
-    assert files["token"] == identity.job_token("default", "guarded", uid)  # what the Status client sends
+    # the observer's token is what the Status client sends; every other role's is random, its own
+    assert files["token.observer"] == identity.job_token("default", "guarded", uid)
+    assert len({files[f"token.{r}"] for r in roles}) == len(roles)
     cert = x509.load_pem_x509_certificate(files["tls.crt"])
     cert.verify_directly_issued_by(x509.load_pem_x509_certificate(identity.authority.cert))
     assert "*.guarded-workers.default.svc" in cert.extensions.get_extension_for_class(
         x509.SubjectAlternativeName
     ).value.get_values_for_type(x509.DNSName)
 
-    def mounted(pod) -> list[str]:
+    def mounted(pod) -> dict[str, str]:
         (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == "credentials"]
         assert volume["secret"]["secretName"] == "guarded-credentials"
         assert env_of(pod)["DVERL_TLS_DIR"] == "/var/run/dverl/credentials"
         assert pod["spec"]["securityContext"] == {"fsGroup": 10001}
-        return sorted(item["key"] for item in volume["secret"]["items"])
+        return {item["key"]: item["path"] for item in volume["secret"]["items"]}
 
-    assert mounted(pods["guarded-learner-0"]) == sorted(files)  # the learner alone can sign weights
-    assert mounted(pods["guarded-rollout-0"]) == sorted(set(files) - {"weights.key"})
+    # each pod its own role's token, as `token`; the learner alone can sign weights
+    files_of = {k: k for k in public}
+    learner = {**files_of, "token.learner": "token", "weights.key": "weights.key"}
+    assert mounted(pods["guarded-learner-0"]) == learner
+    assert mounted(pods["guarded-rollout-0"]) == {**files_of, "token.rollout": "token"}
 
     guard = await wait_for(lambda: policy(emu, "guarded-workers"), timeout=30, what="NetworkPolicy")
     assert guard["metadata"]["ownerReferences"] == [owner]

@@ -140,7 +140,14 @@ def test_the_job_policy_admits_its_own_pods_everywhere_and_the_operator_on_the_c
 
 
 def test_credentials_go_to_every_serving_pod_and_the_signing_key_to_learners_only() -> None:
-    from decentralized_verl.security.credentials import SIGNING_KEY_FILE, WORKER_FILES, issue
+    from decentralized_verl.security.credentials import (
+        PUBLIC_FILES,
+        SIGNING_KEY_FILE,
+        TOKEN_FILE,
+        issue,
+        token_key,
+    )
+    from decentralized_verl.security.rights import TOKEN_ROLES
 
     spec_dict = tiny_spec(
         roles={"learner": {"replicas": 2}, "rollout": {"replicas": 2}, "reward": {"replicas": 1}},
@@ -158,14 +165,17 @@ def test_credentials_go_to_every_serving_pod_and_the_signing_key_to_learners_onl
         assert {"name": "credentials", "mountPath": kids.CREDENTIALS_PATH, "readOnly": True} in container[
             "volumeMounts"
         ]
-        items = [i["key"] for i in volumes["credentials"]["secret"]["items"]]
-        learner = pod["metadata"]["labels"][owned.LABEL_ROLE] == "learner"
-        assert items == [*WORKER_FILES, SIGNING_KEY_FILE] if learner else items == list(WORKER_FILES)
+        items = {i["key"]: i["path"] for i in volumes["credentials"]["secret"]["items"]}
+        role = pod["metadata"]["labels"][owned.LABEL_ROLE]
+        own = {token_key(role): TOKEN_FILE} | (
+            {SIGNING_KEY_FILE: SIGNING_KEY_FILE} if role == "learner" else {}
+        )
+        assert items == {**{k: k for k in PUBLIC_FILES}, **own}  # its own role's token, no other
         assert volumes["credentials"]["secret"]["defaultMode"] == 0o440
         assert pod["spec"]["securityContext"] == {"fsGroup": kids.WORKER_GID}
     secret = guard.credentials_secret(owned.Owner("j", "ns", "u-1"), issue("j", "ns"))
     assert secret["metadata"]["name"] == "j-credentials" and secret["type"] == "Opaque"
-    assert sorted(secret["data"]) == sorted([*WORKER_FILES, SIGNING_KEY_FILE])
+    assert sorted(secret["data"]) == sorted([*PUBLIC_FILES, SIGNING_KEY_FILE, *map(token_key, TOKEN_ROLES)])
     assert secret["metadata"]["ownerReferences"][0]["uid"] == "u-1"
 
 

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from decentralized_verl.errors import CheckpointError
 from decentralized_verl.launch.watchdog import STALL_FLOOR_S, STARTUP_S, ProgressClock, allowance
 from decentralized_verl.metrics import MetricsLog, read_metrics, truncate_after
-from decentralized_verl.models.checkpoint import checkpoint_problem, latest_checkpoint
+from decentralized_verl.models.checkpoint import checkpoint_problem, latest_checkpoint, write_manifest
 from decentralized_verl.models.loading import load_model_and_tokenizer
 from decentralized_verl.spec import ModelSpec, TinyModelSpec
 from decentralized_verl.training.checkpoints import CheckpointClock, CheckpointWriter, restore_latest
@@ -102,6 +103,59 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_one_before(tmp_path: Path
     assert latest_checkpoint(tmp_path, verify=True).name == "checkpoint-1"
     assert "checkpoint-3 cannot be used" in caplog.text and "checkpoint-2 cannot be used" in caplog.text
     assert latest_checkpoint(tmp_path).name == "checkpoint-3"  # unverified: by name only
+
+
+def test_no_usable_checkpoint_fails_loudly_and_stale_writes_are_removed(tmp_path: Path, trainer) -> None:
+    """A learner told to resume never starts over from step 0 when checkpoints exist but none checks
+    out (its metrics would hold every step twice); a folder without its manifest is one of those; what
+    interrupted writes left is removed at start."""
+    policy, tokenizer = trainer
+    writer = CheckpointWriter(tmp_path, policy, tokenizer, keep=3)
+    for step in (1, 2):
+        writer.take(step, {"step": step, "policy_version": step, "sampler": {"epoch": 0, "offset": 0}})
+    writer.close()
+    torn = tmp_path / ".tmp-checkpoint-3-4242-deadbeef"
+    (torn / "sub").mkdir(parents=True)
+    (tmp_path / ".old-checkpoint-1-cafef00d").mkdir()
+    (tmp_path / "checkpoint-2" / "manifest.json").unlink()  # e.g. files dropped there by hand
+    assert "manifest.json is missing" in checkpoint_problem(tmp_path / "checkpoint-2")
+    resumed = type(policy)(policy.model, policy.spec)
+    assert restore_latest(resumed, tmp_path).folder.name == "checkpoint-1"
+    assert not torn.exists() and not (tmp_path / ".old-checkpoint-1-cafef00d").exists()
+    weights = next((tmp_path / "checkpoint-1").glob("*.safetensors"))
+    weights.write_bytes(b"\0" + weights.read_bytes()[1:])
+    with pytest.raises(CheckpointError, match="none of the 2 checkpoints checks out") as err:
+        restore_latest(resumed, tmp_path)
+    assert "checkpoint-2: manifest.json is missing" in str(err.value)
+    assert "checkpoint-1: model.safetensors does not match" in str(err.value)
+    assert restore_latest(resumed, tmp_path / "empty") is None  # no checkpoint at all: a first start
+
+
+def test_a_checkpoint_loads_no_pickled_code(tmp_path: Path, trainer) -> None:
+    """The optimizer state is read with weights_only=True: a file that would run code when unpickled is
+    refused, not executed."""
+    policy, tokenizer = trainer
+    writer = CheckpointWriter(tmp_path, policy, tokenizer, keep=1)
+    writer.take(1, {"step": 1, "policy_version": 1, "sampler": {}})
+    writer.close()
+    marker = tmp_path / "ran"
+    folder = tmp_path / "checkpoint-1"
+    torch.save({"optimizer": Exploit(str(marker)), "scheduler": {}}, folder / "optimizer.pt")
+    write_manifest(folder)  # even a checkpoint whose manifest matches (a writer of the folder)
+    resumed = type(policy)(policy.model, policy.spec)
+    with pytest.raises(Exception, match=r"Weights only load failed|Unsupported global"):
+        restore_latest(resumed, tmp_path)
+    assert not marker.exists()
+
+
+class Exploit:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.path}",))
 
 
 def test_keep_holds_only_the_newest(tmp_path: Path, trainer) -> None:

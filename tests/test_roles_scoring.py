@@ -188,9 +188,9 @@ def reward_sample(text, truth, prompt="What is 2+2?"):
 
 
 async def test_reward_over_grpc_equals_rewards_score():
-    server = await serve(0, RewardServicer(RewardWorker("boxed")))
+    server = await serve(0, RewardServicer(RewardWorker(None)))  # no type configured: the built-ins
     client = GrpcRewardClient(f"127.0.0.1:{server.port}", "reward-0")
-    local = LocalRewardClient(RewardWorker("boxed"))
+    local = LocalRewardClient(RewardWorker(None))
     try:
         assert isinstance(client, RewardClient)
         samples = [
@@ -201,13 +201,15 @@ async def test_reward_over_grpc_equals_rewards_score():
             reward_sample("<think>2+2</think><answer>4</answer>", "4"),
             reward_sample("\x00\ufffd" * 50, "4"),
         ]
-        for kind in ("boxed", "think_answer_tags", "no_such_reward"):
+        for kind in ("boxed", "think_answer_tags"):
             got = await client.score(samples, kind)
             want = [score(kind, s.text, s.prompt.ground_truth, prompt=s.prompt.text) for s in samples]
             assert got == [(w.score, w.reason) for w in want]
             assert got == await local.score(samples, kind)
         assert (await client.score(samples[:1], "boxed"))[0] == (1.0, "correct")
-        assert (await client.score(samples[:1], "no_such_reward"))[0][0] == 0.0
+        with pytest.raises(WorkerFailure, match="'no_such_reward' is not a reward type of this job"):
+            await client.score(samples[:1], "no_such_reward")  # refused whole, nothing scored
+        assert (await local.score(samples[:1], "no_such_reward"))[0][0] == 0.0
     finally:
         await client.close()
         await server.stop(None)

@@ -25,6 +25,7 @@ from decentralized_verl.proto import dverl_pb2 as pb  # noqa: E402
 from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc  # noqa: E402
 from decentralized_verl.security import credentials as cr  # noqa: E402
 from decentralized_verl.security import signing  # noqa: E402
+from decentralized_verl.security.rights import may_call  # noqa: E402
 from decentralized_verl.serving.servicers import serve  # noqa: E402
 from decentralized_verl.transport import secure  # noqa: E402
 from decentralized_verl.transport.fanout import WeightRelay  # noqa: E402
@@ -52,11 +53,17 @@ SERVICERS = (
 
 
 @pytest.fixture()
-def job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> cr.JobCredentials:
-    """This test process is one of the job's workers (not the learner: it holds no signing key)."""
-    folders = cr.run_folder_credentials(tmp_path / "run", "sec-job")
-    monkeypatch.setenv("DVERL_TLS_DIR", str(folders.worker))
-    return cr.load(folders.learner)
+def issued(tmp_path: Path) -> cr.IssuedCredentials:
+    return cr.run_folder_credentials(tmp_path / "run", "sec-job").issued
+
+
+@pytest.fixture()
+def job(issued: cr.IssuedCredentials, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> cr.JobCredentials:
+    """This test process is one of the job's rollout workers (no signing key; it may pull and forward
+    weights); the credentials returned are the learner's, which drives every worker."""
+    monkeypatch.setenv("DVERL_TLS_DIR", str(cr.write(tmp_path / "rollout", issued, "rollout")))
+    monkeypatch.delenv("DVERL_SECRETS_FD", raising=False)
+    return issued.for_role("learner")
 
 
 def ed25519_key() -> bytes:
@@ -72,42 +79,62 @@ def ed25519_key() -> bytes:
 # ------------------------------------------------------------------------------------ credentials
 
 
-def test_run_folder_credentials_are_private_reused_and_split_by_role(tmp_path: Path) -> None:
-    folders = cr.run_folder_credentials(tmp_path, "j")
+def test_run_folder_credentials_keep_every_secret_off_disk(tmp_path: Path) -> None:
+    local = cr.run_folder_credentials(tmp_path, "j")
     assert stat.S_IMODE((tmp_path / "secrets").stat().st_mode) == 0o700
-    for folder in (folders.learner, folders.worker):
-        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
-        assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in folder.iterdir())
-    assert (folders.learner / cr.SIGNING_KEY_FILE).exists()
-    assert not (folders.worker / cr.SIGNING_KEY_FILE).exists()  # only learners can sign weights
-    learner, worker = cr.load(folders.learner), cr.load(folders.worker)
-    assert learner.signing_key is not None and worker.signing_key is None
-    assert learner.token == worker.token and learner.verify_key == worker.verify_key
-    # a resumed run keeps its credentials: the workers' trust in the learner's key survives a restart
+    assert stat.S_IMODE(local.folder.stat().st_mode) == 0o700
+    assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in local.folder.iterdir())
+    assert sorted(f.name for f in local.folder.iterdir()) == sorted(cr.PUBLIC_FILES)
+    on_disk = b"".join(f.read_bytes() for f in (tmp_path / "secrets").rglob("*") if f.is_file())
+    assert local.issued.signing_key not in on_disk  # handed to the learner through a pipe only
+    assert not any(token in on_disk for token in local.issued.tokens.values())
+    learner = cr.load(local.folder, local.handed("learner"))
+    rollout = cr.load(local.folder, local.handed("rollout"))
+    assert learner.signing_key == local.issued.signing_key and rollout.signing_key is None
+    assert (learner.role, rollout.role) == ("learner", "rollout") and learner.token != rollout.token
+    assert cr.load(local.folder).token == b""  # the files alone: no role, no rights
+    dht = cr.load(local.folder, local.handed("dht"))  # the DHT bootstrap is handed nothing
+    assert (dht.role, dht.token, dht.signing_key) == ("", b"", None)
+    # a resumed run issues new credentials; an older layout's key files are removed
+    (tmp_path / "secrets" / "learner").mkdir()
+    (tmp_path / "secrets" / "learner" / cr.SIGNING_KEY_FILE).write_bytes(b"k" * 32)
     again = cr.run_folder_credentials(tmp_path, "j")
-    assert cr.load(again.learner) == learner
-    assert folders.for_role("learner") == folders.learner and folders.for_role("rollout") == folders.worker
+    assert again.issued.signing_key != local.issued.signing_key
+    assert not (tmp_path / "secrets" / "learner").exists()
+
+
+def test_a_pod_mounts_its_own_roles_token_alone(issued: cr.IssuedCredentials, tmp_path: Path) -> None:
+    for role in ("learner", "rollout", "reward", "observer"):
+        creds = cr.load(cr.write(tmp_path / role, issued, role))
+        assert creds.role == role and creds.token == issued.tokens[role]
+        assert (creds.signing_key is not None) == (role == "learner")
+    dht = cr.load(cr.write(tmp_path / "dht", issued, "dht"))
+    assert dht.role == "" and dht.token == b""
 
 
 @pytest.mark.parametrize(
     ("file", "content", "message"),
     [
         (cr.TOKEN_FILE, b"short", "too short to be a job token"),
+        (cr.TOKEN_FILE, b"a" * 64, "none of the roles"),
         (cr.VERIFY_KEY_FILE, b"x" * 31, "32-byte Ed25519 public key"),
         (cr.SIGNING_KEY_FILE, b"x" * 5, "32-byte Ed25519 private key"),
+        (cr.CALLERS_FILE, b"learner abc", "expected `<role> <sha256 hex>`"),
         (cr.CA_FILE, None, "cannot read the job's credentials"),
     ],
 )
-def test_bad_credentials_name_the_file(tmp_path: Path, file: str, content: bytes | None, message: str):
-    folders = cr.run_folder_credentials(tmp_path, "j")
-    target = folders.learner / file
+def test_bad_credentials_name_the_file(
+    issued: cr.IssuedCredentials, tmp_path: Path, file: str, content: bytes | None, message: str
+):
+    folder = cr.write(tmp_path / "learner", issued, "learner")
+    target = folder / file
     if content is None:
         target.unlink()
     else:
         target.write_bytes(content)
     with pytest.raises(cr.CredentialsError, match=message) as err:
-        cr.load(folders.learner)
-    assert str(target) in str(err.value)
+        cr.load(folder)
+    assert str(target if file != cr.SIGNING_KEY_FILE else folder / file) in str(err.value)
 
 
 def test_certificate_covers_every_pod_dns_name_and_loopback() -> None:
@@ -158,7 +185,7 @@ async def call(channel: grpc.aio.Channel, path: str, method) -> grpc.StatusCode:
 async def test_every_rpc_of_every_service_is_refused_without_the_job_token(job, caplog) -> None:
     server = await serve(0, *(cls() for cls in SERVICERS))  # base servicers: UNIMPLEMENTED once reached
     address = f"127.0.0.1:{server.port}"
-    other_job = cr.issue("other-job")
+    other_job = cr.issue("other-job").for_role("learner")
     channels = {
         "no token": secure.aio_channel(address, credentials=None),  # plaintext: no TLS, no token
         "TLS, no token": grpc.aio.secure_channel(address, grpc.ssl_channel_credentials(job.ca)),
@@ -180,8 +207,13 @@ async def test_every_rpc_of_every_service_is_refused_without_the_job_token(job, 
                 code, _ = await call(channels[what], path, method)
                 assert code == grpc.StatusCode.UNAVAILABLE, (path, what, code)
             code, details = await call(channels["the job's token"], path, method)
-            # reached the (unimplemented) servicer
-            assert code not in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.UNAVAILABLE), (path, details)
+            if may_call("learner", path):  # reached the (unimplemented) servicer
+                assert code not in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.UNAVAILABLE), (
+                    path,
+                    details,
+                )
+            else:  # the Volunteer service: nobody's right over gRPC
+                assert code == grpc.StatusCode.PERMISSION_DENIED, (path, code, details)
         assert "refused Push from 127.0.0.1:" in caplog.text  # the worker's log names call and caller
     finally:
         for channel in channels.values():
@@ -227,7 +259,12 @@ async def test_blocking_channels_carry_the_token_on_every_rpc_without_a_credenti
 
     try:
         with_token = await asyncio.to_thread(every_code, job)
-        assert all(code == grpc.StatusCode.UNIMPLEMENTED for code in with_token.values()), with_token
+        codes = grpc.StatusCode
+        rights = {
+            p: codes.UNIMPLEMENTED if may_call("learner", p) else codes.PERMISSION_DENIED
+            for p, _ in every_method()
+        }
+        assert with_token == rights
         forged = dataclasses.replace(job, token=b"f" * 64)
         refused = await asyncio.to_thread(every_code, forged)
         assert set(refused.values()) == {grpc.StatusCode.UNAUTHENTICATED}, refused
@@ -235,7 +272,7 @@ async def test_blocking_channels_carry_the_token_on_every_rpc_without_a_credenti
         try:
             for path, method in every_method():
                 code, details = await call(aio, path, method)
-                assert code == grpc.StatusCode.UNIMPLEMENTED, (path, code, details)
+                assert code == rights[path], (path, code, details)
         finally:
             await aio.close()
     finally:

@@ -19,11 +19,16 @@ import pytest
 from job_manifests import TOY, write_manifest
 from processes import ProcessGroup, free_port
 
-from decentralized_verl.security.credentials import run_folder_credentials
+from decentralized_verl.security.credentials import issue, write
 
 SECRET = "volunteer-e2e-secret-0123456789"
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("collected_before_fork")]
+
+
+def learner_folder(tmp_path: Path, job: str) -> Path:
+    """A learner's credentials as its pod mounts them (its token and the signing key)."""
+    return write(tmp_path / "credentials", issue(job, "local"), "learner")
 
 
 def manifest(tmp_path: Path, name: str, steps: int = 3, verify: float = 1.0) -> Path:
@@ -98,7 +103,7 @@ def start_job(procs: Procs, tmp_path: Path, job: str, volunteers: int, **kw) -> 
         {
             # A secured learner, as the operator starts one: it signs every weight version, and the
             # volunteers it admits refuse any version its key did not sign.
-            "DVERL_TLS_DIR": str(run_folder_credentials(tmp_path / "credentials", job).learner),
+            "DVERL_TLS_DIR": str(learner_folder(tmp_path, job)),
             "DVERL_DHT_ADDR": f"127.0.0.1:{port}",
             "DVERL_JOIN_SECRET": SECRET,
             "DVERL_WAIT_VOLUNTEERS": f"{volunteers}:180",
@@ -138,9 +143,8 @@ def finish(procs: Procs, out: Path, timeout: float = 240) -> tuple[list[dict], d
 def test_two_volunteers_train_and_every_prompt_is_answered_once(procs: Procs, tmp_path: Path) -> None:
     job = "vol-e2e"
     maddr, out = start_job(procs, tmp_path, job, volunteers=2)
-    tok = token(job)
-    for i in range(2):
-        procs.start(f"vol{i}", volunteer_cmd(maddr, job, tok))
+    for i in range(2):  # each volunteer its own token: a token admits one peer identity
+        procs.start(f"vol{i}", volunteer_cmd(maddr, job, token(job)))
     for i in range(2):
         joined = procs.wait_for(f"vol{i}", r"joined job vol-e2e as rollout: weights v0 \((\d+) bytes\)", 180)
         assert int(joined.group(1)) > 10_000  # the tiny model's weights really came over P2P
@@ -162,9 +166,8 @@ def test_two_volunteers_train_and_every_prompt_is_answered_once(procs: Procs, tm
 def test_killed_volunteer_work_is_redispatched(procs: Procs, tmp_path: Path) -> None:
     job = "vol-kill"
     maddr, out = start_job(procs, tmp_path, job, volunteers=2, steps=2)
-    tok = token(job)
-    procs.start("honest", volunteer_cmd(maddr, job, tok))
-    procs.start("slow", volunteer_cmd(maddr, job, tok, "slow"))
+    procs.start("honest", volunteer_cmd(maddr, job, token(job)))
+    procs.start("slow", volunteer_cmd(maddr, job, token(job), "slow"))
     procs.wait_for("slow", r"request \w+: \d+ items", 240)  # mid-task: it sleeps before each result
     procs.procs["slow"].kill()
     records, report = finish(procs, out)
@@ -178,9 +181,8 @@ def test_killed_volunteer_work_is_redispatched(procs: Procs, tmp_path: Path) -> 
 def test_dishonest_volunteer_is_caught_and_blocked(procs: Procs, tmp_path: Path) -> None:
     job = "vol-cheat"
     maddr, out = start_job(procs, tmp_path, job, volunteers=2, steps=2)
-    tok = token(job)
-    procs.start("honest", volunteer_cmd(maddr, job, tok))
-    procs.start("cheat", volunteer_cmd(maddr, job, tok, "cheat", "logprobs", "0.5"))
+    procs.start("honest", volunteer_cmd(maddr, job, token(job)))
+    procs.start("cheat", volunteer_cmd(maddr, job, token(job), "cheat", "logprobs", "0.5"))
     cheat_peer = procs.wait_for("cheat", r"volunteer (\S+) joined", 180).group(1)
     records, report = finish(procs, out)
     assert all(r["samples"] == r["expected_samples"] == r["unique_samples"] == 16 for r in records)

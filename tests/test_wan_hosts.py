@@ -257,8 +257,8 @@ def test_volunteer_on_a_slow_lossy_link_serves_every_step_and_a_partitioned_one_
                 "DVERL_VOLUNTEER_POLL_S": "0.5",
             },
         )
-        token = issue_token(SECRET.encode(), job, 3600)
         for name in ("near", "far"):
+            token = issue_token(SECRET.encode(), job, 3600)  # a join token admits one peer identity
             procs.start(
                 name,
                 name,

@@ -10,7 +10,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from decentralized_verl.plan import Plan, PlannedWorker
-from decentralized_verl.security.credentials import SIGNING_KEY_FILE, WORKER_FILES, JobCredentials
+from decentralized_verl.security.credentials import (
+    PUBLIC_FILES,
+    SIGNING_KEY_FILE,
+    TOKEN_FILE,
+    IssuedCredentials,
+    token_key,
+)
+from decentralized_verl.security.rights import TOKEN_ROLES
 from dverl_operator.owned import LABEL_JOB, LABEL_ROLE, Owner, job_labels, metadata
 
 
@@ -34,9 +41,10 @@ def gateway_policy_name(job: str) -> str:
     return f"{job}-volunteers"
 
 
-def credentials_secret(owner: Owner, credentials: JobCredentials) -> dict[str, Any]:
-    """The job's credentials (security.credentials), owned by the job: deleted with it."""
-    data = credentials.files(signing=True)
+def credentials_secret(owner: Owner, credentials: IssuedCredentials) -> dict[str, Any]:
+    """The job's credentials (security.credentials), owned by the job: deleted with it. Each role's
+    token is its own key; a pod mounts only its own role's."""
+    data = credentials.secret_data()
     return {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -92,13 +100,14 @@ def gateway_policy(owner: Owner, plan: Plan) -> dict[str, Any] | None:
 
 
 def credentials_volume(owner: Owner, worker: PlannedWorker) -> dict[str, Any]:
-    """Learners get every key; other workers everything but the weight-signing key."""
-    keys = [*WORKER_FILES, SIGNING_KEY_FILE] if worker.role == "learner" else list(WORKER_FILES)
+    """Every pod gets the job's public files and its own role's token (as `token`); learners alone the
+    weight-signing key. No pod gets another role's token, so its rights are its role's (security.rights)."""
+    items = [{"key": key, "path": key} for key in PUBLIC_FILES]
+    if worker.role in TOKEN_ROLES:
+        items.append({"key": token_key(worker.role), "path": TOKEN_FILE})
+    if worker.role == "learner":
+        items.append({"key": SIGNING_KEY_FILE, "path": SIGNING_KEY_FILE})
     return {
         "name": "credentials",
-        "secret": {
-            "secretName": credentials_secret_name(owner.name),
-            "defaultMode": 0o440,
-            "items": [{"key": key, "path": key} for key in keys],
-        },
+        "secret": {"secretName": credentials_secret_name(owner.name), "defaultMode": 0o440, "items": items},
     }

@@ -1,11 +1,12 @@
 """The operator's identity: one CA and one secret key, kept in a Secret in its own namespace, from which
 it issues every job's credentials and rebuilds what its Status client needs for any job.
 
-Each job's token is an HMAC of the job's namespace, name and uid under the operator's key, and each job's
-server certificate is signed by the operator's CA. So the operator talks to any coordinator with only its
-own identity in memory: it never reads a job's Secret, and RBAC grants it no read access to Secrets
-beyond its identity Secret (by name). The weight-signing key is random per job and lives only in the
-job's Secret, mounted into its learner pods.
+Each job's observer token (Status and Ready only) is an HMAC of the job's namespace, name and uid under
+the operator's key, and each job's server certificate is signed by the operator's CA. So the operator
+talks to any coordinator with only its own identity in memory: it never reads a job's Secret, and RBAC
+grants it no read access to Secrets beyond its identity Secret (by name). The other roles' tokens and
+the weight-signing key are random per job and live only in the job's Secret, each mounted into the pods
+of its own role (the signing key into learner pods).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 from decentralized_verl.security.credentials import (
     Authority,
     CallerCredentials,
-    JobCredentials,
+    IssuedCredentials,
     issue,
     new_authority,
 )
@@ -47,15 +48,19 @@ class OperatorIdentity:
         return cls(secrets.token_bytes(32), new_authority("dverl operator CA"))
 
     def job_token(self, namespace: str, name: str, uid: str) -> bytes:
-        """Hex text like `dverl run`'s tokens; a new job under an old name (a new uid) gets a new one."""
+        """The job's observer token (Status and Ready only, `security.rights`): hex text like `dverl
+        run`'s tokens; a new job under an old name (a new uid) gets a new one."""
         message = f"dverl-job-token\x00{namespace}\x00{name}\x00{uid}".encode()
         return hmac.new(self.key, message, hashlib.sha256).hexdigest().encode()
 
     def caller(self, namespace: str, name: str, uid: str) -> CallerCredentials:
         return CallerCredentials(self.authority.cert, self.job_token(namespace, name, uid))
 
-    def job_credentials(self, namespace: str, name: str, uid: str) -> JobCredentials:
-        return issue(name, namespace, authority=self.authority, token=self.job_token(namespace, name, uid))
+    def job_credentials(self, namespace: str, name: str, uid: str) -> IssuedCredentials:
+        """Random tokens for the job's roles, the observer's derived so this operator can always read
+        Status; the operator keeps none of the others (they live in the job's Secret alone)."""
+        observer = self.job_token(namespace, name, uid)
+        return issue(name, namespace, authority=self.authority, observer_token=observer)
 
     # ------------------------------------------------------------------------------ the Secret
     def secret(self, name: str, namespace: str) -> dict[str, Any]:

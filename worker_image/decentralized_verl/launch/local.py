@@ -20,7 +20,8 @@ from pathlib import Path
 from decentralized_verl.cpus import available_cpus, share_cores
 from decentralized_verl.orphans import PARENT_VARIABLE
 from decentralized_verl.plan import Plan, PlannedWorker, worker_env
-from decentralized_verl.security.credentials import CredentialFolders
+from decentralized_verl.security.credentials import LocalCredentials
+from decentralized_verl.security.trust import SECRETS_FD_VARIABLE
 from decentralized_verl.settings import env_name
 
 
@@ -62,7 +63,7 @@ class LocalCluster:
         output_dir: Path,
         extra_env: dict[str, str] | None = None,
         extra_args: dict[str, list[str]] | None = None,
-        credentials: CredentialFolders | None = None,
+        credentials: LocalCredentials | None = None,
         overlapped: bool = False,
         cores: int | None = None,
     ) -> None:
@@ -72,7 +73,9 @@ class LocalCluster:
         self.extra_env = extra_env or {}
         self.extra_args = extra_args or {}
         self.credentials = credentials
-        """Each process's DVERL_TLS_DIR (None: the processes talk plaintext, as in-process tests do)."""
+        """The run's credentials: every process reads the public files (DVERL_TLS_DIR) and is handed its
+        role's token (and a learner the signing key) through a pipe (None: plaintext, as in-process
+        tests do)."""
         logs = output_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         self.workers = {w.name: LocalWorker(w, free_port(), logs / f"{w.name}.log") for w in plan.workers}
@@ -97,7 +100,7 @@ class LocalCluster:
         env.update(worker_env(self.plan, lw.worker, self.addresses()))
         env.update(self.extra_env)
         if self.credentials is not None:
-            env[env_name("tls_dir")] = str(self.credentials.for_role(lw.worker.role))
+            env[env_name("tls_dir")] = str(self.credentials.folder)
         env[env_name("cpus")] = str(self.cores[lw.worker.name])
         env["OMP_NUM_THREADS"] = str(self.cores[lw.worker.name])
         env["PYTHONUNBUFFERED"] = "1"
@@ -145,24 +148,44 @@ class LocalCluster:
             self._spawn(lw)
 
     def _spawn(self, lw: LocalWorker) -> None:
-        with lw.log_path.open("ab") as log_file:
-            lw.process = subprocess.Popen(
-                self.command_for(lw),
-                env=self.env_for(lw),
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        env = self.env_for(lw)
+        handed: tuple[int, ...] = ()
+        if self.credentials is not None:
+            # The role's secrets go through a pipe the child reads once at start: never a file, never
+            # the environment (both readable by every process of this user).
+            read_end, write_end = os.pipe()
+            os.write(write_end, self.credentials.handed(lw.worker.role))
+            os.close(write_end)
+            env[SECRETS_FD_VARIABLE] = str(read_end)
+            handed = (read_end,)
+        try:
+            with lw.log_path.open("ab") as log_file:
+                lw.process = subprocess.Popen(
+                    self.command_for(lw),
+                    env=env,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    pass_fds=handed,
+                )
+        finally:
+            for fd in handed:
+                os.close(fd)
 
     def by_role(self, role: str) -> list[LocalWorker]:
         return [lw for lw in self.workers.values() if lw.worker.role == role]
 
     def failed(self) -> list[LocalWorker]:
+        """Workers that are no longer running: a learner only when it failed (it exits 0 when the job
+        is done), any other worker whatever its exit code (a serving worker has no reason to end while
+        the job runs; SIGTERM makes one exit 0)."""
         return [
             lw
             for lw in self.workers.values()
-            if lw.process is not None and lw.process.poll() not in (None, 0)
+            if lw.process is not None
+            and lw.process.poll() is not None
+            and (lw.process.returncode != 0 or lw.worker.role != "learner")
         ]
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:

@@ -60,8 +60,12 @@ class WorkerHost:
             temporary.chmod(0o600)
             temporary.replace(target)
 
-    def start(self, command: list[str], env: dict[str, str]) -> int:
-        """Start the worker (any earlier one of this actor must have ended); returns its pid."""
+    def start(self, command: list[str], env: dict[str, str], secrets: bytes | None = None) -> int:
+        """Start the worker (any earlier one of this actor must have ended); returns its pid. `secrets`
+        (the role's token, the learner's signing key) reach the worker through a pipe it reads once at
+        start, as under `dverl run`: never a file on the node, never the environment."""
+        from decentralized_verl.security.trust import SECRETS_FD_VARIABLE
+
         if self.process is not None and self.process.poll() is None:
             raise RuntimeError(f"{self.name} is still running (pid {self.process.pid})")
         environment = dict(os.environ)
@@ -69,15 +73,27 @@ class WorkerHost:
         environment[PARENT_VARIABLE] = str(os.getpid())
         python = environment.pop("DVERL_WORKER_PYTHON", "") or sys.executable
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log_file:
-            self.process = subprocess.Popen(
-                [python, *command],
-                env=environment,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        handed: tuple[int, ...] = ()
+        if secrets is not None:
+            read_end, write_end = os.pipe()
+            os.write(write_end, secrets)
+            os.close(write_end)
+            environment[SECRETS_FD_VARIABLE] = str(read_end)
+            handed = (read_end,)
+        try:
+            with self.log_path.open("ab") as log_file:
+                self.process = subprocess.Popen(
+                    [python, *command],
+                    env=environment,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    pass_fds=handed,
+                )
+        finally:
+            for fd in handed:
+                os.close(fd)
         return self.process.pid
 
     def poll(self) -> int | None:

@@ -39,7 +39,7 @@ from decentralized_verl.launch.ray_placement import (
     unplaceable,
 )
 from decentralized_verl.plan import Plan, PlannedWorker, worker_env
-from decentralized_verl.security.credentials import CredentialFolders
+from decentralized_verl.security.credentials import LocalCredentials
 from decentralized_verl.settings import env_name
 
 log = logging.getLogger(__name__)
@@ -158,7 +158,7 @@ class RayCluster:
         address: str,
         extra_env: dict[str, str] | None = None,
         extra_args: dict[str, list[str]] | None = None,
-        credentials: CredentialFolders | None = None,
+        credentials: LocalCredentials | None = None,
     ) -> None:
         for worker in plan.workers:  # what Ray cannot express fails here, before anything is placed
             actor_options(worker)
@@ -231,10 +231,11 @@ class RayCluster:
         return rw.address != before
 
     def _files(self, rw: RayWorker) -> dict[str, bytes]:
-        """What a pod would find mounted: the rendered job and the role's credentials."""
+        """What a pod would find mounted: the rendered job and the run's public credential files (the
+        secrets travel apart, see `_spawn`)."""
         files = {str(self.config_path.resolve()): self.config_path.read_bytes()}
         if self.credentials is not None:
-            folder = self.credentials.for_role(rw.worker.role)
+            folder = self.credentials.folder
             for path in folder.iterdir():
                 if path.is_file():
                     files[str(path.resolve())] = path.read_bytes()
@@ -268,7 +269,7 @@ class RayCluster:
         env[env_name("bind_host")] = rw.host  # the node's address, which the others dial
         env.update(self.extra_env)
         if self.credentials is not None:
-            env[env_name("tls_dir")] = str(self.credentials.for_role(rw.worker.role).resolve())
+            env[env_name("tls_dir")] = str(self.credentials.folder.resolve())
         threads = threads_for(rw.options.get("num_cpus", 1.0))
         env[env_name("cpus")] = str(threads)
         env["OMP_NUM_THREADS"] = str(threads)
@@ -290,8 +291,11 @@ class RayCluster:
 
     def _spawn(self, rw: RayWorker) -> None:
         self.ray.get(rw.actor.put_files.remote(self._files(rw)), timeout=CALL_TIMEOUT_S)
+        # The role's secrets go to the actor in the call itself (Ray's RPC, inline for a few hundred
+        # bytes, not the object store), and from the actor to the worker through a pipe.
+        secrets = self.credentials.handed(rw.worker.role) if self.credentials is not None else None
         pid = self.ray.get(
-            rw.actor.start.remote(self.command_for(rw), self.env_for(rw)), timeout=CALL_TIMEOUT_S
+            rw.actor.start.remote(self.command_for(rw), self.env_for(rw), secrets), timeout=CALL_TIMEOUT_S
         )
         rw.process = RemoteProcess(self.ray, rw.actor, pid)
         self._publish()

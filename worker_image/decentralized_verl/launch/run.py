@@ -26,8 +26,7 @@ from decentralized_verl.manifest import load_fitting_job, load_job
 from decentralized_verl.orphans import guard_descendants
 from decentralized_verl.plan import plan_job
 from decentralized_verl.progress import eta_seconds, progress_line
-from decentralized_verl.security.credentials import JobCredentials, run_folder_credentials
-from decentralized_verl.security.credentials import load as load_credentials
+from decentralized_verl.security.credentials import CallerCredentials, run_folder_credentials
 from decentralized_verl.spec import with_defaults
 
 log = logging.getLogger(__name__)
@@ -75,7 +74,7 @@ def write_config(job, manifest: Path, output: Path) -> Path:
     return path
 
 
-def coordinator_status(address: str, credentials: JobCredentials | None = None) -> JobStatus | None:
+def coordinator_status(address: str, credentials: CallerCredentials | None = None) -> JobStatus | None:
     """The learner's progress from its Status RPC, validated like every message; None while it cannot
     answer (starting, restarting) or when its reply is malformed."""
     import grpc
@@ -135,7 +134,8 @@ def run_job(
             credentials=credentials,
             overlapped=job.spec.training.max_staleness > 0,  # asynchronous rollouts overlap the update
         )
-    status_credentials = load_credentials(credentials.worker)
+    observer = credentials.for_role("observer")  # Status and Ready only
+    status_credentials = CallerCredentials(observer.ca, observer.token)
     learners = cluster.by_role("learner")
     learner = learners[0]
     clock = ProgressClock(job.spec.training.stall_factor)

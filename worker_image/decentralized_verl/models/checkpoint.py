@@ -148,12 +148,11 @@ def write_manifest(folder: Path) -> None:
 
 
 def checkpoint_problem(folder: Path) -> str | None:
-    """Why `folder` cannot be trusted (a file missing, changed or unlisted), or None when it checks out.
-    A Hugging Face folder without a manifest predates manifests and is trusted as it is; any other folder
-    (a sharded checkpoint) without one was never completed."""
+    """Why `folder` cannot be trusted (a file missing, changed or unlisted, or no manifest at all: a
+    write that never completed, or files put there by hand), or None when it checks out."""
     manifest = folder / MANIFEST
     if not manifest.exists():
-        return None if (folder / "config.json").is_file() else f"{MANIFEST} is missing"
+        return f"{MANIFEST} is missing (the checkpoint was never completed, or was not written by a learner)"
     try:
         listed = json.loads(manifest.read_text())["sha256"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -182,6 +181,23 @@ def checkpoints(root: str | Path) -> list[Path]:
         return []
     steps = [(int(m.group(1)), p) for p in base.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
     return [p for _, p in sorted(steps, reverse=True)]
+
+
+TEMPORARY_PREFIXES = (".tmp-checkpoint-", ".old-checkpoint-")
+"""Folders a checkpoint write leaves when it is interrupted (`save_checkpoint`, `replace_folder`)."""
+
+
+def remove_stale_temporaries(root: str | Path) -> list[Path]:
+    """Remove what interrupted checkpoint writes left under `root` (called at a learner's start, when
+    no write of its own is in flight); returns what went."""
+    base = Path(root)
+    if not base.is_dir():
+        return []
+    stale = [p for p in base.iterdir() if p.is_dir() and p.name.startswith(TEMPORARY_PREFIXES)]
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+        log.info("removed %s, left by an interrupted checkpoint write", path)
+    return stale
 
 
 def latest_checkpoint(root: str | Path, *, verify: bool = False) -> Path | None:

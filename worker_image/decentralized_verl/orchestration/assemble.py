@@ -89,7 +89,7 @@ def restore_colocated_critic(roles: RoleClients, folder: Path) -> None:
     if critic is not None and path.exists():
         import torch
 
-        critic.load_state(torch.load(path, weights_only=False))
+        critic.load_state(torch.load(path, map_location="cpu", weights_only=True))
 
 
 async def build_loop(
@@ -150,10 +150,15 @@ async def build_loop(
             start_step = resume.step
             start_version = max(resume.policy_version, roles.start_version)
             status.update(last_checkpoint=str(resume.folder))
-            if output is not None:  # the steps after the checkpoint are done again: their rows go
-                truncate_after(output / "metrics.jsonl", start_step)
-                truncate_after(output / EVAL_FILE, start_step)
             restore_colocated_critic(roles, resume.folder)
+        if output is not None:  # the steps after the start are done again: their rows go, said aloud
+            dropped = truncate_after(output / "metrics.jsonl", start_step)
+            truncate_after(output / EVAL_FILE, start_step)
+            if dropped:
+                log.warning(
+                    "starting at step %d: removed %d later rows of an earlier run from %s",
+                    start_step, dropped, output / "metrics.jsonl",
+                )  # fmt: skip
 
         writer = clock = None
         if checkpoint and output is not None and spec.training.checkpoint.every != 0:

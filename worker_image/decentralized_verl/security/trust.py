@@ -10,17 +10,22 @@ test) talks plaintext and accepts unsigned weights.
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 
-from decentralized_verl.security.credentials import JobCredentials, load
+from decentralized_verl.security.credentials import JobCredentials, load, read_handed
 
+SECRETS_FD_VARIABLE = "DVERL_SECRETS_FD"
+"""Set by `dverl run` alone (not a user setting): the pipe this process reads its role's token and a
+learner's signing key from, once, at start, so they are never on disk nor in the environment."""
 PROCESS_KEY = object()
 """Default for a `key=` argument: whatever this process trusts (resolved when used)."""
 
 
 @functools.cache
-def _load_dir(folder: str) -> JobCredentials:
-    return load(Path(folder))
+def _load(folder: str, secrets_fd: int | None) -> JobCredentials:
+    """Once per (folder, pipe): a handed pipe can be read only once."""
+    return load(Path(folder), read_handed(secrets_fd) if secrets_fd is not None else None)
 
 
 def process_credentials() -> JobCredentials | None:
@@ -28,7 +33,8 @@ def process_credentials() -> JobCredentials | None:
     from decentralized_verl.settings import WorkerSettings
 
     folder = WorkerSettings.from_env().tls_dir
-    return _load_dir(folder) if folder else None
+    handed = os.environ.get(SECRETS_FD_VARIABLE)
+    return _load(folder, int(handed) if handed else None) if folder else None
 
 
 def weights_signing_key() -> bytes | None:

@@ -35,7 +35,7 @@ class PersistentCritic:
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="critic-state")
         self._pending: concurrent.futures.Future[None] | None = None
         if self.path.exists():
-            worker.load_state(torch.load(self.path, weights_only=False))
+            worker.load_state(torch.load(self.path, map_location="cpu", weights_only=True))
             log.info(
                 "%s: restored its state after %d updates from %s", self.worker_id, worker.version, self.path
             )

@@ -24,6 +24,7 @@ from decentralized_verl.environments.settings import episode_settings
 from decentralized_verl.training.rank_group import collective_device, split_rounds, world_of
 from decentralized_verl.training.sharding import is_sharded, shard_model
 from decentralized_verl.transport.messages import Score, ScoreItem, SequencePair
+from decentralized_verl.volunteers.reward_policy import servable_reward
 
 
 def samples_from_pairs(pairs: Sequence[SequencePair]) -> list[Sample]:
@@ -291,7 +292,8 @@ class CriticWorker:
 class RewardWorker:
     """Scores completions with `decentralized_verl.rewards` (the code sandbox runs here) or a reward model.
 
-    Never raises for a bad completion: every failure scores 0.0 with a reason.
+    Never raises for a bad completion: every failure scores 0.0 with a reason. Runs only the reward
+    types the job configures (`allowed_types`): a request names a type, it never chooses code.
     """
 
     def __init__(
@@ -310,6 +312,27 @@ class RewardWorker:
         self.environment = episode_settings(environment)
         self.options = options
         self.worker_id = "reward"
+
+    def allows(self, kind: str) -> bool:
+        """Whether this worker runs reward `kind`: the job's own type (a built-in, or the user's
+        `module:function` its spec names) and the replay of the job's own environment; a worker given
+        no type (open volunteers, library use) runs only rewards shipped with the package. A request
+        names a type; it never chooses code."""
+        if kind == ENVIRONMENT_REWARD:
+            return True
+        if self.reward_type is not None:
+            return kind == self.reward_type
+        return servable_reward(kind, has_reward_model=True) is None
+
+    def refusal(self, items: Sequence[ScoreItem]) -> str | None:
+        """Why a request may not be scored here (the first item naming a type this worker does not
+        run), or None."""
+        for i, it in enumerate(items):
+            if not self.allows(it.reward_type):
+                mine = self.reward_type or "the rewards shipped with decentralized-verl"
+                kind = it.reward_type[:80]
+                return f"items[{i}].reward_type: {kind!r} is not a reward type of this job ({mine})"
+        return None
 
     @classmethod
     def from_spec(cls, spec: Any, *, device: str = "cpu", workers: int = 1) -> RewardWorker:
@@ -340,6 +363,10 @@ class RewardWorker:
         for i, it in enumerate(items):
             groups.setdefault(it.reward_type, []).append(i)
         for kind, index in groups.items():
+            if not self.allows(kind):  # never imported, never run
+                for i in index:
+                    out[i] = Score(0.0, f"reward type {kind[:80]!r} is not one this job configures")
+                continue
             if kind == ENVIRONMENT_REWARD:  # sandboxed tools run in child processes: replay side by side
                 with ThreadPoolExecutor(max_workers=max(1, min(len(index), 8))) as pool:
                     replayed = pool.map(self._replay, [items[i] for i in index])

@@ -138,6 +138,10 @@ class RewardServicer(pb_grpc.RewardServicer):
             items = m.score_request_from_proto(request, self.limits)
         except WireError as exc:
             await _invalid(context, exc)
+        refused = self.worker.refusal(items)
+        if refused is not None:
+            peer = context.peer() or "an unknown peer"
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"Score from {peer}: {refused}")
         return await handlers.scores(self.worker, items)  # never raises for a bad completion
 
 

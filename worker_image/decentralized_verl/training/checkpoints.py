@@ -27,7 +27,9 @@ import torch
 from decentralized_verl.errors import CheckpointError
 from decentralized_verl.models.checkpoint import (
     checkpoint_dir,
+    checkpoint_problem,
     checkpoints,
+    remove_stale_temporaries,
     save_checkpoint,
 )
 from decentralized_verl.spec import JobSpec
@@ -101,6 +103,7 @@ class CheckpointWriter:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # a bar per checkpoint would fill the learner's log
+        remove_stale_temporaries(root)
         self.root = root
         self.extras = extras or {}
         self.trainer = trainer
@@ -161,6 +164,7 @@ class ShardedCheckpointWriter:
     the whole save counts as the snapshot (what the automatic interval budgets for)."""
 
     def __init__(self, root: Path, save: Callable[[Path, dict[str, Any]], None], keep: int) -> None:
+        remove_stale_temporaries(root)  # rank 0's: no save of this run is in flight yet
         self.root = root
         self.save = save
         self.keep = keep
@@ -195,8 +199,16 @@ def restore_latest(trainer: Any, root: Path) -> ResumePoint | None:
         newest_usable,
     )
 
+    remove_stale_temporaries(root)
     folder = newest_usable(root, trainer.model)
     if folder is None:
+        found = checkpoints(root)
+        if found:  # starting over would train again from step 0 and write its steps a second time
+            reasons = "; ".join(f"{p.name}: {checkpoint_problem(p)}" for p in found[:5])
+            raise CheckpointError(
+                f"{root}: none of the {len(found)} checkpoints checks out ({reasons}); the learner will not "
+                "start over on its own: remove the checkpoints (and the run's metrics) to start from step 0"
+            )
         return None
     if is_sharded_checkpoint(folder):
         state = load_sharded(trainer.model, trainer.optimizer, trainer.scheduler, folder, verify=False)
@@ -223,7 +235,7 @@ def _restore(trainer: Any, folder: Path) -> dict[str, Any]:
         raise RuntimeError(f"checkpoint {folder}: missing {real_missing[:3]}, unexpected {unexpected[:3]}")
     optimizer_file = folder / "optimizer.pt"
     if optimizer_file.exists():
-        saved = torch.load(optimizer_file, weights_only=False)
+        saved = torch.load(optimizer_file, map_location="cpu", weights_only=True)
         trainer.optimizer.load_state_dict(saved["optimizer"])
         trainer.scheduler.load_state_dict(saved["scheduler"])
     return json.loads((folder / "trainer_state.json").read_text())

@@ -61,6 +61,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BULK_OPEN = "BulkOpen"
+MAX_CONNECTIONS = 32
+"""Bulk connections served at once, whoever opens them; more are closed as they are accepted."""
+HEADER_DEADLINE_S = 5.0
+"""A connection must complete TLS and present its ticket within this, or it is dropped."""
 
 
 @dataclass
@@ -87,6 +91,8 @@ class BulkPlane:
         self._lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
         self._closed = False
+        self._serving = 0
+        """Connections with a thread of their own right now (at most `MAX_CONNECTIONS`)."""
 
     @functools.cached_property
     def _credentials(self) -> Any:
@@ -125,7 +131,19 @@ class BulkPlane:
                 continue
             except OSError:
                 return
+            if not self._admit_connection():
+                # Nobody is expected (no ticket is open) or too many are in already: a connection
+                # that no `BulkOpen` announced costs an accept and a close, never a thread.
+                conn.close()
+                continue
             threading.Thread(target=self._serve, args=(conn, tls), daemon=True, name="bulk-recv").start()
+
+    def _admit_connection(self) -> bool:
+        with self._lock:
+            if not self._pending or self._serving >= min(MAX_CONNECTIONS, 2 * len(self._pending) + 2):
+                return False
+            self._serving += 1
+            return True
 
     async def open(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """``BulkOpen``: admit one version (signed manifest checked first) and hand out a ticket."""
@@ -161,11 +179,12 @@ class BulkPlane:
         peer = bw.peer_name(conn)
         incoming: Incoming | None = None
         try:
-            conn.settimeout(self.relay.timeout_s)
+            conn.settimeout(min(HEADER_DEADLINE_S, self.relay.timeout_s))  # the handshake and the ticket
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if tls is not None:
                 conn = tls.wrap_socket(conn, server_side=True)
             head = bw.recv_exact(conn, bw.HEADER_BYTES, "bulk.header", peer)
+            conn.settimeout(self.relay.timeout_s)
             if head[: len(bw.MAGIC)] != bw.MAGIC:
                 raise WireError("bulk.header", f"{peer} did not open with the bulk header")
             with self._lock:
@@ -179,6 +198,8 @@ class BulkPlane:
             self.refused.append(str(exc))
         finally:
             conn.close()
+            with self._lock:
+                self._serving -= 1
             if incoming is not None:
                 version = incoming.builder.manifest.version
                 with contextlib.suppress(RuntimeError):  # the relay's loop is gone: nobody is waiting

@@ -1,7 +1,8 @@
 """gRPC channels and servers with the job's credentials: TLS (callers check they reach the job's servers;
-traffic encrypted) and the job token on every call, checked by a server interceptor that names the call and
-the caller when it refuses (`Push from 10.0.3.7:51234: no valid job token`). A refused call never reaches
-the servicer, so it changes nothing.
+traffic encrypted) and the caller's role token on every call, checked by a server interceptor against the
+rights of that role (`security.rights`); it names the call and the caller when it refuses (`Push from
+10.0.3.7:51234: no valid job token`, `Score from 10.0.3.7:51234: the rollout role has no right to
+Reward/Score`). A refused call never reaches the servicer and its request is never parsed.
 
 Every process of a job that `dverl run` or the operator starts holds credentials (`DVERL_TLS_DIR`); a
 process without them (library use, unit tests of one component) talks plaintext with no token.
@@ -9,16 +10,18 @@ process without them (library use, unit tests of one component) talks plaintext 
 
 from __future__ import annotations
 
-import hmac
+import inspect
 import logging
+import time
 from typing import Any
 
 import grpc
 
-from decentralized_verl.security.credentials import CallerCredentials, JobCredentials
+from decentralized_verl.security.credentials import CallerCredentials, JobCredentials, token_digest
+from decentralized_verl.security.rights import may_call, method_key
 from decentralized_verl.security.trust import process_credentials
 from decentralized_verl.transport.grpc_options import channel_options, server_options
-from decentralized_verl.transport.token_metadata import TOKEN_KEY, SyncToken, aio_token, bearer
+from decentralized_verl.transport.token_metadata import TOKEN_KEY, SyncToken, aio_token
 
 PROCESS: Any = object()
 """Default for `credentials=`: this process's own (`security.trust`); None means plaintext."""
@@ -61,9 +64,10 @@ def sync_channel(address: str, credentials: Any = PROCESS) -> grpc.Channel:
 def aio_server(
     extra_options: list[tuple[str, Any]] | None = None, credentials: Any = PROCESS
 ) -> grpc.aio.Server:
-    """A server that refuses every call without the job token when the process holds credentials."""
+    """A server that refuses every call that does not carry the token of a role allowed to make it, when
+    the process holds credentials."""
     creds = _resolve(credentials)
-    interceptors = [RequireJobToken(creds.token)] if creds is not None else []
+    interceptors = [RequireRole(creds.callers)] if creds is not None else []
     server = grpc.aio.server(options=[*server_options(), *(extra_options or [])], interceptors=interceptors)
     server._dverl_credentials = creds  # type: ignore[attr-defined]  # what `bind` listens with
     return server
@@ -87,33 +91,147 @@ def _peer(context: Any) -> str:
     return peer.split(":", 1)[1] if peer.startswith(("ipv4:", "ipv6:")) else peer
 
 
-class RequireJobToken(grpc.aio.ServerInterceptor):
-    """Refuse, before the servicer runs, every call that does not carry the job token."""
+class RequireRole(grpc.aio.ServerInterceptor):
+    """Refuse, before the servicer runs and before the request's body is even parsed, every call whose
+    token is no role's (UNAUTHENTICATED) or whose role has no right to the method (PERMISSION_DENIED,
+    `security.rights`). Refusals are logged at most `log_per_window` times a minute, so a flood of
+    refused calls costs the worker neither disk nor time."""
 
-    def __init__(self, token: bytes) -> None:
-        self.expected = bearer(token).encode()
+    def __init__(self, callers: tuple[tuple[str, str], ...], log_per_window: int = 20) -> None:
+        self.roles = dict(callers)
+        self.log = RateLimitedLog(log_per_window, window_s=60.0)
 
-    def _valid(self, metadata: Any) -> bool:
+    def _role(self, metadata: Any) -> str | None:
         for key, value in metadata or ():
             if key == TOKEN_KEY:
                 given = value.encode() if isinstance(value, str) else value
-                return hmac.compare_digest(given, self.expected)
-        return False
+                if not given.startswith(b"Bearer "):
+                    return None
+                return self.roles.get(token_digest(given[len(b"Bearer ") :]))
+        return None
 
     async def intercept_service(self, continuation: Any, details: Any) -> Any:
+        role = self._role(details.invocation_metadata)
+        if role is not None and may_call(role, details.method):
+            handler = await continuation(details)
+            return _parsing(handler, _short(details.method)) if handler is not None else None
         handler = await continuation(details)
-        if handler is None or self._valid(details.invocation_metadata):
-            return handler
-        return _refusing(handler, _short(details.method))
+        if handler is None:
+            return None
+        method = _short(details.method)
+        if role is None:
+            return _refusing(handler, grpc.StatusCode.UNAUTHENTICATED, method, "no valid job token", self.log)
+        why = f"the {role} role has no right to {method_key(details.method)}"
+        return _refusing(handler, grpc.StatusCode.PERMISSION_DENIED, method, why, self.log)
 
 
-def _refusing(handler: Any, method: str) -> Any:
-    """The same method, answering UNAUTHENTICATED with who called what."""
+RequireJobToken = RequireRole
+"""The former name: every server now checks the caller's role, not one shared token."""
+
+
+class RateLimitedLog:
+    """At most `limit` warnings per window; the next one says how many were left out."""
+
+    def __init__(self, limit: int, window_s: float) -> None:
+        self.limit, self.window_s = limit, window_s
+        self.start, self.count, self.dropped = 0.0, 0, 0
+
+    def warning(self, message: str) -> None:
+        now = time.monotonic()
+        if now - self.start > self.window_s:
+            if self.dropped:
+                log.warning(
+                    "refused %d more calls in the last %.0f s (not logged)", self.dropped, self.window_s
+                )
+            self.start, self.count, self.dropped = now, 0, 0
+        if self.count < self.limit:
+            self.count += 1
+            log.warning("refused %s", message)
+        else:
+            self.dropped += 1
+
+
+def _raw(data: bytes) -> bytes:
+    return data
+
+
+def _parsing(handler: Any, method: str) -> Any:
+    """The same method, parsing its request itself: bytes that are not the message it takes end the call
+    with INVALID_ARGUMENT naming the call and the caller (gRPC would answer UNKNOWN, as for a crash)."""
+    parse = handler.request_deserializer
+    if parse is None or parse is _raw:
+        return handler
+
+    async def parsed(raw: bytes, context: Any) -> Any:
+        try:
+            return parse(raw)
+        except Exception as exc:  # DecodeError, or anything a custom deserializer raises
+            why = f"{method} from {_peer(context)}: the request is not a valid message ({type(exc).__name__})"
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, why)
+
+    async def each(raws: Any, context: Any) -> Any:
+        async for raw in raws:
+            yield await parsed(raw, context)
+
+    inner = handler.unary_unary or handler.unary_stream or handler.stream_unary or handler.stream_stream
+
+    if handler.request_streaming:
+
+        async def stream_in(raws: Any, context: Any) -> Any:
+            return inner(each(raws, context), context)
+
+        behavior = stream_in
+    else:
+
+        async def unary_in(raw: bytes, context: Any) -> Any:
+            return inner(await parsed(raw, context), context)
+
+        behavior = unary_in
+    return _rebuild(handler, behavior)
+
+
+def _rebuild(handler: Any, parse_then_call: Any) -> Any:
+    """`handler` with raw-bytes requests, each parsed by `parse_then_call` before the servicer runs."""
+    kinds = {
+        (False, False): grpc.unary_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (True, True): grpc.stream_stream_rpc_method_handler,
+    }
+    make = kinds[(handler.request_streaming, handler.response_streaming)]
+
+    if handler.response_streaming:
+
+        async def streamed(request: Any, context: Any) -> Any:
+            out = await parse_then_call(request, context)
+            if hasattr(out, "__aiter__"):
+                async for item in out:
+                    yield item
+            elif inspect.isawaitable(out):  # a servicer that writes with `context.write`
+                await out
+            else:
+                for item in out or ():
+                    yield item
+
+        behavior = streamed
+    else:
+
+        async def single(request: Any, context: Any) -> Any:
+            out = await parse_then_call(request, context)
+            return await out if inspect.isawaitable(out) else out
+
+        behavior = single
+    return make(behavior, request_deserializer=_raw, response_serializer=handler.response_serializer)
+
+
+def _refusing(handler: Any, code: grpc.StatusCode, method: str, why: str, log_to: RateLimitedLog) -> Any:
+    """The same method, answering `code` with who called what and why, reading no request message:
+    the body is never parsed (its deserializer is the identity) and a stream is never read."""
 
     async def refuse(context: Any) -> None:
-        message = f"{method} from {_peer(context)}: no valid job token"
-        log.warning("refused %s", message)
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        message = f"{method} from {_peer(context)}: {why}"
+        log_to.warning(message)
+        await context.abort(code, message)
 
     async def unary(request: Any, context: Any) -> None:
         await refuse(context)
@@ -130,8 +248,4 @@ def _refusing(handler: Any, method: str) -> Any:
     }
     make = kinds[(handler.request_streaming, handler.response_streaming)]
     behavior = streaming if handler.response_streaming else unary
-    return make(
-        behavior,
-        request_deserializer=handler.request_deserializer,
-        response_serializer=handler.response_serializer,
-    )
+    return make(behavior, request_deserializer=_raw, response_serializer=handler.response_serializer)

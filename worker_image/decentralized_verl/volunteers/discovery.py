@@ -2,7 +2,11 @@
 
 The hub runs in the learner process next to the training loop:
 - `admit` (the P2P Join handler) verifies the join token for this job and remembers the caller's
-  authenticated peer id; a blocked peer, a wrong role or a full job is refused with a reason.
+  authenticated peer id; a blocked peer, a wrong role or a full job is refused with a reason. A token
+  is redeemed by one peer identity: the same token from another peer id is refused, and a block
+  follows the token, so a blocked volunteer cannot come back under a fresh id with it.
+- an admitted peer with no live record for `release_after_s` (it never announced, or stopped) gives
+  its slot back, so peers that join and go quiet cannot fill `maxVolunteers` for good.
 - every `poll_s` it reads the job's DHT key: an admitted, unblocked peer with a live record becomes a
   `VolunteerRolloutClient` in the dispatcher; a record that lapsed (the volunteer vanished) removes it.
   A peer whose stream failed is left out until it heartbeats again.
@@ -54,6 +58,10 @@ class PeerState:
     """Expiry of the record seen when its stream failed: only a newer heartbeat re-adds the peer."""
     samples_accepted: int = 0
     samples_rejected: int = 0
+    last_seen: float = 0.0
+    """When it joined or last had a live record: a slot quiet longer than `release_after_s` is freed."""
+    token: str = ""
+    """The nonce of the join token it redeemed (a block follows the token)."""
 
 
 @dataclass
@@ -76,6 +84,8 @@ class HubConfig:
     answer_keeps_s: float = 30.0
     """A volunteer that answered work this recently stays even if its record lapsed: heartbeats can fail
     to land while a DHT peer is partitioned, and a record is only a claim where an answer is evidence."""
+    release_after_s: float = 60.0
+    """An admitted peer with no live record for this long gives its slot back (it may join again)."""
     open: bool = False
     """The quick-start job (open_worker.py): every announced actor is used without a token; trusted
     networks only. Verification and blocking still apply."""
@@ -103,6 +113,10 @@ class VolunteerHub:
         """The coordinator's StatusBoard: volunteers and blocked peers reach `.status` through it."""
         self.peers: dict[str, PeerState] = {}
         self.blocked: dict[str, str] = {}
+        self.redeemed: dict[str, str] = {}
+        """Join token nonce -> the one peer id that redeemed it."""
+        self.blocked_tokens: dict[str, str] = {}
+        """Join token nonce -> why: the tokens of blocked peers, refused whatever peer id brings them."""
         self.clients: dict[str, Any] = {}
         self.events: list[VolunteerEvent] = []
         self._all_clients: dict[str, Any] = {}
@@ -125,9 +139,18 @@ class VolunteerHub:
         if caller in self.blocked:
             return refuse(f"peer is blocked for job {self.config.job}: {self.blocked[caller]}")
         try:
-            verify_token(self.config.secret, request.token, self.config.job)
+            claims = verify_token(self.config.secret, request.token, self.config.job)
         except TokenError as exc:
             return refuse(exc.reason)
+        if claims.nonce in self.blocked_tokens:
+            return refuse(
+                f"this join token is blocked for job {self.config.job}: {self.blocked_tokens[claims.nonce]}"
+            )
+        holder = self.redeemed.get(claims.nonce)
+        if holder is not None and holder != caller:
+            return refuse(
+                f"this join token was redeemed by peer {holder}; each volunteer needs its own token"
+            )
         if request.job != self.config.job:
             return refuse(f"this coordinator runs job {self.config.job!r}, not {request.job!r}")
         role = "rollout" if request.role == "actor" else request.role
@@ -138,7 +161,10 @@ class VolunteerHub:
         active = sum(1 for p in self.peers if p not in self.blocked)
         if caller not in self.peers and active >= self.config.max_volunteers:
             return refuse(f"the job already has {active} volunteers (maxVolunteers)")
-        self.peers.setdefault(caller, PeerState(time.time(), role))
+        now = time.time()
+        state = self.peers.setdefault(caller, PeerState(now, role, token=claims.nonce))
+        state.last_seen = now
+        self.redeemed[claims.nonce] = caller
         self._event("Joined", caller, f"role={role} hardware={request.hardware!r}")
         version = self.publisher.latest_version if self.publisher is not None else 0
         own = self.p2p.peer_id.to_base58() if self.p2p is not None else "coordinator"
@@ -172,6 +198,9 @@ class VolunteerHub:
         if peer_id in self.blocked:
             return
         self.blocked[peer_id] = reason
+        state = self.peers.get(peer_id)
+        if state is not None and state.token:
+            self.blocked_tokens[state.token] = f"its holder {peer_id} was blocked: {reason}"
         if self.status is not None:
             self.status.block(peer_id, reason)  # the operator's counter and Event
         self._event("Blocked", peer_id, reason)
@@ -213,8 +242,10 @@ class VolunteerHub:
             for r in records
             if self.is_admitted(r.peer_id) and ("rollout" if r.role == "actor" else r.role) == "rollout"
         }
+        now = time.time()
         for peer_id, record in live.items():
-            state = self.peers.setdefault(peer_id, PeerState(time.time(), "rollout"))
+            state = self.peers.setdefault(peer_id, PeerState(now, "rollout"))
+            state.last_seen = now
             if peer_id in self.clients or record.expires_at <= state.failed_record_expiry:
                 continue
             client = self.make_client(record)
@@ -229,7 +260,23 @@ class VolunteerHub:
             client = self.clients.pop(peer_id)
             self.dispatcher.remove(client.worker_id)
             self._event("Removed", peer_id, "record expired")
+        self.release_quiet(now)
         self._update_status()
+
+    def release_quiet(self, now: float) -> list[str]:
+        """Free the slots of admitted peers with no live record for `release_after_s`; the peer may join
+        again (with its own token), but until then it counts against no limit."""
+        quiet = [
+            peer_id
+            for peer_id, state in self.peers.items()
+            if peer_id not in self.blocked
+            and peer_id not in self.clients
+            and now - max(state.last_seen, state.admitted_at) > self.config.release_after_s
+        ]
+        for peer_id in quiet:
+            del self.peers[peer_id]
+            self._event("Released", peer_id, f"no live record for {self.config.release_after_s:.0f}s")
+        return quiet
 
     def _update_status(self) -> None:
         if self.status is not None:

@@ -1,0 +1,83 @@
+"""Join tokens bound to peers, over real hivemind peers: a coordinator serving Join on libp2p and
+volunteers, each its own libp2p identity, trying what a token holder could. A token is redeemed by one
+peer id (a second id with it is refused, naming the first), a block follows the token (a blocked
+volunteer back under a fresh id is refused), and admitted peers that never announce give their slot
+back, so `maxVolunteers` cannot be filled for good.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from decentralized_verl.transport import messages as m
+from decentralized_verl.transport.p2p import CoordinatorEndpoints, join
+from decentralized_verl.transport.weight_service import WeightPublisher
+from decentralized_verl.volunteers.discovery import HubConfig, VolunteerHub
+from decentralized_verl.volunteers.tokens import issue_token
+
+pytestmark = pytest.mark.usefixtures("collected_before_fork")
+
+SECRET = b"admission-secret-" * 2
+JOB = "admit-job"
+
+
+@pytest.fixture
+def peers():
+    """A coordinator peer and three volunteer peers, each with its own libp2p identity."""
+    import hivemind
+
+    coordinator = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    maddrs = [str(a) for a in coordinator.get_visible_maddrs()]
+    volunteers = [
+        hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=maddrs) for _ in range(3)
+    ]
+    yield coordinator, volunteers
+    for dht in (*volunteers, coordinator):
+        dht.shutdown()
+
+
+def request(token: str) -> m.JoinRequest:
+    return m.JoinRequest(JOB, token, "rollout", "cpu:2 cores", 1.0)
+
+
+async def test_a_join_token_admits_one_peer_and_a_block_follows_it(peers) -> None:
+    coordinator, volunteers = peers
+    hub = VolunteerHub(
+        HubConfig(job=JOB, secret=SECRET, max_volunteers=1, release_after_s=0.5), dispatcher=None
+    )
+    server = await coordinator.replicate_p2p()
+    endpoints = CoordinatorEndpoints(
+        server, admit=hub.admit, is_admitted=hub.is_admitted, publisher=WeightPublisher(), spec_json="{}"
+    )
+    await endpoints.register()
+    own = coordinator.peer_id.to_base58()
+    first, second, third = [await v.replicate_p2p() for v in volunteers]
+    ids = [v.peer_id.to_base58() for v in volunteers]
+    shared = issue_token(SECRET, JOB, 600)
+
+    reply = await join(first, own, request(shared))
+    assert reply.accepted and reply.peer_id == ids[0]
+    assert (await join(first, own, request(shared))).accepted  # the same peer again: still its token
+    reply = await join(second, own, request(shared))
+    assert not reply.accepted
+    assert (
+        reply.reason == f"this join token was redeemed by peer {ids[0]}; each volunteer needs its own token"
+    )
+
+    hub.block(ids[0], "sampled responses failed verification")
+    reply = await join(first, own, request(shared))
+    assert not reply.accepted and "peer is blocked" in reply.reason
+    reply = await join(third, own, request(shared))  # back under a fresh identity, same token
+    assert not reply.accepted and "this join token is blocked" in reply.reason
+    assert f"its holder {ids[0]} was blocked" in reply.reason
+
+    # The one slot: taken by a peer that never announces, then given back.
+    assert (await join(second, own, request(issue_token(SECRET, JOB, 600)))).accepted
+    reply = await join(third, own, request(issue_token(SECRET, JOB, 600)))
+    assert not reply.accepted and "already has 1 volunteers" in reply.reason
+    time.sleep(0.6)
+    hub.apply_records([])  # a discovery poll: no record from it
+    assert ids[1] not in hub.peers and any(e.kind == "Released" and e.peer_id == ids[1] for e in hub.events)
+    assert (await join(third, own, request(issue_token(SECRET, JOB, 600)))).accepted
