@@ -153,9 +153,6 @@ def test_reward_init_from_sft_needs_a_checkpoint(tmp_path):
 
 def test_rlhf_stage_hands_the_job_to_the_runtime(tmp_path, monkeypatch):
     config = write_config(tmp_path, rlhf={"job": "job.yaml"})
-    monkeypatch.delattr(launch, "run_job", raising=False)
-    with pytest.raises(DverlError, match=r"stage rlhf: .*decentralized_verl\.launch\.run_job"):
-        run_stage("rlhf", config)
     seen = []
     monkeypatch.setattr(launch, "run_job", lambda path: seen.append(path) or "ok", raising=False)
     result = run_stage("rlhf", config)

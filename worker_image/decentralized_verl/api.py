@@ -16,16 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from decentralized_verl.algorithms.presets import PRESETS
 from decentralized_verl.manifest import parse_spec
 
-
-class Algorithm(enum.StrEnum):
-    PPO = "ppo"
-    GRPO = "grpo"
-    DAPO = "dapo"
-    RLOO = "rloo"
-    REINFORCE_PP = "reinforce_plus_plus"
-    REINFORCE_PP_BASELINE = "reinforce_plus_plus_baseline"
+Algorithm = enum.StrEnum("Algorithm", {name.upper(): name for name in PRESETS})
+"""Every preset name of `spec.algorithm.name` (Algorithm.GRPO == "grpo"), read from the preset registry."""
 
 
 @dataclass
@@ -34,9 +29,6 @@ class NetworkConfig:
     a pointer to the DHT quick start (`dverl-train --initial-peers ...`), never silently ignored."""
 
     initial_peers: list[str] = field(default_factory=list)
-    dht_port: int = 31337
-    gossip_fanout: int = 6
-    heartbeat_interval: float = 10.0
 
 
 @dataclass

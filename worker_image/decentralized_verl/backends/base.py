@@ -89,13 +89,6 @@ BACKENDS: dict[str, str] = {
 }
 
 
-def register_backend(name: str, target: str) -> None:
-    """Make ``make_backend(name, ...)`` build ``target`` (``"package.module:Factory"``), imported lazily."""
-    if ":" not in target:
-        raise ValueError(f"backend {name!r}: target must look like 'package.module:Factory' (got {target!r})")
-    BACKENDS[name] = target
-
-
 def backend_options(name: str, gpus: int) -> dict[str, Any]:
     """Options a worker with ``gpus`` GPUs (its ``resources.gpus``) builds the named backend with.
 

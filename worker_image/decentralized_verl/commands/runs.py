@@ -127,6 +127,8 @@ def _train(parser: argparse.ArgumentParser) -> Command:
         "--config", default=None, metavar="FILE.yaml", help="the stages config (examples/stages.yaml)"
     )
     # The DHT quick start: train with the open actor/critic workers found through the DHT.
+    from decentralized_verl.algorithms.presets import PRESETS
+
     quick = parser.add_argument_group("quick start over the DHT (--initial-peers ...)")
     quick.add_argument(
         "--initial-peers", nargs="+", default=None, metavar="MADDR", help="the DHT's bootstrap peer(s)"
@@ -138,7 +140,7 @@ def _train(parser: argparse.ArgumentParser) -> Command:
     quick.add_argument(
         "--algorithm",
         default="ppo",
-        choices=["ppo", "grpo", "dapo", "rloo", "reinforce_plus_plus"],
+        choices=sorted(PRESETS),
         help="the RL algorithm",
     )
     quick.add_argument("--num-epochs", type=int, default=1, help="passes over the prompts")

@@ -15,12 +15,8 @@ def run_rlhf(config: TrainConfig) -> StageResult:
     """Hand the RLHFJob manifest to the runtime that `dverl run` uses."""
     section = config.rlhf
     assert section is not None
-    try:
-        from decentralized_verl.launch import run_job  # type: ignore[attr-defined]
-    except ImportError as exc:
-        raise DverlError(
-            f"stage rlhf: the RL runtime (decentralized_verl.launch.run_job) is not available: {exc}"
-        ) from None
+    from decentralized_verl.launch import run_job
+
     job = config.resolve(section.job)
     outcome = run_job(job)
     return StageResult("rlhf", None, {"job": str(job), "result": outcome})
