@@ -11,6 +11,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
+from decentralized_verl.lifecycle import CALL_GRACE_S
 from decentralized_verl.plan import PlannedWorker
 from decentralized_verl.sources.paths import HOME_DIR, SHM_DIR, TMP_DIR
 from decentralized_verl.spec import JobSpec
@@ -26,8 +27,8 @@ SHM_SHARE = Decimal(1) / 4
 """/dev/shm gets a quarter of the worker's memory (it counts against the memory limit), or 1Gi when the
 role sets no memory: enough for torch DataLoader workers and NCCL's shared-memory transport."""
 
-SERVING_GRACE_S = 30
-"""A rollout, reward, reference or critic worker finishes the call in flight and leaves."""
+SERVING_GRACE_S = int(CALL_GRACE_S) + 10
+"""A rollout, reward, reference or critic worker finishes the calls in flight and leaves."""
 LEARNER_BASE_GRACE_S = 60
 CHECKPOINT_WRITE_BYTES_PER_S = 100 * 2**20
 """A conservative network-volume write speed, for the learner's last checkpoint."""
