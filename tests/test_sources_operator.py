@@ -144,3 +144,32 @@ def test_changing_sources_or_template_replaces_pods_and_plain_jobs_keep_their_ha
     )
     assert templated["j-rollout-0"] != base["j-rollout-0"] and templated["j-learner-0"] == base["j-learner-0"]
     assert hashes() == hashes()  # deterministic
+
+
+def test_a_failed_fetch_is_named_in_the_jobs_event() -> None:
+    from dverl_operator.pod_decisions import decide_pods
+    from dverl_operator.pod_failure import failure_reason
+
+    spec = parse_spec(tiny_spec(**with_sources()))
+    want = children.for_job(OWNER, spec, plan_job(spec, "j"), "img:1").pods
+    message = "hf://org/tiny/m.tar.gz: SHA-256 is 00ff, expected cdcd: refusing the download"
+    failed = {
+        **want["j-rollout-0"],
+        "status": {
+            "phase": "Failed",
+            "initContainerStatuses": [
+                {"name": "fetch-model", "state": {"terminated": {"exitCode": 1, "message": message}}}
+            ],
+            "containerStatuses": [{"name": "worker", "state": {"waiting": {"reason": "PodInitializing"}}}],
+        },
+    }
+    assert failure_reason(failed) == f"container fetch-model exited 1: {message}"
+    running = {n: {**p, "status": {"phase": "Running"}} for n, p in want.items()}
+    decision = decide_pods({**running, "j-rollout-0": failed}, want, spec, {}, 1000.0, (10.0, 300.0))
+    assert (
+        "Warning",
+        "WorkerFailed",
+        f"pod j-rollout-0 (rollout) failed: container fetch-model exited 1: {message}",
+    ) in (decision.events)
+    assert failure_reason({"status": {"phase": "Failed", "reason": "Evicted"}}) == "Evicted"
+    assert failure_reason({"status": {"phase": "Failed"}}) == "Failed"
