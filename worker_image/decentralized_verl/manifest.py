@@ -216,10 +216,13 @@ def load_fitting_job(path: str | Path) -> RLHFJob:
     own validation because it reads files."""
     from decentralized_verl.planning import plan_problems
     from decentralized_verl.planning.limits import limit_problems
+    from decentralized_verl.sources.local import as_seen_here
 
     job = load_job(path)
     base = Path(path).resolve().parent
-    problems = limit_problems(job.spec, base) + plan_problems(job.spec, base)
+    # Model shapes are read where `dverl run` would find them: a source's local folder stands in for it.
+    here = as_seen_here(job.spec, base)
+    problems = limit_problems(here, base) + plan_problems(here, base)
     if problems:
         raise ManifestError(problems, str(path))
     return job

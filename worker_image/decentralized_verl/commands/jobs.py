@@ -21,6 +21,7 @@ def _validate(parser: argparse.ArgumentParser) -> Command:
     def run(args: argparse.Namespace) -> int:
         from decentralized_verl.errors import ManifestError
         from decentralized_verl.manifest import load_fitting_job, summary, warnings_for
+        from decentralized_verl.sources.paths import cluster_warnings
 
         status, results = 0, []
         for file in args.files:
@@ -34,7 +35,7 @@ def _validate(parser: argparse.ArgumentParser) -> Command:
                     for problem in exc.problems:
                         print(f"{file}: {problem}", file=sys.stderr)
                 continue
-            warnings = [str(w) for w in warnings_for(job.spec)]
+            warnings = [str(w) for w in warnings_for(job.spec)] + list(cluster_warnings(job.spec))
             results.append({"file": file, "valid": True, "summary": summary(job), "warnings": warnings})
             if not args.json:
                 print(summary(job))

@@ -9,15 +9,20 @@ in-process, behind the same client protocols (`orchestration.wiring`). The loop 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
+import signal
+from collections.abc import Awaitable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 
 from decentralized_verl.core.status import StatusBoard
+from decentralized_verl.orchestration.coordinator import TrainingStopped
 from decentralized_verl.settings import WorkerSettings
 from decentralized_verl.spec import JobSpec
 from decentralized_verl.training import distributed, learner_group, rank0_weights
@@ -25,6 +30,11 @@ from decentralized_verl.training.learner_group import LearnerGroup
 from decentralized_verl.training.trainer import PolicyTrainer
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+STOPPED_EXIT = 128 + signal.SIGTERM
+"""How a learner stopped by SIGTERM exits, after its checkpoint: as a process killed by it would, so
+nothing mistakes the stop for the end of training."""
 
 
 async def run_learner(
@@ -43,6 +53,9 @@ async def run_learner(
 
     trainer = rank0_weights.build_then_fill(model, rank=rank, build=build) if meta else build()
     if rank != 0:
+        # A follower leaves when rank 0 releases it, after rank 0's last checkpoint (which needs every rank
+        # of a sharded model): SIGTERM alone must not take it away first.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         return learner_group.follow(trainer)
     group = LearnerGroup(trainer, world)
     return await _coordinate(
@@ -89,13 +102,17 @@ async def _coordinate(
     )
     loop = exporter = None
     metrics_port = WorkerSettings.from_env().metrics_port
+    stop = asyncio.Event()
+    # SIGTERM (eviction, preemption, `kubectl delete pod`): finish or drop the step in flight, checkpoint,
+    # leave with STOPPED_EXIT so the operator restarts the gang with --resume.
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     try:
         if metrics_port:
             from decentralized_verl.serving.metrics_exporter import TrainingMetricsExporter
 
             exporter = TrainingMetricsExporter(metrics_port, job)
         start = group.restore(checkpoint_root(spec, output)) if resume else None
-        roles = await connect_roles(
+        connecting = connect_roles(
             spec,
             job,
             model,
@@ -105,6 +122,12 @@ async def _coordinate(
             start_version=start.policy_version if start else 0,
             weights_source=group.weights,
         )
+        try:
+            # Waiting for the workers can take long; nothing is learned yet, so a stop needs no checkpoint.
+            roles = await _unless_stopped(stop, connecting, start.step if start else 0)
+        except TrainingStopped as stopped:
+            log.warning("learner %s", stopped)
+            return STOPPED_EXIT
         loop = await build_loop(
             spec,
             trainer,
@@ -120,9 +143,14 @@ async def _coordinate(
             checkpoint=True,
             save=group.save if group.sharded else None,
             on_step=exporter.observe if exporter is not None else None,
+            stop=stop,
         )
         health.set_ready(True)
-        summary = await loop.run()
+        try:
+            summary = await loop.run()
+        except TrainingStopped as stopped:
+            log.warning("learner %s", stopped)
+            return STOPPED_EXIT
         if group.world > 1:
             summary["replica_digests"] = group.release()
             if len(set(summary["replica_digests"])) != 1:
@@ -138,6 +166,23 @@ async def _coordinate(
         if exporter is not None:
             exporter.close()
         await server.stop(grace=1.0)
+
+
+async def _unless_stopped(stop: asyncio.Event, work: Awaitable[T], step: int) -> T:
+    """`work`'s result, or TrainingStopped (at `step`, no new checkpoint) when `stop` is set first; the
+    work is then cancelled."""
+    task = asyncio.ensure_future(work)
+    waiter = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task
+    raise TrainingStopped(step, None)
 
 
 def run(spec: JobSpec, job: str, *, port: int, output: Path, base_dir: Path | None, resume: bool) -> int:
