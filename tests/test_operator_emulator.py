@@ -518,7 +518,9 @@ async def test_job_credentials_and_network_policy_are_owned_by_the_job_and_go_wi
              "controller": True, "blockOwnerDeletion": True}  # fmt: skip
     assert secret["metadata"]["ownerReferences"] == [owner]
     files = {k: base64.b64decode(v) for k, v in secret["data"].items()}
-    roles = ["critic", "learner", "observer", "reference", "reward", "rollout"]
+    from decentralized_verl.security.rights import TOKEN_ROLES
+
+    roles = sorted(TOKEN_ROLES)
     public = ["ca.crt", "callers", "tls.crt", "tls.key", "weights.pub"]
     assert sorted(files) == sorted([*public, "weights.key", *(f"token.{r}" for r in roles)])
     identity = OperatorIdentity.from_secret(await emu.get("secrets", IDENTITY))

@@ -220,17 +220,15 @@ def test_run_where_no_ray_cluster_answers_fails_at_once_naming_the_address(tmp_p
     assert not (tmp_path / "run" / "logs").exists()  # no worker was started anywhere
 
 
-def test_the_run_certificate_names_every_ray_node_and_is_reissued_for_a_new_one(tmp_path: Path) -> None:
-    from decentralized_verl.security.credentials import certificate_ips, load, run_folder_credentials
+def test_the_run_certificate_names_every_ray_node(tmp_path: Path) -> None:
+    from decentralized_verl.security.credentials import CERT_FILE, certificate_ips, run_folder_credentials
 
-    folders = run_folder_credentials(tmp_path, "job", hosts=["10.0.0.5"])
-    first = load(folders.learner)
-    assert certificate_ips(first.cert) == {"127.0.0.1", "10.0.0.5"}
-    again = load(run_folder_credentials(tmp_path, "job", hosts=["10.0.0.5"]).learner)
-    assert again.verify_key == first.verify_key  # the same run's credentials, kept on a resume
-    grown = load(run_folder_credentials(tmp_path, "job", hosts=["10.0.0.5", "10.0.0.6"]).learner)
-    assert certificate_ips(grown.cert) == {"127.0.0.1", "10.0.0.5", "10.0.0.6"}
-    assert load(folders.worker).cert == grown.cert  # every process gets the new certificate
+    local = run_folder_credentials(tmp_path, "job", hosts=["10.0.0.5", "10.0.0.6"])
+    assert certificate_ips(local.issued.cert) == {"127.0.0.1", "10.0.0.5", "10.0.0.6"}
+    assert (local.folder / CERT_FILE).read_bytes() == local.issued.cert  # what every process reads
+    again = run_folder_credentials(tmp_path, "job", hosts=["10.0.0.5"])
+    assert again.issued.verify_key != local.issued.verify_key  # a resumed run is handed fresh credentials
+    assert certificate_ips(again.issued.cert) == {"127.0.0.1", "10.0.0.5"}
 
 
 def test_a_worker_no_ray_node_can_hold_fails_the_run_naming_it_and_places_nothing(
