@@ -1,0 +1,38 @@
+"""A shipped example applied to the emulated cluster: the real operator makes the pods, the test node
+runs them, they train, and the RLHFJob reports it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from cluster_node import cluster, cluster_spec, data_claim
+from node_harness import refused
+from operator_fixtures import wait_for
+
+REASON = refused()
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(REASON is not None, reason=f"pods need network namespaces: {REASON}"),
+]
+
+
+async def test_tiny_grpo_in_cluster_form_trains_to_succeeded(tmp_path: Path) -> None:
+    claim = data_claim(tmp_path)
+    async with cluster(tmp_path, {"rl-data": claim}) as (emu, node, op):
+        await emu.create_job("tiny", cluster_spec("tiny-grpo", steps=3))
+
+        async def finished():
+            job = await emu.job("tiny")
+            phase = ((job or {}).get("status") or {}).get("phase")
+            return job if phase in ("Succeeded", "Failed") else None
+
+        try:
+            job = await wait_for(finished, timeout=240, interval=0.5, what="the job to finish")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{node.all_logs()[-6000:]}\n{op.log()[-3000:]}") from None
+        status = job["status"]
+        assert status["phase"] == "Succeeded", (status, node.all_logs()[-6000:])
+        assert status["step"] == 3
+        assert "reward" in status or "meanReward" in status, status
+        assert status["workers"], status
