@@ -18,6 +18,7 @@ from dverl_operator.pod_decisions import (
     backoff_delay,
     decide_pods,
 )
+from dverl_operator.pod_security import WORKER_GID
 from dverl_operator.refusal import refuse_restart_changes, refused_changes
 from dverl_operator.shared_children import sync_shared
 
@@ -162,7 +163,7 @@ def test_credentials_go_to_every_serving_pod_and_the_signing_key_to_learners_onl
         learner = pod["metadata"]["labels"][owned.LABEL_ROLE] == "learner"
         assert items == [*WORKER_FILES, SIGNING_KEY_FILE] if learner else items == list(WORKER_FILES)
         assert volumes["credentials"]["secret"]["defaultMode"] == 0o440
-        assert pod["spec"]["securityContext"] == {"fsGroup": kids.WORKER_GID}
+        assert pod["spec"]["securityContext"]["fsGroup"] == WORKER_GID  # the credentials are its alone
     secret = guard.credentials_secret(owned.Owner("j", "ns", "u-1"), issue("j", "ns"))
     assert secret["metadata"]["name"] == "j-credentials" and secret["type"] == "Opaque"
     assert sorted(secret["data"]) == sorted([*WORKER_FILES, SIGNING_KEY_FILE])

@@ -19,6 +19,7 @@ import yaml
 
 from decentralized_verl.plan import CONFIG_PATH, Plan, PlannedWorker, worker_env
 from decentralized_verl.settings import env_name
+from decentralized_verl.sources.paths import CREDENTIALS_DIR
 from decentralized_verl.spec import API_GROUP, JobSpec, with_defaults
 from dverl_operator.guard_children import (
     PolicyScope,
@@ -37,15 +38,21 @@ from dverl_operator.owned import (
     job_labels,
     metadata,
 )
+from dverl_operator.pod_security import (
+    container_security_context,
+    grace_seconds,
+    pod_security_context,
+    scratch,
+)
+from dverl_operator.pod_sources import mount_sources
+from dverl_operator.pod_template import apply_template
 
 CONFIG_KEY = "job.yaml"
 WORKERS_KEY = "workers.yaml"
 DEFAULT_POOL = "default"
 GPU_RESOURCE = "nvidia.com/gpu"
 CONTAINER_NAME = "worker"
-CREDENTIALS_PATH = "/var/run/dverl/credentials"
-WORKER_GID = 10001
-"""The worker image's group (Dockerfile USER 10001:10001): the credentials are readable by it alone."""
+CREDENTIALS_PATH = CREDENTIALS_DIR
 
 
 @dataclass(frozen=True)
@@ -230,6 +237,15 @@ def pod(
                 }
             )
             env[env_name("output")] = checkpoint.dir
+    role_spec = getattr(spec.roles, worker.role, None)
+    overrides = role_spec.pod_template if role_spec is not None else None
+    security = container_security_context()
+    sources = mount_sources(spec, worker.role, image, overrides.spec.env if overrides else [], security)
+    mounts.extend(sources.mounts)
+    volumes.extend(sources.volumes)
+    scratch_volumes, scratch_mounts = scratch(worker)
+    mounts.extend(scratch_mounts)
+    volumes.extend(scratch_volumes)
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": image,
@@ -242,6 +258,7 @@ def pod(
         ],
         "volumeMounts": mounts,
         "readinessProbe": {"tcpSocket": {"port": worker.ports["grpc"]}, "periodSeconds": 5},
+        "securityContext": security,
     }
     resources = _resources(worker)
     if resources:
@@ -253,8 +270,13 @@ def pod(
         "restartPolicy": "Never",
         "containers": [container],
         "volumes": volumes,
-        "securityContext": {"fsGroup": WORKER_GID},
+        "securityContext": pod_security_context(),
+        # Workers never call the API server (the operator does): no token in the pod.
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": grace_seconds(spec, worker),
     }
+    if sources.fetchers:
+        pod_spec["initContainers"] = sources.fetchers
     if worker.node_selector:
         pod_spec["nodeSelector"] = dict(worker.node_selector)
     if worker.tolerations:
@@ -281,6 +303,11 @@ def pod(
         # Pods from before the job had credentials talk plaintext: replaced, not mixed with secured ones.
         "credentials": secured,
     }
+    if sources.volumes or sources.fetchers:
+        # A pod's volumes cannot change in place. (Only present when set, like "scheduling" below.)
+        template["sources"] = [sources.volumes, sources.mounts, sources.fetchers]
+    if overrides is not None:
+        template["podTemplate"] = overrides.model_dump(mode="json", by_alias=True)
     if marks.labels or marks.annotations or marks.priority_class_name:
         # A pod cannot move to another gang, queue group or priority: a change replaces it. (Only present
         # when set, so pods of jobs without them keep the hash they had before these existed.)
@@ -291,7 +318,7 @@ def pod(
         **marks.annotations,
         ANNOTATION_TEMPLATE_HASH: content_hash(template),
     }
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+    return apply_template({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}, overrides)
 
 
 def for_job(

@@ -14,6 +14,7 @@ from decentralized_verl.spec import JobSpec
 from dverl_operator import owned
 from dverl_operator import status as st
 from dverl_operator.disruption import disruption, event_reason
+from dverl_operator.pod_failure import failure_reason
 
 ANNOTATION_FAILURE_COUNTED = "dverl.io/failure-counted"
 ANNOTATION_FAILED_AT = "dverl.io/failed-at"
@@ -132,7 +133,7 @@ def _exited(
         out.restarts[role] = out.restarts.get(role, 0) + 1
         marks = {ANNOTATION_FAILURE_COUNTED: "true", ANNOTATION_FAILED_AT: f"{now:.3f}"}
         out.patches.append(("Pod", pod_name, {"metadata": {"annotations": marks}}))
-        reason = (have.get("status") or {}).get("reason") or phase
+        reason = failure_reason(have)
         out.events.append(("Warning", "WorkerFailed", f"pod {pod_name} ({role}) {phase.lower()}: {reason}"))
         failed_at = now
     else:

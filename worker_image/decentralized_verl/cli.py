@@ -38,11 +38,15 @@ def _validate(parser: argparse.ArgumentParser) -> Command:
 
     def run(args: argparse.Namespace) -> int:
         from decentralized_verl.manifest import load_fitting_job, summary
+        from decentralized_verl.sources.paths import cluster_warnings
 
         status = 0
         for file in args.files:
             try:
-                print(summary(load_fitting_job(file)))
+                job = load_fitting_job(file)
+                print(summary(job))
+                for warning in cluster_warnings(job.spec):
+                    print(f"{file}: warning: {warning}", file=sys.stderr)
             except ManifestError as exc:
                 status = 2
                 for problem in exc.problems:

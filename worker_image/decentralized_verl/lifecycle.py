@@ -7,6 +7,10 @@ import contextlib
 import signal
 from collections.abc import Callable
 
+CALL_GRACE_S = 20.0
+"""After SIGTERM a serving worker takes no new calls and gives the ones in flight this long to finish
+(the caller hands any that do not to another worker). A pod's termination grace period is longer."""
+
 
 async def until_stopped(stop: asyncio.Event | None = None) -> None:
     """Wait for SIGTERM or SIGINT (or for `stop` to be set by the caller, e.g. a test)."""

@@ -15,7 +15,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from decentralized_verl.lifecycle import serve_until_stopped
+from decentralized_verl.lifecycle import CALL_GRACE_S, serve_until_stopped
 from decentralized_verl.manifest import load_job
 from decentralized_verl.settings import WorkerSettings
 from decentralized_verl.spec import JobSpec
@@ -80,7 +80,7 @@ async def serve_role(
     try:
         return await serve_until_stopped(f"{worker_id} ready on port {port}", announce=log.info)
     finally:
-        await server.stop(grace=2.0)
+        await server.stop(grace=CALL_GRACE_S)
         close = getattr(handler.worker, "close", None)
         if close is not None:
             close()  # a critic's last state reaches the disk
@@ -116,7 +116,7 @@ async def serve_rollout(worker: RolloutWorker, port: int, *, learner: str | None
         ready = f"{worker.worker_id} ready on port {server.port} (weight relay on the same port)"
         return await serve_until_stopped(ready, announce=log.info)
     finally:
-        await server.stop(grace=2.0)
+        await server.stop(grace=CALL_GRACE_S)
         await relay.close()
 
 

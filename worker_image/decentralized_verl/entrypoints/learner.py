@@ -12,12 +12,14 @@ import asyncio
 import json
 import logging
 import os
+import signal
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from decentralized_verl.core.status import StatusBoard
+from decentralized_verl.orchestration.coordinator import TrainingStopped
 from decentralized_verl.settings import WorkerSettings
 from decentralized_verl.spec import JobSpec
 from decentralized_verl.training import distributed, learner_group, rank0_weights
@@ -25,6 +27,10 @@ from decentralized_verl.training.learner_group import LearnerGroup
 from decentralized_verl.training.trainer import PolicyTrainer
 
 log = logging.getLogger(__name__)
+
+STOPPED_EXIT = 128 + signal.SIGTERM
+"""How a learner stopped by SIGTERM exits, after its checkpoint: as a process killed by it would, so
+nothing mistakes the stop for the end of training."""
 
 
 async def run_learner(
@@ -43,6 +49,9 @@ async def run_learner(
 
     trainer = rank0_weights.build_then_fill(model, rank=rank, build=build) if meta else build()
     if rank != 0:
+        # A follower leaves when rank 0 releases it, after rank 0's last checkpoint (which needs every rank
+        # of a sharded model): SIGTERM alone must not take it away first.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         return learner_group.follow(trainer)
     group = LearnerGroup(trainer, world)
     return await _coordinate(
@@ -84,6 +93,10 @@ async def _coordinate(
         host=WorkerSettings.from_env().server_host(),
     )
     loop = None
+    stop = asyncio.Event()
+    # SIGTERM (eviction, preemption, `kubectl delete pod`): finish or drop the step in flight, checkpoint,
+    # leave with STOPPED_EXIT so the operator restarts the gang with --resume.
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     try:
         start = group.restore(checkpoint_root(spec, output)) if resume else None
         roles = await connect_roles(
@@ -110,9 +123,14 @@ async def _coordinate(
             attach=(join_volunteers(publisher, output), follow_scaling),
             checkpoint=True,
             save=group.save if group.sharded else None,
+            stop=stop,
         )
         health.set_ready(True)
-        summary = await loop.run()
+        try:
+            summary = await loop.run()
+        except TrainingStopped as stopped:
+            log.warning("learner %s", stopped)
+            return STOPPED_EXIT
         if group.world > 1:
             summary["replica_digests"] = group.release()
             if len(set(summary["replica_digests"])) != 1:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -26,7 +27,9 @@ from decentralized_verl.orphans import guard_descendants
 from decentralized_verl.plan import plan_job
 from decentralized_verl.security.credentials import JobCredentials, run_folder_credentials
 from decentralized_verl.security.credentials import load as load_credentials
+from decentralized_verl.sources.local import Fetcher, env_cache, localized
 from decentralized_verl.spec import with_defaults
+from decentralized_verl.spec.sources import SourceSpec
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +59,27 @@ def absolute_paths(spec: dict[str, Any], base: Path) -> dict[str, Any]:
     return spec
 
 
-def write_config(job, manifest: Path, output: Path) -> Path:
-    """The job as workers read it: full spec with defaults, relative paths made absolute."""
+def fetch_into_cache(source: SourceSpec, folder: Path) -> Path:
+    """A URI source, downloaded once into the local cache (its digest checked), for `dverl run`."""
+    from decentralized_verl.sources.fetch import Endpoints, fetch
+
+    assert source.uri is not None
+    return fetch(source.uri.url, folder, source.uri.sha256, Endpoints.from_env(os.environ))
+
+
+def write_config(
+    job,
+    manifest: Path,
+    output: Path,
+    *,
+    fetcher: Fetcher | None = fetch_into_cache,
+    cache: Path | None = None,
+) -> Path:
+    """The job as workers read it: full spec with defaults, pod paths under a source mapped to the folder
+    standing in for it here (a URI source fetched into `cache`), relative paths made absolute."""
     output.mkdir(parents=True, exist_ok=True)
+    base = manifest.parent.resolve()
+    spec = localized(job.spec, with_defaults(job.spec), base, fetcher=fetcher, cache=cache or env_cache())
     document = {
         "apiVersion": "dverl.io/v1alpha1",
         "kind": "RLHFJob",
@@ -66,7 +87,7 @@ def write_config(job, manifest: Path, output: Path) -> Path:
             "name": job.metadata.name,
             "annotations": {"dverl.io/base-dir": str(manifest.parent.resolve())},
         },
-        "spec": absolute_paths(with_defaults(job.spec), manifest.parent.resolve()),
+        "spec": absolute_paths(spec, base),
     }
     path = output / "job.yaml"
     path.write_text(yaml.safe_dump(document, sort_keys=False))

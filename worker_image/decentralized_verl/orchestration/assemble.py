@@ -109,6 +109,7 @@ async def build_loop(
     attach: Sequence[Attachment] = (),
     checkpoint: bool = False,
     save: Callable[[Path, dict[str, Any]], None] | None = None,
+    stop: asyncio.Event | None = None,
 ) -> Loop:
     """Put the loop together from a spec, a trainer and the roles it talks to.
 
@@ -116,7 +117,8 @@ async def build_loop(
     spec's interval (automatic unless `training.checkpoint.every` says otherwise; 0 turns them off).
     `prompts` defaults to the spec's training file rendered for `tokenizer`. `scatter` sends data-parallel
     learner replicas their shards (None for one learner). `save` writes a sharded learner's checkpoint on
-    every rank together (None: rank 0 snapshots the whole model and writes it in the background).
+    every rank together (None: rank 0 snapshots the whole model and writes it in the background). `stop`,
+    once set, makes the loop checkpoint its last finished step and raise `TrainingStopped`.
     """
     from decentralized_verl.data import PromptSampler
     from decentralized_verl.orchestration.prompts import prepare_prompts
@@ -203,6 +205,7 @@ async def build_loop(
             metrics=metrics,
             on_step=on_step,
             async_capable=roles.remote_rollout,
+            stop=stop,
         )
     except BaseException:
         await release(closers)

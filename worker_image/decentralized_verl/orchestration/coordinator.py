@@ -61,6 +61,16 @@ class LoopParts:
     on_step: Callable[[dict[str, Any]], None] | None = None
     async_capable: bool = False
     """True when rollout runs outside the learner, so generation may overlap the update (maxStaleness)."""
+    stop: asyncio.Event | None = None
+    """Set on SIGTERM (eviction, preemption, `kubectl delete pod`): the loop checkpoints and leaves."""
+
+
+class TrainingStopped(Exception):
+    """The loop was asked to stop; `checkpoint` is where it left its state (None when checkpoints are off)."""
+
+    def __init__(self, step: int, checkpoint: str | None) -> None:
+        self.step, self.checkpoint = step, checkpoint
+        super().__init__(f"stopped after step {step}; state in {checkpoint or '(checkpoints off)'}")
 
 
 @dataclass
@@ -87,6 +97,8 @@ class Coordinator:
         self._last_eval: tuple[int, dict[str, float]] | None = None
         """(policy version, result) of the latest evaluation: the same policy is not evaluated twice."""
         self._last_step_end: float | None = None
+        self._checkpointed_step = start_step
+        """The newest checkpoint's step (at first the one resumed from): a stop does not take it twice."""
         self.max_staleness = parts.spec.training.max_staleness if parts.async_capable else 0
         environment = parts.spec.data.environment
         if environment is not None:  # an episode is up to maxTurns turns and steps: its deadline says so
@@ -284,6 +296,7 @@ class Coordinator:
                 done = self._phase("checkpoint", timings)
                 path = str(await asyncio.to_thread(writer.take, self.step, self.resume_state()))
                 clock.taken(self.step, now)
+                self._checkpointed_step = self.step
                 parts.status.update(last_checkpoint=path)
                 record["checkpoint"] = path
                 record["checkpoint_snapshot_seconds"] = writer.snapshot_seconds
@@ -311,8 +324,39 @@ class Coordinator:
         mine = self.p.scatter(shards)
         return self.p.trainer.update(mine)
 
-    def resume_state(self) -> dict[str, Any]:
-        return {"step": self.step, "policy_version": self.version, "sampler": self.p.sampler.state()}
+    def resume_state(self, sampler: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What a resumed loop continues from; `sampler` overrides the sampler's current state."""
+        state = sampler if sampler is not None else self.p.sampler.state()
+        return {"step": self.step, "policy_version": self.version, "sampler": state}
+
+    # ------------------------------------------------------------------------------------------- stop
+    def _stopping(self) -> bool:
+        return self.p.stop is not None and self.p.stop.is_set()
+
+    async def _unless_stopped(self, task: asyncio.Task[Generated]) -> Generated | None:
+        """The batch `task` generates, or None when a stop comes first (the task is left to the caller)."""
+        if self.p.stop is None:
+            return await task
+        waiter = asyncio.ensure_future(self.p.stop.wait())
+        try:
+            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        return task.result() if task.done() else None
+
+    async def _leave(self, sampler: dict[str, Any] | None) -> None:
+        """Checkpoint the last finished step (unless the clock just did), wait for it on disk, raise
+        TrainingStopped. Prompts drawn for batches not learned from go back to the sampler's state."""
+        status, writer = self.p.status, self.p.checkpoints
+        status.update(phase="stopping")
+        path = status.current.last_checkpoint or None
+        if writer is not None:
+            if self._checkpointed_step != self.step:
+                path = str(await asyncio.to_thread(writer.take, self.step, self.resume_state(sampler)))
+                status.update(last_checkpoint=path)
+            await asyncio.to_thread(writer.flush)
+        log.warning("stopping after step %d (SIGTERM); state in %s", self.step, path or "(no checkpoint)")
+        raise TrainingStopped(self.step, path)
 
     def _publish_progress(self, record: dict[str, Any], timings: dict[str, float]) -> None:
         self.p.status.update(
@@ -342,16 +386,24 @@ class Coordinator:
         last_rewards: list[float] = []
         started = time.perf_counter()
         ahead: deque[asyncio.Task[Generated]] = deque()
+        drawn: deque[dict[str, Any]] = deque()
+        """The sampler's state before each batch in `ahead` was drawn: a stop hands those prompts back."""
         launched = self.step
         try:
-            while self.step < self.total_steps:
+            while self.step < self.total_steps and not self._stopping():
                 # Keep up to maxStaleness batches generating while this one trains (async RL);
                 # with 0 the next rollout starts only after the new weights are out (on-policy).
                 while launched < self.total_steps and len(ahead) < 1 + self.max_staleness:
+                    drawn.append(self.p.sampler.state())
                     ahead.append(asyncio.create_task(self.generate(self.next_items())))
                     launched += 1
                 status.update(phase="rollout")
-                record = await self.learn(await ahead.popleft())
+                generated = await self._unless_stopped(ahead[0])
+                if generated is None:
+                    break  # stopped while generating: this batch is dropped, its prompts handed back
+                ahead.popleft()
+                drawn.popleft()
+                record = await self.learn(generated)
                 first_rewards.append(record["reward_mean"])
                 last_rewards.append(record["reward_mean"])
         except BaseException:
@@ -359,6 +411,10 @@ class Coordinator:
             for task in ahead:
                 task.cancel()
             raise
+        if self._stopping():
+            for task in ahead:
+                task.cancel()
+            await self._leave(drawn[0] if drawn else None)
         after = await self.evaluate() if self.p.eval_prompts else {}
         if self.p.checkpoints is not None:
             await asyncio.to_thread(self.p.checkpoints.flush)  # the last checkpoint is on disk

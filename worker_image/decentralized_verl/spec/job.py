@@ -14,6 +14,7 @@ from decentralized_verl.spec.data import DataSpec
 from decentralized_verl.spec.model import ModelSpec
 from decentralized_verl.spec.roles import RolesSpec
 from decentralized_verl.spec.scheduling import PriorityClassName, SchedulingSpec
+from decentralized_verl.spec.sources import SourceSpec
 from decentralized_verl.spec.status import RLHFJobStatus
 from decentralized_verl.spec.training import TrainingSpec
 from decentralized_verl.spec.volunteers import VolunteersSpec
@@ -41,6 +42,13 @@ class JobSpec(SpecModel):
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     priority_class_name: str | None = PriorityClassName
     pod_annotations: dict[str, str] = Field(default_factory=dict)
+    sources: list[SourceSpec] = Field(
+        default_factory=list,
+        description=(
+            "Where the model and data come from in a cluster: each mounts a PVC, a ConfigMap, a folder of "
+            "the image or a fetched URI at its mountPath in the pods of its roles"
+        ),
+    )
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> JobSpec:

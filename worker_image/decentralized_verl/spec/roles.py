@@ -10,6 +10,7 @@ from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 from decentralized_verl.backends.base import BACKENDS
 from decentralized_verl.spec.base import SpecModel, registered_name
 from decentralized_verl.spec.model import ModelSpec
+from decentralized_verl.spec.sources import PodTemplate
 
 ROLE_NAMES: tuple[str, ...] = ("rollout", "learner", "critic", "reward", "reference")
 
@@ -108,6 +109,10 @@ class RoleSpec(SpecModel):
         description=(
             "The learner or the critic: recompute each decoder layer's activations in the backward pass"
         ),
+    )
+    pod_template: PodTemplate | None = Field(
+        default=None,
+        description="Merged into this role's pods: env, volumes, placement, init containers, pull secrets",
     )
 
 

@@ -16,6 +16,7 @@ from decentralized_verl.environments.names import BUILTIN_ENVIRONMENTS
 from decentralized_verl.errors import Problem
 from decentralized_verl.spec.base import RegisteredName
 from decentralized_verl.spec.roles import SHARDED_ROLES
+from decentralized_verl.spec.source_rules import pod_template_problems, source_problems
 
 if TYPE_CHECKING:
     from decentralized_verl.spec.job import JobSpec
@@ -352,6 +353,8 @@ RULES: tuple[Callable[[JobSpec], Iterator[Problem]], ...] = (
     training_problems,
     volunteer_problems,
     scheduling_problems,
+    source_problems,
+    pod_template_problems,
 )
 
 

@@ -1,0 +1,119 @@
+"""SIGTERM, as a pod gets it on eviction, preemption or `kubectl delete pod`, sent to real worker processes:
+the learner checkpoints the last step it finished (handing back prompts drawn for a batch it did not learn
+from) and exits 143, and a resumed run continues from that step; a rollout worker finishes the call in
+flight, takes no new one, and exits 0."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from job_manifests import e2e_manifest
+from secured_cluster import secured_cluster
+
+from decentralized_verl.core.interfaces import WorkerFailure
+from decentralized_verl.core.samples import Prompt
+from decentralized_verl.core.sampling import SamplingParams
+from decentralized_verl.entrypoints.learner import STOPPED_EXIT
+from decentralized_verl.launch.local import LocalCluster
+from decentralized_verl.launch.run import coordinator_status, run_job, write_config
+from decentralized_verl.manifest import load_job
+from decentralized_verl.metrics import read_metrics
+from decentralized_verl.plan import plan_job
+from decentralized_verl.transport.clients import GrpcRolloutClient, wait_ready
+
+pytestmark = pytest.mark.slow
+
+PER_STEP, PROMPTS = 16, 55
+"""The toy task: 55 prompts, 16 a step, the last partial batch dropped: 3 steps an epoch."""
+
+
+def test_learner_checkpoints_on_sigterm_and_the_run_resumes_there(tmp_path: Path) -> None:
+    overrides = {
+        "training.evalEvery": 0,
+        # Only the stop writes a checkpoint: the clock's next one is far away.
+        "training.checkpoint": {"every": 1000, "dir": "ckpt"},
+        "roles.rollout": {"replicas": 1, "batchSize": 16},
+    }
+    manifest = e2e_manifest(tmp_path, "sigterm", **{"training.steps": 200, **overrides})
+    output = tmp_path / "run"
+    cluster, creds = secured_cluster(manifest, output)
+    learner = cluster.by_role("learner")[0]
+    with cluster:
+        cluster.start()
+        deadline = time.monotonic() + 600
+        seen = 0
+        while learner.alive() and time.monotonic() < deadline and seen < 2:
+            status = coordinator_status(learner.address, creds)
+            seen = status.step if status is not None else 0
+            time.sleep(0.05)
+        assert seen >= 2, learner.log_tail()
+        cluster.kill(learner.worker.name, signal.SIGTERM)
+        assert learner.process.wait(timeout=300) == STOPPED_EXIT, learner.log_tail()
+    steps = [r["step"] for r in read_metrics(output / "metrics.jsonl")]
+    last = steps[-1]
+    assert steps == list(range(1, last + 1)) and last >= seen
+    [folder] = sorted((output / "ckpt").iterdir())
+    assert folder.name == f"checkpoint-{last}"
+    state = json.loads((folder / "trainer_state.json").read_text())
+    # Prompts drawn for a batch the learner never learned from are handed back: the sampler stands
+    # exactly after the last learned step.
+    assert state["step"] == last
+    assert state["sampler"] == {"epoch": last // 3, "offset": (last % 3) * PER_STEP}
+    assert "stopping after step" in learner.log_tail(200)
+
+    again = e2e_manifest(tmp_path, "sigterm", **{"training.steps": last + 2, **overrides})
+    summary = run_job(again, output, resume=True, progress=False, timeout=600)
+    records = read_metrics(output / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(1, last + 3))
+    assert summary["steps"] == last + 2
+    assert all(r["samples"] == r["expected_samples"] == r["unique_samples"] for r in records)
+
+
+async def _generate(client: GrpcRolloutClient, items, sampling, arrived: list[float]) -> int:
+    count = 0
+    async for _ in client.generate(items, sampling, 0):
+        arrived.append(time.monotonic())
+        count += 1
+    return count
+
+
+def test_rollout_worker_finishes_its_call_then_exits_0(tmp_path: Path) -> None:
+    manifest = e2e_manifest(
+        tmp_path, "sigterm-rollout", **{"roles.rollout": {"replicas": 1, "batchSize": 16}}
+    )
+    job = load_job(manifest)
+    output = tmp_path / "run"
+    config = write_config(job, manifest, output)
+    cluster = LocalCluster(plan_job(job.spec, job.metadata.name), config, output)  # plaintext: no creds
+    worker = cluster.by_role("rollout")[0]
+    with cluster:
+        cluster.start(roles=("rollout",))
+        asyncio.run(_sigterm_mid_call(cluster, worker))
+        assert worker.process.wait(timeout=120) == 0, worker.log_tail()
+    assert "ready on port" in worker.log_tail(200)
+
+
+async def _sigterm_mid_call(cluster: LocalCluster, worker) -> None:
+    client = GrpcRolloutClient(worker.address, worker.worker.name)
+    try:
+        await wait_ready(worker.address, timeout=300)
+        prompts = [Prompt(f"p{i}", i, tuple(range(3, 10)), "1+1=", ground_truth="2") for i in range(16)]
+        items = [(p, k) for p in prompts for k in range(8)]
+        sampling = SamplingParams(max_new_tokens=12, temperature=1.0, seed=1)
+        arrived: list[float] = []
+        call = asyncio.create_task(_generate(client, items, sampling, arrived))
+        while not arrived and not call.done():
+            await asyncio.sleep(0.01)
+        signalled = time.monotonic()
+        cluster.kill(worker.worker.name, signal.SIGTERM)
+        assert await call == len(items)  # the call in flight was finished
+        assert any(t > signalled for t in arrived), "the worker answered after SIGTERM"
+        with pytest.raises(WorkerFailure):
+            await _generate(client, items[:1], sampling, [])  # but no new call is taken
+    finally:
+        await client.close()

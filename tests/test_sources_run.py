@@ -1,0 +1,116 @@
+"""`dverl run` on a manifest written for a cluster: pod paths under a source become paths under its local
+folder, a URI source is fetched into the local cache (digest checked) and mapped, a source that exists
+only in a cluster and has no local folder stops the run naming its field; and the job trains."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from job_manifests import TOY, e2e_manifest
+from sources_server import serving
+
+from decentralized_verl.errors import ManifestError
+from decentralized_verl.launch.run import run_job, write_config
+from decentralized_verl.manifest import load_fitting_job, load_job
+from decentralized_verl.metrics import read_metrics
+from decentralized_verl.sources.fetch import FetchError
+
+
+def cluster_manifest(folder: Path, sources: list[dict], **overrides) -> Path:
+    """The e2e job with its data read from pod paths, as a cluster's pods would."""
+    return e2e_manifest(
+        folder,
+        "cluster-form",
+        **{
+            "data.train": "/data/train.jsonl",
+            "data.eval": "/eval/eval.jsonl",
+            "sources": sources,
+            **overrides,
+        },
+    )
+
+
+def written(config: Path) -> dict:
+    return yaml.safe_load(config.read_text())["spec"]
+
+
+def test_local_folder_and_fetched_uri_stand_in_for_the_pod_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shutil.copytree(TOY, tmp_path / "toy")
+    eval_bytes = (TOY / "eval.jsonl").read_bytes()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    with serving() as server:
+        server.files["/bucket/toy/eval.jsonl"] = eval_bytes
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", server.url)
+        sources = [
+            {"name": "toy", "mountPath": "/data", "local": "toy", "pvc": {"claimName": "rl-data"}},
+            {
+                "name": "evals",
+                "mountPath": "/eval",
+                "uri": {
+                    "url": "s3://bucket/toy/eval.jsonl",
+                    "sha256": hashlib.sha256(eval_bytes).hexdigest(),
+                },
+            },
+        ]
+        manifest = cluster_manifest(tmp_path, sources)
+        job = load_fitting_job(manifest)
+        spec = written(write_config(job, manifest, tmp_path / "run"))
+        assert spec["data"]["train"] == str((tmp_path / "toy" / "train.jsonl").resolve())
+        fetched = Path(spec["data"]["eval"])
+        assert fetched.is_relative_to(tmp_path / "cache" / "dverl" / "sources")
+        assert fetched.read_bytes() == eval_bytes
+        write_config(job, manifest, tmp_path / "again")
+        assert server.hits["/bucket/toy/eval.jsonl"] == 1  # cached
+        assert spec["sources"][0]["mountPath"] == "/data"  # the manifest itself is unchanged
+
+
+def test_wrong_digest_of_a_uri_source_stops_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    with serving() as server:
+        server.files["/b/eval.jsonl"] = b"changed\n"
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", server.url)
+        sources = [
+            {"name": "toy", "mountPath": "/data", "local": str(TOY), "pvc": {"claimName": "c"}},
+            {"name": "evals", "mountPath": "/eval", "uri": {"url": "s3://b/eval.jsonl", "sha256": "0" * 64}},
+        ]
+        manifest = cluster_manifest(tmp_path, sources)
+        with pytest.raises(FetchError, match=r"SHA-256 is .* expected 0{64}"):
+            write_config(load_job(manifest), manifest, tmp_path / "run")
+
+
+def test_cluster_only_sources_without_a_local_folder_are_named(tmp_path: Path) -> None:
+    sources = [
+        {"name": "toy", "mountPath": "/data", "pvc": {"claimName": "rl-data"}},
+        {"name": "evals", "mountPath": "/eval", "local": "missing", "configMap": {"name": "e"}},
+    ]
+    manifest = cluster_manifest(tmp_path, sources)
+    with pytest.raises(ManifestError) as caught:
+        write_config(load_job(manifest), manifest, tmp_path / "run")
+    found = [str(p) for p in caught.value.problems]
+    assert found[0].startswith("spec.sources[0].local: required to run here: a PVC exists only in a cluster")
+    assert found[1].startswith("spec.sources[1].local: no such folder")
+
+
+@pytest.mark.slow
+def test_cluster_form_manifest_trains_under_dverl_run(tmp_path: Path) -> None:
+    sources = [{"name": "toy", "mountPath": "/data", "local": str(TOY), "pvc": {"claimName": "rl-data"}}]
+    manifest = cluster_manifest(
+        tmp_path,
+        sources,
+        **{
+            "data.eval": "/data/eval.jsonl",
+            "roles.rollout": {"replicas": 1, "batchSize": 16},
+            "training.steps": 2,
+            "training.evalEvery": 0,
+        },
+    )
+    run_job(manifest, tmp_path / "run", progress=False, timeout=600)
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2]
+    assert all(r["samples"] == 128 for r in records)

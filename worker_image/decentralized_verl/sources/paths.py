@@ -1,0 +1,86 @@
+"""Pure: which spec fields hold model and data paths, which source a pod path lies under, which roles'
+pods mount a source, and the pod paths the operator keeps for itself. One home for these answers: the
+spec's rules, `dverl validate`, `dverl run` and the operator's pod builder all ask here."""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Iterator
+from pathlib import PurePosixPath
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from decentralized_verl.spec import JobSpec
+    from decentralized_verl.spec.sources import SourceSpec
+
+CONFIG_DIR = "/etc/dverl"
+CREDENTIALS_DIR = "/var/run/dverl/credentials"
+SHM_DIR = "/dev/shm"
+TMP_DIR = "/tmp"
+HOME_DIR = "/home/dverl"
+"""The worker image's home and working directory (Dockerfile): a writable emptyDir in the pods."""
+RESERVED_MOUNT_PATHS = (CONFIG_DIR, CREDENTIALS_DIR, SHM_DIR, TMP_DIR, HOME_DIR)
+"""Where the operator mounts its own volumes: no source or pod template may mount at, above or under them."""
+
+
+def model_and_data_paths(spec: JobSpec) -> Iterator[tuple[str, str]]:
+    """(field path, value) of every file or folder the workers read from the spec."""
+    if spec.model.path:
+        yield "spec.model.path", spec.model.path
+    yield "spec.data.train", spec.data.train
+    if spec.data.eval:
+        yield "spec.data.eval", spec.data.eval
+    if spec.data.reward_model is not None and spec.data.reward_model.path:
+        yield "spec.data.rewardModel.path", spec.data.reward_model.path
+    for name, role in spec.roles.items():
+        if role.model is not None and role.model.path:
+            yield f"spec.roles.{name}.model.path", role.model.path
+
+
+def normal(path: str) -> str:
+    """The path without `.`, `..` and doubled or trailing slashes (posix, as in the pod)."""
+    return posixpath.normpath(path) if path else path
+
+
+def is_under(path: str, folder: str) -> bool:
+    """`path` is `folder` or lies inside it (both absolute pod paths)."""
+    return PurePosixPath(normal(path)).is_relative_to(PurePosixPath(normal(folder)))
+
+
+def overlaps(a: str, b: str) -> bool:
+    return is_under(a, b) or is_under(b, a)
+
+
+def source_of(path: str, sources: list[SourceSpec]) -> SourceSpec | None:
+    """The source whose mountPath holds this pod path (mount paths never overlap: at most one)."""
+    if not path.startswith("/"):
+        return None
+    return next((s for s in sources if s.mount_path and is_under(path, s.mount_path)), None)
+
+
+def source_roles(source: SourceSpec, spec: JobSpec) -> tuple[str, ...]:
+    """The roles whose pods mount the source: those it names, else every role of the job."""
+    if source.roles is not None:
+        return tuple(source.roles)
+    return tuple(name for name, _ in spec.roles.items())
+
+
+def pod_roles_of(source: SourceSpec, spec: JobSpec) -> set[str]:
+    """The roles whose *pods* mount it: a role run inside the learner (replicas 0) reads it there."""
+    roles = set(source_roles(source, spec))
+    colocated = {name for name, role in spec.roles.items() if role.replicas == 0}
+    if roles & colocated:
+        roles.add("learner")
+    return roles - colocated
+
+
+def cluster_warnings(spec: JobSpec) -> list[str]:
+    """Model and data paths a cluster's pods would not find: under no source's mountPath."""
+    warnings = []
+    for field, path in model_and_data_paths(spec):
+        if source_of(path, spec.sources) is None:
+            warnings.append(
+                f"{field}: {path!r} lies under no source's mountPath, so a cluster's pods will not find it "
+                "(add a source in spec.sources that holds it; `dverl run` reads it from this machine)"
+            )
+    return warnings
