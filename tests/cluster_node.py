@@ -22,6 +22,9 @@ def cluster_spec(example: str = "tiny-grpo", steps: int = 3) -> dict[str, Any]:
     at /data."""
     spec = yaml.safe_load((REPO / "examples" / f"{example}.yaml").read_text())["spec"]
     spec["data"] = {**spec["data"], "train": "/data/train.jsonl", "eval": "/data/eval.jsonl"}
+    spec["sources"] = [
+        {"name": "toy-data", "mountPath": "/data", "pvc": {"claimName": "rl-data", "subPath": "toy"}}
+    ]
     spec["algorithm"] = {**spec["algorithm"], "samplesPerPrompt": 2}
     spec["roles"]["rollout"] = {**spec["roles"]["rollout"], "batchSize": 4}
     spec["training"] = {
@@ -31,16 +34,15 @@ def cluster_spec(example: str = "tiny-grpo", steps: int = 3) -> dict[str, Any]:
         "minibatchSize": 4,
         "evalEvery": 0,
     }
-    spec["training"]["checkpoint"] = {"dir": "/data", "persistentVolumeClaim": "rl-data"}
     return spec
 
 
 def data_claim(tmp: Path) -> Path:
-    """The `rl-data` claim's folder, holding the toy task."""
+    """The `rl-data` claim's folder, holding the toy task in `toy/`."""
     folder = tmp / "claims" / "rl-data"
-    folder.mkdir(parents=True)
+    (folder / "toy").mkdir(parents=True)
     for name in ("train.jsonl", "eval.jsonl"):
-        shutil.copy(TOY / name, folder / name)
+        shutil.copy(TOY / name, folder / "toy" / name)
     return folder
 
 

@@ -169,29 +169,42 @@ def _tmpfs_size(quantity: str) -> str:
 def mount_script(
     mounts: list[Mount], etc_files: Mapping[str, Path], hostname: str, workdir: Path, workdir_target: str
 ) -> str:
-    """The shell run inside the pod's new mount and UTS namespaces before exec'ing the container's process
-    (`exec "$@"`): binds in order, read-only where asked, the pod's hostname and working folder."""
+    """The bash run inside the pod's new mount and UTS namespaces before exec'ing the container's process
+    (`exec "$@"`): binds in order, read-only where asked, the pod's hostname and working folder.
+
+    Every source is opened first and bound through its /proc/self/fd link (`mount -c`: no path
+    lookup), so a mount that covers the node's folder (a pod's `/tmp` emptyDir over the test's tmp
+    folder) cannot hide the sources bound after it."""
     lines = ["set -e"]
+    binds: list[tuple[Path, str, bool]] = [(workdir, workdir_target, False)]
+    binds += [(source, target, True) for target, source in etc_files.items()]  # /etc/hosts, resolv.conf
+    fds: dict[Path, int] = {}
+    for mount in mounts:
+        if mount.source is not None:
+            binds.append((mount.source, mount.target, mount.read_only))
+    for source, _, _ in binds:
+        if source not in fds:
+            fds[source] = 10 + len(fds)
+            lines.append(f"exec {fds[source]}<{shlex.quote(str(source))}")
 
     def bind(source: Path, target: str, read_only: bool) -> None:
         quoted = shlex.quote(target)
         # Nested mountPaths land inside an earlier volume, where the kubelet creates them too.
         lines.append(f"[ -e {quoted} ] || {'touch' if source.is_file() else 'mkdir -p'} {quoted}")
-        lines.append(f"mount --bind {shlex.quote(str(source))} {shlex.quote(target)}")
+        lines.append(f"mount -c --bind /proc/self/fd/{fds[source]} {quoted}")
         if read_only:
-            lines.append(f"mount -o remount,bind,ro {shlex.quote(target)}")
+            lines.append(f"mount -o remount,bind,ro {quoted}")
 
-    bind(workdir, workdir_target, False)
-    for target, source in etc_files.items():  # /etc/hosts, /etc/resolv.conf
-        bind(source, target, True)
+    for source, target, read_only in binds[: 1 + len(etc_files)]:
+        bind(source, target, read_only)
     for mount in mounts:
         if mount.source is None:
-            lines.append(f"[ -e {shlex.quote(mount.target)} ] || mkdir -p {shlex.quote(mount.target)}")
-            lines.append(
-                f"mount -t tmpfs -o size={mount.tmpfs_size},mode=1777 tmpfs {shlex.quote(mount.target)}"
-            )
+            quoted = shlex.quote(mount.target)
+            lines.append(f"[ -e {quoted} ] || mkdir -p {quoted}")
+            lines.append(f"mount -t tmpfs -o size={mount.tmpfs_size},mode=1777 tmpfs {quoted}")
         else:
             bind(mount.source, mount.target, mount.read_only)
+    lines += [f"exec {fd}<&-" for fd in fds.values()]
     lines.append(f"hostname {shlex.quote(hostname)}")
     lines.append(f"cd {shlex.quote(workdir_target)}")
     lines.append('exec "$@"')

@@ -208,7 +208,7 @@ class PodRunner:
         wrapped = [
             IP, "netns", "exec", self.net.namespace,
             UNSHARE, "--mount", "--uts", "--propagation", "private", "--",
-            "/bin/sh", "-c", script, "sh", *user_wrapper(who), *argv,
+            "/bin/bash", "-c", script, "bash", *user_wrapper(who), *argv,
         ]  # fmt: skip
         log_path = self.pod_dir / "logs" / f"{cs.name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
