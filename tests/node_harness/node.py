@@ -136,23 +136,18 @@ class Node:
     def all_logs(self) -> str:
         return "\n".join(self.logs(n, ns) for ns, n in sorted({p.key for p in self.pods.values()}))
 
-    async def evict(
-        self, name: str, namespace: str = "default", message: str = "the node ran low on memory"
-    ) -> None:
+    async def evict(self, name: str, namespace: str = "default", resource: str = "memory") -> None:
         """Node-pressure eviction: DisruptionTarget, SIGTERM then SIGKILL after the grace period, then
         phase Failed with reason Evicted; the pod is not restarted."""
         running = self.running(name, namespace)
         assert running is not None, f"pod {namespace}/{name} is not on this node"
         state = running.runner.state
+        message = f"The node was low on resource: {resource}."
         state.disruption = ("TerminationByKubelet", message)
         await self._report(running, state)
         await running.runner.stop()
         await asyncio.wait({running.task}, timeout=30)
-        state.phase, state.reason, state.message = (
-            "Failed",
-            "Evicted",
-            f"The node was low on resource: {message}",
-        )
+        state.phase, state.reason, state.message = "Failed", "Evicted", message
         await self._report(running, state)
 
     # ------------------------------------------------------------------------------ the watch
