@@ -23,7 +23,13 @@ from node_harness import mounts as mnt
 from node_harness.env import EnvError, container_env
 from node_harness.image import ImageStandIn, resolve_argv
 from node_harness.netns import PodNetwork
-from node_harness.status import ContainerState, PodState, exit_code_of, phase_of
+from node_harness.status import (
+    ContainerState,
+    PodState,
+    exit_code_of,
+    phase_of,
+    termination_message,
+)
 
 UNSHARE = "/usr/bin/unshare"
 SETPRIV = "/usr/bin/setpriv"
@@ -199,9 +205,17 @@ class PodRunner:
             self.state.message = str(exc)
             await self.report(self.state)
             return None
-        layer = self.pod_dir / "rootfs" / f"{cs.name}.{cs.restart_count + (cs.state == 'terminated')}"
+        start = cs.restart_count + (cs.started_at is not None)
+        layer = self.pod_dir / "rootfs" / f"{cs.name}.{start}"
         layer.mkdir(parents=True, exist_ok=True)
         os.chown(layer, who.uid, who.gid)
+        # The kubelet binds a fresh file at terminationMessagePath for the container to explain its end.
+        said = self.pod_dir / "termination" / f"{cs.name}.{start}"
+        said.parent.mkdir(parents=True, exist_ok=True)
+        said.write_bytes(b"")
+        os.chmod(said, 0o666)
+        message_path = container.get("terminationMessagePath") or "/dev/termination-log"
+        mounts = [*mounts, mnt.Mount(target=message_path, source=said)]
         for target, is_file in mnt.mountpoints(mounts, image.workdir):
             self.mountpoint(target, is_file)
         script = mnt.mount_script(mounts, self.etc_files, self._hostname(), layer, image.workdir)
@@ -216,6 +230,7 @@ class PodRunner:
         with open(log_path, "ab") as log:
             log.write(f"--- start {cs.restart_count}: {' '.join(argv)}\n".encode())
             log.flush()
+            offset = log.tell()
             process = await asyncio.create_subprocess_exec(
                 *wrapped, stdout=log, stderr=log, env=env, start_new_session=True
             )
@@ -231,7 +246,12 @@ class PodRunner:
             with contextlib.suppress(asyncio.CancelledError):
                 await probe
             self._kill_group(process)
-        cs.exited(exit_code_of(returncode), time.time())
+        code = exit_code_of(returncode)
+        with open(log_path, "rb") as log:
+            log.seek(offset)
+            tail = log.read()
+        policy = container.get("terminationMessagePolicy") or "File"
+        cs.exited(code, time.time(), termination_message(said.read_bytes(), tail, policy, code))
         self.state.phase = phase_of(self.state.main, self.restart_policy, self.state.initialized, False)
         await self.report(self.state)
         return cs.exit_code

@@ -36,13 +36,15 @@ class ContainerState:
     def started(self, at: float) -> None:
         if self.state == "terminated":
             self.last = self._terminated()
+        if self.started_at is not None:  # every start after the first is a restart
             self.restart_count += 1
         self.state, self.reason, self.message, self.exit_code = "running", "", "", None
         self.started_at, self.finished_at, self.ready = at, None, False
 
-    def exited(self, code: int, at: float, reason: str = "") -> None:
+    def exited(self, code: int, at: float, message: str = "") -> None:
         self.state, self.exit_code, self.finished_at, self.ready = "terminated", code, at, False
-        self.reason = reason or ("Completed" if code == 0 else "Error")
+        self.reason = "Completed" if code == 0 else "Error"
+        self.message = message
 
     def waiting(self, reason: str, message: str = "") -> None:
         if self.state == "terminated":
@@ -160,8 +162,16 @@ def exit_code_of(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def reason_for(code: int, killed: bool) -> str:
-    return "Completed" if code == 0 else ("OOMKilled" if False else "Error") if not killed else "Error"
+def termination_message(written: bytes, log_tail: bytes, policy: str, code: int) -> str:
+    """The kubelet's rule: what the container wrote to its terminationMessagePath (4096 bytes at most);
+    with FallbackToLogsOnError and a failed container that wrote nothing, its last 80 log lines
+    (2048 bytes at most)."""
+    if written.strip():
+        return written[:4096].decode(errors="replace")
+    if policy != "FallbackToLogsOnError" or code == 0:
+        return ""
+    lines = log_tail.splitlines()[-80:]
+    return b"\n".join(lines)[-2048:].decode(errors="replace")
 
 
 def qos_class(pod: Mapping[str, Any]) -> str:
