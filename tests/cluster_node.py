@@ -3,6 +3,7 @@ the operator run with the cluster's DNS, the data claim)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import shutil
 from collections.abc import AsyncIterator
@@ -21,7 +22,7 @@ def cluster_spec(example: str = "tiny-grpo", steps: int = 3) -> dict[str, Any]:
     """A shipped example as a cluster runs it: a few small steps, its data from the `rl-data` claim
     at /data."""
     spec = yaml.safe_load((REPO / "examples" / f"{example}.yaml").read_text())["spec"]
-    spec["data"] = {**spec["data"], "train": "/data/train.jsonl", "eval": "/data/eval.jsonl"}
+    spec["data"] = {k: v for k, v in spec["data"].items() if k != "eval"} | {"train": "/data/train.jsonl"}
     spec["sources"] = [
         {"name": "toy-data", "mountPath": "/data", "pvc": {"claimName": "rl-data", "subPath": "toy"}}
     ]
@@ -58,6 +59,4 @@ async def cluster(
         try:
             yield emu, node, op
         finally:
-            import asyncio
-
-            await asyncio.to_thread(op.stop)
+            await asyncio.to_thread(op.stop)  # the emulator keeps serving while it shuts down
