@@ -114,3 +114,32 @@ def test_cluster_form_manifest_trains_under_dverl_run(tmp_path: Path) -> None:
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2]
     assert all(r["samples"] == 128 for r in records)
+
+
+def test_planning_reads_the_model_through_its_local_folder(tmp_path: Path) -> None:
+    """`dverl validate` and `dverl plan` read config.json where `dverl run` would: a model folder on a PVC
+    in a cluster is checked through the folder standing in for it here."""
+    from decentralized_verl.planning import plan_for
+    from decentralized_verl.sources.local import as_seen_here
+
+    shutil.copytree(Path(__file__).parent / "fixtures" / "qwen7b-config", tmp_path / "models" / "qwen7b")
+    sources = [
+        {"name": "toy", "mountPath": "/data", "local": str(TOY), "pvc": {"claimName": "c"}},
+        {"name": "models", "mountPath": "/models", "local": "models", "pvc": {"claimName": "m"}},
+    ]
+    manifest = cluster_manifest(
+        tmp_path,
+        sources,
+        **{
+            "model": {"path": "/models/qwen7b"},
+            "data.eval": "/data/eval.jsonl",
+            "roles.learner": {"replicas": 1, "resources": {"gpus": 1, "gpuMemory": "24Gi"}},
+        },
+    )
+    spec = load_job(manifest).spec
+    here = as_seen_here(spec, tmp_path)
+    assert here.model.path == str(tmp_path / "models" / "qwen7b")
+    assert plan_for(spec, tmp_path).problems() == []  # the pod path alone: not checked (no file here)
+    with pytest.raises(ManifestError) as caught:
+        load_fitting_job(manifest)  # through the local folder: a 7B learner does not fit in 24Gi
+    assert any(str(p).startswith("spec.roles.learner.resources.gpuMemory") for p in caught.value.problems)

@@ -13,6 +13,7 @@ from typing import Any
 
 from decentralized_verl.lifecycle import CALL_GRACE_S
 from decentralized_verl.plan import PlannedWorker
+from decentralized_verl.planning.locate import model_shape
 from decentralized_verl.sources.paths import HOME_DIR, SHM_DIR, TMP_DIR
 from decentralized_verl.spec import JobSpec
 from dverl_operator import quantity
@@ -98,8 +99,6 @@ def grace_seconds(spec: JobSpec, worker: PlannedWorker) -> int:
         return SERVING_GRACE_S
     if spec.training.checkpoint.every == 0:
         return SERVING_GRACE_S
-    from decentralized_verl.planning.locate import model_shape
-
     shape = model_shape(spec.model, None).shape
     if shape is None:
         return LEARNER_GRACE_UNKNOWN_S

@@ -13,15 +13,7 @@ import yaml
 from pydantic import ValidationError
 
 from decentralized_verl.errors import ManifestError, Problem
-from decentralized_verl.spec import (
-    API_GROUP,
-    API_VERSION,
-    KIND,
-    CrossFieldProblems,
-    JobSpec,
-    RLHFJob,
-    with_defaults,
-)
+from decentralized_verl.spec import API_GROUP, API_VERSION, KIND, CrossFieldProblems, JobSpec, RLHFJob
 
 
 def _path(loc: tuple[Any, ...]) -> str:
@@ -143,13 +135,12 @@ def load_fitting_job(path: str | Path) -> RLHFJob:
     says why; model shapes are read from config.json files next to the manifest). Kept out of the spec's
     own validation because it reads files."""
     from decentralized_verl.planning import plan_problems
-    from decentralized_verl.sources.local import localized
+    from decentralized_verl.sources.local import as_seen_here
 
     job = load_job(path)
     base = Path(path).resolve().parent
     # Model shapes are read where `dverl run` would find them: a source's local folder stands in for it.
-    here = localized(job.spec, with_defaults(job.spec), base, strict=False)
-    problems = plan_problems(JobSpec.model_validate(here), base)
+    problems = plan_problems(as_seen_here(job.spec, base), base)
     if problems:
         raise ManifestError(problems, str(path))
     return job

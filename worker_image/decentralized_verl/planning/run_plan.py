@@ -32,7 +32,9 @@ def main_plan(file: str, *, as_json: bool = False, workers: bool = False) -> int
         return print_workers(file)
     from decentralized_verl.planning import plan_for
     from decentralized_verl.planning.report import render, to_json
+    from decentralized_verl.sources.local import as_seen_here
 
-    plan = plan_for(load_job(file).spec, Path(file).resolve().parent)
+    base = Path(file).resolve().parent
+    plan = plan_for(as_seen_here(load_job(file).spec, base), base)
     print(json.dumps(to_json(plan), indent=2) if as_json else render(plan))
     return 2 if plan.problems() else 0

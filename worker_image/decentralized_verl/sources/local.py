@@ -98,6 +98,14 @@ def localized(
     return document
 
 
+def as_seen_here(spec: JobSpec, base: Path) -> JobSpec:
+    """The spec with every path a source's `local` folder (or an image folder here) stands in for mapped
+    to it, the rest left as written: what planning reads model shapes from. Fetches nothing."""
+    from decentralized_verl.spec import with_defaults
+
+    return JobSpec.model_validate(localized(spec, with_defaults(spec), base, strict=False))
+
+
 def env_cache() -> Path:
     """The cache folder from this process's environment (read at `dverl run`'s entry)."""
     return cache_root(os.environ)
