@@ -20,7 +20,7 @@ pytestmark = [
     pytest.mark.timeout(600),
     pytest.mark.skipif(REASON is not None, reason=f"pods need network namespaces: {REASON}"),
 ]
-STEPS = 8
+STEPS = 6
 
 
 def faulted_spec() -> dict[str, Any]:

@@ -292,3 +292,25 @@ async def test_a_headless_service_gives_each_pod_a_name_the_others_resolve(tmp_p
         assert answers[name] == [ip, "server-0"], answers
     assert answers["nobody"] == "unknown"
     assert ip != done["status"]["podIP"]
+
+
+@needs_namespaces
+async def test_an_eviction_stops_the_pod_and_reports_it_evicted(tmp_path: Path) -> None:
+    claim = tmp_path / "evicted"
+    claim.mkdir()
+    async with Emulator(tmp_path) as emu, Node(emu, tmp_path, claims={"evicted": claim}) as node:
+        container = {
+            "command": ["python", "-c", LEAVES_ON_SIGTERM],
+            "volumeMounts": [{"name": "d", "mountPath": "/data"}],
+        }
+        volumes = [{"name": "d", "persistentVolumeClaim": {"claimName": "evicted"}}]
+        await _create(emu, _pod("victim", container, volumes=volumes))
+        await wait_for(lambda: (claim / "started").exists(), timeout=60, what="the pod to start")
+        await node.evict("victim")
+        pod = await emu.get("pods", "victim")
+    status = pod["status"]
+    assert (status["phase"], status["reason"]) == ("Failed", "Evicted")
+    target = next(c for c in status["conditions"] if c["type"] == "DisruptionTarget")
+    assert target["status"] == "True" and target["reason"] == "TerminationByKubelet"
+    assert status["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 143
+    assert pod["metadata"].get("deletionTimestamp") is None  # evicted pods stay until someone deletes them

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import math
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -71,8 +72,6 @@ def field_value(path: str, pod: Mapping[str, Any], pod_ip: str, var: str) -> str
 def resource_value(ref: Mapping[str, Any], container: Mapping[str, Any], var: str) -> str:
     """`limits.cpu` etc. in units of the divisor, rounded up as the kubelet does; an unset limit reads
     as the node's capacity, here the machine's cores (the memory limit falls back to 0, "unlimited")."""
-    import os
-
     resource = ref.get("resource", "")
     kind, _, name = resource.partition(".")
     if kind not in ("limits", "requests") or name not in ("cpu", "memory", "ephemeral-storage"):

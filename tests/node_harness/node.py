@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import shlex
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,7 +37,6 @@ class RunningPod:
     runner: PodRunner
     task: asyncio.Task[PodState]
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    gone: bool = False
 
 
 class Node:
@@ -74,6 +72,7 @@ class Node:
         self._side: set[asyncio.Task[Any]] = set()
         self._services: list[dict[str, Any]] = []
         self._records: list[dns.PodRecord] = []
+        self._deleting: set[str] = set()
 
     # ------------------------------------------------------------------------------ lifecycle
     async def __aenter__(self) -> Node:
@@ -174,11 +173,18 @@ class Node:
             seen.add(uid)
             running = self.pods.get(uid)
             if meta.get("deletionTimestamp"):
-                if running is None or not running.gone:
+                if uid not in self._deleting and FINALIZER in (meta.get("finalizers") or []):
+                    self._deleting.add(uid)
                     self._spawn(self._delete(pod, running))
                 continue
             if running is None and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
                 await self._admit(pod)
+        for uid, running in self.pods.items():
+            # Gone without passing through graceful deletion (deleted before the node admitted it):
+            # nothing of it may keep running.
+            if uid not in seen and uid not in self._deleting and not running.task.done():
+                self._deleting.add(uid)
+                self._spawn(running.runner.stop(grace=0))
         self._records = [r for p in pods if (r := dns.record_of(p)) is not None]
         self._refresh_zone()
 
@@ -233,7 +239,6 @@ class Node:
     async def _delete(self, pod: Mapping[str, Any], running: RunningPod | None) -> None:
         """Graceful deletion: stop the pod's processes, write how they ended, let the object go."""
         if running is not None:
-            running.gone = True
             await running.runner.stop()
             await asyncio.wait({running.task}, timeout=30)
             await self._report(running, running.runner.state)
@@ -268,7 +273,3 @@ class Node:
         if is_file and not path.exists():
             path.touch()
             self._made.append(path)
-
-
-def shell(argv: Sequence[str]) -> str:
-    return " ".join(shlex.quote(a) for a in argv)

@@ -148,7 +148,6 @@ def pod_status(state: PodState, now: float | None = None) -> dict[str, Any]:
         "podIPs": [{"ip": state.pod_ip}] if state.pod_ip else [],
         "initContainerStatuses": [c.to_status() for c in state.init],
         "containerStatuses": [c.to_status() for c in state.main],
-        "qosClass": "BestEffort",
     }
     if state.start_time is not None:
         status["startTime"] = stamp(state.start_time)
