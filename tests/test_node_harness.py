@@ -31,6 +31,11 @@ kinds = [line.split()[2] for line in open("/proc/mounts") if line.split()[1] == 
 out["shm"] = [shm.f_blocks * shm.f_frsize, kinds[-1]]
 out["scratch_writable"] = os.access("/scratch", os.W_OK)
 out["data"] = open("/data/input.txt").read()
+try:
+    open(os.path.join(os.getcwd(), "layer"), "w")
+    out["root"] = "writable"
+except OSError as exc:
+    out["root"] = exc.strerror
 open("/data/report.json", "w").write(json.dumps(out))
 """
 
@@ -80,6 +85,7 @@ async def test_a_pod_sees_its_env_volumes_and_user_as_a_container_would(tmp_path
                             "data": {"color": "blue"}})  # fmt: skip
         container = {
             "command": ["python", "-c", PROBE],
+            "securityContext": {"readOnlyRootFilesystem": True},
             "resources": {"limits": {"cpu": "1500m"}},
             "env": [
                 {"name": "PLAIN", "value": "plain"},
@@ -135,6 +141,7 @@ async def test_a_pod_sees_its_env_volumes_and_user_as_a_container_would(tmp_path
     assert report["shm"] == [16 * 2**20, "tmpfs"]  # medium Memory, sized by sizeLimit
     assert report["scratch_writable"] is True
     assert report["data"] == "from the claim"
+    assert report["root"] == "Read-only file system"  # readOnlyRootFilesystem: only volumes take writes
     main = status["containerStatuses"][0]
     assert main["state"]["terminated"]["exitCode"] == 0
     assert main["state"]["terminated"]["reason"] == "Completed"

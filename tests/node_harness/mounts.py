@@ -167,7 +167,12 @@ def _tmpfs_size(quantity: str) -> str:
 
 
 def mount_script(
-    mounts: list[Mount], etc_files: Mapping[str, Path], hostname: str, workdir: Path, workdir_target: str
+    mounts: list[Mount],
+    etc_files: Mapping[str, Path],
+    hostname: str,
+    workdir: Path,
+    workdir_target: str,
+    read_only_root: bool = False,
 ) -> str:
     """The bash run inside the pod's new mount and UTS namespaces before exec'ing the container's process
     (`exec "$@"`): binds in order, read-only where asked, the pod's hostname and working folder.
@@ -176,7 +181,7 @@ def mount_script(
     lookup), so a mount that covers the node's folder (a pod's `/tmp` emptyDir over the test's tmp
     folder) cannot hide the sources bound after it."""
     lines = ["set -e"]
-    binds: list[tuple[Path, str, bool]] = [(workdir, workdir_target, False)]
+    binds: list[tuple[Path, str, bool]] = [(workdir, workdir_target, read_only_root)]
     binds += [(source, target, True) for target, source in etc_files.items()]  # /etc/hosts, resolv.conf
     fds: dict[Path, int] = {}
     for mount in mounts:
@@ -205,6 +210,8 @@ def mount_script(
         else:
             bind(mount.source, mount.target, mount.read_only)
     lines += [f"exec {fd}<&-" for fd in fds.values()]
+    if read_only_root:
+        lines.append("mount -o remount,bind,ro /")
     lines.append(f"hostname {shlex.quote(hostname)}")
     lines.append(f"cd {shlex.quote(workdir_target)}")
     lines.append('exec "$@"')

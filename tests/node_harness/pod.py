@@ -218,7 +218,10 @@ class PodRunner:
         mounts = [*mounts, mnt.Mount(target=message_path, source=said)]
         for target, is_file in mnt.mountpoints(mounts, image.workdir):
             self.mountpoint(target, is_file)
-        script = mnt.mount_script(mounts, self.etc_files, self._hostname(), layer, image.workdir)
+        read_only_root = bool((container.get("securityContext") or {}).get("readOnlyRootFilesystem"))
+        script = mnt.mount_script(
+            mounts, self.etc_files, self._hostname(), layer, image.workdir, read_only_root
+        )
         wrapped = [
             IP, "netns", "exec", self.net.namespace,
             UNSHARE, "--mount", "--uts", "--propagation", "private", "--",
