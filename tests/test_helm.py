@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import shutil
 import subprocess
 from collections import Counter
@@ -32,7 +33,7 @@ JOB_RULES = {
     ("", "services", frozenset({"create", "get", "list", "watch", "patch", "delete"}), ()),
     ("", "configmaps", frozenset({"create", "get", "list", "watch", "patch", "delete"}), ()),
     ("", "events", frozenset({"create", "patch"}), ()),
-    ("", "secrets", frozenset({"create", "delete"}), ()),
+    ("", "secrets", frozenset({"create"}), ()),
     ("networking.k8s.io", "networkpolicies", frozenset({"create", "get", "patch", "delete"}), ()),
 }
 PODGROUP_VERBS = frozenset({"create", "get", "patch", "delete"})
@@ -221,7 +222,7 @@ def test_default_render_is_cluster_mode(helm: list[str]) -> None:
     assert Counter(d["kind"] for d in docs) == Counter(
         {
             "ServiceAccount": 1,
-            "ClusterRole": 2,
+            "ClusterRole": 4,
             "ClusterRoleBinding": 2,
             "Role": 2,
             "RoleBinding": 2,
@@ -250,8 +251,10 @@ def test_namespaced_mode_grants_a_role_per_watched_namespace(helm: list[str]) ->
     assert "--all-namespaces" not in args
     assert args[:5] == ["operator", "--namespace", "a", "--namespace", "b"]
 
-    # Only the cluster-scoped CRD reader stays a ClusterRole; namespaces are never readable.
-    assert [r["metadata"]["name"] for r in docs if r["kind"] == "ClusterRole"] == ["dverl-crd-reader"]
+    # Only the cluster-scoped CRD reader stays a ClusterRole the operator holds; namespaces are never
+    # readable. (The users' aggregated roles are bound to nobody by the chart.)
+    cluster_roles = [r["metadata"]["name"] for r in docs if r["kind"] == "ClusterRole"]
+    assert cluster_roles == ["dverl-crd-reader", "dverl-rlhfjobs-edit", "dverl-rlhfjobs-view"]
     assert [r["metadata"]["name"] for r in docs if r["kind"] == "ClusterRoleBinding"] == ["dverl-crd-reader"]
     for ns in ("a", "b"):
         assert _rules(_one(docs, "Role", "dverl", ns)) == JOB_RULES
@@ -278,9 +281,30 @@ def test_rbac_has_no_wildcards_or_dangerous_verbs(helm: list[str], scenario: str
         for group, resource, verbs, names in _rules(role):
             assert "*" not in group and "*" not in resource and "*" not in verbs
             assert not verbs & {"escalate", "bind", "impersonate", "deletecollection"}
-            if resource == "secrets":  # read only by name; made and removed, never listed or watched
-                assert (verbs == {"get"} and names) or (verbs <= {"create", "delete"} and not names)
+            if resource == "secrets":  # read only by name; made, never listed, watched or deleted
+                assert (verbs == {"get"} and names) or (verbs == {"create"} and not names)
             assert resource not in {"nodes", "pods/exec", "serviceaccounts/token", "clusterroles", "roles"}
+
+
+def test_users_get_rlhfjobs_through_the_default_roles(helm: list[str]) -> None:
+    docs = _render(helm)
+    edit = _one(docs, "ClusterRole", "dverl-rlhfjobs-edit")
+    view = _one(docs, "ClusterRole", "dverl-rlhfjobs-view")
+    labels = edit["metadata"]["labels"]
+    assert labels["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert labels["rbac.authorization.k8s.io/aggregate-to-admin"] == "true"
+    assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    read = frozenset({"get", "list", "watch"})
+    assert _rules(edit) == {
+        ("dverl.io", "rlhfjobs", read | {"create", "delete", "patch", "update"}, ()),
+        ("dverl.io", "rlhfjobs/status", read, ()),  # status is the operator's to write
+    }
+    assert _rules(view) == {("dverl.io", "rlhfjobs", read, ()), ("dverl.io", "rlhfjobs/status", read, ())}
+    # Nothing binds them: the default roles' holders get them by aggregation.
+    bound = {d["roleRef"]["name"] for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")}
+    assert not bound & {"dverl-rlhfjobs-edit", "dverl-rlhfjobs-view"}
+    off = _render(helm, "--set", "rbac.aggregateToDefaultRoles=false")
+    assert not [d for d in off if d["metadata"]["name"].startswith("dverl-rlhfjobs-")]
 
 
 def test_every_rbac_rule_is_justified_by_a_comment(helm: list[str]) -> None:
@@ -441,6 +465,9 @@ def test_install_notes_render(helm: list[str]) -> None:
     assert "It watches RLHFJobs in: a, b" in notes
     assert "kubectl get rlhfjobs" in notes
     assert "Volunteer gateway: off" in notes
+    for named in re.findall(r"(?:kubectl apply -f |\()((?:examples|docs)/\S+?\.(?:yaml|md))", notes):
+        assert (ROOT / named).is_file(), f"NOTES.txt names {named}, which does not exist"
+    assert "examples/tiny-grpo-cluster.yaml" in notes
 
 
 # --- bad input is refused with a message that names the field -------------------------------------

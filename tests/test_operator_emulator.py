@@ -526,7 +526,7 @@ async def test_job_credentials_and_network_policy_are_owned_by_the_job_and_go_wi
         (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == "credentials"]
         assert volume["secret"]["secretName"] == "guarded-credentials"
         assert env_of(pod)["DVERL_TLS_DIR"] == "/var/run/dverl/credentials"
-        assert pod["spec"]["securityContext"] == {"fsGroup": 10001}
+        assert pod["spec"]["securityContext"]["fsGroup"] == 10001  # the credentials are its group's alone
         return sorted(item["key"] for item in volume["secret"]["items"])
 
     assert mounted(pods["guarded-learner-0"]) == sorted(files)  # the learner alone can sign weights

@@ -59,6 +59,13 @@ def scrape(port: int) -> str:
         return resp.read().decode()
 
 
+async def _scrape_when_up(port: int) -> str | None:
+    try:
+        return await asyncio.to_thread(scrape, port)
+    except OSError:  # not listening yet (URLError is an OSError)
+        return None
+
+
 async def holder(emu: Emulator) -> str | None:
     lease = await emu.call("GET", f"{LEASES}/{LEASE_NAME}")
     return ((lease or {}).get("spec") or {}).get("holderIdentity")
@@ -89,11 +96,15 @@ async def test_only_the_lease_holder_acts(tmp_path):
         b: Operator | None = None
         try:
             await emu.create_job("first", tiny_spec())
+            # Alive and observable while following (a loaded machine may take seconds to start it) ...
+            metrics = await wait_for(
+                lambda: _scrape_when_up(a.metrics_port), timeout=60, what=f"op-a's metrics\n{a.log()}"
+            )
+            assert "dverl_operator_leader 0.0" in metrics
+            # ... and, running, it leaves the job alone for longer than a resync interval.
             await asyncio.sleep(4.0)
             assert await emu.pods("first") == {}, "a follower created pods"
             assert await emu.get("configmaps", "first-config") is None
-            metrics = await asyncio.to_thread(scrape, a.metrics_port)
-            assert "dverl_operator_leader 0.0" in metrics  # alive and observable while following
 
             renewing = False  # the other holder dies; op-a takes over after the lease duration
             await other

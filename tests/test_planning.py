@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from job_manifests import example_skip_reason
 
 from decentralized_verl.errors import ManifestError
 from decentralized_verl.manifest import load_fitting_job, load_job, parse_job
@@ -264,6 +265,8 @@ def test_vllm_rollout_gets_tensor_parallel_fix_and_its_share_of_the_gpu() -> Non
 
 def test_examples_pass_the_planner() -> None:
     for example in EXAMPLES:
+        if example_skip_reason(example):
+            continue  # cluster form: validated once the spec has its fields (test_spec says so)
         assert plan_problems(load_job(example).spec, example.parent) == [], example.name
     for name in ("qwen7b-grpo-fsdp.yaml", "qwen7b-grpo-lora-consumer.yaml"):
         plan = plan_for(load_job(ROOT / "examples" / name).spec, None)  # the operator's view: no files

@@ -1,5 +1,5 @@
-"""The worker environment is declared once (settings.py), typed, documented in README, and is the only
-place a worker reads a DVERL_* variable from."""
+"""The worker environment is declared once (settings.py), typed, documented in docs/environment.md, and is
+the only place a worker reads a DVERL_* variable from."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ ROOT = Path(__file__).parents[1]
 PACKAGE = ROOT / "worker_image" / "decentralized_verl"
 
 
-def test_readme_documents_every_variable() -> None:
-    assert settings_table() in (ROOT / "README.md").read_text(), "README's worker environment table drifted"
+def test_docs_document_every_variable() -> None:
+    page = ROOT / "docs" / "environment.md"
+    assert settings_table() in page.read_text(), "docs/environment.md's worker environment table drifted"
 
 
 def test_no_module_but_settings_reads_a_dverl_variable() -> None:

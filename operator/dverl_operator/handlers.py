@@ -254,6 +254,7 @@ class Runtime:
             return self.settings.resync_seconds
         finally:
             self.metrics.latency.observe(time.monotonic() - started)
+            self.metrics.pass_finished()
         self.metrics.reconciles.labels(result="ok").inc()
         self.metrics.job_phase(namespace, name, actions.status.get("phase"))
         self.first_reconciled.setdefault((namespace, name), time.time())

@@ -19,9 +19,11 @@ from collections.abc import Sequence
 
 import kopf
 
+from decentralized_verl.spec import API_GROUP, API_VERSION, PLURAL
 from dverl_operator import coordinator, gang, handlers, metrics, reconcile
 from dverl_operator import guard_children as guard
 from dverl_operator.cluster import Cluster, load_connection
+from dverl_operator.health import Health
 from dverl_operator.identity import load_or_create
 from dverl_operator.leader import LeaderElector, identity_from_env
 
@@ -77,6 +79,13 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--metrics-port", type=int, default=8080, help="Prometheus /metrics port; 0 turns it off")
     p.add_argument("--liveness-port", type=int, default=8081, help="/healthz port; 0 turns it off")
+    p.add_argument(
+        "--stall-seconds",
+        type=float,
+        default=None,
+        help="/healthz fails when jobs are known but no reconcile pass finished for this long "
+        "(default: 10 resync intervals, at least 120)",
+    )
     p.add_argument(
         "--worker-image", default=os.environ.get("DVERL_WORKER_IMAGE", reconcile.Settings.default_image)
     )
@@ -154,6 +163,15 @@ def gang_schedulers(text: str) -> frozenset[str]:
     return names
 
 
+async def served_api(cluster: Cluster) -> None:
+    """Raises unless the API server answers discovery for the RLHFJob API and lists rlhfjobs in it
+    (discovery is readable by every authenticated client, so this needs no RBAC of its own)."""
+    found = await cluster.request("GET", f"apis/{API_GROUP}/{API_VERSION}")
+    served = {r.get("name") for r in found.get("resources", [])}
+    if PLURAL not in served:
+        raise RuntimeError(f"{API_GROUP}/{API_VERSION} does not serve {PLURAL}")
+
+
 async def run(args: argparse.Namespace) -> int:
     identity = args.identity or identity_from_env()
     own_namespace = args.lease_namespace or os.environ.get("POD_NAMESPACE") or "default"
@@ -195,10 +213,16 @@ async def run(args: argparse.Namespace) -> int:
         servers.append(
             await metrics.serve(args.metrics_port, {"/metrics": metrics.metrics_route(runtime.metrics)})
         )
+    # /healthz asks the API on a connection of its own, so a busy reconcile pool never fails the probe.
+    health_cluster = Cluster(connection, user_agent=f"dverl-operator/{identity}/health")
     if args.liveness_port:
-        servers.append(
-            await metrics.serve(args.liveness_port, {"/healthz": metrics.health_route(lambda: True)})
+        health = Health(
+            api_probe=lambda: served_api(health_cluster),
+            jobs=runtime.metrics.jobs_known,
+            last_pass=lambda: runtime.metrics.last_pass,
+            stall_after=args.stall_seconds or max(120.0, 10 * args.resync_seconds),
         )
+        servers.append(await metrics.serve(args.liveness_port, {"/healthz": health.route}))
 
     elector = None
     if not args.no_leader_election:
@@ -272,6 +296,7 @@ async def run(args: argparse.Namespace) -> int:
         await runtime.coordinator.close()
         await cluster.close()
         await lease_cluster.close()
+        await health_cluster.close()
     return code
 
 

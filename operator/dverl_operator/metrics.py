@@ -7,8 +7,10 @@ so a follower replica (not the leader) is still alive and observable.
 
 from __future__ import annotations
 
+import inspect
+import time
 import typing
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -43,6 +45,8 @@ class Metrics:
             "dverl_operator_leader", "1 when this replica holds the Lease", registry=self.registry
         )
         self._phases: dict[tuple[str, str], str] = {}
+        self.last_pass: float | None = None
+        """time.monotonic() when a reconcile pass last finished (what /healthz's stall check reads)."""
         for phase in PHASES:
             self.jobs.labels(phase=phase).set(0)
 
@@ -59,19 +63,32 @@ class Metrics:
         for value, count in counts.items():
             self.jobs.labels(phase=value).set(count)
 
+    def pass_finished(self) -> None:
+        self.last_pass = time.monotonic()
+
+    def jobs_known(self) -> int:
+        return len(self._phases)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
 
-async def serve(port: int, routes: dict[str, Callable[[], tuple[int, bytes, str]]]) -> web.AppRunner:
-    """Serve GET routes on 0.0.0.0:port; each route returns (status, body, content type)."""
+Answer = tuple[int, bytes, str]
+"""(status, body, content type)."""
+
+
+async def serve(
+    port: int, routes: dict[str, Callable[[], Answer] | Callable[[], Awaitable[Answer]]]
+) -> web.AppRunner:
+    """Serve GET routes on 0.0.0.0:port; each route returns (or, async, resolves to) an Answer."""
     app = web.Application()
     for path, producer in routes.items():
 
-        async def handler(
-            _: web.Request, producer: Callable[[], tuple[int, bytes, str]] = producer
-        ) -> web.Response:
-            status, body, content_type = producer()
+        async def handler(_: web.Request, producer: Callable[[], typing.Any] = producer) -> web.Response:
+            answer = producer()
+            if inspect.isawaitable(answer):
+                answer = await answer
+            status, body, content_type = answer
             return web.Response(status=status, body=body, headers={"Content-Type": content_type})
 
         app.router.add_get(path, handler)
@@ -83,7 +100,3 @@ async def serve(port: int, routes: dict[str, Callable[[], tuple[int, bytes, str]
 
 def metrics_route(metrics: Metrics) -> Callable[[], tuple[int, bytes, str]]:
     return lambda: (200, metrics.render(), CONTENT_TYPE_LATEST)
-
-
-def health_route(alive: Callable[[], bool]) -> Callable[[], tuple[int, bytes, str]]:
-    return lambda: (200, b"ok\n", "text/plain") if alive() else (503, b"unhealthy\n", "text/plain")

@@ -2,9 +2,9 @@
 
 The operator (pod env) and `dverl run` (local processes) set these from the plan; a person sets the few
 marked "tuning" by hand. Workers read them through `WorkerSettings.from_env()` at their edges and pass
-the values down; nothing else in the package reads `os.environ` for a `DVERL_*` name. README's table
-"Worker environment" is `settings_table()`, checked by a test. Torch-free: the operator and the plan
-import the names from here.
+the values down; nothing else in the package reads `os.environ` for a `DVERL_*` name. The table
+"Worker environment" in docs/environment.md is `settings_table()`, checked by a test. Torch-free: the
+operator and the plan import the names from here.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class SettingsError(DverlError):
 
 
 class WorkerSettings(BaseModel):
-    """Each field's alias is the variable's name; its description is README's documentation."""
+    """Each field's alias is the variable's name; its description is docs/environment.md's documentation."""
 
     model_config = ConfigDict(frozen=True, populate_by_name=True, extra="ignore")
 
@@ -206,7 +206,7 @@ def env_name(field: str) -> str:
 
 
 def settings_table() -> str:
-    """README's table of the worker environment."""
+    """docs/environment.md's table of the worker environment."""
     rows = ["| variable | what |", "|---|---|"]
     for field in WorkerSettings.model_fields.values():
         rows.append(f"| `{field.alias}` | {field.description} |")

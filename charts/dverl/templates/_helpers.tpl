@@ -85,11 +85,13 @@ all of them). Every verb list is the smallest that the reconcile loop uses; no w
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
-# Each job's credentials Secret: created once (a 409 means it exists) and deleted with the job; never
-# read, listed or watched (the operator derives what it needs from its own identity).
+# Each job's credentials Secret: created once (a 409 means it exists). Nothing else: it is owned by its
+# RLHFJob, so the garbage collector (not the operator) deletes it with the job, and it is never read,
+# listed or watched (the operator derives what it needs from its own identity). Kubernetes cannot limit
+# create to names, so create is the one unnamed Secret verb.
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["create", "delete"]
+  verbs: ["create"]
 {{- if .Values.networkPolicy.enabled }}
 # Each job's NetworkPolicies: created, read back to restore a hand-edited spec, removed when unwanted.
 - apiGroups: ["networking.k8s.io"]

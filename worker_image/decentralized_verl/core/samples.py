@@ -108,6 +108,20 @@ class TrainBatch:
         }
         return TrainBatch(prompt_length=self.prompt_length, **picked)
 
+    def to(self, device: torch.device | str) -> TrainBatch:
+        """Every tensor on `device` (this batch itself when they are there already): batches are collated
+        on the CPU, where samples arrive, and a learner on a GPU computes them there."""
+        import torch
+
+        device = torch.device(device)
+        if self.input_ids.device == device:
+            return self
+        moved = {
+            name: (value.to(device) if hasattr(value, "to") and hasattr(value, "shape") else value)
+            for name, value in vars(self).items()
+        }
+        return TrainBatch(**moved)
+
 
 def _pad_rows(rows: list[tuple[float, ...] | tuple[int, ...]], width: int, value: float, dtype, left: bool):
     import torch

@@ -1,4 +1,4 @@
-"""Multi-turn environments: tools and games the model acts in, turn after turn (README, Multi-turn and tools).
+"""Multi-turn environments: tools and games the model acts in, turn after turn (docs/multi-turn.md).
 
 `base` defines the protocol, `registry` the names, `episode` the token bookkeeping of one episode and
 `rollout` the batched loop a rollout worker runs. Importing this package imports no torch or transformers.

@@ -1,4 +1,4 @@
-"""The training loop of learner rank 0 (README, "How one training step flows").
+"""The training loop of learner rank 0 (docs/internals.md, "How one training step flows").
 
 prompts -> rollout (dispatched by throughput) -> rewards -> reference / critic -> filters and advantages
 -> data-parallel update -> new weights out -> metrics, status, checkpoint, eval. The roles are reached

@@ -26,10 +26,17 @@ class CrossFieldProblems(ValueError):
 
 
 class SpecModel(BaseModel):
-    """Base of every spec section: camelCase aliases, unknown fields forbidden, names accepted too."""
+    """Base of every spec section: camelCase aliases, unknown fields forbidden, names accepted too.
+
+    A field's docstring (the string under it) is its description, so `kubectl explain` shows it; a
+    test fails on any CRD property without one."""
 
     model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_default=True
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        validate_default=True,
+        use_attribute_docstrings=True,
     )
 
 

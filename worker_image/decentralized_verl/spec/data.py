@@ -54,11 +54,13 @@ class ChatMessage(SpecModel):
         description="tool: a demo's tool answer (multi-turn); a template without the role shows it as user"
     )
     content: str
+    """The message text."""
 
 
 class DataSpec(SpecModel):
     train: str = Field(min_length=1, description="Training file (jsonl, json or parquet)")
     eval: str | None = None
+    """Evaluation file (same formats); needed when training.evalEvery > 0."""
     format: Literal["jsonl", "json", "parquet"] | None = Field(
         default=None, description="File format; inferred from the extension when omitted"
     )
@@ -66,14 +68,23 @@ class DataSpec(SpecModel):
         default="boxed", description=f"{one_of(BUILTIN_REWARD_TYPES)}, or a callable as module:function"
     )
     reward_model: ModelSpec | None = None
+    """The reward model for rewardType reward_model (else roles.reward.model)."""
     system_prompt: str | None = None
+    """System message put before every prompt."""
     few_shot: list[ChatMessage] = Field(default_factory=list)
+    """Demonstration messages put between the system prompt and each prompt."""
     max_prompt_tokens: PositiveInt = 512
+    """Longer prompts are cut (from the left) to this many tokens."""
     max_new_tokens: PositiveInt = 256
+    """Most tokens generated per response."""
     temperature: Annotated[float, Field(ge=0, le=5)] = 1.0
+    """Sampling temperature; 0 is greedy."""
     top_p: Probability = 1.0
+    """Nucleus sampling: keep the smallest set of tokens with this much probability (1: off)."""
     top_k: NonNegativeInt = 0
+    """Keep the k likeliest tokens when sampling (0: off)."""
     stop: list[str] = Field(default_factory=list)
+    """Strings that end a response."""
     eval_samples: PositiveInt | None = Field(default=None, description="Evaluate on the first N eval items")
     environment: EnvironmentSpec | None = Field(
         default=None, description="Multi-turn episodes with tools or a game; the environment scores them"

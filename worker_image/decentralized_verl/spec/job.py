@@ -28,20 +28,30 @@ SHORT_NAME = "rlhf"
 
 class JobSpec(SpecModel):
     model: ModelSpec
+    """The policy to train: a local folder, an installed model package, or a tiny config."""
     algorithm: AlgorithmSpec
+    """The RL algorithm: a preset by name with any of its choices overridden."""
     data: DataSpec
+    """Training and evaluation data, the reward, prompt rendering and sampling."""
     roles: RolesSpec = Field(default_factory=RolesSpec)
+    """The workers of each role: replicas, backend, resources and node pools."""
     training: TrainingSpec = Field(default_factory=TrainingSpec)
+    """Steps, batch sizes, optimizer, checkpoints and evaluation."""
     volunteers: VolunteersSpec = Field(default_factory=VolunteersSpec)
+    """Machines outside the cluster that join the job through its DHT."""
     suspend: bool = False
+    """true: remove the job's pods and keep its checkpoint; false again resumes from it."""
     image: str | None = Field(default=None, description="Worker image; the operator's default when omitted")
     backoff_limit: NonNegativeInt = 6
+    """Restarts of the job's roles allowed before the job is marked Failed."""
     scheduler_name: str | None = Field(
         default=None, description="Scheduler of every pod (a gang's scheduler when omitted and one is set)"
     )
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
+    """How the job shares the cluster with others (gang scheduling)."""
     priority_class_name: str | None = PriorityClassName
     pod_annotations: dict[str, str] = Field(default_factory=dict)
+    """Annotations put on every pod of the job."""
     sources: list[SourceSpec] = Field(
         default_factory=list,
         description=(

@@ -13,13 +13,21 @@ class TinyModelSpec(SpecModel):
     """A small Llama built from this config with a character tokenizer made offline (tests, demos)."""
 
     architecture: Literal["llama"] = "llama"
+    """Model family of the tiny model (llama only)."""
     hidden_size: PositiveInt = 64
+    """Width of the tiny model's hidden states."""
     num_layers: PositiveInt = 2
+    """Decoder layers of the tiny model."""
     num_heads: PositiveInt = 4
+    """Attention heads; must divide hiddenSize."""
     intermediate_size: PositiveInt = 128
+    """Width of each MLP's inner layer."""
     max_positions: PositiveInt = 256
+    """Longest sequence (prompt plus response) the tiny model handles."""
     tokenizer: Literal["chars"] = "chars"
+    """chars: one token per character, built offline."""
     seed: NonNegativeInt = 0
+    """Seed of the tiny model's random initial weights."""
 
     @model_validator(mode="after")
     def _heads_divide_hidden(self) -> TinyModelSpec:
@@ -32,9 +40,13 @@ class TinyModelSpec(SpecModel):
 
 class LoraSpec(SpecModel):
     rank: PositiveInt = 8
+    """Rank of the LoRA adapter matrices."""
     alpha: Annotated[float, Field(gt=0)] = 16.0
+    """LoRA scaling numerator: the adapter's update is scaled by alpha / rank."""
     target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "v_proj"], min_length=1)
+    """Module names (suffixes) that get adapters, e.g. q_proj, v_proj."""
     dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
+    """Dropout on the adapters' input while training."""
 
 
 class ModelSpec(SpecModel):
@@ -46,8 +58,11 @@ class ModelSpec(SpecModel):
     )
     gguf_file: str | None = Field(default=None, description="GGUF file inside the package or folder")
     tiny: TinyModelSpec | None = None
+    """A small Llama built from this config (tests and demos; no download)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype: float32, or bfloat16/float16 on GPUs and CPUs with bf16 units."""
     lora: LoraSpec | None = None
+    """Train LoRA adapters instead of the whole model (merged into the weights rollout uses)."""
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> ModelSpec:

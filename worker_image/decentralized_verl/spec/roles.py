@@ -19,10 +19,15 @@ BackendName = registered_name("backend", tuple(BACKENDS))
 
 class Toleration(SpecModel):
     key: str | None = None
+    """Taint key the toleration matches; empty with Exists matches every taint."""
     operator: Literal["Exists", "Equal"] | None = None
+    """Exists or Equal (default Equal)."""
     value: str | None = None
+    """Taint value matched with operator Equal."""
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    """Taint effect matched; empty matches every effect."""
     toleration_seconds: int | None = None
+    """NoExecute only: how long the pod stays bound after the taint appears."""
 
 
 QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
@@ -56,14 +61,19 @@ class NodePool(SpecModel):
     """A slice of a role's replicas that runs on one kind of node (heterogeneous GPUs)."""
 
     name: str = Field(min_length=1, max_length=40, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    """Pool name, a DNS label unique within the role."""
     replicas: PositiveInt
+    """Replicas of the role placed in this pool; the pools' replicas add up to the role's."""
     node_selector: dict[str, str] = Field(default_factory=dict)
+    """Node labels this pool's pods require."""
     tolerations: list[Toleration] = Field(default_factory=list)
+    """Taints this pool's pods tolerate."""
     gpu_type: str | None = Field(
         default=None,
         description="e.g. a100, rtx4090: dispatch's first weights, and the GPU memory `dverl plan` checks",
     )
     resources: Resources | None = None
+    """Per-worker resources in this pool (the role's when omitted)."""
 
 
 FailurePolicy = Literal["restartPod", "restartRole", "failJob"]
@@ -78,6 +88,7 @@ class RoleSpec(SpecModel):
     """One role's workers. replicas 0 runs the role colocated inside the learner process."""
 
     replicas: NonNegativeInt = 1
+    """Workers of this role; 0 runs it inside the learner process (not the learner itself)."""
     failure_policy: FailurePolicy | None = Field(
         default=None,
         description=(
@@ -87,10 +98,14 @@ class RoleSpec(SpecModel):
         ),
     )
     backend: BackendName = "hf"
+    """Generation engine: hf (transformers) or vllm (rollout only)."""
     batch_size: PositiveInt | None = Field(default=None, description="Prompts per request (rollout)")
     microbatch_size: PositiveInt | None = None
+    """Sequences per forward pass inside a worker (memory bound); the whole request when omitted."""
     resources: Resources = Field(default_factory=Resources)
+    """CPU, memory and GPUs of each worker."""
     node_pools: list[NodePool] = Field(default_factory=list)
+    """Split the replicas over kinds of nodes (heterogeneous GPUs); empty: one pool."""
     model: ModelSpec | None = Field(default=None, description="Critic / reward model (defaults to policy)")
     sharding: Sharding = Field(
         default="ddp",
@@ -118,10 +133,15 @@ class RoleSpec(SpecModel):
 
 class RolesSpec(SpecModel):
     rollout: RoleSpec = Field(default_factory=RoleSpec)
+    """Workers that generate responses (replicas 0: inside the learner)."""
     learner: RoleSpec = Field(default_factory=RoleSpec)
+    """Workers that train the policy; replicas >= 1 (ranks of one data-parallel group)."""
     critic: RoleSpec | None = None
+    """Value model workers (ppo, gae); none for critic-free estimators."""
     reward: RoleSpec | None = None
+    """Reward model workers (rewardType reward_model); replicas 0: inside the learner."""
     reference: RoleSpec | None = None
+    """Reference model for the KL penalty (klCoef > 0); replicas 0: inside the learner."""
 
     def failure_policy(self, name: str) -> str:
         """The role's failure policy with its default filled in."""

@@ -19,6 +19,7 @@ class CheckpointSpec(SpecModel):
     )
     dir: str | None = Field(default=None, description="Checkpoint root; a PVC mount path in a cluster")
     keep: PositiveInt = 2
+    """Checkpoints kept; older ones are removed."""
     persistent_volume_claim: str | None = Field(
         default=None,
         description="Existing PVC mounted at `dir` in learner pods (never created or deleted by operator)",
@@ -27,10 +28,14 @@ class CheckpointSpec(SpecModel):
 
 class TrainingSpec(SpecModel):
     steps: PositiveInt | None = None
+    """Learner steps to train (100 when neither steps nor epochs is set)."""
     epochs: PositiveInt | None = None
+    """Passes over the training file (instead of steps)."""
     batch_size: PositiveInt = Field(default=8, description="Prompts per learner step per learner replica")
     minibatch_size: PositiveInt | None = None
+    """Prompts per optimizer step (batchSize by default); must divide batchSize."""
     microbatch_size: PositiveInt | None = None
+    """Prompts per forward/backward pass (gradient accumulation); must divide minibatchSize."""
     microbatch_tokens: PositiveInt | None = Field(
         default=None,
         description=(
@@ -40,19 +45,29 @@ class TrainingSpec(SpecModel):
         ),
     )
     learning_rate: Annotated[float, Field(gt=0, lt=1)] = 1e-6
+    """Adam learning rate of the policy."""
     critic_learning_rate: Annotated[float, Field(gt=0, lt=1)] | None = None
+    """Learning rate of the critic (the policy's when omitted)."""
     weight_decay: Annotated[float, Field(ge=0)] = 0.0
+    """AdamW weight decay."""
     warmup_steps: NonNegativeInt = 0
+    """Steps of linear learning-rate warm-up."""
     max_grad_norm: Annotated[float, Field(gt=0)] = 1.0
+    """Gradients are clipped to this global norm."""
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    """Where and how often the learner saves checkpoints (a job resumes from the last)."""
     eval_every: NonNegativeInt = 0
+    """Evaluate on data.eval every N steps; 0: never."""
     max_staleness: NonNegativeInt = 0
+    """Policy versions a rollout may lag behind the learner (0: on-policy, synchronous)."""
     stall_factor: Annotated[float, Field(gt=1)] = Field(
         default=10.0,
         description="Restart a learner whose step has not advanced for this many times its step time",
     )
     seed: NonNegativeInt = 0
+    """Seed of sampling and data order."""
     logging: list[Literal["tensorboard", "wandb"]] = Field(default_factory=list)
+    """Loggers besides the job's status and stdout: tensorboard, wandb."""
 
     @model_validator(mode="after")
     def _steps_or_epochs(self) -> TrainingSpec:

@@ -92,6 +92,8 @@ class PolicyTrainer:
             )
         self.forward = forward
         device = next(model.parameters()).device  # after sharding: a meta-built model has storage now
+        self.device = device
+        """Where the model computes; batches (collated on the CPU) move here at the start of an update."""
         self.chooser = ForwardChooser(device.type)
         self.force_plain = False
         """Always the model's own call over the padded batch (benchmarks compare the two forwards)."""
@@ -172,6 +174,7 @@ class PolicyTrainer:
     def update(self, batch: TrainBatch) -> dict[str, float]:
         """PPO-style epochs over mini-batches with gradient accumulation over micro-batches."""
         assert batch.advantages is not None, "attach_advantages must run before update"
+        batch = batch.to(self.device)
         s = self.settings
         batch, correction_metrics = self.corrected(batch)
         self.module.train()
