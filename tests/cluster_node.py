@@ -18,14 +18,12 @@ from operator_fixtures import Emulator, Operator
 REPO = Path(__file__).resolve().parents[1]
 
 
-def cluster_spec(example: str = "tiny-grpo", steps: int = 3) -> dict[str, Any]:
-    """A shipped example as a cluster runs it: a few small steps, its data from the `rl-data` claim
-    at /data."""
-    spec = yaml.safe_load((REPO / "examples" / f"{example}.yaml").read_text())["spec"]
-    spec["data"] = {k: v for k, v in spec["data"].items() if k != "eval"} | {"train": "/data/train.jsonl"}
-    spec["sources"] = [
-        {"name": "toy-data", "mountPath": "/data", "pvc": {"claimName": "rl-data", "subPath": "toy"}}
-    ]
+def cluster_spec(steps: int = 3) -> dict[str, Any]:
+    """examples/tiny-grpo-cluster.yaml (tiny-grpo in cluster form: data from the `rl-data` claim through
+    spec.sources, checkpoints on `rl-checkpoints`) cut to a few small steps without its eval set, so a
+    test stays short."""
+    spec = yaml.safe_load((REPO / "examples" / "tiny-grpo-cluster.yaml").read_text())["spec"]
+    spec["data"] = {k: v for k, v in spec["data"].items() if k != "eval"}
     spec["algorithm"] = {**spec["algorithm"], "samplesPerPrompt": 2}
     spec["roles"]["rollout"] = {**spec["roles"]["rollout"], "batchSize": 4}
     spec["training"] = {
@@ -35,16 +33,20 @@ def cluster_spec(example: str = "tiny-grpo", steps: int = 3) -> dict[str, Any]:
         "minibatchSize": 4,
         "evalEvery": 0,
     }
+    spec["training"]["checkpoint"] = {**spec["training"]["checkpoint"], "every": 1}
     return spec
 
 
-def data_claim(tmp: Path) -> Path:
-    """The `rl-data` claim's folder, holding the toy task in `toy/`."""
-    folder = tmp / "claims" / "rl-data"
-    (folder / "toy").mkdir(parents=True)
+def claims(tmp: Path) -> dict[str, Path]:
+    """The example's claims as host folders: `rl-data` holding the toy task in `toy/`, `rl-checkpoints`
+    empty."""
+    data = tmp / "claims" / "rl-data"
+    (data / "toy").mkdir(parents=True)
     for name in ("train.jsonl", "eval.jsonl"):
-        shutil.copy(TOY / name, folder / "toy" / name)
-    return folder
+        shutil.copy(TOY / name, data / "toy" / name)
+    checkpoints = tmp / "claims" / "rl-checkpoints"
+    checkpoints.mkdir()
+    return {"rl-data": data, "rl-checkpoints": checkpoints}
 
 
 @contextlib.asynccontextmanager

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_node import cluster, cluster_spec, data_claim
+from cluster_node import claims, cluster, cluster_spec
 from node_harness import refused
 from operator_fixtures import wait_for
 
@@ -23,10 +23,10 @@ FIELD = "spec.model.path"
 
 
 async def test_a_missing_model_path_fails_the_job_naming_the_field_and_the_pod(tmp_path: Path) -> None:
-    spec = cluster_spec("tiny-grpo", steps=2)
+    spec = cluster_spec(steps=2)
     spec["model"] = {"path": "/data/models/missing", "dtype": "float32"}
     spec["backoffLimit"] = 1
-    async with cluster(tmp_path, {"rl-data": data_claim(tmp_path)}) as (emu, node, op):
+    async with cluster(tmp_path, claims(tmp_path)) as (emu, node, op):
         await emu.create_job("bad", spec)
 
         async def failed() -> Any:

@@ -1,15 +1,18 @@
 """A shipped example applied to the emulated cluster: the real operator makes the pods, the test node
 runs them, they train, and the RLHFJob reports it. (A few small steps, without the eval set, so it stays
-short; the model is built from the example's config, the data comes from a PVC through spec.sources.)"""
+short; examples/tiny-grpo-cluster.yaml: the model is built from its config, the data comes from a PVC
+through spec.sources, the checkpoints and metrics go to another PVC.)"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from cluster_node import cluster, cluster_spec, data_claim
+from cluster_node import claims, cluster, cluster_spec
 from node_harness import refused
 from operator_fixtures import wait_for
+
+from decentralized_verl.metrics import read_metrics
 
 REASON = refused()
 pytestmark = [
@@ -20,9 +23,9 @@ pytestmark = [
 
 
 async def test_tiny_grpo_in_cluster_form_trains_to_succeeded(tmp_path: Path) -> None:
-    claim = data_claim(tmp_path)
-    async with cluster(tmp_path, {"rl-data": claim}) as (emu, node, op):
-        await emu.create_job("tiny", cluster_spec("tiny-grpo", steps=3))
+    folders = claims(tmp_path)
+    async with cluster(tmp_path, folders) as (emu, node, op):
+        await emu.create_job("tiny", cluster_spec(steps=3))
 
         async def finished():
             job = await emu.job("tiny")
@@ -42,3 +45,5 @@ async def test_tiny_grpo_in_cluster_form_trains_to_succeeded(tmp_path: Path) -> 
         assert any(c["type"] == "Succeeded" and c["status"] == "True" for c in status["conditions"])
         learner = node.running("tiny-learner-0").runner.state.main[0]
         assert (learner.state, learner.exit_code) == ("terminated", 0)
+    # The learner wrote its run to the checkpoint claim: one metrics row per step.
+    assert [row["step"] for row in read_metrics(folders["rl-checkpoints"] / "metrics.jsonl")] == [1, 2, 3]

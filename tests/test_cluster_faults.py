@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_node import cluster, cluster_spec, data_claim
+from cluster_node import claims, cluster, cluster_spec
 from node_harness import refused
 from operator_fixtures import wait_for
 
@@ -20,26 +20,24 @@ pytestmark = [
     pytest.mark.timeout(600),
     pytest.mark.skipif(REASON is not None, reason=f"pods need network namespaces: {REASON}"),
 ]
-STEPS = 6
+STEPS = 60  # steps take well under a second: enough that both faults land mid-training
 
 
 def faulted_spec() -> dict[str, Any]:
-    spec = cluster_spec("tiny-grpo", steps=STEPS)
+    spec = cluster_spec(steps=STEPS)
     spec["algorithm"] = {**spec["algorithm"], "klCoef": 0.01}
     spec["roles"] = {
         **spec["roles"],
         "reward": {"replicas": 1},
         "reference": {"replicas": 1},
     }
-    spec["training"]["checkpoint"] = {"dir": "/ckpt", "persistentVolumeClaim": "rl-ckpt", "every": 1}
     return spec
 
 
 async def test_training_survives_a_deleted_rollout_pod_and_an_evicted_learner(tmp_path: Path) -> None:
-    ckpt = tmp_path / "claims" / "rl-ckpt"
-    ckpt.mkdir(parents=True)
-    claims = {"rl-data": data_claim(tmp_path), "rl-ckpt": ckpt}
-    async with cluster(tmp_path, claims) as (emu, node, op):
+    folders = claims(tmp_path)
+    ckpt = folders["rl-checkpoints"]
+    async with cluster(tmp_path, folders) as (emu, node, op):
         await emu.create_job("faulty", faulted_spec())
 
         async def step_at_least(n: int) -> Any:
