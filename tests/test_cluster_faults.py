@@ -68,7 +68,7 @@ async def test_training_survives_a_deleted_rollout_pod_and_an_evicted_learner(tm
         status = done["status"]
         assert status["phase"] == "Succeeded", explain(str(status))
         # The cluster took the pods away: nothing counts against backoffLimit.
-        assert all(role["restarts"] == 0 for role in status["roles"].values()), status["roles"]
+        assert all(role["restarts"] == 0 for role in status["roles"].values()), explain(str(status["roles"]))
         learner_end = evicted.runner.state.main[0]
         events = [e["reason"] for e in await emu.events()]
     assert first_rollout.runner.state.main[0].exit_code == 0, "a rollout worker finishes its calls on SIGTERM"
