@@ -117,3 +117,28 @@ async def _sigterm_mid_call(cluster: LocalCluster, worker) -> None:
             await _generate(client, items[:1], sampling, [])  # but no new call is taken
     finally:
         await client.close()
+
+
+def test_learner_waiting_for_its_workers_leaves_at_once(tmp_path: Path) -> None:
+    """A learner that has not learned a step yet (its rollout worker never came) has nothing to save: it
+    leaves on SIGTERM without a checkpoint instead of waiting out the pod's grace period."""
+    overrides = {"training.evalEvery": 0, "training.checkpoint": {"every": 1000, "dir": "ckpt"}}
+    manifest = e2e_manifest(
+        tmp_path, "sigterm-early", **{"roles.rollout": {"replicas": 1, "batchSize": 16}, **overrides}
+    )
+    output = tmp_path / "run"
+    cluster, creds = secured_cluster(manifest, output)
+    learner = cluster.by_role("learner")[0]
+    with cluster:
+        cluster.start(roles=("learner",))  # its rollout worker never starts
+        deadline = time.monotonic() + 300
+        while learner.alive() and time.monotonic() < deadline:
+            status = coordinator_status(learner.address, creds)
+            if status is not None:  # serving, and waiting for its rollout worker
+                break
+            time.sleep(0.05)
+        assert learner.alive(), learner.log_tail()
+        cluster.kill(learner.worker.name, signal.SIGTERM)
+        assert learner.process.wait(timeout=60) == STOPPED_EXIT, learner.log_tail()
+    assert not (output / "ckpt").exists() or not any((output / "ckpt").iterdir())
+    assert "stopped after step 0" in learner.log_tail(200)

@@ -9,11 +9,14 @@ in-process, behind the same client protocols (`orchestration.wiring`). The loop 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import signal
+from collections.abc import Awaitable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -28,6 +31,7 @@ from decentralized_verl.training.learner_group import LearnerGroup
 from decentralized_verl.training.trainer import PolicyTrainer
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 STOPPED_EXIT = 128 + signal.SIGTERM
 """How a learner stopped by SIGTERM exits, after its checkpoint: as a process killed by it would, so
@@ -100,7 +104,7 @@ async def _coordinate(
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     try:
         start = group.restore(checkpoint_root(spec, output)) if resume else None
-        roles = await connect_roles(
+        connecting = connect_roles(
             spec,
             job,
             model,
@@ -110,6 +114,12 @@ async def _coordinate(
             start_version=start.policy_version if start else 0,
             weights_source=group.weights,
         )
+        try:
+            # Waiting for the workers can take long; nothing is learned yet, so a stop needs no checkpoint.
+            roles = await _unless_stopped(stop, connecting, start.step if start else 0)
+        except TrainingStopped as stopped:
+            log.warning("learner %s", stopped)
+            return STOPPED_EXIT
         loop = await build_loop(
             spec,
             trainer,
@@ -146,6 +156,23 @@ async def _coordinate(
         if loop is not None:
             await loop.close()
         await server.stop(grace=1.0)
+
+
+async def _unless_stopped(stop: asyncio.Event, work: Awaitable[T], step: int) -> T:
+    """`work`'s result, or TrainingStopped (at `step`, no new checkpoint) when `stop` is set first; the
+    work is then cancelled."""
+    task = asyncio.ensure_future(work)
+    waiter = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task
+    raise TrainingStopped(step, None)
 
 
 def run(spec: JobSpec, job: str, *, port: int, output: Path, base_dir: Path | None, resume: bool) -> int:

@@ -66,11 +66,11 @@ class LoopParts:
 
 
 class TrainingStopped(Exception):
-    """The loop was asked to stop; `checkpoint` is where it left its state (None when checkpoints are off)."""
+    """The loop was asked to stop; `checkpoint` is where it left its state (None: nothing new to keep)."""
 
     def __init__(self, step: int, checkpoint: str | None) -> None:
         self.step, self.checkpoint = step, checkpoint
-        super().__init__(f"stopped after step {step}; state in {checkpoint or '(checkpoints off)'}")
+        super().__init__(f"stopped after step {step}; state in {checkpoint or '(no new checkpoint)'}")
 
 
 @dataclass
