@@ -19,7 +19,7 @@ from decentralized_verl.errors import ManifestError
 from decentralized_verl.manifest import parse_spec
 from dverl_operator import gang, kueue, quantity, reconcile
 from dverl_operator import status as st
-from dverl_operator.disruption import disruption
+from dverl_operator.disruption import disruption, event_reason
 from dverl_operator.main import gang_schedulers
 from dverl_operator.pod_decisions import ANNOTATION_FAILURE_COUNTED
 
@@ -327,6 +327,21 @@ def test_disruption_is_read_from_the_condition_or_the_pods_reason() -> None:
     assert disruption({"status": {"phase": "Failed", "reason": "Error"}}) is None
     off = {"status": {"phase": "Failed", "conditions": [{"type": "DisruptionTarget", "status": "False"}]}}
     assert disruption(off) is None
+
+
+@pytest.mark.parametrize(
+    ("why", "reason"),
+    [
+        ("TerminationByKubelet: The node was low on resource: memory.", "Evicted"),
+        ("EvictionByEvictionAPI: Eviction API: evicting", "Evicted"),
+        ("DeletionByTaintManager: Taint manager: deleting due to NoExecute taint", "Evicted"),
+        ("Evicted: memory", "Evicted"),
+        ("PreemptionByScheduler: Kube-scheduler: preempting", "Preempted"),
+        ("Preempted: Preempted to accommodate a workload", "Preempted"),
+    ],
+)
+def test_an_event_names_an_eviction_by_the_kubelet_an_eviction(why: str, reason: str) -> None:
+    assert event_reason(why) == reason
 
 
 def test_a_preempted_learner_restarts_the_gang_without_spending_backoff_limit() -> None:

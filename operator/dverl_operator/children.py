@@ -258,6 +258,9 @@ def pod(
         ],
         "volumeMounts": mounts,
         "readinessProbe": {"tcpSocket": {"port": worker.ports["grpc"]}, "periodSeconds": 5},
+        # A worker that exits on bad input prints the field at fault last: the kubelet keeps those lines
+        # as the termination message, and the job's WorkerFailed event and failure condition quote it.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": security,
     }
     resources = _resources(worker)

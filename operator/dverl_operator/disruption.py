@@ -30,5 +30,6 @@ def disruption(pod: Mapping[str, Any]) -> str | None:
 
 
 def event_reason(why: str) -> str:
-    """`Evicted` for evictions, else `Preempted` (the Event's reason)."""
-    return "Evicted" if "evict" in why.lower() else "Preempted"
+    """`Preempted` for a preemption (by the scheduler, or `Preempted` from Kueue), else `Evicted`: the
+    kubelet's node-pressure eviction (`TerminationByKubelet`), the Eviction API, a taint, pod GC."""
+    return "Preempted" if "preempt" in why.lower() else "Evicted"

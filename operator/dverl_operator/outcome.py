@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from decentralized_verl.core.final_report import read_final
 from decentralized_verl.core.status import JobStatus
 from dverl_operator import status as st
 
@@ -84,6 +85,18 @@ def progress_status(
     if total_steps and not new.get("totalSteps"):
         new["totalSteps"] = total_steps
     return new, events
+
+
+def with_final_report(status: Mapping[str, Any], learner: Mapping[str, Any] | None) -> Status:
+    """The progress the learner wrote as its termination message when it finished (its last step may
+    have come after the last poll of its coordinator); kept only when it is not behind `.status`."""
+    out = dict(status)
+    for container in ((learner or {}).get("status") or {}).get("containerStatuses") or []:
+        ended = (container.get("state") or {}).get("terminated") or {}
+        final = read_final(str(ended.get("message") or ""))
+        if final and final["step"] >= int(out.get("step") or 0):
+            out.update(final)
+    return out
 
 
 def succeeded(new: Status, conditions: list, now: float) -> tuple[Status, Events]:

@@ -141,7 +141,10 @@ def _exited(
     total = sum(out.restarts.values())
     if total > spec.backoff_limit:
         per_role = ", ".join(f"{r}={n}" for r, n in sorted(out.restarts.items()) if n)
-        out.failed_job = f"{total} worker restarts ({per_role}) exceed backoffLimit {spec.backoff_limit}"
+        out.failed_job = (
+            f"{total} worker restarts ({per_role}) exceed backoffLimit {spec.backoff_limit}; "
+            f"last: pod {pod_name} ({role}) {phase.lower()}: {failure_reason(have)}"
+        )
         return False
     wait = failed_at + backoff_delay(out.restarts.get(role, 0), *backoff) - now
     if wait > 0:

@@ -334,6 +334,8 @@ def _finish(
     coordinator_state = observed.progress.state if observed.progress is not None else ""
     if pods.succeeded or coordinator_state == "Succeeded":
         first_learner = learner_names(desired.pods)[:1]
+        learner = observed.pods.get(first_learner[0]) if first_learner else None
+        new_status = outcome.with_final_report(new_status, learner)
         actions.create = [o for o in actions.create if o["kind"] != "Pod"]
         actions.delete = [
             ("Pod", n) for n, p in observed.pods.items() if n not in first_learner and not st.pod_deleting(p)

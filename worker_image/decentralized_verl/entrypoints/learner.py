@@ -21,6 +21,7 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
+from decentralized_verl.core.final_report import write_final
 from decentralized_verl.core.status import StatusBoard
 from decentralized_verl.orchestration.coordinator import TrainingStopped
 from decentralized_verl.settings import WorkerSettings
@@ -157,6 +158,7 @@ async def _coordinate(
                 log.error("learner replicas diverged: %s", summary["replica_digests"])
         (output / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
         log.info("summary: %s", summary)
+        write_final(summary)  # the operator's last progress poll may come after this process is gone
         return 0
     finally:
         if dist.is_initialized():

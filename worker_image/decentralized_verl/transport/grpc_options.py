@@ -11,6 +11,10 @@ Why each value:
 - Permit without calls: channels between roles are long-lived and often idle between steps.
 - The server accepts pings as often as every 10 s (below the clients' 30 s) so it never answers
   keepalives with GOAWAY "too_many_pings".
+- Re-resolution: a replaced pod (a restarted learner, an evicted rollout worker) comes back under the
+  same DNS name at a new IP. gRPC re-resolves a name when its connection fails, but by default at most
+  every 30 s, so a caller keeps dialing the old address that long and gives up on a peer that is
+  already back; 1 s lets it find the new pod at once.
 """
 
 from __future__ import annotations
@@ -45,9 +49,18 @@ SERVER_ONLY_OPTIONS: tuple[tuple[str, int], ...] = (
 """Options that only a server understands: how often clients may ping it."""
 
 
+MIN_RESOLUTION_INTERVAL_MS = 1_000
+"""The shortest interval between two DNS resolutions of a channel's target."""
+
+CHANNEL_ONLY_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.dns_min_time_between_resolutions_ms", MIN_RESOLUTION_INTERVAL_MS),
+)
+"""Options that only a channel understands: how soon it looks a moved peer up again."""
+
+
 def channel_options() -> list[tuple[str, int]]:
     """Options for `grpc.aio.insecure_channel(address, options=channel_options())` and friends."""
-    return list(GRPC_OPTIONS)
+    return [*GRPC_OPTIONS, *CHANNEL_ONLY_OPTIONS]
 
 
 def server_options() -> list[tuple[str, int]]:
