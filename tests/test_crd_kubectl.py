@@ -27,7 +27,9 @@ from decentralized_verl.manifest import parse_job
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = custom_resource_definition()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.yaml") if "kind: RLHFJob" in p.read_text())
+EXAMPLES = sorted(
+    p for p in (ROOT / "examples").glob("*.yaml") if "\nkind: RLHFJob\n" in "\n" + p.read_text()
+)
 CEL_KEYWORDS = {"true", "false", "null", "in", "as", "break", "const", "continue", "else", "for", "function"}
 CEL_KEYWORDS |= {"if", "import", "let", "loop", "package", "namespace", "return", "var", "void", "while"}
 ENV = celpy.Environment()

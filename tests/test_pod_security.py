@@ -26,7 +26,9 @@ from dverl_operator.pod_standards import violations
 
 ROOT = Path(__file__).parents[1]
 EXAMPLES = sorted(
-    p for p in (ROOT / "examples").glob("*.yaml") if yaml.safe_load(p.read_text()).get("kind") == "RLHFJob"
+    p
+    for p in (ROOT / "examples").glob("*.yaml")
+    if any((doc or {}).get("kind") == "RLHFJob" for doc in yaml.safe_load_all(p.read_text()))
 )
 
 
