@@ -105,6 +105,7 @@ def test_outsiders_and_insiders_cannot_take_a_live_job_over(tmp_path: Path, monk
         cluster.start()
         deadline = time.monotonic() + 600
         wait_ready(reward_worker.address, observer, deadline)
+        wait_ready(rollout_worker.address, observer, deadline)  # attacked below: it must be serving
         while coordinator_status(learner.address, observer) is None:
             assert learner.alive() and time.monotonic() < deadline, learner.log_tail()
             time.sleep(0.2)
@@ -178,6 +179,7 @@ def test_outsiders_and_insiders_cannot_take_a_live_job_over(tmp_path: Path, monk
         assert reward_worker in cluster.failed()
         cluster.restart(reward_worker.worker.name)
         wait_ready(reward_worker.address, observer, deadline)
+        wait_ready(rollout_worker.address, observer, deadline)  # attacked below: it must be serving
 
         assert learner.process.wait(timeout=600) == 0, learner.log_tail()
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")

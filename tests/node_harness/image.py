@@ -31,6 +31,13 @@ class ImageStandIn:
     group: int = 10001
     workdir: str = "/home/dverl"
 
+    def code_paths(self) -> list[Path]:
+        """What the image's user must be able to read: the interpreter (through its symlinks), the venv,
+        the code under test (the import path, and the checkout the venv's editable install points at)."""
+        paths = [Path(os.path.realpath(self.venv / "bin" / "python")), self.venv, Path(__file__).parents[2]]
+        paths += [Path(p) for p in self.pythonpath.split(os.pathsep) if p]
+        return paths
+
     def env(self) -> dict[str, str]:
         return {
             "PATH": f"{self.venv / 'bin'}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import os
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -166,6 +166,26 @@ def _tmpfs_size(quantity: str) -> str:
     return str(int(parse(quantity)))
 
 
+def blocked_ancestors(paths: Sequence[Path]) -> dict[Path, set[str]]:
+    """For each path the container's user must reach (the image stand-in's interpreter, venv and code):
+    the outermost ancestor other users may not traverse (Debian's /root is 0700, and pyenv's Python
+    lives under it), with the child on the way there. A real image has no such folder; the pod's mount
+    namespace then gets a traversable stand-in for it holding just those children."""
+    out: dict[Path, set[str]] = {}
+    for path in paths:
+        parts = Path(os.path.realpath(path)).parts
+        for i in range(1, len(parts) - 1):
+            ancestor = Path(*parts[: i + 1])
+            try:
+                mode = ancestor.stat().st_mode
+            except OSError:
+                break
+            if not mode & 0o001:
+                out.setdefault(ancestor, set()).add(parts[i + 1])
+                break
+    return out
+
+
 def mount_script(
     mounts: list[Mount],
     etc_files: Mapping[str, Path],
@@ -173,6 +193,7 @@ def mount_script(
     workdir: Path,
     workdir_target: str,
     read_only_root: bool = False,
+    reachable: Mapping[Path, set[str]] | None = None,
 ) -> str:
     """The bash run inside the pod's new mount and UTS namespaces before exec'ing the container's process
     (`exec "$@"`): binds in order, read-only where asked, the pod's hostname and working folder.
@@ -191,6 +212,17 @@ def mount_script(
         if source not in fds:
             fds[source] = 10 + len(fds)
             lines.append(f"exec {fds[source]}<{shlex.quote(str(source))}")
+    for blocked, children in (reachable or {}).items():
+        for child in sorted(children):
+            source = blocked / child
+            if source not in fds:
+                fds[source] = 10 + len(fds)
+                lines.append(f"exec {fds[source]}<{shlex.quote(str(source))}")
+        lines.append(f"mount -t tmpfs -o mode=0755 tmpfs {shlex.quote(str(blocked))}")
+        for child in sorted(children):
+            quoted = shlex.quote(str(blocked / child))
+            lines.append(f"mkdir -p {quoted}")
+            lines.append(f"mount -c --bind /proc/self/fd/{fds[blocked / child]} {quoted}")
 
     def bind(source: Path, target: str, read_only: bool) -> None:
         quoted = shlex.quote(target)

@@ -220,7 +220,13 @@ class PodRunner:
             self.mountpoint(target, is_file)
         read_only_root = bool((container.get("securityContext") or {}).get("readOnlyRootFilesystem"))
         script = mnt.mount_script(
-            mounts, self.etc_files, self._hostname(), layer, image.workdir, read_only_root
+            mounts,
+            self.etc_files,
+            self._hostname(),
+            layer,
+            image.workdir,
+            read_only_root,
+            reachable=mnt.blocked_ancestors(image.code_paths()) if who.uid != 0 else None,
         )
         wrapped = [
             IP, "netns", "exec", self.net.namespace,
