@@ -210,5 +210,4 @@ async def test_publish_reaches_every_worker_through_the_chain_and_a_dead_worker_
             await client.close()
     finally:
         await server.stop(None)
-    logs = workers[1].stop()
-    assert "pulling from" in logs, logs[-2000:]
+    workers[1].stop()  # its pull is proven above: the learner served exactly one Fetch, of version 2

@@ -63,5 +63,4 @@ class OperationFailed(DverlError):
 
 
 class PeerUnavailable(VolunteerError, OperationFailed):
-    """A peer this process needs could not be reached or refused it: the command failed (exit 1), its
-    input was fine."""
+    """A peer this process needs could not be reached: the command failed (exit 1), its input was fine."""

@@ -92,7 +92,9 @@ async def run_volunteer(
         request = m.JoinRequest(options.job, options.token, "rollout", hardware, 0.0)
         reply = await _join_with_retry(p2p, claims.coordinator, request, options.join_timeout_s)
         if not reply.accepted:
-            raise PeerUnavailable(f"the coordinator refused to let this peer join: {reply.reason}")
+            # Refused for what this volunteer brought (a bad or expired token, a blocked identity):
+            # input a person must fix, as a bad token checked here would be.
+            raise VolunteerError(f"the coordinator refused to let this peer join: {reply.reason}")
         spec = JobSpec.model_validate_json(await wire.fetch_spec(p2p, claims.coordinator, options.job))
         model_spec = spec.model
         if options.model:

@@ -129,11 +129,12 @@ def run_job(
     prints one plain line per step on stderr instead (for a pipe or CI)."""
     manifest = Path(manifest)
     job = load_fitting_job(manifest)
-    problems = preflight_problems(job.spec, manifest.resolve().parent)
-    if problems:
-        raise ManifestError(problems, str(manifest))
     output = Path(output) if output else Path("runs") / job.metadata.name
     config = write_config(job, manifest, output)
+    # Checked as the workers will see it: paths under a source mapped to the folders standing in here.
+    problems = preflight_problems(load_job(config).spec, manifest.resolve().parent)
+    if problems:
+        raise ManifestError(problems, str(manifest))
     plan = plan_job(job.spec, job.metadata.name)
     (output / "summary.json").unlink(missing_ok=True)
     extra_args = {"learner": ["--resume"]} if resume else {}

@@ -131,15 +131,21 @@ class Dispatcher:
         if stats is None or not stats.measured:
             return None
         tokens = n_items * sampling.max_new_tokens * self.turns_per_item
-        return tokens / max(stats.tokens_per_second, 1e-6) + self.turns_per_item * self.step_timeout_s
+        return tokens / max(stats.tokens_per_second, 1e-6) + self._environment_seconds()
+
+    def _environment_seconds(self) -> float:
+        """The most an episode's environment steps may take: every turn's step at its timeout."""
+        return self.turns_per_item * self.step_timeout_s
 
     def deadline(self, worker_id: str, n_items: int, sampling: SamplingParams) -> float | None:
-        """Seconds a share may take: a generous multiple of what the worker's measured speed implies (so a
-        worker that stops answering is noticed), None until it has been measured."""
+        """Seconds a share may take: a generous multiple of the generation time the worker's measured
+        speed implies (so a worker that stops answering is noticed) plus every environment step at its
+        own timeout (already a bound, not multiplied), None until the worker has been measured."""
         expected = self.expected(worker_id, n_items, sampling)
         if expected is None:
             return None
-        return DEADLINE_FLOOR_S + DEADLINE_FACTOR * expected
+        environment = self._environment_seconds()
+        return DEADLINE_FLOOR_S + DEADLINE_FACTOR * (expected - environment) + environment
 
     def _weights(self, healthy: list[str]) -> list[float]:
         return [max(self.stats[w].tokens_per_second, 1e-6) for w in healthy]

@@ -235,14 +235,14 @@ class VolunteerHub:
 
     def apply_records(self, records: list[VolunteerRecord], now: float | None = None) -> None:
         """Pure-ish core of a poll: reconcile dispatcher clients with live, admitted records."""
-        records = self.remembered(records, time.time() if now is None else now)
+        now = time.time() if now is None else now
+        records = self.remembered(records, now)
         self._last_expiry = {r.peer_id: r.expires_at for r in records}
         live = {
             r.peer_id: r
             for r in records
             if self.is_admitted(r.peer_id) and ("rollout" if r.role == "actor" else r.role) == "rollout"
         }
-        now = time.time()
         for peer_id, record in live.items():
             state = self.peers.setdefault(peer_id, PeerState(now, "rollout"))
             state.last_seen = now
@@ -253,7 +253,6 @@ class VolunteerHub:
             self._all_clients[peer_id] = client
             self.dispatcher.add(client, prior=hardware_prior(record.hardware))
             self._event("Added", peer_id, f"{record.hardware}, {record.tokens_per_second:.1f} tok/s")
-        now = time.time() if now is None else now
         for peer_id in [p for p in self.clients if p not in live]:
             if now - getattr(self.clients[peer_id], "last_answer", 0.0) < self.config.answer_keeps_s:
                 continue  # it answered work just now: alive, whatever the DHT could or could not confirm
