@@ -194,6 +194,7 @@ def mount_script(
     workdir_target: str,
     read_only_root: bool = False,
     reachable: Mapping[Path, set[str]] | None = None,
+    image_paths: Sequence[Path] = (),
 ) -> str:
     """The bash run inside the pod's new mount and UTS namespaces before exec'ing the container's process
     (`exec "$@"`): binds in order, read-only where asked, the pod's hostname and working folder.
@@ -209,6 +210,15 @@ def mount_script(
         if mount.source is not None:
             binds.append((mount.source, mount.target, mount.read_only))
     for source, _, _ in binds:
+        if source not in fds:
+            fds[source] = 10 + len(fds)
+            lines.append(f"exec {fds[source]}<{shlex.quote(str(source))}")
+    # The image stand-in's own files (venv, code) where a volume covers a folder holding them (a pod's
+    # /tmp emptyDir over a checkout under /tmp): bound back after the volumes, as an image's files would
+    # sit beside its volumes rather than under them.
+    targets = [Path(workdir_target)] + [Path(m.target) for m in mounts]
+    covered = [p for p in image_paths if any(t == p or t in p.parents for t in targets)]
+    for source in covered:
         if source not in fds:
             fds[source] = 10 + len(fds)
             lines.append(f"exec {fds[source]}<{shlex.quote(str(source))}")
@@ -241,6 +251,11 @@ def mount_script(
             lines.append(f"mount -t tmpfs -o size={mount.tmpfs_size},mode=1777 tmpfs {quoted}")
         else:
             bind(mount.source, mount.target, mount.read_only)
+    for source in covered:
+        quoted = shlex.quote(str(source))
+        lines.append(f"mkdir -p {quoted}")
+        lines.append(f"mount -c --bind /proc/self/fd/{fds[source]} {quoted}")
+        lines.append(f"mount -o remount,bind,ro {quoted}")
     lines += [f"exec {fd}<&-" for fd in fds.values()]
     if read_only_root:
         lines.append("mount -o remount,bind,ro /")

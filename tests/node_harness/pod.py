@@ -227,6 +227,7 @@ class PodRunner:
             image.workdir,
             read_only_root,
             reachable=mnt.blocked_ancestors(image.code_paths()) if who.uid != 0 else None,
+            image_paths=[Path(os.path.realpath(p)) for p in image.code_paths()[1:]],
         )
         wrapped = [
             IP, "netns", "exec", self.net.namespace,
