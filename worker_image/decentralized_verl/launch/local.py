@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from decentralized_verl.cpus import available_cpus, share_cores
+from decentralized_verl.launch.worker_process import start_worker
 from decentralized_verl.orphans import PARENT_VARIABLE
 from decentralized_verl.plan import Plan, PlannedWorker, worker_env
 from decentralized_verl.security.credentials import LocalCredentials
-from decentralized_verl.security.trust import SECRETS_FD_VARIABLE
 from decentralized_verl.settings import env_name
 
 
@@ -148,30 +148,8 @@ class LocalCluster:
             self._spawn(lw)
 
     def _spawn(self, lw: LocalWorker) -> None:
-        env = self.env_for(lw)
-        handed: tuple[int, ...] = ()
-        if self.credentials is not None:
-            # The role's secrets go through a pipe the child reads once at start: never a file, never
-            # the environment (both readable by every process of this user).
-            read_end, write_end = os.pipe()
-            os.write(write_end, self.credentials.handed(lw.worker.role))
-            os.close(write_end)
-            env[SECRETS_FD_VARIABLE] = str(read_end)
-            handed = (read_end,)
-        try:
-            with lw.log_path.open("ab") as log_file:
-                lw.process = subprocess.Popen(
-                    self.command_for(lw),
-                    env=env,
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                    pass_fds=handed,
-                )
-        finally:
-            for fd in handed:
-                os.close(fd)
+        secrets = self.credentials.handed(lw.worker.role) if self.credentials is not None else None
+        lw.process = start_worker(self.command_for(lw), self.env_for(lw), lw.log_path, secrets)
 
     def by_role(self, role: str) -> list[LocalWorker]:
         return [lw for lw in self.workers.values() if lw.worker.role == role]

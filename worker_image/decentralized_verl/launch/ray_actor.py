@@ -64,7 +64,7 @@ class WorkerHost:
         """Start the worker (any earlier one of this actor must have ended); returns its pid. `secrets`
         (the role's token, the learner's signing key) reach the worker through a pipe it reads once at
         start, as under `dverl run`: never a file on the node, never the environment."""
-        from decentralized_verl.security.trust import SECRETS_FD_VARIABLE
+        from decentralized_verl.launch.worker_process import start_worker
 
         if self.process is not None and self.process.poll() is None:
             raise RuntimeError(f"{self.name} is still running (pid {self.process.pid})")
@@ -73,27 +73,7 @@ class WorkerHost:
         environment[PARENT_VARIABLE] = str(os.getpid())
         python = environment.pop("DVERL_WORKER_PYTHON", "") or sys.executable
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        handed: tuple[int, ...] = ()
-        if secrets is not None:
-            read_end, write_end = os.pipe()
-            os.write(write_end, secrets)
-            os.close(write_end)
-            environment[SECRETS_FD_VARIABLE] = str(read_end)
-            handed = (read_end,)
-        try:
-            with self.log_path.open("ab") as log_file:
-                self.process = subprocess.Popen(
-                    [python, *command],
-                    env=environment,
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                    pass_fds=handed,
-                )
-        finally:
-            for fd in handed:
-                os.close(fd)
+        self.process = start_worker([python, *command], environment, self.log_path, secrets)
         return self.process.pid
 
     def poll(self) -> int | None:
