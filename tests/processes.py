@@ -11,19 +11,14 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from decentralized_verl.ports import free_port  # noqa: F401 (the tests' one way to pick a port)
+
 BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def console_env(**extra: str) -> dict[str, str]:

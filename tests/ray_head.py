@@ -14,14 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from processes import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _reachable(port: int) -> bool:
@@ -39,7 +34,7 @@ def ray_head(tmp: Path, num_cpus: int = 6) -> Iterator[str]:
     """
     pytest.importorskip("ray", reason="Ray is not installed (pip install 'decentralized-verl[ray]')")
     ray = Path(sys.executable).parent / "ray"
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ)
     paths = [str(ROOT / "worker_image"), str(ROOT / "operator"), env.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)

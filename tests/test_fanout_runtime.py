@@ -133,8 +133,11 @@ async def test_publish_reaches_every_worker_through_the_chain_and_a_dead_worker_
     workers.extend(Worker(config, i, port, learner) for i, port in enumerate(ports))
     addresses = [w.address for w in workers]
     try:
-        for address in addresses:
-            await wait_ready(address, timeout=180)
+        for worker in workers:
+            try:
+                await wait_ready(worker.address, timeout=180)
+            except TimeoutError as exc:
+                raise AssertionError(f"{exc}\n{worker.stop()[-3000:]}") from None
         roles = await connect_roles(
             spec,
             "demo",

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import copy
 import os
-import socket
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 import transformers
-from processes import leave_group
+from processes import free_port, leave_group
 
 from decentralized_verl.core.forward import (
     positions_computed,
@@ -184,12 +183,6 @@ def test_models_with_transformed_logits_take_the_plain_path() -> None:
     assert torch.allclose(got, want, atol=1e-5)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class _Scorer(torch.nn.Module):
     """What the trainer wraps in DDP: both passes of the shared forward inside one DDP forward."""
 
@@ -224,7 +217,7 @@ def _ddp_grads(rank: int, port: int, queue) -> None:
 def test_data_parallel_gradients_equal_the_full_forward() -> None:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_ddp_grads, args=(r, port, queue)) for r in range(2)]
     for p in procs:
         p.start()

@@ -210,10 +210,10 @@ def test_status_of_a_job_the_cluster_does_not_run_names_it(address: str) -> None
 
 
 def test_run_where_no_ray_cluster_answers_fails_at_once_naming_the_address(tmp_path: Path) -> None:
-    from ray_head import _free_port
+    from processes import free_port
 
     job = chaos.tiny_job(tmp_path, "nowhere", 2, seed=1)
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     result = _dverl("run", str(job), "-o", str(tmp_path / "run"), "--ray", address)
     assert result.returncode == 2
     assert f"error: --ray {address}: no Ray cluster answers there" in result.stderr

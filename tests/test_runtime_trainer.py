@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.multiprocessing as mp
-from processes import leave_group
+from processes import free_port, leave_group
 
 from decentralized_verl.core.forward import response_logprobs
 from decentralized_verl.core.samples import Prompt, Sample, collate
@@ -107,12 +106,6 @@ def test_update_raises_logprob_of_rewarded_samples(tiny):
     assert metrics["pg_clip_frac"] > 0  # by the fifth pass PPO's clip is holding the update back
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _ddp_worker(rank: int, world: int, port: int, queue) -> None:
     import torch.distributed as dist
 
@@ -138,7 +131,7 @@ def _ddp_worker(rank: int, world: int, port: int, queue) -> None:
 def test_two_gloo_learners_end_a_step_with_identical_weights():
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_ddp_worker, args=(r, 2, port, queue)) for r in range(2)]
     for p in procs:
         p.start()

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import yaml
+from processes import free_port
 
 from decentralized_verl.manifest import parse_spec
 from decentralized_verl.plan import plan_job, worker_env
@@ -29,16 +29,10 @@ SPEC = {
 }
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_serving_worker_starts_from_a_bare_spec_config(tmp_path: Path) -> None:
     config = tmp_path / "job.yaml"
     config.write_text(yaml.safe_dump(with_defaults(parse_spec(SPEC))))
-    port = _port()
+    port = free_port()
     proc = subprocess.Popen(
         [
             sys.executable,

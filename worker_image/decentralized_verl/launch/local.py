@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,14 +20,9 @@ from decentralized_verl.cpus import available_cpus, share_cores
 from decentralized_verl.launch.worker_process import start_worker
 from decentralized_verl.orphans import PARENT_VARIABLE
 from decentralized_verl.plan import Plan, PlannedWorker, worker_env
+from decentralized_verl.ports import free_port
 from decentralized_verl.security.credentials import LocalCredentials
 from decentralized_verl.settings import env_name
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

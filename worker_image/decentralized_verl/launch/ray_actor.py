@@ -11,19 +11,13 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from decentralized_verl.orphans import PARENT_VARIABLE
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+from decentralized_verl.ports import free_port
 
 
 class WorkerHost:
@@ -43,8 +37,8 @@ class WorkerHost:
         return {
             "host": host,
             "node_id": ray.get_runtime_context().get_node_id(),
-            "port": _free_port(host),
-            "dist_port": _free_port(host) if want_dist_port else None,
+            "port": free_port(host),
+            "dist_port": free_port(host) if want_dist_port else None,
         }
 
     def put_files(self, files: dict[str, bytes]) -> None:

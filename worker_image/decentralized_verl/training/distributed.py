@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import socket
 
 import torch
 import torch.distributed as dist
+
+from decentralized_verl.ports import free_port
 
 
 def init_distributed(world: int, rank: int, *, sharded: bool = False) -> None:
@@ -27,9 +28,7 @@ def init_distributed(world: int, rank: int, *, sharded: bool = False) -> None:
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     init_method = "env://"
     if world == 1 and "MASTER_ADDR" not in os.environ:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            init_method = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+        init_method = f"tcp://127.0.0.1:{free_port()}"
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world)
 
 
