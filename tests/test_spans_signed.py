@@ -159,7 +159,7 @@ def test_a_malformed_commit_names_the_field(data, field):
 
 
 def test_the_learners_bundle_carries_one_signed_manifest_per_span_and_another_layout_is_refused(new_state):
-    state, _ = new_state
+    state, model = new_state
     publisher = WeightPublisher(dtype="bfloat16", signing_key=KEY, spans=TWO)
     publisher.publish(state, 1)
     _, received = LocalWeightSource(publisher).fetch_latest(1)
@@ -169,6 +169,15 @@ def test_the_learners_bundle_carries_one_signed_manifest_per_span_and_another_la
     for manifest, span, part in zip(manifests, TWO, parts, strict=True):
         signed.check(manifest, span, 1, part, PUBLIC)  # over the bf16 wire tensors, as the span gets them
         assert {t.name for t in manifest.tensors} == set(part)
+    # A sharded learner publishes a stream (gathered tensor by tensor): its bundle carries them too.
+    from decentralized_verl.training.learner_group import streamed_weights
+
+    streamed = WeightPublisher(dtype=None, signing_key=KEY, spans=TWO)
+    streamed.publish(streamed_weights(model), 3)
+    _, whole = LocalWeightSource(streamed).fetch_latest(3)
+    _, parts = split_state(whole, TWO)
+    for manifest, span, part in zip(signed.from_metadata(whole.metadata), TWO, parts, strict=True):
+        signed.check(manifest, span, 3, part, PUBLIC)
     three = (Span(0, 1), Span(1, 3), Span(3, 4))
     config, tokenizer, source, dtype = spec_parts(SPEC)
     from decentralized_verl.serving.spans.blocks import build_front

@@ -33,6 +33,7 @@ from decentralized_verl.transport.weights import (
     BundleHeader,
     WeightBundle,
     WeightChunk,
+    decode_bundle,
     encode_state_dict,
 )
 
@@ -113,11 +114,13 @@ class WeightPublisher:
         """Encode `state_dict` as `version` (must be newer than every held version) and hold it; a sharded
         learner's `StreamedWeights` are encoded tensor by tensor as they are gathered."""
         if isinstance(state_dict, StreamedWeights):
-            if self.spans:
-                log.warning(
-                    "weights v%d: a streamed (sharded) publish carries no per-span manifests", version
-                )
             bundle = encode_stream(state_dict, version, dtype=self.dtype, chunk_bytes=self.chunk_bytes)
+            if self.spans:  # the spans' hashes need the tensors, which the stream's header goes before
+                whole = decode_bundle(bundle)
+                metadata = self._span_metadata(whole, version)
+                bundle = encode_state_dict(
+                    whole, version, dtype=None, chunk_bytes=self.chunk_bytes, metadata=metadata
+                )
         else:
             metadata = self._span_metadata(state_dict, version) if self.spans else None
             bundle = encode_state_dict(
