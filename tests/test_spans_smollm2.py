@@ -72,6 +72,7 @@ def test_smollm2_through_three_spans_gives_the_single_process_tokens(tmp_path):
         group.close()
 
 
+@pytest.mark.timeout(1800)  # 5 SmolLM2 processes on 2 shared cores: ~4 min idle, more when loaded
 def test_dverl_run_trains_smollm2_with_the_rollout_as_three_span_processes(tmp_path):
     """examples/smollm2-spans-grpo.yaml cut to 2 short steps: `dverl run` starts the learner, the front and
     3 span processes on its secured path (TLS, tokens, signed weights and signed per-span manifests)."""

@@ -82,10 +82,12 @@ def swarm(tmp_path_factory):
         )
         group.start("cheat", [sys.executable, __file__, *volunteer])
         group.wait_for("trusted", "ready on port")
-        peers = {
-            name: group.wait_for(name, r"span volunteer (\S+) layers 0:4 ready", 180).group(1)
+        ready = {
+            name: group.wait_for(name, r"span volunteer (\S+) layers 0:4 ready at (.*)", 180)
             for name in ("honest", "cheat")
         }
+        peers = {name: match.group(1) for name, match in ready.items()}
+        peers["honest-maddrs"] = ready["honest"].group(2).split()
         yield p2p, loop, f"127.0.0.1:{port}", peers
     finally:
         group.close()
@@ -158,6 +160,26 @@ def test_a_volunteer_returning_wrong_activations_is_caught_and_dropped(swarm, re
     assert route.stats.dropped == [cheat.address]
     assert cheat not in route.clients and route.client.trusted
     front.close()
+
+
+def test_a_volunteer_answers_only_the_fronts_it_serves(swarm):
+    """Another peer of the swarm (its own libp2p identity) is refused by name; nothing is computed."""
+    import hivemind
+
+    from decentralized_verl.errors import WireError
+
+    _, loop, _, peers = swarm
+    stranger = hivemind.DHT(
+        start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=peers["honest-maddrs"]
+    )
+    try:
+        other = asyncio.run_coroutine_threadsafe(stranger.replicate_p2p(), loop).result(60)
+        client = P2PSpanClient(other, peers["honest"], loop, timeout_s=30.0)
+        with pytest.raises(WireError, match=r"PERMISSION_DENIED: peer \S+ is not a front this span serves"):
+            client.info()
+        asyncio.run_coroutine_threadsafe(other.shutdown(), loop).result(30)
+    finally:
+        stranger.shutdown()
 
 
 def _cheat() -> int:

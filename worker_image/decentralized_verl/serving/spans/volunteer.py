@@ -43,8 +43,9 @@ async def serve(args: argparse.Namespace, server: Any = None) -> int:
         p2p = await dht.replicate_p2p()
         await serve_span_p2p(p2p, server, fronts)
         me = dht.peer_id.to_base58()
+        at = " ".join(str(a) for a in dht.get_visible_maddrs())
         return await serve_until_stopped(
-            f"span volunteer {me} layers {span} ready",
+            f"span volunteer {me} layers {span} ready at {at}",
             served=lambda: f"span volunteer {me} served {server.hops} hops",
         )
     finally:
