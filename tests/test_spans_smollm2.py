@@ -84,7 +84,11 @@ def test_dverl_run_trains_smollm2_with_the_rollout_as_three_span_processes(tmp_p
 
     root = Path(__file__).resolve().parents[1]
     spec = yaml.safe_load((root / "examples" / "smollm2-spans-grpo.yaml").read_text())["spec"]
-    spec["data"] = {**spec["data"], "train": str(root / "examples" / spec["data"]["train"]), "maxNewTokens": 8}
+    spec["data"] = {
+        **spec["data"],
+        "train": str(root / "examples" / spec["data"]["train"]),
+        "maxNewTokens": 8,
+    }
     spec["algorithm"]["samplesPerPrompt"] = 2
     spec["roles"]["rollout"]["batchSize"] = 4
     spec["training"] = {
