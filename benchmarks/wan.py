@@ -4,8 +4,8 @@
     python benchmarks/wan.py                          # lan, home100, home20: 3 volunteers each, 12 steps
     python benchmarks/wan.py --faults --steps 60      # partition one volunteer 60 s, cut one briefly,
                                                       # a third on home20
-    python benchmarks/wan.py --smollm2 --steps 6       # SmolLM2-135M in bf16, a volunteer on home20 and
-                                                      # one on lan: samples per step per volunteer
+    python benchmarks/wan.py --smollm2 --steps 6       # SmolLM2-135M in bf16: a volunteer on home20 beside
+                                                      # one on lan, then both on lan; samples per step each
     python benchmarks/wan.py --smoke                  # home20 only, 2 volunteers, 3 steps
 
 Every process runs on its own host (decentralized_verl.netlab: a network namespace and address each; tc
@@ -221,7 +221,8 @@ def summarize(records, report, logs, peers, profiles, events, folder) -> dict[st
         _, _, full_n, full_b, delta_n, delta_b, pull, ahead = served.groups()
         versions = int(full_n) + int(delta_n)
         accepted = report["samples"].get(peers[name], {}).get("accepted", 0)
-        per_step = [r.get("samples_by_worker", {}).get(peers[name], 0) for r in records]
+        worker_id = f"volunteer-{peers[name][-8:]}"  # how the volunteer names itself in its samples
+        per_step = [r.get("samples_by_worker", {}).get(worker_id, 0) for r in records]
         per_volunteer[name] = {
             "link": link,
             "accepted_samples": accepted,
@@ -318,7 +319,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.faults:
         result = {"faults": run(["lan", "lan", "home20"], max(args.steps, 30), args.seed, faults=True)}
     elif args.smollm2:
-        result = {"smollm2": run(["home20", "lan"], args.steps, args.seed, smollm2=True)}
+        result = {
+            "smollm2 home20+lan": run(["home20", "lan"], args.steps, args.seed, smollm2=True),
+            "smollm2 lan+lan": run(["lan", "lan"], args.steps, args.seed, smollm2=True),
+        }
     elif args.smoke:
         result = {"home20": run(["home20", "lan"], 3, args.seed)}
     else:
