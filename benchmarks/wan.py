@@ -23,9 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -89,51 +87,15 @@ def manifest(folder: Path, job: str, steps: int, seed: int, smollm2: bool = Fals
     return path
 
 
-class Job:
-    """The DHT, the coordinator and volunteers, each on its own host of `net`, logging to `folder`."""
-
-    def __init__(self, net, folder: Path, job: str) -> None:
-        self.net, self.folder, self.job = net, folder, job
-        self.procs: dict[str, subprocess.Popen] = {}
-
-    def start(self, host: str, argv: list[str], env: dict[str, str] | None = None) -> None:
-        sys.path.insert(0, str(ROOT / "tests"))
-        from processes import console_env
-
-        with (self.folder / f"{host}.log").open("w") as log:
-            self.procs[host] = self.net.spawn(
-                host,
-                argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=console_env(**(env or {})),
-                cwd=self.folder,
-            )
-
-    def log(self, host: str) -> str:
-        return (self.folder / f"{host}.log").read_text()
-
-    def wait_for(self, host: str, pattern: str, timeout: float = 300) -> re.Match:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if found := re.search(pattern, self.log(host)):
-                return found
-            if self.procs[host].poll() is not None or self.procs.get(
-                "coord", self.procs[host]
-            ).poll() not in (None, 0):
-                break
-            time.sleep(0.2)
-        raise RuntimeError(f"{host}: no {pattern!r}:\n{self.log(host)[-2000:]}")
-
-
 def run(
     profiles: list[str], steps: int, seed: int, faults: bool = False, smollm2: bool = False
 ) -> dict[str, Any]:
     from decentralized_verl.netlab.hosts import Network
+    from decentralized_verl.netlab.jobs import HostJob
     from decentralized_verl.netlab.profiles import profile
     from decentralized_verl.volunteers.tokens import issue_token
 
-    job_name, port = "wan", 31337
+    job_name = "wan"
     folder = Path(tempfile.mkdtemp(prefix="dverl-wan-"))
     events: dict[str, float] = {}
     with Network(seed=seed) as net:
@@ -142,41 +104,23 @@ def run(
         names = [f"v{i}" for i in range(len(profiles))]
         for name, link in zip(names, profiles, strict=True):
             net.add_host(name, profile(link))
-        job = Job(net, folder, job_name)
-        job.start(
-            "dht",
-            [
-                "dverl-dht",
-                "--port",
-                str(port),
-                "--job",
-                job_name,
-                "--host-maddrs",
-                f"/ip4/0.0.0.0/tcp/{port}",
-            ],
-        )
-        maddr = job.wait_for("dht", r"--initial-peers (\S+)").group(1)
+        job = HostJob(net, folder)
+        maddr = job.start_dht("dht", job_name)
         out = folder / "run"
-        config = manifest(folder, job_name, steps, seed, smollm2)
-        job.start(
+        job.start_learner(
             "coord",
-            ["dverl", "worker", "--role", "learner", "--config", str(config),
-             "--port", "7000", "--output", str(out)],
+            manifest(folder, job_name, steps, seed, smollm2),
+            out,
             {
-                "DVERL_DHT_ADDR": f"{net.hosts['dht'].address}:{port}",
+                "DVERL_DHT_ADDR": f"{net.hosts['dht'].address}:31337",
                 "DVERL_JOIN_SECRET": SECRET,
                 "DVERL_WAIT_VOLUNTEERS": f"{len(names)}:600",
                 "DVERL_VOLUNTEER_POLL_S": "0.5",
             },
-        )  # fmt: skip
-        for name in names:
-            token = issue_token(SECRET.encode(), job_name, 7200)  # a join token admits one peer identity
-            job.start(
-                name,
-                ["dverl-worker", "--initial-peers", maddr, "--job", job_name, "--token", token,
-                 "--role", "rollout", "--host-maddrs", "/ip4/0.0.0.0/tcp/0"],
-            )  # fmt: skip
-        peers = {name: job.wait_for(name, r"volunteer (\S+) joined job", 600).group(1) for name in names}
+        )
+        for name in names:  # a join token admits one peer identity
+            job.start_volunteer(name, maddr, job_name, issue_token(SECRET.encode(), job_name, 7200))
+        peers = {name: job.volunteer_peer(name) for name in names}
         if faults:
             job.wait_for(names[0], r"at policy v3\b", 600)
             net.partition(names[0])
@@ -189,13 +133,11 @@ def run(
             time.sleep(max(0.0, 60 - (time.time() - events["partitioned_v0"])))
             net.heal(names[0])
             events["healed_v0"] = time.time()
-        code = job.procs["coord"].wait(3600)
+        code = job.procs["learner"].wait(3600)
         for name in names:
-            job.procs[name].send_signal(signal.SIGTERM)
-        for name in names:
-            job.procs[name].wait(60)
+            job.stop(name)
         if code != 0:
-            raise RuntimeError(f"the learner exited {code}:\n{job.log('coord')[-3000:]}")
+            raise RuntimeError(f"the learner exited {code}:\n{job.log('learner')[-3000:]}")
         logs = {name: job.log(name) for name in names}
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     report = json.loads((out / "volunteers.json").read_text())
@@ -212,6 +154,8 @@ def _served_times(log: str) -> list[float]:
 
 
 def summarize(records, report, logs, peers, profiles, events, folder) -> dict[str, Any]:
+    from decentralized_verl.netlab.jobs import volunteer_worker_id
+
     training_s = sum(r["step_seconds"] for r in records)
     per_volunteer = {}
     for (name, log), link in zip(logs.items(), profiles, strict=True):
@@ -221,7 +165,7 @@ def summarize(records, report, logs, peers, profiles, events, folder) -> dict[st
         _, _, full_n, full_b, delta_n, delta_b, pull, ahead = served.groups()
         versions = int(full_n) + int(delta_n)
         accepted = report["samples"].get(peers[name], {}).get("accepted", 0)
-        worker_id = f"volunteer-{peers[name][-8:]}"  # how the volunteer names itself in its samples
+        worker_id = volunteer_worker_id(peers[name])
         per_step = [r.get("samples_by_worker", {}).get(worker_id, 0) for r in records]
         per_volunteer[name] = {
             "link": link,

@@ -276,6 +276,7 @@ class Coordinator:
             "step_seconds": elapsed,
             "redispatched": report.redispatched,
             "hedged": report.hedged,
+            "continued": report.continued,
             "worker_failures": len(report.failures),
             "rollout_workers": len(report.assigned),
             "samples_by_worker": _samples_by_worker(generated.samples),
