@@ -23,7 +23,9 @@ def test_partitions_and_a_cut_lose_no_sample_and_every_host_serves_again(tmp_pat
     sys.path.insert(0, str(BENCHMARKS))
     from chaos_network import run
 
-    report = run(steps=10, seed=3, partition_s=4, reward_partition_s=3, cut_s=2, volunteers=1, folder=tmp_path)
+    report = run(
+        steps=10, seed=3, partition_s=4, reward_partition_s=3, cut_s=2, volunteers=1, folder=tmp_path
+    )
     assert report["steps"] == 10 and not report["steps_repeated_or_missing"], report
     assert report["samples_lost"] == 0 and report["samples_duplicated"] == 0, report
     recovery = report["recovery_s"]
