@@ -5,8 +5,8 @@ The job: a learner (the coordinator) on one host, 2 rollout workers and a reward
 own (gRPC), a DHT host and 3 volunteers, the last third of them on 20 Mbit/s + 150 ms RTT + 1 % loss.
 Faults, in order:
 
-- the home20 volunteer is cut off (partitioned) for `cut_s` as it starts pulling its first full weights
-  (~8 MB: seconds at 20 Mbit/s), then reconnected: the pull resumes from its last verified chunk;
+- the home20 volunteer is cut off (partitioned) for `cut_s` as it starts pulling its first full weights,
+  then reconnected: the broken pull resumes from its last verified chunk;
 - rollout worker 0 is partitioned for `partition_s` (60 s in the full run) once training is under way;
 - then the reward worker is partitioned for `reward_partition_s`.
 
