@@ -1,9 +1,10 @@
 """A job's processes on emulated hosts: the DHT, the learner, cluster workers and volunteers, each started
 in its host of a `Network`, each logging to `<name>.log` in one folder.
 
-The one place tests and benchmarks start a job across hosts, so a change in how a role is started (its
-flags, its environment) is made once. Waits fail early, with the log's tail, when the process waited on
-exits or the learner fails; `Network.close()` ends every process started here.
+The one place tests and benchmarks start a volunteer job's processes, across hosts (`HostJob`) or on this
+machine (the command lines: `dht_argv`, `learner_argv`, `volunteer_argv`), so a change in how a role is
+started (its flags, its environment) is made once. Waits fail early, with the log's tail, when the
+process waited on exits or the learner fails; `Network.close()` ends every process started here.
 """
 
 from __future__ import annotations
@@ -35,6 +36,33 @@ def process_env(**extra: str) -> dict[str, str]:
         "PYTHONUNBUFFERED": "1",
         **extra,
     }
+
+
+def dht_argv(job: str, port: int, listen: str = "0.0.0.0") -> list[str]:
+    """A job's DHT bootstrap peer, listening on `listen`:`port` (its log names the `--initial-peers`)."""
+    return ["dverl-dht", "--port", str(port), "--job", job, "--host-maddrs", f"/ip4/{listen}/tcp/{port}"]
+
+
+def learner_argv(config: Path, port: int, output: Path) -> list[str]:
+    """The learner (the coordinator of a volunteer job) of the job in `config`, writing to `output`."""
+    return [
+        "dverl",
+        "worker",
+        "--role",
+        "learner",
+        "--config",
+        str(config),
+        "--port",
+        str(port),
+        "--output",
+        str(output),
+    ]
+
+
+def volunteer_argv(maddr: str, job: str, token: str, listen: str = "0.0.0.0") -> list[str]:
+    """A rollout volunteer joining `job` through the DHT at `maddr` with its join token."""
+    argv = ["dverl-worker", "--initial-peers", maddr, "--job", job, "--token", token]
+    return [*argv, "--role", "rollout", "--host-maddrs", f"/ip4/{listen}/tcp/0"]
 
 
 class HostJob:
@@ -91,8 +119,7 @@ class HostJob:
     # -------------------------------------------------------------------------------- the roles
     def start_dht(self, host: str, job: str, port: int = 31337, name: str = "dht") -> str:
         """The job's DHT bootstrap peer; returns the multiaddr volunteers dial (`--initial-peers`)."""
-        argv = ["dverl-dht", "--port", str(port), "--job", job, "--host-maddrs", f"/ip4/0.0.0.0/tcp/{port}"]
-        self.start(host, name, argv)
+        self.start(host, name, dht_argv(job, port))
         return self.wait_for(name, r"--initial-peers (\S+)").group(1)
 
     def start_learner(
@@ -105,8 +132,7 @@ class HostJob:
         name: str = LEARNER,
     ) -> None:
         """The learner (the coordinator of a volunteer job), serving gRPC on all of its host's addresses."""
-        argv = ["dverl", "worker", "--role", "learner", "--config", str(config), "--port", str(port)]
-        self.start(host, name, [*argv, "--output", str(output)], {"DVERL_BIND_HOST": "0.0.0.0", **env})
+        self.start(host, name, learner_argv(config, port, output), {"DVERL_BIND_HOST": "0.0.0.0", **env})
 
     def start_worker(
         self,
@@ -127,8 +153,7 @@ class HostJob:
 
     def start_volunteer(self, host: str, maddr: str, job: str, token: str, name: str | None = None) -> None:
         """A rollout volunteer joining `job` through the DHT at `maddr` with its join token."""
-        argv = ["dverl-worker", "--initial-peers", maddr, "--job", job, "--token", token]
-        self.start(host, name or host, [*argv, "--role", "rollout", "--host-maddrs", "/ip4/0.0.0.0/tcp/0"])
+        self.start(host, name or host, volunteer_argv(maddr, job, token))
 
     def volunteer_peer(self, name: str, timeout: float = 600) -> str:
         """The peer id a volunteer joined with, once it has its first weights."""
