@@ -11,7 +11,7 @@ every part checks out first (the front's part is checked before any span is touc
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -69,9 +69,9 @@ class SpanBackend(HFBackend):
         self._sessions.append(session)
         return session
 
-    def _run_batch(self, rows: list[_Row]) -> None:
+    def _run_batch(self, rows: list[_Row]) -> Iterator[None]:
         try:
-            super()._run_batch(rows)
+            yield from super()._run_batch(rows)
         finally:
             sessions, self._sessions = self._sessions, []
             for session in sessions:
