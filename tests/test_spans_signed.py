@@ -160,7 +160,7 @@ def test_a_malformed_commit_names_the_field(data, field):
 
 def test_the_learners_bundle_carries_one_signed_manifest_per_span_and_another_layout_is_refused(new_state):
     state, model = new_state
-    publisher = WeightPublisher(dtype="bfloat16", signing_key=KEY, spans=TWO)
+    publisher = WeightPublisher(dtype="bfloat16", signing_key=KEY, bundle_metadata=signed.bundle_metadata(TWO))
     publisher.publish(state, 1)
     _, received = LocalWeightSource(publisher).fetch_latest(1)
     manifests = signed.from_metadata(received.metadata)
@@ -172,7 +172,7 @@ def test_the_learners_bundle_carries_one_signed_manifest_per_span_and_another_la
     # A sharded learner publishes a stream (gathered tensor by tensor): its bundle carries them too.
     from decentralized_verl.training.learner_group import streamed_weights
 
-    streamed = WeightPublisher(dtype=None, signing_key=KEY, spans=TWO)
+    streamed = WeightPublisher(dtype=None, signing_key=KEY, bundle_metadata=signed.bundle_metadata(TWO))
     streamed.publish(streamed_weights(model), 3)
     _, whole = LocalWeightSource(streamed).fetch_latest(3)
     _, parts = split_state(whole, TWO)
@@ -216,7 +216,7 @@ def test_a_learner_publish_reaches_each_span_process_with_only_its_share(tmp_pat
             group.wait_for(f"span-{span.start}", "ready on port")
         addresses = [[f"127.0.0.1:{p}"] for p in ports]
         front = SpanBackend.from_spec(SPEC, TWO, addresses, verify_key=PUBLIC, max_batch_size=4)
-        publisher = WeightPublisher(dtype=None, signing_key=KEY, spans=TWO)  # the learner's, as it runs
+        publisher = WeightPublisher(dtype=None, signing_key=KEY, bundle_metadata=signed.bundle_metadata(TWO))  # the learner's, as it runs
         publisher.publish(state, 1)
         worker = RolloutWorker(front, "rollout-0", LocalWeightSource(publisher))
         assert worker.ensure_version(1) == 1
@@ -239,7 +239,7 @@ def test_a_learner_publish_reaches_each_span_process_with_only_its_share(tmp_pat
         }
         assert {o.prompt_id: o.response_token_ids for o in front.generate(requests)} == expected
         # An unsigned publish (not the learner's key) is refused by the front before any span changes.
-        rogue = WeightPublisher(dtype=None, signing_key=None, spans=TWO)
+        rogue = WeightPublisher(dtype=None, signing_key=None, bundle_metadata=signed.bundle_metadata(TWO))
         rogue.publish(state, 2)
         with pytest.raises(WireError, match="the manifest is not signed"):
             worker.load_weights(LocalWeightSource(rogue).fetch_latest(2)[1], 2)

@@ -23,6 +23,7 @@ from processes import ProcessGroup, free_port  # noqa: E402
 from decentralized_verl.backends.base import GenerationRequest, SamplingParams  # noqa: E402
 from decentralized_verl.backends.hf import HFBackend  # noqa: E402
 from decentralized_verl.models.loading import load_model_and_tokenizer  # noqa: E402
+from decentralized_verl.serving.spans import signed  # noqa: E402
 from decentralized_verl.serving.spans.backend import SpanBackend  # noqa: E402
 from decentralized_verl.serving.spans.layout import Span  # noqa: E402
 from decentralized_verl.serving.spans.p2p import P2PSpanClient  # noqa: E402
@@ -130,7 +131,7 @@ def _refresh(front: SpanBackend, model, version: int) -> None:
     from decentralized_verl.transport.weight_receive import LocalWeightSource
     from decentralized_verl.transport.weight_service import WeightPublisher
 
-    publisher = WeightPublisher(dtype=None, signing_key=KEY, spans=ONE)
+    publisher = WeightPublisher(dtype=None, signing_key=KEY, bundle_metadata=signed.bundle_metadata(ONE))
     publisher.publish(model.state_dict(), version)
     front.load_weights(LocalWeightSource(publisher).fetch_latest(version)[1], version)
 

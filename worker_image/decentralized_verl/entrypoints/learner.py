@@ -92,7 +92,7 @@ async def _coordinate(
     # With volunteers, each version is also kept as a delta from the one before: a volunteer holding a
     # recent version pulls the changed bytes, not the model (transport/delta_publisher.py).
     publisher_type = DeltaPublisher if spec.volunteers.enabled else WeightPublisher
-    publisher = publisher_type(dtype=None, is_adapter=spec.model.lora is not None, spans=_rollout_spans(spec))
+    publisher = publisher_type(dtype=None, is_adapter=spec.model.lora is not None, bundle_metadata=_span_manifests(spec))
     health = HealthServicer(role="learner", worker_id=f"{job}-learner-0")
     server = await serve(
         port,
@@ -201,11 +201,13 @@ def run(spec: JobSpec, job: str, *, port: int, output: Path, base_dir: Path | No
     return code
 
 
-def _rollout_spans(spec: Any) -> tuple | None:
-    """The rollout's span layout when it is served as spans (each span's share is signed on publish)."""
+def _span_manifests(spec: Any):
+    """When the rollout is served as layer spans, each span's share is signed on publish."""
     if spec.roles.rollout.spans is None:
         return None
     from decentralized_verl.serving.spans.blocks import spec_parts
     from decentralized_verl.serving.spans.layout import even_layout
+    from decentralized_verl.serving.spans.signed import bundle_metadata
 
-    return even_layout(int(spec_parts(spec.model)[0].num_hidden_layers), spec.roles.rollout.spans.count)
+    layers = int(spec_parts(spec.model)[0].num_hidden_layers)
+    return bundle_metadata(even_layout(layers, spec.roles.rollout.spans.count))

@@ -134,6 +134,19 @@ def to_metadata(manifests: Sequence[SpanManifest]) -> dict[str, str]:
     return {METADATA_KEY: json.dumps([m.to_json() for m in manifests], sort_keys=True)}
 
 
+def bundle_metadata(spans: Sequence[Span]):
+    """What a `WeightPublisher` adds to each bundle when the rollout is served as `spans`: one signed
+    manifest per span, over the tensors as they go on the wire."""
+    layout = tuple(spans)
+
+    def metadata(
+        state_dict: Mapping[str, Tensor], version: int, signing_key: bytes | None, wire_dtype: torch.dtype | None
+    ) -> dict[str, str]:
+        return to_metadata(span_manifests(state_dict, version, layout, signing_key, wire_dtype))
+
+    return metadata
+
+
 def from_metadata(metadata: Mapping[str, str]) -> list[SpanManifest] | None:
     """The span manifests a bundle carries, or None when it carries none."""
     text = metadata.get(METADATA_KEY)
