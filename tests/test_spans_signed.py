@@ -160,7 +160,9 @@ def test_a_malformed_commit_names_the_field(data, field):
 
 def test_the_learners_bundle_carries_one_signed_manifest_per_span_and_another_layout_is_refused(new_state):
     state, model = new_state
-    publisher = WeightPublisher(dtype="bfloat16", signing_key=KEY, bundle_metadata=signed.bundle_metadata(TWO))
+    publisher = WeightPublisher(
+        dtype="bfloat16", signing_key=KEY, bundle_metadata=signed.bundle_metadata(TWO)
+    )
     publisher.publish(state, 1)
     _, received = LocalWeightSource(publisher).fetch_latest(1)
     manifests = signed.from_metadata(received.metadata)
@@ -216,7 +218,9 @@ def test_a_learner_publish_reaches_each_span_process_with_only_its_share(tmp_pat
             group.wait_for(f"span-{span.start}", "ready on port")
         addresses = [[f"127.0.0.1:{p}"] for p in ports]
         front = SpanBackend.from_spec(SPEC, TWO, addresses, verify_key=PUBLIC, max_batch_size=4)
-        publisher = WeightPublisher(dtype=None, signing_key=KEY, bundle_metadata=signed.bundle_metadata(TWO))  # the learner's, as it runs
+        publisher = WeightPublisher(
+            dtype=None, signing_key=KEY, bundle_metadata=signed.bundle_metadata(TWO)
+        )  # the learner's, as it runs
         publisher.publish(state, 1)
         worker = RolloutWorker(front, "rollout-0", LocalWeightSource(publisher))
         assert worker.ensure_version(1) == 1

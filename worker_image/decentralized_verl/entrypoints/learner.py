@@ -92,7 +92,9 @@ async def _coordinate(
     # With volunteers, each version is also kept as a delta from the one before: a volunteer holding a
     # recent version pulls the changed bytes, not the model (transport/delta_publisher.py).
     publisher_type = DeltaPublisher if spec.volunteers.enabled else WeightPublisher
-    publisher = publisher_type(dtype=None, is_adapter=spec.model.lora is not None, bundle_metadata=_span_manifests(spec))
+    publisher = publisher_type(
+        dtype=None, is_adapter=spec.model.lora is not None, bundle_metadata=_span_manifests(spec)
+    )
     health = HealthServicer(role="learner", worker_id=f"{job}-learner-0")
     server = await serve(
         port,

@@ -140,7 +140,10 @@ def bundle_metadata(spans: Sequence[Span]):
     layout = tuple(spans)
 
     def metadata(
-        state_dict: Mapping[str, Tensor], version: int, signing_key: bytes | None, wire_dtype: torch.dtype | None
+        state_dict: Mapping[str, Tensor],
+        version: int,
+        signing_key: bytes | None,
+        wire_dtype: torch.dtype | None,
     ) -> dict[str, str]:
         return to_metadata(span_manifests(state_dict, version, layout, signing_key, wire_dtype))
 
