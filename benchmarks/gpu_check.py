@@ -75,7 +75,7 @@ def part_function(name: str) -> Any:
 
 def run_part(args: argparse.Namespace) -> int:
     """Inside the part's own process: run it, write parts/<name>.json whatever happens."""
-    from decentralized_verl.cpus import configure_from_environment
+    from decentralized_verl.runtime.cpus import configure_from_environment
 
     configure_from_environment()
     out_dir = Path(args.out)

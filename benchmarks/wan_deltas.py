@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.smoke:
         args.model, args.steps, args.lrs, args.batch = "tiny", 2, [1e-3], 4
-    from decentralized_verl.cpus import configure_from_environment
+    from decentralized_verl.runtime.cpus import configure_from_environment
 
     configure_from_environment()
     result = {

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from decentralized_verl.ports import free_port  # noqa: F401 (the tests' one way to pick a port)
+from decentralized_verl.runtime.ports import free_port  # noqa: F401 (the tests' one way to pick a port)
 
 BIN = Path(sys.executable).parent
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from decentralized_verl import cpus
 from decentralized_verl.launch.local import LocalCluster
 from decentralized_verl.manifest import parse_job
 from decentralized_verl.plan import plan_job
+from decentralized_verl.runtime import cpus
 from decentralized_verl.settings import SettingsError
 
 
@@ -74,7 +74,7 @@ def test_share_cores_by_phase() -> None:
 
 def test_a_worker_process_sizes_torch_from_dverl_cpus() -> None:
     code = (
-        "import torch; from decentralized_verl.cpus import configure_from_environment as c; "
+        "import torch; from decentralized_verl.runtime.cpus import configure_from_environment as c; "
         "n = c(); print(n, torch.get_num_threads(), __import__('os').environ['OMP_NUM_THREADS'])"
     )
     env = {**os.environ, "DVERL_CPUS": "1"}

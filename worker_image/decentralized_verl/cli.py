@@ -75,7 +75,7 @@ def _quiet_closed_pipe() -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from decentralized_verl.orphans import die_with_parent
+    from decentralized_verl.runtime.orphans import die_with_parent
 
     die_with_parent()  # a worker `dverl run` started ends with it
     argv = list(sys.argv[1:] if argv is None else argv)

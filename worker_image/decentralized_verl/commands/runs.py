@@ -169,7 +169,7 @@ def _train(parser: argparse.ArgumentParser) -> Command:
     quick.add_argument("--port", type=int, default=0, help="this peer's P2P port (0: any free one)")
 
     def run(args: argparse.Namespace) -> int:
-        from decentralized_verl.cpus import configure_from_environment
+        from decentralized_verl.runtime.cpus import configure_from_environment
 
         configure_from_environment()
         if args.initial_peers:

@@ -15,8 +15,8 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from decentralized_verl.lifecycle import CALL_GRACE_S, serve_until_stopped
 from decentralized_verl.manifest import load_job
+from decentralized_verl.runtime.lifecycle import CALL_GRACE_S, serve_until_stopped
 from decentralized_verl.settings import WorkerSettings
 from decentralized_verl.spec import JobSpec
 

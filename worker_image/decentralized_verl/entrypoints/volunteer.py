@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from decentralized_verl.errors import PeerUnavailable, VolunteerError
-from decentralized_verl.lifecycle import serve_until_stopped
+from decentralized_verl.runtime.lifecycle import serve_until_stopped
 from decentralized_verl.volunteers.session import PeerReach
 
 log = logging.getLogger(__name__)

@@ -84,7 +84,7 @@ def worker_kind(args: WorkerArgs) -> WorkerKind:
 
 def main_worker(args: WorkerArgs) -> int:
     kind = worker_kind(args)
-    from decentralized_verl.cpus import configure_from_environment
+    from decentralized_verl.runtime.cpus import configure_from_environment
 
     configure_from_environment()
     reach = {

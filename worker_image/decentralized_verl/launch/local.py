@@ -16,11 +16,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from decentralized_verl.cpus import available_cpus, share_cores
 from decentralized_verl.launch.worker_process import start_worker
-from decentralized_verl.orphans import PARENT_VARIABLE
 from decentralized_verl.plan import Plan, PlannedWorker, worker_env
-from decentralized_verl.ports import free_port
+from decentralized_verl.runtime.cpus import available_cpus, share_cores
+from decentralized_verl.runtime.orphans import PARENT_VARIABLE
+from decentralized_verl.runtime.ports import free_port
 from decentralized_verl.security.credentials import LocalCredentials
 from decentralized_verl.settings import env_name
 

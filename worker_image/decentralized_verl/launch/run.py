@@ -24,9 +24,9 @@ from decentralized_verl.launch.local import LocalCluster
 from decentralized_verl.launch.preflight import preflight_problems
 from decentralized_verl.launch.watchdog import ProgressClock
 from decentralized_verl.manifest import load_fitting_job, load_job
-from decentralized_verl.orphans import guard_descendants
 from decentralized_verl.plan import plan_job
 from decentralized_verl.progress import eta_seconds, progress_line
+from decentralized_verl.runtime.orphans import guard_descendants
 from decentralized_verl.security.credentials import CallerCredentials, run_folder_credentials
 from decentralized_verl.sources.local import Fetcher, env_cache, localized
 from decentralized_verl.spec import with_defaults

@@ -26,11 +26,11 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from decentralized_verl import compute_thread
 from decentralized_verl.errors import ModelError
 from decentralized_verl.models.grouped_attention import use_grouped_attention
 from decentralized_verl.models.tiny import build_tiny, tiny_config
 from decentralized_verl.models.tokenizer import build_char_tokenizer
+from decentralized_verl.runtime import compute_thread
 
 log = logging.getLogger(__name__)
 

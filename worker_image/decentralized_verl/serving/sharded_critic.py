@@ -139,7 +139,7 @@ def critic_device() -> torch.device:
 
 async def serve_sharded_critic(spec: Any, worker_id: str, port: int, host: str, output: Path | None) -> int:
     """One rank of a sharded critic, until stopped (rank 0) or released by rank 0 (the others)."""
-    from decentralized_verl.lifecycle import CALL_GRACE_S, serve_until_stopped
+    from decentralized_verl.runtime.lifecycle import CALL_GRACE_S, serve_until_stopped
     from decentralized_verl.serving import servicers
     from decentralized_verl.serving.scoring import CriticWorker
     from decentralized_verl.training.distributed import init_distributed

@@ -246,7 +246,7 @@ def span_handler(server: SpanServer) -> Any:
     """The `dverl.Span` service over raw bytes: Forward, Close, Info, Stage, Commit."""
     import grpc
 
-    from decentralized_verl import compute_thread
+    from decentralized_verl.runtime import compute_thread
 
     codes = {
         WireError: grpc.StatusCode.INVALID_ARGUMENT,
@@ -305,7 +305,7 @@ async def serve_span(server: SpanServer, port: int, host: str = "127.0.0.1", cre
 
 
 async def _sweeper(server: SpanServer, every_s: float) -> None:
-    from decentralized_verl import compute_thread
+    from decentralized_verl.runtime import compute_thread
 
     while True:
         await asyncio.sleep(every_s)
@@ -314,7 +314,7 @@ async def _sweeper(server: SpanServer, every_s: float) -> None:
 
 def load_span_server(spec: Any, span: Span, **kw: Any) -> SpanServer:
     """Build the span's module from a model spec (reading only its layers) and wrap it."""
-    from decentralized_verl import compute_thread
+    from decentralized_verl.runtime import compute_thread
     from decentralized_verl.serving.spans.blocks import build_span, spec_parts
 
     def build() -> torch.nn.Module:
@@ -326,8 +326,8 @@ def load_span_server(spec: Any, span: Span, **kw: Any) -> SpanServer:
 
 async def serve_span_role(spec: Any, job: str, index: int, port: int, host: str) -> int:
     """`dverl worker --role span --index I`: the span the job's plan gives span worker I, until stopped."""
-    from decentralized_verl.lifecycle import serve_until_stopped
     from decentralized_verl.plan import plan_job
+    from decentralized_verl.runtime.lifecycle import serve_until_stopped
     from decentralized_verl.serving.spans.blocks import spec_parts
     from decentralized_verl.serving.spans.layout import even_layout
 
@@ -351,7 +351,7 @@ async def serve_span_role(spec: Any, job: str, index: int, port: int, host: str)
 
 
 async def _main(args: argparse.Namespace) -> int:
-    from decentralized_verl.lifecycle import serve_until_stopped
+    from decentralized_verl.runtime.lifecycle import serve_until_stopped
     from decentralized_verl.serving.spans.layout import parse_span
     from decentralized_verl.spec.model import ModelSpec
 
@@ -378,7 +378,7 @@ async def _main(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m decentralized_verl.serving.spans.server --model JSON --layers a:b --port N`."""
-    from decentralized_verl.cpus import configure_from_environment
+    from decentralized_verl.runtime.cpus import configure_from_environment
 
     parser = argparse.ArgumentParser(description="Serve decoder layers [a, b) of a model as one span.")
     parser.add_argument("--model", required=True, help="the job's spec.model as JSON")

@@ -166,7 +166,14 @@ def guard_descendants() -> subprocess.Popen | None:
     above = os.environ.get(MARK_VARIABLE)
     os.environ[MARK_VARIABLE] = f"{above},{mark}" if above else mark  # inherited by all it starts from now
     return subprocess.Popen(
-        [sys.executable, "-m", "decentralized_verl.orphans", str(me), str(started), str(os.getpgrp())],
+        [
+            sys.executable,
+            "-m",
+            "decentralized_verl.runtime.orphans",
+            str(me),
+            str(started),
+            str(os.getpgrp()),
+        ],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -114,8 +114,8 @@ def configure_from_environment(environ: Mapping[str, str] | None = None) -> int:
     """Size torch's pools for this process, let the compute thread shrink them while other programs take
     cores (`thread_governor`), and keep freed tensor memory for reuse (`heap`); computing entry points call
     this first, before any worker thread starts. Returns the thread count."""
-    from decentralized_verl import compute_thread, thread_governor
-    from decentralized_verl.heap import keep_freed_memory
+    from decentralized_verl.runtime import compute_thread, thread_governor
+    from decentralized_verl.runtime.heap import keep_freed_memory
     from decentralized_verl.settings import WorkerSettings
 
     threads = available_cpus(environ)
