@@ -22,11 +22,10 @@ def _receiver(
 ) -> None:
     """A receiver process: obeys (command, *args) messages from the driver until ("stop",). With
     `tls_dir` it is a worker of a secured job: TLS, the job token, and signed weights only."""
-    import os
+    from decentralized_verl.security import trust
+    from decentralized_verl.settings import WorkerSettings
 
-    os.environ.pop("DVERL_TLS_DIR", None)
-    if tls_dir:
-        os.environ["DVERL_TLS_DIR"] = tls_dir
+    trust.adopt(WorkerSettings(tls_dir=tls_dir))  # this process's entry: a secured job's worker, or none
     from decentralized_verl.transport.fanout import WeightRelay, serve_relay
     from decentralized_verl.transport.weight_service import WeightPublisher
 

@@ -113,8 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.model, args.steps, args.lrs, args.batch = "tiny", 2, [1e-3], 4
     from decentralized_verl.runtime.cpus import configure_from_environment
+    from decentralized_verl.settings import WorkerSettings
 
-    configure_from_environment()
+    configure_from_environment(WorkerSettings.from_env())
     result = {
         "model": args.model,
         "steps": args.steps,

@@ -15,6 +15,7 @@ import pytest
 from test_fanout import CHUNK, RelayThread, model_state
 
 from decentralized_verl.security import credentials as cr
+from decentralized_verl.security import trust
 from decentralized_verl.transport import bulk_wire as bw
 from decentralized_verl.transport import messages as m
 from decentralized_verl.transport.fanout import WeightRelay
@@ -163,7 +164,7 @@ def job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> cr.JobCredentials:
     """This test process is one of the job's rollout workers (TLS, its token, signed weights only); the
     credentials returned are the learner's."""
     issued = cr.run_folder_credentials(tmp_path / "run", "bulk-job").issued
-    monkeypatch.setenv("DVERL_TLS_DIR", str(cr.write(tmp_path / "rollout", issued, "rollout")))
+    monkeypatch.setattr(trust, "_given", (str(cr.write(tmp_path / "rollout", issued, "rollout")), None))
     return issued.for_role("learner")
 
 

@@ -192,7 +192,8 @@ def test_a_forked_child_the_guard_never_saw_is_ended_through_the_owners_process_
 CHILD = """
 import sys, time
 from decentralized_verl.runtime.orphans import die_with_parent
-die_with_parent()
+from decentralized_verl.settings import WorkerSettings
+die_with_parent(WorkerSettings.from_env().die_with_parent)
 print("alive", flush=True)
 time.sleep(60)
 """

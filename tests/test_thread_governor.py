@@ -149,7 +149,8 @@ WORKER = textwrap.dedent(
     os.environ["DVERL_CPUS"] = "2"
     from decentralized_verl.runtime import compute_thread
     from decentralized_verl.runtime.cpus import configure_from_environment
-    configure_from_environment()
+    from decentralized_verl.settings import WorkerSettings
+    configure_from_environment(WorkerSettings.from_env())
     a = torch.randn(256, 256)
     def work():
         b = a

@@ -170,8 +170,9 @@ def _train(parser: argparse.ArgumentParser) -> Command:
 
     def run(args: argparse.Namespace) -> int:
         from decentralized_verl.runtime.cpus import configure_from_environment
+        from decentralized_verl.settings import WorkerSettings
 
-        configure_from_environment()
+        configure_from_environment(WorkerSettings.from_env())
         if args.initial_peers:
             from decentralized_verl.entrypoints.quickstart import QuickstartOptions, main_quickstart
             from decentralized_verl.volunteers.rewards import QUICKSTART_REWARD

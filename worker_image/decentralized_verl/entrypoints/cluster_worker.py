@@ -33,7 +33,15 @@ def base_dir_of(config: Path, annotations: dict | None) -> Path:
 
 
 async def serve_role(
-    spec: JobSpec, job: str, role: str, index: int, port: int, base_dir: Path, output: Path | None = None
+    spec: JobSpec,
+    job: str,
+    role: str,
+    index: int,
+    port: int,
+    base_dir: Path,
+    output: Path | None = None,
+    *,
+    settings: WorkerSettings,
 ) -> int:
     from decentralized_verl.backends.base import backend_options, make_backend
     from decentralized_verl.models.loading import load_model_and_tokenizer
@@ -42,7 +50,6 @@ async def serve_role(
     from decentralized_verl.serving.rollout import RolloutWorker
 
     worker_id = f"{job}-{role}-{index}"
-    settings = WorkerSettings.from_env()
     if role == "span":
         from decentralized_verl.serving.spans.server import serve_span_role
 
@@ -57,7 +64,11 @@ async def serve_role(
         name = spec.roles.rollout.backend
         gpus = worker_resources(spec.roles.rollout, index).gpus  # what this worker's pod was given
         backend = make_backend(
-            name, model, tokenizer, seed=spec.training.seed + index, **backend_options(name, gpus)
+            name,
+            model,
+            tokenizer,
+            seed=spec.training.seed + index,
+            **backend_options(name, gpus, vllm_eager=settings.vllm_eager),
         )
     if role == "rollout":
         return await serve_rollout(
@@ -73,7 +84,7 @@ async def serve_role(
     elif role == "critic" and spec.roles.critic is not None and spec.roles.critic.sharding == "fsdp":
         from decentralized_verl.serving.sharded_critic import serve_sharded_critic
 
-        return await serve_sharded_critic(spec, worker_id, port, settings.server_host(), output)
+        return await serve_sharded_critic(spec, worker_id, port, settings, output)
     elif role == "critic":
         critic = scoring.CriticWorker.from_spec(spec, worker_id=worker_id)
         if output is not None:  # a restarted critic continues from what it had learned
@@ -146,20 +157,32 @@ def load_worker_config(path: Path, job_name: str | None) -> tuple[JobSpec, str, 
 
 
 def main_cluster_worker(
-    config: str, role: str, index: int, port: int, output: str | None, resume: bool, job: str | None = None
+    config: str,
+    role: str,
+    index: int,
+    port: int,
+    output: str | None,
+    resume: bool,
+    job: str | None = None,
+    *,
+    settings: WorkerSettings,
 ) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     spec, name, base = load_worker_config(Path(config), job)
     if role == "learner":
         from decentralized_verl.entrypoints.learner import run
 
-        out = Path(output or WorkerSettings.from_env().output or Path("runs") / name)
-        return run(spec, name, port=port, output=out, base_dir=base, resume=resume)
+        out = Path(output or settings.output or Path("runs") / name)
+        return run(spec, name, port=port, output=out, base_dir=base, resume=resume, settings=settings)
     import torch.distributed as dist
 
     code = 1
     try:
-        code = asyncio.run(serve_role(spec, name, role, index, port, base, Path(output) if output else None))
+        code = asyncio.run(
+            serve_role(
+                spec, name, role, index, port, base, Path(output) if output else None, settings=settings
+            )
+        )
     except BaseException:
         if not dist.is_initialized():
             raise

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import signal
 from collections.abc import Awaitable
 from pathlib import Path
@@ -39,10 +38,17 @@ nothing mistakes the stop for the end of training."""
 
 
 async def run_learner(
-    spec: JobSpec, job: str, *, port: int, output: Path, base_dir: Path | None, resume: bool
+    spec: JobSpec,
+    job: str,
+    *,
+    port: int,
+    output: Path,
+    base_dir: Path | None,
+    resume: bool,
+    settings: WorkerSettings,
 ) -> int:
-    rank = int(os.environ.get("RANK", "0"))
-    world = int(os.environ.get("WORLD_SIZE", str(spec.roles.learner.replicas)))
+    rank = settings.rank
+    world = settings.world_size or spec.roles.learner.replicas
     torch.manual_seed(spec.training.seed)
     sharded = spec.roles.learner.sharding == "fsdp"
     distributed.init_distributed(world, rank, sharded=sharded)
@@ -60,7 +66,15 @@ async def run_learner(
         return learner_group.follow(trainer)
     group = LearnerGroup(trainer, world)
     return await _coordinate(
-        spec, job, group, tokenizer, port=port, output=output, base_dir=base_dir, resume=resume
+        spec,
+        job,
+        group,
+        tokenizer,
+        port=port,
+        output=output,
+        base_dir=base_dir,
+        resume=resume,
+        settings=settings,
     )
 
 
@@ -74,6 +88,7 @@ async def _coordinate(
     output: Path,
     base_dir: Path | None,
     resume: bool,
+    settings: WorkerSettings,
 ) -> int:
     from decentralized_verl.orchestration.assemble import build_loop
     from decentralized_verl.orchestration.membership import follow_scaling
@@ -99,10 +114,10 @@ async def _coordinate(
         CoordinatorServicer(status),
         WeightsServicer(publisher),
         health,
-        host=WorkerSettings.from_env().server_host(),
+        host=settings.server_host(),
     )
     loop = exporter = None
-    metrics_port = WorkerSettings.from_env().metrics_port
+    metrics_port = settings.metrics_port
     stop = asyncio.Event()
     # SIGTERM (eviction, preemption, `kubectl delete pod`): finish or drop the step in flight, checkpoint,
     # leave with STOPPED_EXIT so the operator restarts the gang with --resume.
@@ -121,6 +136,9 @@ async def _coordinate(
             temperature=trainer.settings.temperature,
             publisher=publisher,
             start_version=start.policy_version if start else 0,
+            addresses=settings.addresses,
+            pools=settings.pools,
+            vllm_eager=settings.vllm_eager,
             weights_source=group.weights,
         )
         try:
@@ -140,7 +158,7 @@ async def _coordinate(
             status=status,
             resume=start,
             scatter=group.scatter if group.world > 1 else None,
-            attach=(join_volunteers(publisher, output), follow_scaling),
+            attach=(join_volunteers(publisher, output, settings), follow_scaling(settings)),
             checkpoint=True,
             save=group.save if group.sharded else None,
             on_step=exporter.observe if exporter is not None else None,
@@ -187,11 +205,24 @@ async def _unless_stopped(stop: asyncio.Event, work: Awaitable[T], step: int) ->
     raise TrainingStopped(step, None)
 
 
-def run(spec: JobSpec, job: str, *, port: int, output: Path, base_dir: Path | None, resume: bool) -> int:
+def run(
+    spec: JobSpec,
+    job: str,
+    *,
+    port: int,
+    output: Path,
+    base_dir: Path | None,
+    resume: bool,
+    settings: WorkerSettings,
+) -> int:
     """Run this learner rank to the end; a rank of a distributed group leaves through `exit_process`."""
     code = 1
     try:
-        code = asyncio.run(run_learner(spec, job, port=port, output=output, base_dir=base_dir, resume=resume))
+        code = asyncio.run(
+            run_learner(
+                spec, job, port=port, output=output, base_dir=base_dir, resume=resume, settings=settings
+            )
+        )
     except BaseException:
         if not dist.is_initialized():
             raise

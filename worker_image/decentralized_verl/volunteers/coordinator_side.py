@@ -120,12 +120,11 @@ async def start_volunteer_discovery(
     return hub
 
 
-def join_volunteers(publisher, output: Path) -> Attachment:
+def join_volunteers(publisher, output: Path, settings: WorkerSettings) -> Attachment:
     """Loop attachment: with volunteers enabled and a DHT in the plan, volunteers found there join dispatch
     and every new policy version reaches the publisher they pull from; `volunteers.json` on the way out."""
 
     async def attach(context: LoopContext) -> Closer | None:
-        settings = WorkerSettings.from_env()
         if not (context.spec.volunteers.enabled and settings.dht_addr):
             return None
         model = context.trainer.model

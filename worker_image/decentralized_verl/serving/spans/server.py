@@ -378,7 +378,10 @@ async def _main(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m decentralized_verl.serving.spans.server --model JSON --layers a:b --port N`."""
+    from decentralized_verl.models import loading
     from decentralized_verl.runtime.cpus import configure_from_environment
+    from decentralized_verl.security import trust
+    from decentralized_verl.settings import WorkerSettings
 
     parser = argparse.ArgumentParser(description="Serve decoder layers [a, b) of a model as one span.")
     parser.add_argument("--model", required=True, help="the job's spec.model as JSON")
@@ -390,7 +393,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-sessions", type=int, default=64)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    configure_from_environment()
+    settings = WorkerSettings.from_env()  # this process's entry: `python -m` starts a span server here
+    configure_from_environment(settings)
+    trust.adopt(settings)
+    loading.use_cache_dir(settings.cache_dir)
     try:
         return asyncio.run(_main(args))
     except DverlError as exc:
