@@ -16,14 +16,14 @@ from test_fanout import CHUNK, RelayThread, model_state
 
 from decentralized_verl.security import credentials as cr
 from decentralized_verl.security import trust
-from decentralized_verl.transport import bulk_wire as bw
 from decentralized_verl.transport import messages as m
-from decentralized_verl.transport.fanout import WeightRelay
-from decentralized_verl.transport.fanout_push import OK
-from decentralized_verl.transport.fanout_route import Hop, plan_chain
-from decentralized_verl.transport.fanout_runtime import WeightFanout
-from decentralized_verl.transport.weight_receive import LocalWeightSource
-from decentralized_verl.transport.weight_service import WeightPublisher, WeightsServicer
+from decentralized_verl.transport.weights import bulk_wire as bw
+from decentralized_verl.transport.weights.fanout import WeightFanout
+from decentralized_verl.transport.weights.publish import WeightPublisher, WeightsServicer
+from decentralized_verl.transport.weights.push import OK
+from decentralized_verl.transport.weights.receive import LocalWeightSource
+from decentralized_verl.transport.weights.relay import WeightRelay
+from decentralized_verl.transport.weights.route import Hop, plan_chain
 
 torch = pytest.importorskip("torch")
 
@@ -208,7 +208,7 @@ def test_idle_connections_cost_no_thread_and_an_announced_one_a_short_deadline(n
     open, at most a few do, each dropped when its header does not come within the deadline."""
     import threading
 
-    from decentralized_verl.transport import bulk_relay
+    from decentralized_verl.transport.weights import bulk_plane as bulk_relay
 
     monkeypatch.setattr(bulk_relay, "HEADER_DEADLINE_S", 0.5)
     receiver = nodes()

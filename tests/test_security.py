@@ -24,19 +24,20 @@ from decentralized_verl.errors import WireError  # noqa: E402
 from decentralized_verl.proto import dverl_pb2 as pb  # noqa: E402
 from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc  # noqa: E402
 from decentralized_verl.security import credentials as cr  # noqa: E402
-from decentralized_verl.security import signing, trust  # noqa: E402
+from decentralized_verl.security import trust  # noqa: E402
 from decentralized_verl.security.rights import may_call  # noqa: E402
 from decentralized_verl.serving.servicers import serve  # noqa: E402
 from decentralized_verl.transport import secure  # noqa: E402
-from decentralized_verl.transport.fanout import WeightRelay  # noqa: E402
-from decentralized_verl.transport.fanout_push import OK  # noqa: E402
-from decentralized_verl.transport.fanout_route import plan_chain  # noqa: E402
-from decentralized_verl.transport.weight_receive import (  # noqa: E402
+from decentralized_verl.transport.weights import signing  # noqa: E402
+from decentralized_verl.transport.weights.publish import Published, WeightPublisher, WeightsServicer  # noqa: E402
+from decentralized_verl.transport.weights.push import OK  # noqa: E402
+from decentralized_verl.transport.weights.receive import (  # noqa: E402
     BundleBuilder,
     GrpcWeightSource,
     LocalWeightSource,
 )
-from decentralized_verl.transport.weight_service import Published, WeightPublisher, WeightsServicer  # noqa: E402
+from decentralized_verl.transport.weights.relay import WeightRelay  # noqa: E402
+from decentralized_verl.transport.weights.route import plan_chain  # noqa: E402
 
 torch.set_num_threads(1)
 

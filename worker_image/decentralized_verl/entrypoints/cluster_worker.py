@@ -3,7 +3,7 @@
 Reads the job config (the ConfigMap's job.yaml or `dverl run`'s copy), builds the role and serves it
 over gRPC until SIGTERM. The learner role runs the training loop instead (entrypoints/learner.py).
 
-A rollout worker also serves a weight relay (`transport.fanout.WeightRelay`) on the same port: the
+A rollout worker also serves a weight relay (`transport.weights.relay.WeightRelay`) on the same port: the
 learner pushes each new version down a chain of rollout workers, each verifying and forwarding it, and
 a worker the push missed pulls from the learner (DVERL_LEARNER_ADDR) when it needs the version.
 """
@@ -115,9 +115,9 @@ async def serve_rollout(worker: RolloutWorker, port: int, *, learner: str | None
     """
     from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc
     from decentralized_verl.serving import servicers
-    from decentralized_verl.transport.fanout import WeightRelay, serve_relay
-    from decentralized_verl.transport.fanout_runtime import RelayWeightSource
-    from decentralized_verl.transport.weight_service import WeightPublisher
+    from decentralized_verl.transport.weights.fanout import RelayWeightSource
+    from decentralized_verl.transport.weights.publish import WeightPublisher
+    from decentralized_verl.transport.weights.relay import WeightRelay, serve_relay
 
     relay = WeightRelay(WeightPublisher(keep=1))  # a rollout worker only ever needs the newest version
     if learner:

@@ -96,8 +96,8 @@ async def _coordinate(
     from decentralized_verl.orchestration.wiring import connect_roles
     from decentralized_verl.serving.servicers import HealthServicer, serve
     from decentralized_verl.training.checkpoints import checkpoint_root
-    from decentralized_verl.transport.delta_publisher import DeltaPublisher
-    from decentralized_verl.transport.weight_service import WeightPublisher, WeightsServicer
+    from decentralized_verl.transport.weights.delta_publish import DeltaPublisher
+    from decentralized_verl.transport.weights.publish import WeightPublisher, WeightsServicer
     from decentralized_verl.volunteers.coordinator_side import join_volunteers
 
     trainer = group.trainer
@@ -105,7 +105,7 @@ async def _coordinate(
     status = StatusBoard()
     # Native dtype on the wire keeps rollout and learner log-probs identical; bf16 models send bf16.
     # With volunteers, each version is also kept as a delta from the one before: a volunteer holding a
-    # recent version pulls the changed bytes, not the model (transport/delta_publisher.py).
+    # recent version pulls the changed bytes, not the model (transport/weights/delta_publish.py).
     publisher_type = DeltaPublisher if spec.volunteers.enabled else WeightPublisher
     publisher = publisher_type(dtype=None, is_adapter=spec.model.lora is not None)
     health = HealthServicer(role="learner", worker_id=f"{job}-learner-0")

@@ -65,7 +65,7 @@ async def run_volunteer(
     from decentralized_verl.spec import JobSpec
     from decentralized_verl.transport import messages as m
     from decentralized_verl.transport import p2p as wire
-    from decentralized_verl.transport.delta_p2p import DeltaP2PWeightSource
+    from decentralized_verl.transport.weights.delta_p2p import DeltaP2PWeightSource
     from decentralized_verl.volunteers.announce import VolunteerRecord, hardware_summary
     from decentralized_verl.volunteers.prefetch import WeightPrefetch
     from decentralized_verl.volunteers.session import volunteer_session

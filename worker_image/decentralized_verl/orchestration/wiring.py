@@ -4,7 +4,7 @@ One function for the learner process and the Python API facade, so a colocated r
 reached through the same protocol and built in one place. Remote reward, reference and critic workers are
 reached through a `ScoringPool` (every replica, with failover); rollout workers through the dispatcher.
 
-Weights to remote rollout workers go through `transport.fanout_runtime.WeightFanout`: each version is held by
+Weights to remote rollout workers go through `transport.weights.fanout.WeightFanout`: each version is held by
 the learner's publisher (served for pulls by the learner's Weights service) and, with two or more remote
 rollout workers, pushed down a chain of them, so the learner sends one copy instead of N.
 """
@@ -101,7 +101,7 @@ async def connect_roles(
     from decentralized_verl.serving.rollout import RolloutWorker
     from decentralized_verl.training.trainer import rollout_state_dict
     from decentralized_verl.transport import clients
-    from decentralized_verl.transport.fanout_runtime import WeightFanout
+    from decentralized_verl.transport.weights.fanout import WeightFanout
 
     def current() -> Any:
         """The weights to send: `weights_source()` (a sharded learner's gathered stream), else the model's."""

@@ -181,7 +181,7 @@ class SpanServer:
 
     def stage(self, data: bytes) -> int:
         """Keep a blob's tensors for the version it is tagged with; the count staged so far."""
-        from decentralized_verl.transport.weights import decode_state_dict
+        from decentralized_verl.transport.weights.codec import decode_state_dict
 
         version = _tagged_version(data)
         tensors = decode_state_dict(data, version)
@@ -194,7 +194,7 @@ class SpanServer:
     def commit(self, version: int) -> None:
         """Load the staged tensors as `version` (every one checked first), or change nothing."""
         from decentralized_verl.backends.weight_copy import plan_weight_copy
-        from decentralized_verl.transport.weights import cast_like
+        from decentralized_verl.transport.weights.codec import cast_like
 
         if self.staged_version != version:
             raise WireError(

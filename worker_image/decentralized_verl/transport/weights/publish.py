@@ -1,7 +1,7 @@
 """Weights from the learner to rollout workers: a publisher that keeps the newest encoded versions and
 the gRPC `Weights` service that streams them (the receiving side is `weight_receive`).
 
-The learner encodes a version once (`transport.weights` codec: safetensors bytes cut into hashed chunks)
+The learner encodes a version once (`transport.weights.codec` codec: safetensors bytes cut into hashed chunks)
 and any number of workers fetch it. Only the newest `keep` versions are held: a worker that missed
 versions fetches the latest, never the ones in between. A receiver (`BundleBuilder`) hashes every chunk
 once as it arrives and checks it against the manifest, and the chunk digests against the manifest's
@@ -24,17 +24,17 @@ from torch import Tensor
 from decentralized_verl.errors import WireError
 from decentralized_verl.proto import dverl_pb2 as pb
 from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc
-from decentralized_verl.security import signing
 from decentralized_verl.security.trust import PROCESS_KEY, weights_signing_key
 from decentralized_verl.transport import messages as m
-from decentralized_verl.transport.weight_stream import StreamedWeights, encode_stream
-from decentralized_verl.transport.weights import (
+from decentralized_verl.transport.weights import signing
+from decentralized_verl.transport.weights.codec import (
     DEFAULT_CHUNK_BYTES,
     BundleHeader,
     WeightBundle,
     WeightChunk,
     encode_state_dict,
 )
+from decentralized_verl.transport.weights.stream import StreamedWeights, encode_stream
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +205,7 @@ class WeightsServicer(pb_grpc.WeightsServicer):
         )
 
     async def Push(self, request_iterator, context: grpc.aio.ServicerContext) -> pb.PushAck:
-        from decentralized_verl.transport.weight_receive import BundleBuilder, decode_held
+        from decentralized_verl.transport.weights.receive import BundleBuilder, decode_held
 
         builder: BundleBuilder | None = None
         received = version = 0
