@@ -66,7 +66,8 @@ def primitives(creds, repeats: int) -> dict[str, dict[str, list[float]]]:
     from decentralized_verl.serving.servicers import serve
     from decentralized_verl.transport import secure
     from decentralized_verl.transport.weights import signing
-    from decentralized_verl.transport.weights.publish import WeightPublisher, WeightsServicer
+    from decentralized_verl.transport.weights.publish import WeightPublisher
+    from decentralized_verl.transport.weights.service import WeightsServicer
 
     publisher = WeightPublisher(chunk_bytes=1 << 20, signing_key=None)
     publisher.publish(smollm2_like_state(8), 1)

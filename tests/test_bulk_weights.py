@@ -19,11 +19,12 @@ from decentralized_verl.security import trust
 from decentralized_verl.transport import messages as m
 from decentralized_verl.transport.weights import bulk_wire as bw
 from decentralized_verl.transport.weights.fanout import WeightFanout
-from decentralized_verl.transport.weights.publish import WeightPublisher, WeightsServicer
+from decentralized_verl.transport.weights.publish import WeightPublisher
 from decentralized_verl.transport.weights.push import OK
 from decentralized_verl.transport.weights.receive import LocalWeightSource
 from decentralized_verl.transport.weights.relay import WeightRelay
 from decentralized_verl.transport.weights.route import Hop, plan_chain
+from decentralized_verl.transport.weights.service import WeightsServicer
 
 torch = pytest.importorskip("torch")
 

@@ -29,7 +29,7 @@ from decentralized_verl.security.rights import may_call  # noqa: E402
 from decentralized_verl.serving.servicers import serve  # noqa: E402
 from decentralized_verl.transport import secure  # noqa: E402
 from decentralized_verl.transport.weights import signing  # noqa: E402
-from decentralized_verl.transport.weights.publish import Published, WeightPublisher, WeightsServicer  # noqa: E402
+from decentralized_verl.transport.weights.publish import Published, WeightPublisher  # noqa: E402
 from decentralized_verl.transport.weights.push import OK  # noqa: E402
 from decentralized_verl.transport.weights.receive import (  # noqa: E402
     BundleBuilder,
@@ -38,6 +38,7 @@ from decentralized_verl.transport.weights.receive import (  # noqa: E402
 )
 from decentralized_verl.transport.weights.relay import WeightRelay  # noqa: E402
 from decentralized_verl.transport.weights.route import plan_chain  # noqa: E402
+from decentralized_verl.transport.weights.service import WeightsServicer  # noqa: E402
 
 torch.set_num_threads(1)
 

@@ -35,7 +35,8 @@ from decentralized_verl.serving.scoring import RewardWorker  # noqa: E402
 from decentralized_verl.serving.servicers import HealthServicer, RewardServicer, serve  # noqa: E402
 from decentralized_verl.transport import messages as m  # noqa: E402
 from decentralized_verl.transport import secure  # noqa: E402
-from decentralized_verl.transport.weights.publish import WeightPublisher, WeightsServicer  # noqa: E402
+from decentralized_verl.transport.weights.publish import WeightPublisher  # noqa: E402
+from decentralized_verl.transport.weights.service import WeightsServicer  # noqa: E402
 from decentralized_verl.transport.wire.rollout import sampling_from_proto  # noqa: E402
 
 FUZZ = settings(

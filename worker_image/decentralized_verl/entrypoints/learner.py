@@ -97,7 +97,8 @@ async def _coordinate(
     from decentralized_verl.serving.servicers import HealthServicer, serve
     from decentralized_verl.training.checkpoints import checkpoint_root
     from decentralized_verl.transport.weights.delta_publish import DeltaPublisher
-    from decentralized_verl.transport.weights.publish import WeightPublisher, WeightsServicer
+    from decentralized_verl.transport.weights.publish import WeightPublisher
+    from decentralized_verl.transport.weights.service import WeightsServicer
     from decentralized_verl.volunteers.coordinator_side import join_volunteers
 
     trainer = group.trainer

@@ -117,7 +117,7 @@ class CoordinatorEndpoints:
         return m.manifest_to_proto(held.manifest)
 
     async def _fetch(self, request: pb.FetchRequest, context) -> AsyncIterator[pb.WeightChunk]:
-        from decentralized_verl.transport.weights.publish import WeightsServicer
+        from decentralized_verl.transport.weights.service import WeightsServicer
 
         self._authorize(context)
         held = self.publisher.get(request.version)

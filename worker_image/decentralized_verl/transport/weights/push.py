@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING
 import grpc
 
 from decentralized_verl.proto import dverl_pb2 as pb
-from decentralized_verl.transport.weights.publish import Published, WeightsServicer
+from decentralized_verl.transport.weights.publish import Published
 from decentralized_verl.transport.weights.route import ROUTE_KEY, Hop, route_to_json
+from decentralized_verl.transport.weights.service import WeightsServicer
 
 if TYPE_CHECKING:
     from decentralized_verl.transport.weights.relay import WeightRelay

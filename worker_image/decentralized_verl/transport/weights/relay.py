@@ -47,7 +47,7 @@ from decentralized_verl.transport import messages as m
 from decentralized_verl.transport import secure
 from decentralized_verl.transport.weights.bulk_plane import BULK_OPEN, BulkPlane
 from decentralized_verl.transport.weights.codec import WeightChunk
-from decentralized_verl.transport.weights.publish import Published, WeightPublisher, WeightsServicer
+from decentralized_verl.transport.weights.publish import Published, WeightPublisher
 from decentralized_verl.transport.weights.push import (
     RESULT_KEY,
     SERVICE,
@@ -58,6 +58,7 @@ from decentralized_verl.transport.weights.push import (
 )
 from decentralized_verl.transport.weights.receive import BundleBuilder, ChunkFetch
 from decentralized_verl.transport.weights.route import ROUTE_KEY, Hop, route_from_json
+from decentralized_verl.transport.weights.service import WeightsServicer
 
 log = logging.getLogger(__name__)
 
