@@ -16,7 +16,7 @@ Methods (each delivers the whole payload into every receiver's memory):
 - grpc fetch:       every receiver Fetches the version from the learner concurrently (the simple path).
 - grpc chain:       `WeightRelay.fan_out` along a chain (learner -> r1 -> r2 -> ...), chunks pipelined.
 - grpc tree:        the same along a binary tree (learner -> r1, r2; r1 -> r3, r4).
-- bulk chain/tree:  the same routes over the bulk data plane (`transport.weights.bulk_plane`): gRPC BulkOpen with
+- bulk chain/tree:  the same routes over the bulk data plane (`transport.weights.bulk_plane`): BulkOpen with
                     the manifest, then the payload over TCP into one buffer per receiver, each chunk hashed
                     as it lands and relayed from that buffer. What the runtime's `WeightFanout` uses.
 With --tls every node is a worker of a secured job (TLS, the job token, signed weights; the bulk sockets
