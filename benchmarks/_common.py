@@ -107,7 +107,7 @@ def set_threads(threads: int | None) -> int:
     (`cpus.configure_from_environment`); one process, so both sides of a comparison get the same."""
     import torch
 
-    from decentralized_verl.heap import keep_freed_memory
+    from decentralized_verl.runtime.heap import keep_freed_memory
 
     threads = threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
@@ -237,7 +237,7 @@ def write_json(path: str | Path | None, report: dict[str, Any]) -> None:
 
 def fresh_copy(model: Any) -> Any:
     """An independent copy (own weights, no optimizer state) so each run starts from the same policy."""
-    from decentralized_verl import compute_thread
+    from decentralized_verl.runtime import compute_thread
 
     clone = compute_thread.call(copy.deepcopy, model)  # where the runs compute (one OpenMP team)
     clone.train()

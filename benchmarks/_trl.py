@@ -202,7 +202,7 @@ class TRLGRPO:
 
         from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-        from decentralized_verl import compute_thread
+        from decentralized_verl.runtime import compute_thread
 
         self.trainer.remove_callback(PrinterCallback)  # it prints every log dict to stdout
         self.trainer.remove_callback(ProgressCallback)

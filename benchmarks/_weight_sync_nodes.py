@@ -22,13 +22,12 @@ def _receiver(
 ) -> None:
     """A receiver process: obeys (command, *args) messages from the driver until ("stop",). With
     `tls_dir` it is a worker of a secured job: TLS, the job token, and signed weights only."""
-    import os
+    from decentralized_verl.security import trust
+    from decentralized_verl.settings import WorkerSettings
 
-    os.environ.pop("DVERL_TLS_DIR", None)
-    if tls_dir:
-        os.environ["DVERL_TLS_DIR"] = tls_dir
-    from decentralized_verl.transport.fanout import WeightRelay, serve_relay
-    from decentralized_verl.transport.weight_service import WeightPublisher
+    trust.adopt(WorkerSettings(tls_dir=tls_dir))  # this process's entry: a secured job's worker, or none
+    from decentralized_verl.transport.weights.publish import WeightPublisher
+    from decentralized_verl.transport.weights.relay import WeightRelay, serve_relay
 
     stored_at: dict[int, float] = {}
 
@@ -153,8 +152,8 @@ class Learner:
     `credentials` (security.credentials.JobCredentials) it signs each version and talks TLS + token."""
 
     def __init__(self, chunk_bytes: int, grpc_options: list[tuple[str, int]], credentials=None) -> None:
-        from decentralized_verl.transport.fanout import WeightRelay, serve_relay
-        from decentralized_verl.transport.weight_service import WeightPublisher
+        from decentralized_verl.transport.weights.publish import WeightPublisher
+        from decentralized_verl.transport.weights.relay import WeightRelay, serve_relay
 
         signing = credentials.signing_key if credentials is not None else None
         publisher = WeightPublisher(dtype="bfloat16", chunk_bytes=chunk_bytes, keep=1, signing_key=signing)
@@ -177,8 +176,8 @@ def run_grpc(
 ) -> tuple[float, list[float]]:
     """One delivery by ``mode``: "fetch", "chain" or "tree" over gRPC, "bulk chain" or "bulk tree" over the
     bulk data plane (gRPC BulkOpen, then TCP into each receiver's buffer)."""
-    from decentralized_verl.transport.fanout_push import OK
-    from decentralized_verl.transport.fanout_route import plan_chain, plan_tree
+    from decentralized_verl.transport.weights.push import OK
+    from decentralized_verl.transport.weights.route import plan_chain, plan_tree
 
     if mode == "fetch":
         t0 = time.monotonic()

@@ -41,7 +41,7 @@ def manifest(folder: Path, staleness: int, steps: int, eval_every: int, rollout_
 
 def one_run(staleness: int, steps: int, eval_every: int, replicas: int) -> dict[str, float]:
     from decentralized_verl.launch.run import run_job
-    from decentralized_verl.metrics import read_metrics
+    from decentralized_verl.reporting.metrics import read_metrics
 
     with tempfile.TemporaryDirectory(prefix="dverl-async-") as tmp:
         folder = Path(tmp)

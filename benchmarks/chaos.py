@@ -156,7 +156,7 @@ def _rows(metrics: Path) -> list[dict]:
 
 def _workers(run: subprocess.Popen) -> dict[str, int]:
     """Worker name -> pid, for the processes `dverl run` started (read from /proc)."""
-    from decentralized_verl.orphans import descendants
+    from decentralized_verl.runtime.orphans import descendants
 
     found = {}
     for pid in descendants(run.pid):

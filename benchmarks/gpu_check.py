@@ -75,9 +75,10 @@ def part_function(name: str) -> Any:
 
 def run_part(args: argparse.Namespace) -> int:
     """Inside the part's own process: run it, write parts/<name>.json whatever happens."""
-    from decentralized_verl.cpus import configure_from_environment
+    from decentralized_verl.runtime.cpus import configure_from_environment
+    from decentralized_verl.settings import WorkerSettings
 
-    configure_from_environment()
+    configure_from_environment(WorkerSettings.from_env())
     out_dir = Path(args.out)
     target = out_dir / "parts" / f"{args.part}.json"
     began = time.perf_counter()

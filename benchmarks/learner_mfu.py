@@ -111,7 +111,7 @@ def measure_model(
 ) -> dict[str, Any]:
     import torch
 
-    from decentralized_verl import compute_thread
+    from decentralized_verl.runtime import compute_thread
     from decentralized_verl.training.advantage_step import attach_advantages
     from decentralized_verl.training.trainer import PolicyTrainer
 

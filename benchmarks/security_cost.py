@@ -63,10 +63,11 @@ def primitives(creds, repeats: int) -> dict[str, dict[str, list[float]]]:
 
     from decentralized_verl.proto import dverl_pb2 as pb
     from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc
-    from decentralized_verl.security import signing
     from decentralized_verl.serving.servicers import serve
     from decentralized_verl.transport import secure
-    from decentralized_verl.transport.weight_service import WeightPublisher, WeightsServicer
+    from decentralized_verl.transport.weights import signing
+    from decentralized_verl.transport.weights.publish import WeightPublisher
+    from decentralized_verl.transport.weights.service import WeightsServicer
 
     publisher = WeightPublisher(chunk_bytes=1 << 20, signing_key=None)
     publisher.publish(smollm2_like_state(8), 1)
@@ -139,8 +140,8 @@ def grpo_steps(folder: Path, steps: int, repeats: int) -> dict[str, list[float]]
     from decentralized_verl.launch.local import LocalCluster
     from decentralized_verl.launch.run import write_config
     from decentralized_verl.manifest import load_job
-    from decentralized_verl.metrics import read_metrics
     from decentralized_verl.plan import plan_job
+    from decentralized_verl.reporting.metrics import read_metrics
     from decentralized_verl.security.credentials import run_folder_credentials
 
     out: dict[str, list[float]] = {mode: [] for mode in MODES}

@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from decentralized_verl.stats import wilson_interval
+    from decentralized_verl.reporting.stats import wilson_interval
 
     runs: dict[str, list[dict[str, Any]]] = {side: [] for side in args.sides}
     curves: list[c.Curve] = []

@@ -44,7 +44,7 @@ def load(name: str):
 async def join_and_fetch(model) -> dict[str, float]:
     from decentralized_verl.training.trainer import rollout_state_dict
     from decentralized_verl.transport import p2p as wire
-    from decentralized_verl.transport.weight_service import WeightPublisher
+    from decentralized_verl.transport.weights.publish import WeightPublisher
     from decentralized_verl.volunteers.dht import PeerOptions, start_dht
 
     publisher = WeightPublisher(dtype=None)
@@ -87,7 +87,7 @@ def verification(model, tokenizer, batch: int, new_tokens: int, repeats: int) ->
     from decentralized_verl.core.sampling import SamplingParams
     from decentralized_verl.serving.rollout import RolloutWorker
     from decentralized_verl.training.trainer import rollout_state_dict
-    from decentralized_verl.transport.weight_service import WeightPublisher
+    from decentralized_verl.transport.weights.publish import WeightPublisher
     from decentralized_verl.volunteers.verify import PublishedPolicy, Verifier
 
     publisher = WeightPublisher(dtype=None)

@@ -6,7 +6,7 @@
 The learner's model (fp32 master weights) takes AdamW steps on a causal-LM loss over arithmetic prompts
 and answers; after each step the version is encoded as the publisher does (safetensors chunks) in the
 serving dtype (bf16, and fp32), and the delta from the previous version is built (XOR + zstd,
-transport/weight_delta.py) and applied back, byte-checked against the full bundle. Reported per lr and
+transport/weights/delta.py) and applied back, byte-checked against the full bundle. Reported per lr and
 dtype: the fraction of elements that changed, full and delta bytes per version, the ratio, and the
 time to build and apply one delta. Prints one JSON object.
 """
@@ -48,8 +48,8 @@ def measure(model_spec: dict, lr: float, steps: int, batch: int, seed: int) -> d
     from decentralized_verl.models.loading import load_model_and_tokenizer
     from decentralized_verl.spec import ModelSpec
     from decentralized_verl.training.trainer import rollout_state_dict
-    from decentralized_verl.transport.weight_delta import apply_delta, changed_fraction, encode_delta
-    from decentralized_verl.transport.weights import encode_state_dict
+    from decentralized_verl.transport.weights.codec import encode_state_dict
+    from decentralized_verl.transport.weights.delta import apply_delta, changed_fraction, encode_delta
 
     torch.manual_seed(seed)
     model, tokenizer = load_model_and_tokenizer(ModelSpec.model_validate(model_spec), padding_side="right")
@@ -112,9 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.smoke:
         args.model, args.steps, args.lrs, args.batch = "tiny", 2, [1e-3], 4
-    from decentralized_verl.cpus import configure_from_environment
+    from decentralized_verl.runtime.cpus import configure_from_environment
+    from decentralized_verl.settings import WorkerSettings
 
-    configure_from_environment()
+    configure_from_environment(WorkerSettings.from_env())
     result = {
         "model": args.model,
         "steps": args.steps,

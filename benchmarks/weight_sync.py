@@ -16,7 +16,7 @@ Methods (each delivers the whole payload into every receiver's memory):
 - grpc fetch:       every receiver Fetches the version from the learner concurrently (the simple path).
 - grpc chain:       `WeightRelay.fan_out` along a chain (learner -> r1 -> r2 -> ...), chunks pipelined.
 - grpc tree:        the same along a binary tree (learner -> r1, r2; r1 -> r3, r4).
-- bulk chain/tree:  the same routes over the bulk data plane (`transport.bulk_relay`): gRPC BulkOpen with
+- bulk chain/tree:  the same routes over the bulk data plane (`transport.weights.bulk_plane`): BulkOpen with
                     the manifest, then the payload over TCP into one buffer per receiver, each chunk hashed
                     as it lands and relayed from that buffer. What the runtime's `WeightFanout` uses.
 With --tls every node is a worker of a secured job (TLS, the job token, signed weights; the bulk sockets
@@ -45,7 +45,7 @@ from pathlib import Path
 
 from _weight_sync_nodes import Learner, receiver_cpu, run_grpc, run_raw, start_receivers, stop_receivers
 
-from decentralized_verl.transport.digest import digest_hex
+from decentralized_verl.transport.weights.digest import digest_hex
 
 BF16_BYTES = 2
 VOCAB, HIDDEN, INTER, HEADS_KV = 49152, 576, 1536, 3 * 64  # SmolLM2-135M: 30 layers, 9 heads, 3 kv heads
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     chunk_bytes = int(args.chunk_mb * 1024 * 1024)
     grpc_options = [(k, int(v)) for k, v in (o.split("=", 1) for o in args.grpc_option)]
 
-    from decentralized_verl.transport.weights import encode_state_dict
+    from decentralized_verl.transport.weights.codec import encode_state_dict
 
     state = smollm2_like_state(args.mb)
     tls_dir, credentials = None, None

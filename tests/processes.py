@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from decentralized_verl.netlab.jobs import BIN, process_env  # noqa: F401 (BIN: for the tests' own use)
-from decentralized_verl.ports import free_port  # noqa: F401 (the tests' one way to pick a port)
+from decentralized_verl.runtime.ports import free_port  # noqa: F401 (the tests' one way to pick a port)
 
 
 def console_env(**extra: str) -> dict[str, str]:

@@ -120,8 +120,8 @@ def train(trainer: PolicyTrainer, batches: list[TrainBatch]) -> dict:
 def _run(name: str, spec, batches, out: Path, rank: int) -> dict:
     from decentralized_verl.training.learner_group import LearnerGroup, streamed_weights
     from decentralized_verl.training.trainer import rollout_state_dict
-    from decentralized_verl.transport.weight_stream import encode_stream
-    from decentralized_verl.transport.weights import decode_bundle
+    from decentralized_verl.transport.weights.codec import decode_bundle
+    from decentralized_verl.transport.weights.stream import encode_stream
 
     model = tied_model(spec)
     trainer = PolicyTrainer(model, spec, distributed=True)

@@ -437,7 +437,7 @@ def test_dverl_run_with_a_vllm_rollout_worker(tmp_path) -> None:
     import yaml
 
     from decentralized_verl.launch.run import run_job
-    from decentralized_verl.metrics import read_metrics
+    from decentralized_verl.reporting.metrics import read_metrics
 
     toy = os.path.join(os.path.dirname(__file__), "..", "examples", "data", "toy")
     spec = {

@@ -190,8 +190,10 @@ def test_each_rollout_worker_sizes_its_engine_by_its_own_pool_gpus() -> None:
     role = spec.roles.rollout
     gpus = [worker_resources(role, index).gpus for index in range(3)]
     assert gpus == [4, 2, 2]  # the pool's resources replace the role's; a pool without them keeps the role's
-    assert [backend_options("vllm", g) for g in gpus] == [{"tensor_parallel_size": n} for n in (4, 2, 2)]
-    assert backend_options("vllm", 0) == {"tensor_parallel_size": 1}
+    tp = [backend_options("vllm", g)["tensor_parallel_size"] for g in gpus]
+    assert tp == [4, 2, 2]
+    assert backend_options("vllm", 0) == {"tensor_parallel_size": 1, "enforce_eager": False}
+    assert backend_options("vllm", 1, vllm_eager=True)["enforce_eager"] is True  # DVERL_VLLM_EAGER=1
     assert backend_options("hf", 4) == {}  # the hf backend runs on one device and takes no such option
     with pytest.raises(ValueError, match="index: the role has 3 replicas"):
         worker_resources(role, 3)

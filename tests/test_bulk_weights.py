@@ -15,14 +15,16 @@ import pytest
 from test_fanout import CHUNK, RelayThread, model_state
 
 from decentralized_verl.security import credentials as cr
-from decentralized_verl.transport import bulk_wire as bw
+from decentralized_verl.security import trust
 from decentralized_verl.transport import messages as m
-from decentralized_verl.transport.fanout import WeightRelay
-from decentralized_verl.transport.fanout_push import OK
-from decentralized_verl.transport.fanout_route import Hop, plan_chain
-from decentralized_verl.transport.fanout_runtime import WeightFanout
-from decentralized_verl.transport.weight_receive import LocalWeightSource
-from decentralized_verl.transport.weight_service import WeightPublisher, WeightsServicer
+from decentralized_verl.transport.weights import bulk_wire as bw
+from decentralized_verl.transport.weights.fanout import WeightFanout
+from decentralized_verl.transport.weights.publish import WeightPublisher
+from decentralized_verl.transport.weights.push import OK
+from decentralized_verl.transport.weights.receive import LocalWeightSource
+from decentralized_verl.transport.weights.relay import WeightRelay
+from decentralized_verl.transport.weights.route import Hop, plan_chain
+from decentralized_verl.transport.weights.service import WeightsServicer
 
 torch = pytest.importorskip("torch")
 
@@ -163,7 +165,7 @@ def job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> cr.JobCredentials:
     """This test process is one of the job's rollout workers (TLS, its token, signed weights only); the
     credentials returned are the learner's."""
     issued = cr.run_folder_credentials(tmp_path / "run", "bulk-job").issued
-    monkeypatch.setenv("DVERL_TLS_DIR", str(cr.write(tmp_path / "rollout", issued, "rollout")))
+    monkeypatch.setattr(trust, "_given", (str(cr.write(tmp_path / "rollout", issued, "rollout")), None))
     return issued.for_role("learner")
 
 
@@ -207,7 +209,7 @@ def test_idle_connections_cost_no_thread_and_an_announced_one_a_short_deadline(n
     open, at most a few do, each dropped when its header does not come within the deadline."""
     import threading
 
-    from decentralized_verl.transport import bulk_relay
+    from decentralized_verl.transport.weights import bulk_plane as bulk_relay
 
     monkeypatch.setattr(bulk_relay, "HEADER_DEADLINE_S", 0.5)
     receiver = nodes()

@@ -16,7 +16,7 @@ from decentralized_verl.cli import _run, build_parser, main
 from decentralized_verl.core.status import JobStatus
 from decentralized_verl.errors import PeerUnavailable
 from decentralized_verl.launch.run import RunFailed, StepLines
-from decentralized_verl.progress import eta_seconds, format_duration, progress_line
+from decentralized_verl.reporting.progress import eta_seconds, format_duration, progress_line
 
 ROOT = Path(__file__).parents[1]
 TINY = str(ROOT / "examples" / "tiny-grpo.yaml")
@@ -133,7 +133,7 @@ def test_step_lines_print_each_step_once(capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_step_lines_catch_up_on_the_last_steps_from_the_metrics_file(tmp_path, capsys) -> None:
-    from decentralized_verl.metrics import MetricsLog
+    from decentralized_verl.reporting.metrics import MetricsLog
 
     with MetricsLog(tmp_path / "metrics.jsonl") as log:
         for step in (1, 2, 3):

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from decentralized_verl.cli import main
-from decentralized_verl.metrics import MetricsLog
+from decentralized_verl.reporting.metrics import MetricsLog
 
 
 def _run_folder(tmp_path: Path, steps: int, finished: bool) -> Path:

@@ -12,7 +12,7 @@ from cluster_node import claims, cluster, cluster_spec
 from node_harness import refused
 from operator_fixtures import wait_for
 
-from decentralized_verl.metrics import read_metrics
+from decentralized_verl.reporting.metrics import read_metrics
 
 REASON = refused()
 pytestmark = [

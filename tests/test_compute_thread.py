@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from decentralized_verl import compute_thread
+from decentralized_verl.runtime import compute_thread
 
 
 def test_calls_from_other_threads_all_land_on_one_thread() -> None:

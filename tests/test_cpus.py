@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from decentralized_verl import cpus
 from decentralized_verl.launch.local import LocalCluster
 from decentralized_verl.manifest import parse_job
 from decentralized_verl.plan import plan_job
-from decentralized_verl.settings import SettingsError
+from decentralized_verl.runtime import cpus
+from decentralized_verl.settings import SettingsError, WorkerSettings
 
 
 @pytest.mark.parametrize(
@@ -44,15 +44,19 @@ def test_cgroup_quota_read_from_v2_then_v1(tmp_path: Path) -> None:
 
 def test_available_cpus_takes_the_smallest_limit(tmp_path: Path) -> None:
     machine = cpus.affinity_cpus()
-    assert cpus.available_cpus({}, root=tmp_path) == machine
+
+    def given(environ: dict[str, str]) -> float | None:
+        return WorkerSettings.from_env(environ).cpus
+
+    assert cpus.available_cpus(given({}), root=tmp_path) == machine
     (tmp_path / "cpu.max").write_text("150000 100000")  # a pod limited to 1.5 CPUs on any node
-    assert cpus.available_cpus({}, root=tmp_path) == 1
+    assert cpus.available_cpus(given({}), root=tmp_path) == 1
     (tmp_path / "cpu.max").write_text(f"{(machine + 8) * 100000} 100000")  # a quota above the cores
-    assert cpus.available_cpus({}, root=tmp_path) == machine
-    assert cpus.available_cpus({"DVERL_CPUS": "1"}, root=tmp_path) == 1
-    assert cpus.available_cpus({"DVERL_CPUS": "0.3"}, root=tmp_path) == 1  # never zero threads
+    assert cpus.available_cpus(given({}), root=tmp_path) == machine
+    assert cpus.available_cpus(given({"DVERL_CPUS": "1"}), root=tmp_path) == 1
+    assert cpus.available_cpus(given({"DVERL_CPUS": "0.3"}), root=tmp_path) == 1  # never zero threads
     with pytest.raises(SettingsError, match="DVERL_CPUS"):
-        cpus.available_cpus({"DVERL_CPUS": "-2"}, root=tmp_path)
+        given({"DVERL_CPUS": "-2"})
 
 
 def test_share_cores_by_phase() -> None:
@@ -74,8 +78,10 @@ def test_share_cores_by_phase() -> None:
 
 def test_a_worker_process_sizes_torch_from_dverl_cpus() -> None:
     code = (
-        "import torch; from decentralized_verl.cpus import configure_from_environment as c; "
-        "n = c(); print(n, torch.get_num_threads(), __import__('os').environ['OMP_NUM_THREADS'])"
+        "import torch; from decentralized_verl.runtime.cpus import configure_from_environment as c; "
+        "from decentralized_verl.settings import WorkerSettings; "
+        "n = c(WorkerSettings.from_env()); "
+        "print(n, torch.get_num_threads(), __import__('os').environ['OMP_NUM_THREADS'])"
     )
     env = {**os.environ, "DVERL_CPUS": "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)

@@ -15,7 +15,7 @@ from job_manifests import e2e_manifest
 from secured_cluster import secured_cluster
 
 from decentralized_verl.launch.run import coordinator_status, run_job
-from decentralized_verl.metrics import read_metrics
+from decentralized_verl.reporting.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
 STEPS = 6

@@ -12,7 +12,7 @@ import pytest
 from job_manifests import e2e_manifest
 
 from decentralized_verl.launch.run import run_job
-from decentralized_verl.metrics import read_metrics
+from decentralized_verl.reporting.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from decentralized_verl.launch.run import run_job
-from decentralized_verl.metrics import read_metrics
+from decentralized_verl.reporting.metrics import read_metrics
 
 ROOT = Path(__file__).parents[1]
 pytestmark = pytest.mark.slow

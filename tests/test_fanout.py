@@ -21,9 +21,17 @@ grpc = pytest.importorskip("grpc")
 
 from decentralized_verl.errors import WireError  # noqa: E402
 from decentralized_verl.proto import dverl_pb2 as pb  # noqa: E402
-from decentralized_verl.transport.fanout import WeightRelay, serve_relay  # noqa: E402
-from decentralized_verl.transport.fanout_push import OK  # noqa: E402
-from decentralized_verl.transport.fanout_route import (  # noqa: E402
+from decentralized_verl.transport.weights.fanout import (  # noqa: E402
+    PUSH_FLOOR_S,
+    RelayWeightSource,
+    WeightFanout,
+    push_deadline_s,
+)
+from decentralized_verl.transport.weights.publish import WeightPublisher  # noqa: E402
+from decentralized_verl.transport.weights.push import OK  # noqa: E402
+from decentralized_verl.transport.weights.receive import GrpcWeightSource, LocalWeightSource  # noqa: E402
+from decentralized_verl.transport.weights.relay import WeightRelay, serve_relay  # noqa: E402
+from decentralized_verl.transport.weights.route import (  # noqa: E402
     CHAIN_MAX_RECEIVERS,
     Hop,
     plan_chain,
@@ -32,14 +40,6 @@ from decentralized_verl.transport.fanout_route import (  # noqa: E402
     route_from_json,
     route_to_json,
 )
-from decentralized_verl.transport.fanout_runtime import (  # noqa: E402
-    PUSH_FLOOR_S,
-    RelayWeightSource,
-    WeightFanout,
-    push_deadline_s,
-)
-from decentralized_verl.transport.weight_receive import GrpcWeightSource, LocalWeightSource  # noqa: E402
-from decentralized_verl.transport.weight_service import WeightPublisher  # noqa: E402
 from decentralized_verl.transport.wire import weights as wire_weights  # noqa: E402
 
 torch.set_num_threads(1)
@@ -333,7 +333,7 @@ class CountingHash:
     """Stands in for `digest_hex` in `transport.wire.weights` (chunk checks): counts the bytes hashed."""
 
     def __init__(self) -> None:
-        from decentralized_verl.transport.digest import digest_hex
+        from decentralized_verl.transport.weights.digest import digest_hex
 
         self.real = digest_hex
         self.bytes = 0

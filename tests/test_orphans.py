@@ -17,7 +17,7 @@ from job_manifests import e2e_manifest
 from local_models import save_tiny_model
 from processes import ProcessGroup, free_port
 
-from decentralized_verl.orphans import _start_time, descendants
+from decentralized_verl.runtime.orphans import _start_time, descendants
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
 
@@ -107,7 +107,7 @@ def test_the_guard_kills_what_its_owner_left_and_nothing_else(tmp_path: Path) ->
     """A parent starts a guard and a long child, then is SIGKILLed: the child goes; a stranger stays."""
     code = (
         "import subprocess, sys, time\n"
-        "from decentralized_verl.orphans import guard_descendants\n"
+        "from decentralized_verl.runtime.orphans import guard_descendants\n"
         "assert guard_descendants() is not None and guard_descendants() is None  # once per process\n"
         "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], start_new_session=True)\n"
         "print('ready', flush=True)\n"
@@ -127,7 +127,7 @@ def test_the_guard_kills_what_its_owner_left_and_nothing_else(tmp_path: Path) ->
 
 DAEMON_STARTER = """
 import os, subprocess, sys, time
-from decentralized_verl.orphans import guard_descendants
+from decentralized_verl.runtime.orphans import guard_descendants
 guard_descendants()
 # A daemon that leaves the process tree at once (double fork), started before the watchdog's first look.
 subprocess.run([sys.executable, "-c", "import os, sys, time\\nif os.fork(): os._exit(0)\\n"
@@ -162,7 +162,7 @@ def test_a_daemon_that_left_the_tree_is_still_ended_by_the_guard_mark(tmp_path: 
 
 FORKER = """
 import os, sys, time
-from decentralized_verl.orphans import guard_descendants
+from decentralized_verl.runtime.orphans import guard_descendants
 guard_descendants()
 pid = os.fork()  # no exec: /proc/PID/environ of the child shows no guard mark
 if pid == 0:
@@ -191,15 +191,16 @@ def test_a_forked_child_the_guard_never_saw_is_ended_through_the_owners_process_
 
 CHILD = """
 import sys, time
-from decentralized_verl.orphans import die_with_parent
-die_with_parent()
+from decentralized_verl.runtime.orphans import die_with_parent
+from decentralized_verl.settings import WorkerSettings
+die_with_parent(WorkerSettings.from_env().die_with_parent)
 print("alive", flush=True)
 time.sleep(60)
 """
 
 PARENT = """
 import os, subprocess, sys, time
-from decentralized_verl.orphans import PARENT_VARIABLE
+from decentralized_verl.runtime.orphans import PARENT_VARIABLE
 env = {**os.environ, PARENT_VARIABLE: str(os.getpid())}
 child = subprocess.Popen([sys.executable, "-c", sys.argv[1]], env=env)
 print(child.pid, flush=True)
@@ -208,7 +209,7 @@ time.sleep(60)
 
 
 def test_a_launched_worker_dies_with_its_launcher_and_not_with_a_stranger(tmp_path: Path) -> None:
-    from decentralized_verl.orphans import PARENT_VARIABLE
+    from decentralized_verl.runtime.orphans import PARENT_VARIABLE
 
     # The launcher named some other pid: the child is not where it was meant to be and ends at once.
     env = {**os.environ, PARENT_VARIABLE: str(os.getpid() + 1_000_000)}

@@ -7,7 +7,7 @@ import random
 import socket
 from pathlib import Path
 
-from decentralized_verl.ports import LOWEST, ephemeral_floor, free_port
+from decentralized_verl.runtime.ports import LOWEST, ephemeral_floor, free_port
 
 
 def test_ports_are_free_distinct_and_below_the_ephemeral_range() -> None:

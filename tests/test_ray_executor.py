@@ -23,8 +23,8 @@ from decentralized_verl.launch.ray_placement import (
     learner_gang,
 )
 from decentralized_verl.manifest import load_job
-from decentralized_verl.metrics import read_metrics
 from decentralized_verl.plan import plan_job
+from decentralized_verl.reporting.metrics import read_metrics
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import chaos

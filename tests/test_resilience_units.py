@@ -11,9 +11,9 @@ import torch
 
 from decentralized_verl.errors import CheckpointError
 from decentralized_verl.launch.watchdog import STALL_FLOOR_S, STARTUP_S, ProgressClock, allowance
-from decentralized_verl.metrics import MetricsLog, read_metrics, truncate_after
 from decentralized_verl.models.checkpoint import checkpoint_problem, latest_checkpoint, write_manifest
 from decentralized_verl.models.loading import load_model_and_tokenizer
+from decentralized_verl.reporting.metrics import MetricsLog, read_metrics, truncate_after
 from decentralized_verl.spec import ModelSpec, TinyModelSpec
 from decentralized_verl.training.checkpoints import CheckpointClock, CheckpointWriter, restore_latest
 

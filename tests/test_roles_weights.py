@@ -26,8 +26,9 @@ from decentralized_verl.serving.servicers import RolloutServicer, serve  # noqa:
 from decentralized_verl.spec import ModelSpec, TinyModelSpec  # noqa: E402
 from decentralized_verl.transport.clients import GrpcRolloutClient  # noqa: E402
 from decentralized_verl.transport.grpc_options import channel_options  # noqa: E402
-from decentralized_verl.transport.weight_receive import GrpcWeightSource, LocalWeightSource  # noqa: E402
-from decentralized_verl.transport.weight_service import WeightPublisher, WeightsServicer  # noqa: E402
+from decentralized_verl.transport.weights.publish import WeightPublisher  # noqa: E402
+from decentralized_verl.transport.weights.receive import GrpcWeightSource, LocalWeightSource  # noqa: E402
+from decentralized_verl.transport.weights.service import WeightsServicer  # noqa: E402
 
 torch.set_num_threads(1)
 

@@ -24,19 +24,21 @@ from decentralized_verl.errors import WireError  # noqa: E402
 from decentralized_verl.proto import dverl_pb2 as pb  # noqa: E402
 from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc  # noqa: E402
 from decentralized_verl.security import credentials as cr  # noqa: E402
-from decentralized_verl.security import signing  # noqa: E402
+from decentralized_verl.security import trust  # noqa: E402
 from decentralized_verl.security.rights import may_call  # noqa: E402
 from decentralized_verl.serving.servicers import serve  # noqa: E402
 from decentralized_verl.transport import secure  # noqa: E402
-from decentralized_verl.transport.fanout import WeightRelay  # noqa: E402
-from decentralized_verl.transport.fanout_push import OK  # noqa: E402
-from decentralized_verl.transport.fanout_route import plan_chain  # noqa: E402
-from decentralized_verl.transport.weight_receive import (  # noqa: E402
+from decentralized_verl.transport.weights import signing  # noqa: E402
+from decentralized_verl.transport.weights.publish import Published, WeightPublisher  # noqa: E402
+from decentralized_verl.transport.weights.push import OK  # noqa: E402
+from decentralized_verl.transport.weights.receive import (  # noqa: E402
     BundleBuilder,
     GrpcWeightSource,
     LocalWeightSource,
 )
-from decentralized_verl.transport.weight_service import Published, WeightPublisher, WeightsServicer  # noqa: E402
+from decentralized_verl.transport.weights.relay import WeightRelay  # noqa: E402
+from decentralized_verl.transport.weights.route import plan_chain  # noqa: E402
+from decentralized_verl.transport.weights.service import WeightsServicer  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -61,8 +63,7 @@ def issued(tmp_path: Path) -> cr.IssuedCredentials:
 def job(issued: cr.IssuedCredentials, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> cr.JobCredentials:
     """This test process is one of the job's rollout workers (no signing key; it may pull and forward
     weights); the credentials returned are the learner's, which drives every worker."""
-    monkeypatch.setenv("DVERL_TLS_DIR", str(cr.write(tmp_path / "rollout", issued, "rollout")))
-    monkeypatch.delenv("DVERL_SECRETS_FD", raising=False)
+    monkeypatch.setattr(trust, "_given", (str(cr.write(tmp_path / "rollout", issued, "rollout")), None))
     return issued.for_role("learner")
 
 

@@ -3,6 +3,7 @@ the only place a worker reads a DVERL_* variable from."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -22,13 +23,65 @@ def test_docs_document_every_variable() -> None:
 
 
 def test_no_module_but_settings_reads_a_dverl_variable() -> None:
-    reads = re.compile(r"""(environ(\.get)?\(|environ\[|getenv\()\s*f?["']DVERL_""")
+    reads = re.compile(
+        r"""(environ(\.get)?\(|environ\[|getenv\()\s*f?["'](DVERL_|RANK|WORLD_SIZE|LOCAL_RANK)"""
+    )
     offenders = [
         str(path.relative_to(ROOT))
         for path in PACKAGE.rglob("*.py")
         if path.name != "settings.py" and reads.search(path.read_text())
     ]
     assert offenders == []
+
+
+ENTRY_PACKAGES = ("entrypoints", "commands", "launch")
+"""Where a process starts: `dverl`'s commands and workers, and the launchers that start them."""
+ENTRY_FUNCTIONS = {("cli.py", "main"), ("serving/spans/server.py", "main")}
+"""Entries outside those packages: `dverl` itself, and a span server started with `python -m`."""
+
+
+def from_env_calls(tree: ast.AST) -> list[tuple[str, int]]:
+    """(enclosing function, line) of every `WorkerSettings.from_env(...)` call in a module."""
+    found: list[tuple[str, int]] = []
+
+    def visit(node: ast.AST, function: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = child.name if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef) else function
+            call = child.func if isinstance(child, ast.Call) else None
+            if (
+                isinstance(call, ast.Attribute)
+                and call.attr == "from_env"
+                and isinstance(call.value, ast.Name)
+                and call.value.id == "WorkerSettings"
+            ):
+                found.append((function, child.lineno))
+            visit(child, inner if function == "" else function)
+
+    visit(tree, "")
+    return found
+
+
+def test_settings_are_read_only_at_a_process_entry() -> None:
+    """Deeper modules get the settings passed down; reading them again there would hide what a process
+    was started with and let two readings of one process disagree."""
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        module = path.relative_to(PACKAGE).as_posix()
+        if module.split("/")[0] in ENTRY_PACKAGES:
+            continue
+        for function, line in from_env_calls(ast.parse(path.read_text())):
+            if (module, function) not in ENTRY_FUNCTIONS:
+                offenders.append(f"{module}:{line} (in {function or 'the module'})")
+    assert offenders == [], "WorkerSettings.from_env() outside a process entry: pass the settings down"
+
+
+def test_the_entry_scan_finds_calls() -> None:
+    """The scan above can fail: it sees a call at module level and inside a nested function."""
+    code = (
+        "x = WorkerSettings.from_env()\ndef f():\n    def g():\n        return WorkerSettings.from_env({})\n"
+    )
+    assert from_env_calls(ast.parse(code)) == [("", 1), ("f", 4)]
+    assert from_env_calls(ast.parse("WorkerSettings.from_json()\nOther.from_env()\n")) == []
 
 
 def test_typed_values_and_errors_that_name_the_variable() -> None:
@@ -103,6 +156,8 @@ def test_a_sharded_critic_is_one_gang_reached_through_its_rank_0() -> None:
         env = worker_env(plan, worker, addresses)
         assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("j-critic-0", "29600")
         assert (env["WORLD_SIZE"], env["RANK"]) == ("2", str(worker.index))
+        rank = WorkerSettings.from_env(env)
+        assert (rank.world_size, rank.rank, rank.local_rank) == (2, worker.index, 0)
     learner_env = worker_env(plan, plan.by_role("learner")[0], addresses)
     assert (learner_env["MASTER_ADDR"], learner_env["WORLD_SIZE"]) == ("j-learner-0", "1")
     unsharded = spec.model_copy(deep=True)

@@ -27,8 +27,8 @@ from decentralized_verl.serving.spans.client import SpanClient  # noqa: E402
 from decentralized_verl.serving.spans.layout import Span, split_state  # noqa: E402
 from decentralized_verl.serving.spans.server import SpanServer, decode_commit  # noqa: E402
 from decentralized_verl.spec.model import ModelSpec  # noqa: E402
-from decentralized_verl.transport.weight_receive import LocalWeightSource  # noqa: E402
-from decentralized_verl.transport.weight_service import WeightPublisher  # noqa: E402
+from decentralized_verl.transport.weights.publish import WeightPublisher  # noqa: E402
+from decentralized_verl.transport.weights.receive import LocalWeightSource  # noqa: E402
 
 torch.set_num_threads(1)
 

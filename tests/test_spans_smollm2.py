@@ -80,7 +80,7 @@ def test_dverl_run_trains_smollm2_with_the_rollout_as_three_span_processes(tmp_p
     from job_manifests import write_manifest
 
     from decentralized_verl.launch.run import run_job
-    from decentralized_verl.metrics import read_metrics
+    from decentralized_verl.reporting.metrics import read_metrics
 
     root = Path(__file__).resolve().parents[1]
     spec = yaml.safe_load((root / "examples" / "smollm2-spans-grpo.yaml").read_text())["spec"]

@@ -128,8 +128,8 @@ def _front(swarm, name: str) -> SpanBackend:
 
 def _refresh(front: SpanBackend, model, version: int) -> None:
     """The learner's signed publish of `version`, loaded by the front into every span (volunteer too)."""
-    from decentralized_verl.transport.weight_receive import LocalWeightSource
-    from decentralized_verl.transport.weight_service import WeightPublisher
+    from decentralized_verl.transport.weights.publish import WeightPublisher
+    from decentralized_verl.transport.weights.receive import LocalWeightSource
 
     publisher = WeightPublisher(dtype=None, signing_key=KEY, bundle_metadata=signed.bundle_metadata(ONE))
     publisher.publish(model.state_dict(), version)

@@ -10,8 +10,8 @@ import textwrap
 
 import pytest
 
-from decentralized_verl import compute_thread
-from decentralized_verl.thread_governor import (
+from decentralized_verl.runtime import compute_thread
+from decentralized_verl.runtime.thread_governor import (
     ThreadGovernor,
     busy_jiffies,
     others_busy_cores,
@@ -147,9 +147,10 @@ WORKER = textwrap.dedent(
     """
     import os, torch
     os.environ["DVERL_CPUS"] = "2"
-    from decentralized_verl import compute_thread
-    from decentralized_verl.cpus import configure_from_environment
-    configure_from_environment()
+    from decentralized_verl.runtime import compute_thread
+    from decentralized_verl.runtime.cpus import configure_from_environment
+    from decentralized_verl.settings import WorkerSettings
+    configure_from_environment(WorkerSettings.from_env())
     a = torch.randn(256, 256)
     def work():
         b = a

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from tracker_files import tensorboard_run, wandb_run
 
-from decentralized_verl.metrics import MetricsLog, read_metrics
 from decentralized_verl.plotting import plot_run, smoothed
-from decentralized_verl.trackers import RunInfo, TrackerError, flatten, open_trackers
+from decentralized_verl.reporting.metrics import MetricsLog, read_metrics
+from decentralized_verl.reporting.trackers import RunInfo, TrackerError, flatten, open_trackers
 
 CONFIG = {"job": "tiny", "training": {"steps": 3, "learningRate": 0.001}, "algorithm": {"name": "grpo"}}
 SAMPLES = [

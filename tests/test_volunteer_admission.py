@@ -13,7 +13,7 @@ import pytest
 
 from decentralized_verl.transport import messages as m
 from decentralized_verl.transport.p2p import CoordinatorEndpoints, join
-from decentralized_verl.transport.weight_service import WeightPublisher
+from decentralized_verl.transport.weights.publish import WeightPublisher
 from decentralized_verl.volunteers.discovery import HubConfig, VolunteerHub
 from decentralized_verl.volunteers.tokens import issue_token
 

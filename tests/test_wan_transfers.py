@@ -16,12 +16,12 @@ from test_weight_deltas import _model_and_steps
 
 from decentralized_verl.errors import WireError
 from decentralized_verl.transport import messages as m
-from decentralized_verl.transport.delta_p2p import DeltaEndpoint, DeltaP2PWeightSource, cut, uncut
-from decentralized_verl.transport.delta_publisher import DeltaPublisher
 from decentralized_verl.transport.p2p import CoordinatorEndpoints
-from decentralized_verl.transport.weight_receive import ChunkFetch
-from decentralized_verl.transport.weight_service import manifest_of
-from decentralized_verl.transport.weights import encode_state_dict
+from decentralized_verl.transport.weights.codec import encode_state_dict
+from decentralized_verl.transport.weights.delta_p2p import DeltaEndpoint, DeltaP2PWeightSource, cut, uncut
+from decentralized_verl.transport.weights.delta_publish import DeltaPublisher
+from decentralized_verl.transport.weights.publish import manifest_of
+from decentralized_verl.transport.weights.receive import ChunkFetch
 
 pytestmark = pytest.mark.usefixtures("collected_before_fork")
 

@@ -10,18 +10,18 @@ import pytest
 import torch
 
 from decentralized_verl.errors import WireError
-from decentralized_verl.transport.delta_publisher import DeltaPublisher, NoDelta
-from decentralized_verl.transport.digest import digest_hex
-from decentralized_verl.transport.weight_delta import (
+from decentralized_verl.transport.weights.codec import WeightChunk, encode_state_dict
+from decentralized_verl.transport.weights.delta import (
     apply_chain,
     apply_delta,
     changed_fraction,
     encode_delta,
     read_info,
 )
-from decentralized_verl.transport.weight_receive import BundleBuilder
-from decentralized_verl.transport.weight_service import Published, manifest_of
-from decentralized_verl.transport.weights import WeightChunk, encode_state_dict
+from decentralized_verl.transport.weights.delta_publish import DeltaPublisher, NoDelta
+from decentralized_verl.transport.weights.digest import digest_hex
+from decentralized_verl.transport.weights.publish import Published, manifest_of
+from decentralized_verl.transport.weights.receive import BundleBuilder
 
 KEY = bytes(range(32))
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decentralized_verl.transport.weight_service import WeightPublisher
-from decentralized_verl.transport.weight_stream import StreamedWeights, TensorSlot, encode_stream
-from decentralized_verl.transport.weights import WeightAssembler, decode_bundle
+from decentralized_verl.transport.weights.codec import WeightAssembler, decode_bundle
+from decentralized_verl.transport.weights.publish import WeightPublisher
+from decentralized_verl.transport.weights.stream import StreamedWeights, TensorSlot, encode_stream
 
 
 def _state() -> dict[str, torch.Tensor]:

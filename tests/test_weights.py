@@ -11,8 +11,7 @@ from blake3 import blake3
 torch = pytest.importorskip("torch")
 
 from decentralized_verl.errors import WireError  # noqa: E402
-from decentralized_verl.transport.digest import digest_hex  # noqa: E402
-from decentralized_verl.transport.weights import (  # noqa: E402
+from decentralized_verl.transport.weights.codec import (  # noqa: E402
     WeightAssembler,
     WeightChunk,
     bundle_digest,
@@ -21,6 +20,7 @@ from decentralized_verl.transport.weights import (  # noqa: E402
     decode_state_dict,
     encode_state_dict,
 )
+from decentralized_verl.transport.weights.digest import digest_hex  # noqa: E402
 
 
 def sample_state_dict(seed: int = 0) -> dict[str, torch.Tensor]:

@@ -30,11 +30,13 @@ from decentralized_verl.errors import WireError  # noqa: E402
 from decentralized_verl.orchestration.status_service import CoordinatorServicer  # noqa: E402
 from decentralized_verl.proto import dverl_pb2 as pb  # noqa: E402
 from decentralized_verl.security import credentials as cr  # noqa: E402
+from decentralized_verl.security import trust  # noqa: E402
 from decentralized_verl.serving.scoring import RewardWorker  # noqa: E402
 from decentralized_verl.serving.servicers import HealthServicer, RewardServicer, serve  # noqa: E402
 from decentralized_verl.transport import messages as m  # noqa: E402
 from decentralized_verl.transport import secure  # noqa: E402
-from decentralized_verl.transport.weight_service import WeightPublisher, WeightsServicer  # noqa: E402
+from decentralized_verl.transport.weights.publish import WeightPublisher  # noqa: E402
+from decentralized_verl.transport.weights.service import WeightsServicer  # noqa: E402
 from decentralized_verl.transport.wire.rollout import sampling_from_proto  # noqa: E402
 
 FUZZ = settings(
@@ -245,8 +247,7 @@ TARGETS = {
 @pytest.fixture()
 def issued(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> cr.IssuedCredentials:
     issued = cr.run_folder_credentials(tmp_path / "run", "fuzz-job").issued
-    monkeypatch.setenv("DVERL_TLS_DIR", str(cr.write(tmp_path / "learner", issued, "learner")))
-    monkeypatch.delenv("DVERL_SECRETS_FD", raising=False)
+    monkeypatch.setattr(trust, "_given", (str(cr.write(tmp_path / "learner", issued, "learner")), None))
     return issued
 
 

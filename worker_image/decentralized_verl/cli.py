@@ -12,8 +12,12 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from decentralized_verl.errors import DverlError, ManifestError, OperationFailed
+
+if TYPE_CHECKING:
+    from decentralized_verl.settings import WorkerSettings
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -74,16 +78,37 @@ def _quiet_closed_pipe() -> int:
     return 128 + 13
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from decentralized_verl.orphans import die_with_parent
+def _adopt(settings: WorkerSettings) -> None:
+    """Hand the process-wide settings to the modules that hold them for the whole process: its job
+    credentials (every server, channel and weight receiver uses them) and the converted-model cache.
+    Imported lazily: `dverl validate` and the operator must not pay for torch."""
+    if settings.tls_dir:
+        from decentralized_verl.security import trust
 
-    die_with_parent()  # a worker `dverl run` started ends with it
+        trust.adopt(settings)
+    if settings.cache_dir:
+        from decentralized_verl.models import loading
+
+        loading.use_cache_dir(settings.cache_dir)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from decentralized_verl.runtime.orphans import die_with_parent
+    from decentralized_verl.settings import SettingsError, WorkerSettings
+
+    try:
+        settings = WorkerSettings.from_env()  # this process's entry: every `dverl` command starts here
+    except SettingsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    die_with_parent(settings.die_with_parent)  # a worker `dverl run` started ends with it
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["operator"]:
         # The operator owns its flags (and its --help); hand them over untouched.
         from dverl_operator.main import main as operator_main
 
         return operator_main(argv[1:])
+    _adopt(settings)
     try:
         args = build_parser().parse_args(argv)
         code = _run(args)

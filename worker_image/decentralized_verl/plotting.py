@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from decentralized_verl.errors import DataError
-from decentralized_verl.metrics import EVAL_FILE, read_evals, read_metrics
+from decentralized_verl.reporting.metrics import EVAL_FILE, read_evals, read_metrics
 
 PANELS = (
     ("reward_mean", "reward (mean per step)"),

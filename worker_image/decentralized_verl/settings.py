@@ -1,10 +1,11 @@
-"""The worker environment: every `DVERL_*` variable a worker process reads, declared once, typed.
+"""The worker environment: every `DVERL_*` and rank variable a worker process reads, declared once, typed.
 
 The operator (pod env) and `dverl run` (local processes) set these from the plan; a person sets the few
-marked "tuning" by hand. Workers read them through `WorkerSettings.from_env()` at their edges and pass
-the values down; nothing else in the package reads `os.environ` for a `DVERL_*` name. The table
-"Worker environment" in docs/environment.md is `settings_table()`, checked by a test. Torch-free: the
-operator and the plan import the names from here.
+marked "tuning" by hand. A process reads them once, through `WorkerSettings.from_env()` at its entry
+(tests/test_settings.py lists the entry modules), and passes the values down; nothing else in the
+package reads `os.environ` for a `DVERL_*` name. The table "Worker environment" in docs/environment.md
+is `settings_table()`, checked by a test. Torch-free: the operator and the plan import the names from
+here.
 """
 
 from __future__ import annotations
@@ -90,6 +91,35 @@ class WorkerSettings(BaseModel):
         description="operator, `dverl run`: the job's credentials (TLS, job token, weight keys); "
         "servers refuse calls without the token, receivers refuse unsigned weights",
     )
+
+    secrets_fd: int | None = Field(
+        None,
+        alias="DVERL_SECRETS_FD",
+        description="`dverl run`: the pipe a worker reads its private keys and token from, once, at start",
+    )
+    die_with_parent: int | None = Field(
+        None,
+        alias="DVERL_DIE_WITH_PARENT",
+        description="`dverl run`: the launcher's pid; the worker ends when that process dies",
+    )
+    guarded_by: str | None = Field(
+        None,
+        alias="DVERL_GUARDED_BY",
+        description="set by a process's orphan watchdog for everything it starts: `pid:start,...`",
+    )
+
+    kubernetes_host: str | None = Field(
+        None,
+        alias="KUBERNETES_SERVICE_HOST",
+        description="Kubernetes, in every pod: servers then listen on 0.0.0.0 unless `DVERL_BIND_HOST` says",
+    )
+
+    # -- torch.distributed's rendezvous, set by the plan for each rank of a learner or critic gang
+    rank: int = Field(0, ge=0, alias="RANK", description="plan: this process's rank in its gang")
+    world_size: int | None = Field(
+        None, ge=1, alias="WORLD_SIZE", description="plan: the gang's size (default: the role's replicas)"
+    )
+    local_rank: int = Field(0, ge=0, alias="LOCAL_RANK", description="plan: the GPU a rank computes on")
 
     cpus: float | None = Field(
         None,
@@ -206,7 +236,7 @@ class WorkerSettings(BaseModel):
     def server_host(self) -> str:
         if self.bind_host:
             return self.bind_host
-        return "0.0.0.0" if "KUBERNETES_SERVICE_HOST" in os.environ else "127.0.0.1"
+        return "0.0.0.0" if self.kubernetes_host is not None else "127.0.0.1"
 
     def volunteer_wait(self) -> tuple[int, float] | None:
         """(volunteers, seconds) from DVERL_WAIT_VOLUNTEERS, or None."""

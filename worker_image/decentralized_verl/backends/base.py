@@ -93,12 +93,15 @@ BACKENDS: dict[str, str] = {
 }
 
 
-def backend_options(name: str, gpus: int) -> dict[str, Any]:
+def backend_options(name: str, gpus: int = 1, *, vllm_eager: bool = False) -> dict[str, Any]:
     """Options a worker with ``gpus`` GPUs (its ``resources.gpus``) builds the named backend with.
 
-    A vllm engine is split tensor-parallel over all of them; the hf backend runs on one device.
+    A vllm engine is split tensor-parallel over all of them, and with ``vllm_eager``
+    (``WorkerSettings.vllm_eager``) starts without torch.compile; the hf backend runs on one device.
     """
-    return {"tensor_parallel_size": max(1, gpus)} if name == "vllm" else {}
+    if name != "vllm":
+        return {}
+    return {"tensor_parallel_size": max(1, gpus), "enforce_eager": vllm_eager}
 
 
 def make_backend(name: str, model: Any, tokenizer: Any, **kw: Any) -> GenerationBackend:

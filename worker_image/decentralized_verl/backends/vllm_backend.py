@@ -90,8 +90,8 @@ class VLLMBackend:
     config and dtype, and stays as the reference copy refreshes are checked against. ``seed`` is the
     engine seed (per-request seeds are ignored, see the module docstring). ``enforce_eager`` skips
     torch.compile (engine start: ~30 s instead of minutes on 2 CPU cores; decoding is somewhat
-    slower); when not given, ``DVERL_VLLM_EAGER=1`` in the environment turns it on, so jobs whose
-    workers build the backend from the spec can choose too. ``max_model_len`` defaults to the
+    slower); workers building the backend from the spec pass ``DVERL_VLLM_EAGER`` as it
+    (``backend_options``). ``max_model_len`` defaults to the
     model's positions. ``tensor_parallel_size`` splits the engine over that many GPUs of this machine
     (a worker's ``resources.gpus``); on CPU the engine stays on one process (see
     ``vllm_engine_args.parallel_kwargs``). ``engine_kwargs`` go to ``vllm.LLM`` unchanged. ``work_dir``

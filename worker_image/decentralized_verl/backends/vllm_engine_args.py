@@ -35,15 +35,16 @@ def engine_args(
 ) -> dict[str, Any]:
     """``vllm.LLM``'s keyword arguments for the model exported to ``model_dir``; ``engine_kwargs`` win.
 
-    ``enforce_eager`` None reads ``DVERL_VLLM_EAGER``. The GPUs are counted here: asking for more than
-    this machine has raises (see ``parallel_kwargs``), and without any the CPU memory settings apply.
+    ``enforce_eager`` None compiles (a worker passes ``DVERL_VLLM_EAGER`` as it). The GPUs are counted
+    here: asking for more than this machine has raises (see ``parallel_kwargs``), and without any the
+    CPU memory settings apply.
     """
     kwargs: dict[str, Any] = {
         "model": str(model_dir),
         "tokenizer": str(model_dir),
         "dtype": VLLM_DTYPES[dtype],
         "seed": seed,
-        "enforce_eager": enforce_eager if enforce_eager is not None else eager_from_env(),
+        "enforce_eager": bool(enforce_eager),
         "max_model_len": max_model_len,
         "worker_extension_cls": QUALNAME,
         "logprobs_mode": "processed_logprobs",
@@ -106,11 +107,3 @@ def cpu_memory_settings() -> dict[str, Any]:
     if not total or available is None:
         return {}
     return {"gpu_memory_utilization": round(min(0.9, max(0.05, 0.8 * available / total)), 3)}
-
-
-def eager_from_env() -> bool:
-    """``DVERL_VLLM_EAGER=1``: skip torch.compile, so jobs whose workers build the engine from the spec
-    can choose the faster start too."""
-    from decentralized_verl.settings import WorkerSettings
-
-    return WorkerSettings.from_env().vllm_eager

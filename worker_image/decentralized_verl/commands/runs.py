@@ -169,9 +169,10 @@ def _train(parser: argparse.ArgumentParser) -> Command:
     quick.add_argument("--port", type=int, default=0, help="this peer's P2P port (0: any free one)")
 
     def run(args: argparse.Namespace) -> int:
-        from decentralized_verl.cpus import configure_from_environment
+        from decentralized_verl.runtime.cpus import configure_from_environment
+        from decentralized_verl.settings import WorkerSettings
 
-        configure_from_environment()
+        configure_from_environment(WorkerSettings.from_env())
         if args.initial_peers:
             from decentralized_verl.entrypoints.quickstart import QuickstartOptions, main_quickstart
             from decentralized_verl.volunteers.rewards import QUICKSTART_REWARD

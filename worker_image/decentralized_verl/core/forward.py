@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from decentralized_verl.core.samples import position_ids_from_mask
+
 if TYPE_CHECKING:
     import torch
     from torch import nn
@@ -114,7 +116,7 @@ def response_hidden(decoder: nn.Module, t: Trimmed) -> torch.Tensor:
         if hidden is not None:
             return hidden
     mask = torch.cat([t.prompt_mask, t.response_mask.long()], dim=1)
-    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    positions = position_ids_from_mask(mask)
     ids = torch.cat([t.prompt_ids, t.response_ids], dim=1)
     out = decoder(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
     p, r = t.prompt_ids.shape[1], t.response_ids.shape[1]
@@ -130,7 +132,7 @@ def _shared_hidden(
 
     first_row, inverse = plan
     prompt_mask = t.prompt_mask[first_row]
-    prompt_positions = (prompt_mask.cumsum(dim=1) - 1).clamp(min=0)
+    prompt_positions = position_ids_from_mask(prompt_mask)
     out = decoder(
         input_ids=t.prompt_ids[first_row],
         attention_mask=prompt_mask,
@@ -248,12 +250,14 @@ def _response_logits(model, batch: TrainBatch, temperature: float = 1.0) -> torc
 
 
 def _token_logprobs(logits: torch.Tensor, batch: TrainBatch) -> torch.Tensor:
-    """log p(response token) from response logits, zero at padding."""
-    import torch
+    """log p(response token) from response logits (already over the temperature), zero at padding; through
+    the same kernel as the trimmed forward, so the two forwards agree."""
+    from decentralized_verl.core.token_logprobs import token_logprobs
 
     p = batch.prompt_length
-    targets = batch.input_ids[:, p : p + logits.shape[1]]
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    rows, width, vocab = logits.shape
+    targets = batch.input_ids[:, p : p + width]
+    logp = token_logprobs(logits.reshape(-1, vocab), targets.reshape(-1)).view(rows, width)
     return logp * batch.response_mask
 
 

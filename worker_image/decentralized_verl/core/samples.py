@@ -157,7 +157,7 @@ def collate(samples: list[Sample], pad_token_id: int) -> TrainBatch:
     prompt_mask = _pad_rows([(1,) * len(p) for p in prompts], width_p, 0, torch.long, left=True)
     response_mask = _pad_rows([(1,) * len(r) for r in responses], width_r, 0, torch.long, left=False)
     attention = torch.cat([prompt_mask, response_mask], dim=1)
-    positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
+    positions = position_ids_from_mask(attention)
     lengths = torch.tensor([len(r) for r in responses], dtype=torch.long)
 
     def per_token(name: str) -> torch.Tensor | None:
@@ -190,3 +190,10 @@ def collate(samples: list[Sample], pad_token_id: int) -> TrainBatch:
         values=per_token("values"),
         loss_mask=loss_mask,
     )
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip left padding, as `generate` uses; without them a left-padded row sees shifted
+    rotary positions and its log-probs differ from the same row unpadded. Every forward of the package
+    (learner, reference, critic, the stages) numbers positions this way."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)

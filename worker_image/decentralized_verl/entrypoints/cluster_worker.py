@@ -3,7 +3,7 @@
 Reads the job config (the ConfigMap's job.yaml or `dverl run`'s copy), builds the role and serves it
 over gRPC until SIGTERM. The learner role runs the training loop instead (entrypoints/learner.py).
 
-A rollout worker also serves a weight relay (`transport.fanout.WeightRelay`) on the same port: the
+A rollout worker also serves a weight relay (`transport.weights.relay.WeightRelay`) on the same port: the
 learner pushes each new version down a chain of rollout workers, each verifying and forwarding it, and
 a worker the push missed pulls from the learner (DVERL_LEARNER_ADDR) when it needs the version.
 """
@@ -15,8 +15,8 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from decentralized_verl.lifecycle import CALL_GRACE_S, serve_until_stopped
 from decentralized_verl.manifest import load_job
+from decentralized_verl.runtime.lifecycle import CALL_GRACE_S, serve_until_stopped
 from decentralized_verl.settings import WorkerSettings
 from decentralized_verl.spec import JobSpec
 
@@ -33,7 +33,15 @@ def base_dir_of(config: Path, annotations: dict | None) -> Path:
 
 
 async def serve_role(
-    spec: JobSpec, job: str, role: str, index: int, port: int, base_dir: Path, output: Path | None = None
+    spec: JobSpec,
+    job: str,
+    role: str,
+    index: int,
+    port: int,
+    base_dir: Path,
+    output: Path | None = None,
+    *,
+    settings: WorkerSettings,
 ) -> int:
     from decentralized_verl.backends.base import backend_options, make_backend
     from decentralized_verl.models.loading import load_model_and_tokenizer
@@ -42,7 +50,6 @@ async def serve_role(
     from decentralized_verl.serving.rollout import RolloutWorker
 
     worker_id = f"{job}-{role}-{index}"
-    settings = WorkerSettings.from_env()
     if role == "span":
         from decentralized_verl.serving.spans.server import serve_span_role
 
@@ -57,7 +64,11 @@ async def serve_role(
         name = spec.roles.rollout.backend
         gpus = worker_resources(spec.roles.rollout, index).gpus  # what this worker's pod was given
         backend = make_backend(
-            name, model, tokenizer, seed=spec.training.seed + index, **backend_options(name, gpus)
+            name,
+            model,
+            tokenizer,
+            seed=spec.training.seed + index,
+            **backend_options(name, gpus, vllm_eager=settings.vllm_eager),
         )
     if role == "rollout":
         return await serve_rollout(
@@ -77,7 +88,7 @@ async def serve_role(
     elif role == "critic" and spec.roles.critic is not None and spec.roles.critic.sharding == "fsdp":
         from decentralized_verl.serving.sharded_critic import serve_sharded_critic
 
-        return await serve_sharded_critic(spec, worker_id, port, settings.server_host(), output)
+        return await serve_sharded_critic(spec, worker_id, port, settings, output)
     elif role == "critic":
         critic = scoring.CriticWorker.from_spec(spec, worker_id=worker_id)
         if output is not None:  # a restarted critic continues from what it had learned
@@ -108,9 +119,9 @@ async def serve_rollout(worker: RolloutWorker, port: int, *, learner: str | None
     """
     from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc
     from decentralized_verl.serving import servicers
-    from decentralized_verl.transport.fanout import WeightRelay, serve_relay
-    from decentralized_verl.transport.fanout_runtime import RelayWeightSource
-    from decentralized_verl.transport.weight_service import WeightPublisher
+    from decentralized_verl.transport.weights.fanout import RelayWeightSource
+    from decentralized_verl.transport.weights.publish import WeightPublisher
+    from decentralized_verl.transport.weights.relay import WeightRelay, serve_relay
 
     relay = WeightRelay(WeightPublisher(keep=1))  # a rollout worker only ever needs the newest version
     if learner:
@@ -150,20 +161,32 @@ def load_worker_config(path: Path, job_name: str | None) -> tuple[JobSpec, str, 
 
 
 def main_cluster_worker(
-    config: str, role: str, index: int, port: int, output: str | None, resume: bool, job: str | None = None
+    config: str,
+    role: str,
+    index: int,
+    port: int,
+    output: str | None,
+    resume: bool,
+    job: str | None = None,
+    *,
+    settings: WorkerSettings,
 ) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     spec, name, base = load_worker_config(Path(config), job)
     if role == "learner":
         from decentralized_verl.entrypoints.learner import run
 
-        out = Path(output or WorkerSettings.from_env().output or Path("runs") / name)
-        return run(spec, name, port=port, output=out, base_dir=base, resume=resume)
+        out = Path(output or settings.output or Path("runs") / name)
+        return run(spec, name, port=port, output=out, base_dir=base, resume=resume, settings=settings)
     import torch.distributed as dist
 
     code = 1
     try:
-        code = asyncio.run(serve_role(spec, name, role, index, port, base, Path(output) if output else None))
+        code = asyncio.run(
+            serve_role(
+                spec, name, role, index, port, base, Path(output) if output else None, settings=settings
+            )
+        )
     except BaseException:
         if not dist.is_initialized():
             raise

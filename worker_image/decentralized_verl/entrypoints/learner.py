@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import signal
 from collections.abc import Awaitable
 from pathlib import Path
@@ -39,10 +38,17 @@ nothing mistakes the stop for the end of training."""
 
 
 async def run_learner(
-    spec: JobSpec, job: str, *, port: int, output: Path, base_dir: Path | None, resume: bool
+    spec: JobSpec,
+    job: str,
+    *,
+    port: int,
+    output: Path,
+    base_dir: Path | None,
+    resume: bool,
+    settings: WorkerSettings,
 ) -> int:
-    rank = int(os.environ.get("RANK", "0"))
-    world = int(os.environ.get("WORLD_SIZE", str(spec.roles.learner.replicas)))
+    rank = settings.rank
+    world = settings.world_size or spec.roles.learner.replicas
     torch.manual_seed(spec.training.seed)
     sharded = spec.roles.learner.sharding == "fsdp"
     distributed.init_distributed(world, rank, sharded=sharded)
@@ -60,7 +66,15 @@ async def run_learner(
         return learner_group.follow(trainer)
     group = LearnerGroup(trainer, world)
     return await _coordinate(
-        spec, job, group, tokenizer, port=port, output=output, base_dir=base_dir, resume=resume
+        spec,
+        job,
+        group,
+        tokenizer,
+        port=port,
+        output=output,
+        base_dir=base_dir,
+        resume=resume,
+        settings=settings,
     )
 
 
@@ -74,6 +88,7 @@ async def _coordinate(
     output: Path,
     base_dir: Path | None,
     resume: bool,
+    settings: WorkerSettings,
 ) -> int:
     from decentralized_verl.orchestration.assemble import build_loop
     from decentralized_verl.orchestration.membership import follow_scaling
@@ -81,8 +96,9 @@ async def _coordinate(
     from decentralized_verl.orchestration.wiring import connect_roles
     from decentralized_verl.serving.servicers import HealthServicer, serve
     from decentralized_verl.training.checkpoints import checkpoint_root
-    from decentralized_verl.transport.delta_publisher import DeltaPublisher
-    from decentralized_verl.transport.weight_service import WeightPublisher, WeightsServicer
+    from decentralized_verl.transport.weights.delta_publish import DeltaPublisher
+    from decentralized_verl.transport.weights.publish import WeightPublisher
+    from decentralized_verl.transport.weights.service import WeightsServicer
     from decentralized_verl.volunteers.coordinator_side import join_volunteers
 
     trainer = group.trainer
@@ -90,7 +106,7 @@ async def _coordinate(
     status = StatusBoard()
     # Native dtype on the wire keeps rollout and learner log-probs identical; bf16 models send bf16.
     # With volunteers, each version is also kept as a delta from the one before: a volunteer holding a
-    # recent version pulls the changed bytes, not the model (transport/delta_publisher.py).
+    # recent version pulls the changed bytes, not the model (transport/weights/delta_publish.py).
     publisher_type = DeltaPublisher if spec.volunteers.enabled else WeightPublisher
     publisher = publisher_type(
         dtype=None, is_adapter=spec.model.lora is not None, bundle_metadata=_span_manifests(spec)
@@ -101,10 +117,10 @@ async def _coordinate(
         CoordinatorServicer(status),
         WeightsServicer(publisher),
         health,
-        host=WorkerSettings.from_env().server_host(),
+        host=settings.server_host(),
     )
     loop = exporter = None
-    metrics_port = WorkerSettings.from_env().metrics_port
+    metrics_port = settings.metrics_port
     stop = asyncio.Event()
     # SIGTERM (eviction, preemption, `kubectl delete pod`): finish or drop the step in flight, checkpoint,
     # leave with STOPPED_EXIT so the operator restarts the gang with --resume.
@@ -123,6 +139,9 @@ async def _coordinate(
             temperature=trainer.settings.temperature,
             publisher=publisher,
             start_version=start.policy_version if start else 0,
+            addresses=settings.addresses,
+            pools=settings.pools,
+            vllm_eager=settings.vllm_eager,
             weights_source=group.weights,
         )
         try:
@@ -142,7 +161,7 @@ async def _coordinate(
             status=status,
             resume=start,
             scatter=group.scatter if group.world > 1 else None,
-            attach=(join_volunteers(publisher, output), follow_scaling),
+            attach=(join_volunteers(publisher, output, settings), follow_scaling(settings)),
             checkpoint=True,
             save=group.save if group.sharded else None,
             on_step=exporter.observe if exporter is not None else None,
@@ -189,11 +208,24 @@ async def _unless_stopped(stop: asyncio.Event, work: Awaitable[T], step: int) ->
     raise TrainingStopped(step, None)
 
 
-def run(spec: JobSpec, job: str, *, port: int, output: Path, base_dir: Path | None, resume: bool) -> int:
+def run(
+    spec: JobSpec,
+    job: str,
+    *,
+    port: int,
+    output: Path,
+    base_dir: Path | None,
+    resume: bool,
+    settings: WorkerSettings,
+) -> int:
     """Run this learner rank to the end; a rank of a distributed group leaves through `exit_process`."""
     code = 1
     try:
-        code = asyncio.run(run_learner(spec, job, port=port, output=output, base_dir=base_dir, resume=resume))
+        code = asyncio.run(
+            run_learner(
+                spec, job, port=port, output=output, base_dir=base_dir, resume=resume, settings=settings
+            )
+        )
     except BaseException:
         if not dist.is_initialized():
             raise

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from decentralized_verl.errors import VolunteerError
-from decentralized_verl.lifecycle import serve_until_stopped
+from decentralized_verl.runtime.lifecycle import serve_until_stopped
 from decentralized_verl.volunteers.session import PeerReach
 
 log = logging.getLogger(__name__)

@@ -139,7 +139,7 @@ async def run_quickstart(options: QuickstartOptions) -> dict[str, Any]:
     from decentralized_verl.training.trainer import PolicyTrainer, rollout_state_dict
     from decentralized_verl.transport.clients import P2PCriticClient
     from decentralized_verl.transport.p2p import connect
-    from decentralized_verl.transport.weight_service import WeightPublisher
+    from decentralized_verl.transport.weights.publish import WeightPublisher
     from decentralized_verl.volunteers.dht import start_dht
 
     if options.num_epochs < 1:

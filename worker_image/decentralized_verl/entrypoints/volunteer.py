@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from decentralized_verl.errors import PeerUnavailable, VolunteerError
-from decentralized_verl.lifecycle import serve_until_stopped
+from decentralized_verl.runtime.lifecycle import serve_until_stopped
 from decentralized_verl.volunteers.session import PeerReach
 
 log = logging.getLogger(__name__)
@@ -32,6 +32,8 @@ class VolunteerOptions(PeerReach):
     heartbeat_s: float = 5.0
     ttl_s: float = 20.0
     join_timeout_s: float = 300.0
+    vllm_eager: bool = False
+    """A vllm rollout engine starts without torch.compile (`WorkerSettings.vllm_eager`)."""
 
 
 async def _join_with_retry(p2p, coordinator: str, request, timeout: float):
@@ -56,14 +58,14 @@ async def run_volunteer(
     configure: Callable[[object], None] | None = None,
 ) -> int:
     """Run until `stop` (or a signal). `configure(endpoint)` lets tests make a dishonest volunteer."""
-    from decentralized_verl.backends.base import make_backend
+    from decentralized_verl.backends.base import backend_options, make_backend
     from decentralized_verl.models.loading import load_model_and_tokenizer
     from decentralized_verl.serving.p2p_endpoints import RolloutEndpoint
     from decentralized_verl.serving.rollout import RolloutWorker
     from decentralized_verl.spec import JobSpec
     from decentralized_verl.transport import messages as m
     from decentralized_verl.transport import p2p as wire
-    from decentralized_verl.transport.delta_p2p import DeltaP2PWeightSource
+    from decentralized_verl.transport.weights.delta_p2p import DeltaP2PWeightSource
     from decentralized_verl.volunteers.announce import VolunteerRecord, hardware_summary
     from decentralized_verl.volunteers.prefetch import WeightPrefetch
     from decentralized_verl.volunteers.session import volunteer_session
@@ -100,8 +102,14 @@ async def run_volunteer(
         if options.model:
             model_spec = type(spec.model).model_validate({"path": options.model, "dtype": spec.model.dtype})
         model, tokenizer = await asyncio.to_thread(load_model_and_tokenizer, model_spec)
+        name = spec.roles.rollout.backend
         backend = make_backend(
-            spec.roles.rollout.backend, model, tokenizer, seed=spec.training.seed, version=-1
+            name,
+            model,
+            tokenizer,
+            seed=spec.training.seed,
+            version=-1,
+            **backend_options(name, vllm_eager=options.vllm_eager),
         )
         # The key the admitting coordinator gave: weights it did not sign are refused; an unsecured job
         # (no key) publishes unsigned weights.

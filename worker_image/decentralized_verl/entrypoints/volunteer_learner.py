@@ -174,6 +174,7 @@ def run_learner(options: LearnerOptions) -> dict[str, Any]:
 
     from decentralized_verl.entrypoints.open_volunteer import _model_spec
     from decentralized_verl.models.loading import load_model_and_tokenizer
+    from decentralized_verl.training.optimizer_step import optimizer_step
     from decentralized_verl.volunteers.averaging import average_with_group
     from decentralized_verl.volunteers.dht import start_dht
     from decentralized_verl.volunteers.param_sync import ParameterSync
@@ -235,7 +236,7 @@ def run_learner(options: LearnerOptions) -> dict[str, Any]:
                 averager.load_accumulators_into_averager_()
                 members = reachable = (me,)
             with averager.use_averaged_gradients():
-                sgd.step()
+                optimizer_step(sgd, params, max_grad_norm=None)  # plain SGD on the group's mean gradient
             averager.reset_accumulated_grads_()
             result = sync.sync(step, members, reachable) if len(members) > 1 else None
             group_sizes.append(len(members))

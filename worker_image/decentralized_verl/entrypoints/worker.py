@@ -84,9 +84,11 @@ def worker_kind(args: WorkerArgs) -> WorkerKind:
 
 def main_worker(args: WorkerArgs) -> int:
     kind = worker_kind(args)
-    from decentralized_verl.cpus import configure_from_environment
+    from decentralized_verl.runtime.cpus import configure_from_environment
+    from decentralized_verl.settings import WorkerSettings
 
-    configure_from_environment()
+    settings = WorkerSettings.from_env()  # the worker process's entry: read once, passed down from here
+    configure_from_environment(settings)
     reach = {
         "initial_peers": tuple(args.initial_peers),
         "port": args.p2p_port,
@@ -126,11 +128,17 @@ def main_worker(args: WorkerArgs) -> int:
 
         return main_volunteer(
             VolunteerOptions(
-                job=args.job, token=args.token, role=args.role, model=args.model, **reach, **relays
+                job=args.job,
+                token=args.token,
+                role=args.role,
+                model=args.model,
+                vllm_eager=settings.vllm_eager,
+                **reach,
+                **relays,
             )
         )
     from decentralized_verl.entrypoints.cluster_worker import main_cluster_worker
 
     return main_cluster_worker(
-        args.config, args.role, args.index, args.port, args.output, args.resume, args.job
+        args.config, args.role, args.index, args.port, args.output, args.resume, args.job, settings=settings
     )

@@ -16,13 +16,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from decentralized_verl.cpus import available_cpus, share_cores
 from decentralized_verl.launch.worker_process import start_worker
-from decentralized_verl.orphans import PARENT_VARIABLE
 from decentralized_verl.plan import Plan, PlannedWorker, worker_env
-from decentralized_verl.ports import free_port
+from decentralized_verl.runtime.cpus import available_cpus, share_cores
+from decentralized_verl.runtime.orphans import PARENT_VARIABLE
+from decentralized_verl.runtime.ports import free_port
 from decentralized_verl.security.credentials import LocalCredentials
-from decentralized_verl.settings import env_name
+from decentralized_verl.settings import WorkerSettings, env_name
 
 
 @dataclass
@@ -76,7 +76,9 @@ class LocalCluster:
         self.dist_ports = {w.role: free_port() for w in plan.workers if w.index == 0 and "dist" in w.ports}
         """Each gang's rendezvous port (the learners', a sharded critic's), on its rank 0."""
         self.cores = share_cores(
-            cores or available_cpus(), [(w.name, w.role) for w in plan.workers], overlapped=overlapped
+            cores or available_cpus(WorkerSettings.from_env().cpus),
+            [(w.name, w.role) for w in plan.workers],
+            overlapped=overlapped,
         )
         """Cores each process computes on: the phases' processes split this process's cores."""
 

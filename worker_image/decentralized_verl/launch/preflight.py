@@ -32,7 +32,7 @@ def preflight_problems(spec: JobSpec, base: Path) -> list[Problem]:
 
 
 def _tracker_problems(names: list[str]) -> list[Problem]:
-    from decentralized_verl.trackers import INSTALL, missing_packages
+    from decentralized_verl.reporting.trackers import INSTALL, missing_packages
 
     return [
         Problem("spec.training.logging", f"{name} is not installed here ({INSTALL})")

@@ -16,8 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from decentralized_verl.orphans import PARENT_VARIABLE
-from decentralized_verl.ports import free_port
+from decentralized_verl.runtime.orphans import PARENT_VARIABLE
+from decentralized_verl.runtime.ports import free_port
 
 
 class WorkerHost:

@@ -24,9 +24,9 @@ from decentralized_verl.launch.local import LocalCluster
 from decentralized_verl.launch.preflight import preflight_problems
 from decentralized_verl.launch.watchdog import ProgressClock
 from decentralized_verl.manifest import load_fitting_job, load_job
-from decentralized_verl.orphans import guard_descendants
 from decentralized_verl.plan import plan_job
-from decentralized_verl.progress import eta_seconds, progress_line
+from decentralized_verl.reporting.progress import eta_seconds, progress_line
+from decentralized_verl.runtime.orphans import guard_descendants
 from decentralized_verl.security.credentials import CallerCredentials, run_folder_credentials
 from decentralized_verl.sources.local import Fetcher, env_cache, localized
 from decentralized_verl.spec import with_defaults
@@ -292,7 +292,7 @@ class StepLines:
 
     def catch_up(self, metrics: Path) -> None:
         """Print the steps the learner finished after the last poll, from its metrics file."""
-        from decentralized_verl.metrics import read_metrics
+        from decentralized_verl.reporting.metrics import read_metrics
 
         for record in read_metrics(metrics):
             if int(record.get("step", 0)) > self.printed:
@@ -322,7 +322,7 @@ def _show(bar: Any, status: JobStatus) -> None:
 
 def _reward_window(metrics: Path) -> dict[str, float] | None:
     """First and last rewards over the whole run (every learner incarnation), as the summary states them."""
-    from decentralized_verl.metrics import read_metrics
+    from decentralized_verl.reporting.metrics import read_metrics
 
     rewards = [float(r["reward_mean"]) for r in read_metrics(metrics) if r.get("reward_mean") is not None]
     if not rewards:
@@ -336,8 +336,8 @@ def _reward_window(metrics: Path) -> dict[str, float] | None:
 
 def _eval_ends(evals: Path) -> dict[str, Any] | None:
     """The first evaluation (before training, even if the learner restarted since) and the last one."""
-    from decentralized_verl.metrics import read_evals
-    from decentralized_verl.stats import difference_interval
+    from decentralized_verl.reporting.metrics import read_evals
+    from decentralized_verl.reporting.stats import difference_interval
 
     rows = read_evals(evals)
     if not rows:

@@ -13,8 +13,8 @@ from typing import Any
 import yaml
 
 from decentralized_verl.errors import DverlError
-from decentralized_verl.metrics import EVAL_FILE, read_evals, read_metrics
-from decentralized_verl.progress import format_duration
+from decentralized_verl.reporting.metrics import EVAL_FILE, read_evals, read_metrics
+from decentralized_verl.reporting.progress import format_duration
 
 PACE_WINDOW = 20
 """Steps the ETA's pace is measured over (recent steps say more about the rest than the first ones)."""

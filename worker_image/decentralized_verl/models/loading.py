@@ -26,11 +26,11 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from decentralized_verl import compute_thread
 from decentralized_verl.errors import ModelError
 from decentralized_verl.models.grouped_attention import use_grouped_attention
 from decentralized_verl.models.tiny import build_tiny, tiny_config
 from decentralized_verl.models.tokenizer import build_char_tokenizer
+from decentralized_verl.runtime import compute_thread
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +45,19 @@ def torch_dtype(name: str, *, field: str = "spec.model.dtype") -> torch.dtype:
         raise ModelError(f"{field}: must be one of {sorted(DTYPES)} (got {name!r})") from None
 
 
-def cache_root() -> Path:
-    """Where converted models live: $DVERL_CACHE_DIR, else ~/.cache/dverl/models."""
-    from decentralized_verl.settings import WorkerSettings
+_cache_dir: str | None = None
+"""DVERL_CACHE_DIR as the process entry handed it over (`use_cache_dir`)."""
 
-    configured = WorkerSettings.from_env().cache_dir
-    return Path(configured) if configured else Path.home() / ".cache" / "dverl" / "models"
+
+def use_cache_dir(folder: str | None) -> None:
+    """The process entry names where converted models live (`WorkerSettings.cache_dir`); None: the default."""
+    global _cache_dir
+    _cache_dir = folder
+
+
+def cache_root() -> Path:
+    """Where converted models live: the folder the entry handed over, else ~/.cache/dverl/models."""
+    return Path(_cache_dir) if _cache_dir else Path.home() / ".cache" / "dverl" / "models"
 
 
 def _pick_gguf(candidates: list[Path], gguf_file: str | None, where: str, field: str) -> Path:

@@ -1,14 +1,16 @@
-"""Per-token log-probabilities of the tokens a sequence actually contains (learner, reference, critic)."""
+"""Per-token log-probabilities of every token of whole sequences, for the SFT and reward-model stages.
+
+The RL roles score only response tokens (`core/forward.py`); both take the log-probability of a token
+from its logits through the one kernel, `core/token_logprobs.py`, and positions through
+`core/samples.position_ids_from_mask`, so a stage and the learner agree on a token's log-prob.
+"""
 
 from __future__ import annotations
 
 import torch
 
-
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions that skip left padding, as `generate` uses; without them a left-padded row sees shifted
-    rotary positions and its log-probs differ from the same row unpadded."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+from decentralized_verl.core.samples import position_ids_from_mask
+from decentralized_verl.core.token_logprobs import token_logprobs
 
 
 def token_logprobs_from_logits(
@@ -17,10 +19,10 @@ def token_logprobs_from_logits(
     """[B, T] log p(input_ids[t] | < t) from logits [B, T, V]; column 0 has no predecessor and is 0."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 (got {temperature})")
-    scaled = logits[:, :-1].float() / temperature
-    targets = input_ids[:, 1:].unsqueeze(-1)
-    picked = torch.gather(scaled, -1, targets).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
-    return torch.cat([picked.new_zeros(picked.shape[0], 1), picked], dim=1)
+    rows, width, vocab = logits.shape
+    picked = token_logprobs(logits[:, :-1].reshape(-1, vocab), input_ids[:, 1:].reshape(-1), temperature)
+    picked = picked.view(rows, width - 1)
+    return torch.cat([picked.new_zeros(rows, 1), picked], dim=1)
 
 
 def sequence_logprobs(

@@ -19,10 +19,10 @@ from typing import Any
 
 from decentralized_verl.core.samples import Prompt
 from decentralized_verl.core.status import StatusBoard
-from decentralized_verl.metrics import EVAL_FILE, MetricsLog, truncate_after
 from decentralized_verl.orchestration.coordinator import Coordinator, LoopParts
 from decentralized_verl.orchestration.dispatch import Dispatcher
 from decentralized_verl.orchestration.wiring import RoleClients
+from decentralized_verl.reporting.metrics import EVAL_FILE, MetricsLog, truncate_after
 from decentralized_verl.spec import JobSpec
 from decentralized_verl.training.checkpoints import ResumePoint
 
@@ -185,8 +185,8 @@ async def build_loop(
             if closer is not None:
                 closers.append(closer)
         if output is not None:
+            from decentralized_verl.reporting.trackers import RunInfo
             from decentralized_verl.spec import with_defaults
-            from decentralized_verl.trackers import RunInfo
 
             tracking = spec.training.tracking
             run = RunInfo(

@@ -18,18 +18,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from decentralized_verl import compute_thread
 from decentralized_verl.core.interfaces import CriticClient, ReferenceClient, RewardClient
 from decentralized_verl.core.samples import Prompt, Sample, collate
 from decentralized_verl.core.sampling import SamplingParams
 from decentralized_verl.core.status import StatusBoard
 from decentralized_verl.environments.metrics import episode_metrics
 from decentralized_verl.environments.replay import ENVIRONMENT_REWARD
-from decentralized_verl.metrics import MetricsLog
 from decentralized_verl.orchestration.dispatch import Dispatcher
-from decentralized_verl.progress import eta_seconds, progress_line
+from decentralized_verl.reporting.metrics import MetricsLog
+from decentralized_verl.reporting.progress import eta_seconds, progress_line
+from decentralized_verl.reporting.stats import wilson_interval
+from decentralized_verl.runtime import compute_thread
 from decentralized_verl.spec import JobSpec
-from decentralized_verl.stats import wilson_interval
 from decentralized_verl.training.advantage_step import AlgorithmSettings, attach_advantages, select_samples
 from decentralized_verl.training.checkpoints import CheckpointClock, CheckpointWriter
 

@@ -25,7 +25,7 @@ from decentralized_verl.orchestration.dispatch import GPU_PRIORS, Dispatcher
 from decentralized_verl.settings import WorkerSettings
 
 if TYPE_CHECKING:
-    from decentralized_verl.orchestration.assemble import Closer, LoopContext
+    from decentralized_verl.orchestration.assemble import Attachment, Closer, LoopContext
 
 log = logging.getLogger(__name__)
 
@@ -235,15 +235,20 @@ def start_watching(
     return watcher
 
 
-async def follow_scaling(context: LoopContext) -> Closer | None:
-    """Loop attachment: in a cluster, rollout workers added or removed by scaling join or leave dispatch."""
-    if not context.roles.remote_rollout:
-        return None
-    watcher = start_watching(
-        context.job,
-        context.dispatcher,
-        WorkerSettings.from_env(),
-        allow_newer=context.spec.training.max_staleness > 0,
-        weights=context.roles.weights,
-    )
-    return watcher.close if watcher is not None else None
+def follow_scaling(settings: WorkerSettings) -> Attachment:
+    """Loop attachment: in a cluster, rollout workers added or removed by scaling join or leave dispatch
+    (the workers file and poll interval from `settings`)."""
+
+    async def attach(context: LoopContext) -> Closer | None:
+        if not context.roles.remote_rollout:
+            return None
+        watcher = start_watching(
+            context.job,
+            context.dispatcher,
+            settings,
+            allow_newer=context.spec.training.max_staleness > 0,
+            weights=context.roles.weights,
+        )
+        return watcher.close if watcher is not None else None
+
+    return attach

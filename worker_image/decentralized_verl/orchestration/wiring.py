@@ -4,7 +4,7 @@ One function for the learner process and the Python API facade, so a colocated r
 reached through the same protocol and built in one place. Remote reward, reference and critic workers are
 reached through a `ScoringPool` (every replica, with failover); rollout workers through the dispatcher.
 
-Weights to remote rollout workers go through `transport.fanout_runtime.WeightFanout`: each version is held by
+Weights to remote rollout workers go through `transport.weights.fanout.WeightFanout`: each version is held by
 the learner's publisher (served for pulls by the learner's Weights service) and, with two or more remote
 rollout workers, pushed down a chain of them, so the learner sends one copy instead of N.
 """
@@ -75,6 +75,11 @@ async def past_held_versions(rollout: list[Any], start_version: int) -> int:
     return start_version
 
 
+def _nowhere(role: str) -> list[str]:
+    """No remote workers of any role: everything runs in this process."""
+    return []
+
+
 async def connect_roles(
     spec: JobSpec,
     job: str,
@@ -86,27 +91,24 @@ async def connect_roles(
     start_version: int = 0,
     addresses: Callable[[str], list[str]] | None = None,
     pools: Callable[[str], list[str]] | None = None,
+    vllm_eager: bool = False,
     reward_override: RewardClient | None = None,
     ready_timeout: float = 900.0,
     weights_source: Callable[[], Any] | None = None,
 ) -> RoleClients:
-    from decentralized_verl.backends.base import make_backend
+    from decentralized_verl.backends.base import backend_options, make_backend
     from decentralized_verl.serving import local, scoring
     from decentralized_verl.serving.rollout import RolloutWorker
     from decentralized_verl.training.trainer import rollout_state_dict
     from decentralized_verl.transport import clients
-    from decentralized_verl.transport.fanout_runtime import WeightFanout
+    from decentralized_verl.transport.weights.fanout import WeightFanout
 
     def current() -> Any:
         """The weights to send: `weights_source()` (a sharded learner's gathered stream), else the model's."""
         return weights_source() if weights_source is not None else rollout_state_dict(model)
 
-    if addresses is None or pools is None:
-        from decentralized_verl.settings import WorkerSettings
-
-        settings = WorkerSettings.from_env()
-        addresses = addresses or settings.addresses
-        pools = pools or settings.pools
+    addresses = addresses or _nowhere
+    pools = pools or _nowhere
 
     async def pool(role: str, client_type: Any, *, split: bool) -> ScoringPool | None:
         """The role's remote workers behind failover (all replicas, not only the first), once ready."""
@@ -138,8 +140,14 @@ async def connect_roles(
             weights.publish_blocking(current(), version, loop)
 
     else:
+        name = spec.roles.rollout.backend
         backend = make_backend(
-            spec.roles.rollout.backend, model, tokenizer, version=start_version, seed=spec.training.seed
+            name,
+            model,
+            tokenizer,
+            version=start_version,
+            seed=spec.training.seed,
+            **backend_options(name, vllm_eager=vllm_eager),
         )
         worker = RolloutWorker(backend, f"{job}-learner-0/rollout", environment=spec.data.environment)
         rollout = [local.LocalRolloutClient(worker)]

@@ -10,12 +10,16 @@ test) talks plaintext and accepts unsigned weights.
 from __future__ import annotations
 
 import functools
-import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from decentralized_verl.security.credentials import JobCredentials, load, read_handed
+from decentralized_verl.settings import env_name
 
-SECRETS_FD_VARIABLE = "DVERL_SECRETS_FD"
+if TYPE_CHECKING:
+    from decentralized_verl.settings import WorkerSettings
+
+SECRETS_FD_VARIABLE = env_name("secrets_fd")
 """Set by `dverl run` alone (not a user setting): the pipe this process reads its role's token and a
 learner's signing key from, once, at start, so they are never on disk nor in the environment."""
 PROCESS_KEY = object()
@@ -28,13 +32,21 @@ def _load(folder: str, secrets_fd: int | None) -> JobCredentials:
     return load(Path(folder), read_handed(secrets_fd) if secrets_fd is not None else None)
 
 
+_given: tuple[str | None, int | None] = (None, None)
+"""(credentials folder, secrets pipe) the process entry handed over; nothing until it does."""
+
+
+def adopt(settings: WorkerSettings) -> None:
+    """The process entry hands over where this process's credentials are (DVERL_TLS_DIR and the pipe
+    DVERL_SECRETS_FD), read once at start; they are loaded when first used."""
+    global _given
+    _given = (settings.tls_dir, settings.secrets_fd)
+
+
 def process_credentials() -> JobCredentials | None:
     """The credentials this process was started with, or None when it was given none."""
-    from decentralized_verl.settings import WorkerSettings
-
-    folder = WorkerSettings.from_env().tls_dir
-    handed = os.environ.get(SECRETS_FD_VARIABLE)
-    return _load(folder, int(handed) if handed else None) if folder else None
+    folder, handed = _given
+    return _load(folder, handed) if folder else None
 
 
 def weights_signing_key() -> bytes | None:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 
-from decentralized_verl import compute_thread
 from decentralized_verl.core.samples import Prompt, Sample
 from decentralized_verl.proto import dverl_pb2 as pb
+from decentralized_verl.runtime import compute_thread
 from decentralized_verl.serving.local import stream_in_thread
 from decentralized_verl.serving.rollout import RolloutWorker
 from decentralized_verl.serving.scoring import CriticWorker, RewardWorker, samples_from_pairs

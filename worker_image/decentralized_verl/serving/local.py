@@ -12,10 +12,10 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import TypeVar
 
-from decentralized_verl import compute_thread
 from decentralized_verl.core.interfaces import WorkerFailure, WorkItem
 from decentralized_verl.core.samples import Sample
 from decentralized_verl.core.sampling import SamplingParams
+from decentralized_verl.runtime import compute_thread
 from decentralized_verl.serving.rollout import RolloutWorker
 from decentralized_verl.serving.scoring import CriticWorker, ReferenceWorker, RewardWorker
 

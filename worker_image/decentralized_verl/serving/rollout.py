@@ -125,7 +125,7 @@ class RolloutWorker:
         model = getattr(self.backend, "model", None)
         if model is not None:
             from decentralized_verl.models.lora import is_lora
-            from decentralized_verl.transport.weights import cast_like
+            from decentralized_verl.transport.weights.codec import cast_like
 
             state_dict = cast_like(state_dict, model.state_dict())
             if is_lora(model):  # LoRA jobs ship only the adapter; the frozen base stays as loaded

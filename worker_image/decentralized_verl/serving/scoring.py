@@ -21,6 +21,7 @@ from decentralized_verl.core.forward import ForwardChooser, response_logprobs
 from decentralized_verl.core.samples import Prompt, Sample, TrainBatch, collate
 from decentralized_verl.environments.replay import ENVIRONMENT_REWARD
 from decentralized_verl.environments.settings import episode_settings
+from decentralized_verl.training.optimizer_step import optimizer_step
 from decentralized_verl.training.rank_group import collective_device, split_rounds, world_of
 from decentralized_verl.training.sharding import is_sharded, shard_model
 from decentralized_verl.transport.messages import Score, ScoreItem, SequencePair
@@ -281,9 +282,9 @@ class CriticWorker:
                 summed = torch.tensor([total], dtype=torch.float64, device=collective_device())
                 dist.all_reduce(summed)
                 total = float(summed)
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            optimizer_step(
+                self.optimizer, self.model.parameters(), max_grad_norm=self.max_grad_norm, clear_grads=True
+            )
             self.model.eval()
             self.version += 1
         return total

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -28,6 +27,9 @@ from decentralized_verl.core.samples import Sample
 from decentralized_verl.models.checkpoint import checkpoint_dir
 from decentralized_verl.training import rank_group
 from decentralized_verl.training.rank_group import Command
+
+if TYPE_CHECKING:
+    from decentralized_verl.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 
@@ -128,27 +130,29 @@ class ShardedCritic:
                 log.info("%s: the other critic ranks had already stopped (%s)", self.worker_id, exc)
 
 
-def critic_device() -> torch.device:
-    """Where a critic rank computes: its GPU when the group talks nccl, else the CPU (gloo)."""
+def critic_device(local_rank: int) -> torch.device:
+    """Where a critic rank computes: its GPU (`local_rank`) when the group talks nccl, else the CPU (gloo)."""
     if torch.cuda.is_available():
-        index = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(index)
-        return torch.device("cuda", index)
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
     return torch.device("cpu")
 
 
-async def serve_sharded_critic(spec: Any, worker_id: str, port: int, host: str, output: Path | None) -> int:
+async def serve_sharded_critic(
+    spec: Any, worker_id: str, port: int, settings: WorkerSettings, output: Path | None
+) -> int:
     """One rank of a sharded critic, until stopped (rank 0) or released by rank 0 (the others)."""
-    from decentralized_verl.lifecycle import CALL_GRACE_S, serve_until_stopped
+    from decentralized_verl.runtime.lifecycle import CALL_GRACE_S, serve_until_stopped
     from decentralized_verl.serving import servicers
     from decentralized_verl.serving.scoring import CriticWorker
     from decentralized_verl.training.distributed import init_distributed
 
-    rank = int(os.environ.get("RANK", "0"))
-    world = int(os.environ.get("WORLD_SIZE", str(spec.roles.critic.replicas)))
+    host = settings.server_host()
+    rank = settings.rank
+    world = settings.world_size or spec.roles.critic.replicas
     torch.manual_seed(spec.training.seed)
     init_distributed(world, rank, sharded=True)
-    worker = CriticWorker.from_spec(spec, device=critic_device(), worker_id=worker_id)
+    worker = CriticWorker.from_spec(spec, device=critic_device(settings.local_rank), worker_id=worker_id)
     if rank != 0:
         health = servicers.HealthServicer(role="critic", worker_id=worker_id, ready=True)
         server = await servicers.serve(port, health, host=host)

@@ -10,11 +10,12 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from decentralized_verl.metrics import MetricsLog
 from decentralized_verl.models.checkpoint import checkpoint_dir, save_checkpoint
 from decentralized_verl.models.lora import is_lora
+from decentralized_verl.reporting.metrics import MetricsLog
 from decentralized_verl.stages.batching import batch_indices, planned_steps
 from decentralized_verl.stages.config import TrainingStage
+from decentralized_verl.training.optimizer_step import optimizer_step
 
 
 @dataclass
@@ -52,13 +53,10 @@ def train(
             loss, extra = loss_fn(indices)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, section.max_grad_norm)
-            optimizer.step()
+            grad_norm = optimizer_step(optimizer, params, max_grad_norm=section.max_grad_norm).grad_norm
             step += 1
             losses.append(float(loss.detach()))
-            log.write(
-                {"step": step, "epoch": epoch, "loss": losses[-1], "grad_norm": float(grad_norm), **extra}
-            )
+            log.write({"step": step, "epoch": epoch, "loss": losses[-1], "grad_norm": grad_norm, **extra})
             bar.set_postfix(loss=f"{losses[-1]:.4f}")
             bar.update(1)
             if section.save_every and step % section.save_every == 0 and step < total:

@@ -7,9 +7,9 @@ from typing import Any
 import torch
 
 from decentralized_verl.data.dataset import load_sft
-from decentralized_verl.metrics import MetricsLog
 from decentralized_verl.models.loading import load_model_and_tokenizer
 from decentralized_verl.models.logprobs import sequence_logprobs
+from decentralized_verl.reporting.metrics import MetricsLog
 from decentralized_verl.stages.batching import encode_completion, pad, pad_values
 from decentralized_verl.stages.common import StageResult, save_final, train
 from decentralized_verl.stages.config import TrainConfig

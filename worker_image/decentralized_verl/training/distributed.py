@@ -17,7 +17,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from decentralized_verl.ports import free_port
+from decentralized_verl.runtime.ports import free_port
 
 
 def init_distributed(world: int, rank: int, *, sharded: bool = False) -> None:

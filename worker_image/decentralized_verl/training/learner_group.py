@@ -30,7 +30,7 @@ from decentralized_verl.training.sharding import (
     named_state,
     tied_names,
 )
-from decentralized_verl.transport.weight_stream import StreamedWeights, TensorSlot
+from decentralized_verl.transport.weights.stream import StreamedWeights, TensorSlot
 
 
 def layout(model: nn.Module) -> tuple[tuple[TensorSlot, ...], dict[str, str]]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import time
 from typing import Any
 
@@ -34,6 +33,7 @@ from decentralized_verl.core.samples import TrainBatch
 from decentralized_verl.spec import JobSpec
 from decentralized_verl.training import microbatches
 from decentralized_verl.training.advantage_step import AlgorithmSettings
+from decentralized_verl.training.optimizer_step import optimizer_step
 from decentralized_verl.training.rank_group import collective_device
 from decentralized_verl.training.sharding import is_sharded, shard_model
 
@@ -201,18 +201,19 @@ class PolicyTrainer:
                     for key, value in metrics.items():
                         sums[key] = sums.get(key, 0.0) + value
                     count += 1
-                params = [p for p in self.model.parameters() if p.requires_grad]
-                norm = _plain_norm(torch.nn.utils.clip_grad_norm_(params, self.spec.training.max_grad_norm))
                 # The norm is global (all-reduced by DDP's gradients or FSDP's DTensor norm), so every
-                # replica takes the same branch.
-                if not math.isfinite(norm):
-                    # A non-finite gradient would poison every replica's weights; skip this update.
-                    self.optimizer.zero_grad(set_to_none=True)
+                # replica skips a non-finite gradient alike.
+                step = optimizer_step(
+                    self.optimizer,
+                    [p for p in self.model.parameters() if p.requires_grad],
+                    max_grad_norm=self.spec.training.max_grad_norm,
+                    scheduler=self.scheduler,
+                    skip_nonfinite=True,
+                )
+                if step.skipped:
                     sums["skipped_updates"] = sums.get("skipped_updates", 0.0) + 1
                     continue
-                sums["grad_norm"] = sums.get("grad_norm", 0.0) + norm * len(parts)
-                self.optimizer.step()
-                self.scheduler.step()
+                sums["grad_norm"] = sums.get("grad_norm", 0.0) + (step.grad_norm or 0.0) * len(parts)
                 self.updates += 1
         out = {key: value / max(count, 1) for key, value in sums.items() if key != "skipped_updates"}
         out["skipped_updates"] = sums.get("skipped_updates", 0.0)
@@ -298,12 +299,6 @@ class PolicyTrainer:
             loss = loss - s.entropy_coef * bonus
             metrics["entropy"] = float(bonus.detach())
         return loss, metrics
-
-
-def _plain_norm(norm: torch.Tensor) -> float:
-    """clip_grad_norm_'s total as a float; over FSDP's DTensor gradients it is a DTensor, made whole."""
-    full_tensor = getattr(norm, "full_tensor", None)
-    return float(full_tensor() if full_tensor is not None else norm)
 
 
 def _synced(began: float) -> float:

@@ -117,7 +117,7 @@ class CoordinatorEndpoints:
         return m.manifest_to_proto(held.manifest)
 
     async def _fetch(self, request: pb.FetchRequest, context) -> AsyncIterator[pb.WeightChunk]:
-        from decentralized_verl.transport.weight_service import WeightsServicer
+        from decentralized_verl.transport.weights.service import WeightsServicer
 
         self._authorize(context)
         held = self.publisher.get(request.version)
@@ -193,13 +193,13 @@ class P2PWeightSource:
         return m.manifest_from_proto(msg)
 
     async def _fetch_async(self, manifest: m.WeightManifest):
-        from decentralized_verl.transport.weight_receive import decode_held
+        from decentralized_verl.transport.weights.receive import decode_held
 
         return decode_held(await self._fetch_published(manifest))
 
     async def _fetch_published(self, manifest: m.WeightManifest):
         """Every chunk of `manifest`'s version, verified (not decoded)."""
-        from decentralized_verl.transport.weight_receive import ChunkFetch
+        from decentralized_verl.transport.weights.receive import ChunkFetch
 
         fetch = ChunkFetch(manifest, self.coordinator, self.verify_key)
         while (start := fetch.next_start()) is not None:

@@ -55,9 +55,9 @@ async def start_volunteer_discovery(
     optionally how many volunteers to wait for before training starts (tests and benchmarks).
     """
     from decentralized_verl.training.trainer import rollout_state_dict
-    from decentralized_verl.transport.delta_p2p import DeltaEndpoint
-    from decentralized_verl.transport.delta_publisher import DeltaPublisher
     from decentralized_verl.transport.p2p import CoordinatorEndpoints
+    from decentralized_verl.transport.weights.delta_p2p import DeltaEndpoint
+    from decentralized_verl.transport.weights.delta_publish import DeltaPublisher
     from decentralized_verl.volunteers.dht import PeerOptions, start_dht
     from decentralized_verl.volunteers.identity import bootstrap_maddr, coordinator_seed, write_identity
     from decentralized_verl.volunteers.verify import episode_check, verifier_for
@@ -120,12 +120,11 @@ async def start_volunteer_discovery(
     return hub
 
 
-def join_volunteers(publisher, output: Path) -> Attachment:
+def join_volunteers(publisher, output: Path, settings: WorkerSettings) -> Attachment:
     """Loop attachment: with volunteers enabled and a DHT in the plan, volunteers found there join dispatch
     and every new policy version reaches the publisher they pull from; `volunteers.json` on the way out."""
 
     async def attach(context: LoopContext) -> Closer | None:
-        settings = WorkerSettings.from_env()
         if not (context.spec.volunteers.enabled and settings.dht_addr):
             return None
         model = context.trainer.model

@@ -58,7 +58,7 @@ def start_dht(options: PeerOptions, *, wait_timeout: float = 60.0):
     watchdog ends both should this process be killed without cleaning up (`orphans`)."""
     import hivemind
 
-    from decentralized_verl.orphans import guard_descendants
+    from decentralized_verl.runtime.orphans import guard_descendants
 
     guard_descendants()
     return hivemind.DHT(start=True, await_ready=True, wait_timeout=wait_timeout, **options.dht_kwargs())

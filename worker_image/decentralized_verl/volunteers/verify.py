@@ -115,8 +115,8 @@ class PublishedPolicy:
         self._lock = threading.Lock()
 
     def _load(self, version: int) -> None:
-        from decentralized_verl.transport.weight_receive import decode_held
-        from decentralized_verl.transport.weights import cast_like
+        from decentralized_verl.transport.weights.codec import cast_like
+        from decentralized_verl.transport.weights.receive import decode_held
 
         held = self.publisher.get(version)
         if held is None:

@@ -55,7 +55,7 @@ class SpanBackend(HFBackend):
     ) -> SpanBackend:
         """The front of `spec.model`'s model (reading only the front's tensors) over the given servers;
         `spans` is the layout, or a count to split the layers evenly."""
-        from decentralized_verl import compute_thread
+        from decentralized_verl.runtime import compute_thread
 
         config, tokenizer, source, dtype = spec_parts(spec)
         if isinstance(spans, int):  # a count: the layers split evenly

@@ -227,7 +227,7 @@ def _stage(client: SpanCalls, part: Mapping[str, Tensor], version: int) -> None:
 
 
 def _blob(tensors: Mapping[str, Tensor], version: int) -> bytes:
-    from decentralized_verl.transport.weights import encode_state_dict
+    from decentralized_verl.transport.weights.codec import encode_state_dict
 
     bundle = encode_state_dict(tensors, version, dtype=None, chunk_bytes=1 << 40)
     return b"".join(chunk.data for chunk in bundle.chunks)

@@ -41,7 +41,7 @@ async def serve_span_p2p(p2p: Any, server: SpanServer, fronts: Collection[str]) 
     """Register the span service on `p2p`, answering only the peers in `fronts` (base58 peer ids)."""
     from google.protobuf.wrappers_pb2 import BytesValue
 
-    from decentralized_verl import compute_thread
+    from decentralized_verl.runtime import compute_thread
 
     allowed = frozenset(fronts)
 

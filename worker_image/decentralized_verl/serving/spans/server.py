@@ -189,7 +189,7 @@ class SpanServer:
 
     def stage(self, data: bytes) -> int:
         """Keep a blob's tensors for the version it is tagged with; the count staged so far."""
-        from decentralized_verl.transport.weights import decode_state_dict
+        from decentralized_verl.transport.weights.codec import decode_state_dict
 
         version = _tagged_version(data)
         tensors = decode_state_dict(data, version)
@@ -207,7 +207,7 @@ class SpanServer:
         """Load the staged tensors as `version` (every one checked first, against the learner's signed
         manifest of this span when one is given or required), or change nothing."""
         from decentralized_verl.backends.weight_copy import plan_weight_copy
-        from decentralized_verl.transport.weights import cast_like
+        from decentralized_verl.transport.weights.codec import cast_like
 
         if self.staged_version != version:
             raise WireError(
@@ -310,7 +310,7 @@ def span_handler(server: SpanServer) -> Any:
     """The `dverl.Span` service over raw bytes: Forward, Close, Info, Stage, Commit."""
     import grpc
 
-    from decentralized_verl import compute_thread
+    from decentralized_verl.runtime import compute_thread
 
     def wrap(fn: Any) -> Any:
         async def call(request: bytes, context: Any) -> bytes:
@@ -344,7 +344,7 @@ async def serve_span(server: SpanServer, port: int, host: str = "127.0.0.1", cre
 
 
 async def _sweeper(server: SpanServer, every_s: float) -> None:
-    from decentralized_verl import compute_thread
+    from decentralized_verl.runtime import compute_thread
 
     while True:
         await asyncio.sleep(every_s)
@@ -353,7 +353,7 @@ async def _sweeper(server: SpanServer, every_s: float) -> None:
 
 def load_span_server(spec: Any, span: Span, **kw: Any) -> SpanServer:
     """Build the span's module from a model spec (reading only its layers) and wrap it."""
-    from decentralized_verl import compute_thread
+    from decentralized_verl.runtime import compute_thread
     from decentralized_verl.serving.spans.blocks import build_span, spec_parts
 
     def build() -> torch.nn.Module:
@@ -365,8 +365,8 @@ def load_span_server(spec: Any, span: Span, **kw: Any) -> SpanServer:
 
 async def serve_span_role(spec: Any, job: str, index: int, port: int, host: str) -> int:
     """`dverl worker --role span --index I`: the span the job's plan gives span worker I, until stopped."""
-    from decentralized_verl.lifecycle import serve_until_stopped
     from decentralized_verl.plan import plan_job
+    from decentralized_verl.runtime.lifecycle import serve_until_stopped
     from decentralized_verl.serving.spans.blocks import spec_parts
     from decentralized_verl.serving.spans.layout import even_layout
 
@@ -394,7 +394,7 @@ async def serve_span_role(spec: Any, job: str, index: int, port: int, host: str)
 
 
 async def _main(args: argparse.Namespace) -> int:
-    from decentralized_verl.lifecycle import serve_until_stopped
+    from decentralized_verl.runtime.lifecycle import serve_until_stopped
     from decentralized_verl.security.trust import weights_verify_key
     from decentralized_verl.serving.spans.layout import parse_span
     from decentralized_verl.spec.model import ModelSpec
@@ -427,7 +427,10 @@ async def _main(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m decentralized_verl.serving.spans.server --model JSON --layers a:b --port N`."""
-    from decentralized_verl.cpus import configure_from_environment
+    from decentralized_verl.models import loading
+    from decentralized_verl.runtime.cpus import configure_from_environment
+    from decentralized_verl.security import trust
+    from decentralized_verl.settings import WorkerSettings
 
     parser = argparse.ArgumentParser(description="Serve decoder layers [a, b) of a model as one span.")
     parser.add_argument("--model", required=True, help="the job's spec.model as JSON")
@@ -445,7 +448,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    configure_from_environment()
+    settings = WorkerSettings.from_env()  # this process's entry: `python -m` starts a span server here
+    configure_from_environment(settings)
+    trust.adopt(settings)
+    loading.use_cache_dir(settings.cache_dir)
     try:
         return asyncio.run(_main(args))
     except DverlError as exc:

@@ -19,7 +19,7 @@ from decentralized_verl.errors import DverlError, WireError
 
 async def serve(args: argparse.Namespace, server: Any = None) -> int:
     """Serve until stopped; `server` (a `SpanServer`) is built from the arguments when not given."""
-    from decentralized_verl.lifecycle import serve_until_stopped
+    from decentralized_verl.runtime.lifecycle import serve_until_stopped
     from decentralized_verl.serving.spans.layout import parse_span
     from decentralized_verl.serving.spans.p2p import serve_span_p2p
     from decentralized_verl.serving.spans.server import load_span_server
@@ -64,7 +64,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, server: Any = None) -> int:
-    from decentralized_verl.cpus import configure_from_environment
+    from decentralized_verl.runtime.cpus import configure_from_environment
 
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from decentralized_verl.transport.digest import digest_hex
+from decentralized_verl.transport.weights.digest import digest_hex
 from decentralized_verl.transport.wire.common import (
     _HEX64,
     WEIGHT_FORMATS,
@@ -27,7 +27,7 @@ class WeightManifest:
     dtype: str = "float32"
     is_adapter: bool = False
     signature: bytes = b""
-    """The learner's Ed25519 signature over the fields above (`security.signing`); empty when unsigned."""
+    """The learner's Ed25519 signature over the fields above (`weights.signing`); empty when unsigned."""
 
     def chunk_size(self, index: int) -> int:
         """Bytes in chunk `index`: chunk_bytes for all but the last, the remainder for the last."""

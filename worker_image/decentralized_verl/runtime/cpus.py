@@ -12,8 +12,12 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from decentralized_verl.settings import WorkerSettings
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 COMPUTE_ROLES = ("learner", "rollout", "reference", "critic")
@@ -64,17 +68,15 @@ def affinity_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def available_cpus(environ: Mapping[str, str] | None = None, *, root: Path = CGROUP_ROOT) -> int:
-    """Cores this process should compute on: min(affinity, cgroup quota rounded down, DVERL_CPUS), >= 1."""
-    from decentralized_verl.settings import WorkerSettings
-
-    settings = WorkerSettings.from_env(environ)
+def available_cpus(given: float | None = None, *, root: Path = CGROUP_ROOT) -> int:
+    """Cores this process should compute on: min(affinity, cgroup quota rounded down, `given`), >= 1.
+    `given` is the cores it was handed (`WorkerSettings.cpus`, DVERL_CPUS)."""
     limits: list[float] = [affinity_cpus()]
     quota = cgroup_cpus(root)
     if quota is not None:
         limits.append(quota)
-    if settings.cpus is not None:
-        limits.append(settings.cpus)
+    if given is not None:
+        limits.append(given)
     return max(1, math.floor(min(limits)))
 
 
@@ -110,17 +112,15 @@ def share_cores(cores: int, workers: Sequence[tuple[str, str]], *, overlapped: b
     return out
 
 
-def configure_from_environment(environ: Mapping[str, str] | None = None) -> int:
+def configure_from_environment(settings: WorkerSettings) -> int:
     """Size torch's pools for this process, let the compute thread shrink them while other programs take
     cores (`thread_governor`), and keep freed tensor memory for reuse (`heap`); computing entry points call
     this first, before any worker thread starts. Returns the thread count."""
-    from decentralized_verl import compute_thread, thread_governor
-    from decentralized_verl.heap import keep_freed_memory
-    from decentralized_verl.settings import WorkerSettings
+    from decentralized_verl.runtime import compute_thread, thread_governor
+    from decentralized_verl.runtime.heap import keep_freed_memory
 
-    threads = available_cpus(environ)
+    threads = available_cpus(settings.cpus)
     configure_torch(threads)
     keep_freed_memory()
-    fixed = WorkerSettings.from_env(environ).fixed_threads
-    compute_thread.govern(None if fixed else thread_governor.for_this_process(threads))
+    compute_thread.govern(None if settings.fixed_threads else thread_governor.for_this_process(threads))
     return threads

@@ -1,7 +1,7 @@
-"""Weights from the learner to rollout workers: a publisher that keeps the newest encoded versions and
-the gRPC `Weights` service that streams them (the receiving side is `weight_receive`).
+"""Weights from the learner to rollout workers: a publisher that keeps the newest encoded versions (the
+gRPC `Weights` service that streams them is `service`, the receiving side `receive`).
 
-The learner encodes a version once (`transport.weights` codec: safetensors bytes cut into hashed chunks)
+The learner encodes a version once (`transport.weights.codec` codec: safetensors bytes cut into hashed chunks)
 and any number of workers fetch it. Only the newest `keep` versions are held: a worker that missed
 versions fetches the latest, never the ones in between. A receiver (`BundleBuilder`) hashes every chunk
 once as it arrives and checks it against the manifest, and the chunk digests against the manifest's
@@ -15,28 +15,23 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-import grpc
 import torch
 from torch import Tensor
 
-from decentralized_verl.errors import WireError
-from decentralized_verl.proto import dverl_pb2 as pb
-from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc
-from decentralized_verl.security import signing
 from decentralized_verl.security.trust import PROCESS_KEY, weights_signing_key
 from decentralized_verl.transport import messages as m
-from decentralized_verl.transport.weight_stream import StreamedWeights, encode_stream
-from decentralized_verl.transport.weights import (
+from decentralized_verl.transport.weights import signing
+from decentralized_verl.transport.weights.codec import (
     DEFAULT_CHUNK_BYTES,
     BundleHeader,
     WeightBundle,
-    WeightChunk,
     decode_bundle,
     encode_state_dict,
 )
+from decentralized_verl.transport.weights.stream import StreamedWeights, encode_stream
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +131,7 @@ class WeightPublisher:
         return manifest
 
     def _metadata(self, state_dict: Mapping[str, Tensor], version: int) -> dict[str, str]:
-        from decentralized_verl.transport.weights import WIRE_DTYPES
+        from decentralized_verl.transport.weights.codec import WIRE_DTYPES
 
         wire = WIRE_DTYPES[self.dtype] if self.dtype else None
         key = self.signing_key if isinstance(self.signing_key, bytes) else None
@@ -181,74 +176,3 @@ class WeightPublisher:
                 if left <= 0:
                     return None
                 self._changed.wait(left)
-
-
-# ------------------------------------------------------------------------------------------ service
-
-
-class WeightsServicer(pb_grpc.WeightsServicer):
-    """Serves a publisher's versions: GetManifest (a version or the latest), Fetch (chunks from an index),
-    and Push (a peer hands over a whole version, verified before it is held; for fan-out relays)."""
-
-    def __init__(self, publisher: WeightPublisher) -> None:
-        self.publisher = publisher
-
-    async def GetManifest(self, request: pb.ManifestRequest, context: grpc.aio.ServicerContext):
-        held = self.publisher.get(None if request.latest else request.version)
-        if held is None:
-            what = "no version published yet" if request.latest else f"version {request.version} is not held"
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"{what} (held: {self.publisher.versions})")
-        return m.manifest_to_proto(held.manifest)
-
-    async def Fetch(self, request: pb.FetchRequest, context: grpc.aio.ServicerContext) -> AsyncIterator:
-        held = self.publisher.get(request.version)
-        if held is None:
-            await context.abort(
-                grpc.StatusCode.NOT_FOUND,
-                f"version {request.version} is not held (held: {self.publisher.versions})",
-            )
-        chunks = held.bundle.chunks
-        if request.from_chunk >= len(chunks):
-            await context.abort(
-                grpc.StatusCode.OUT_OF_RANGE, f"from_chunk {request.from_chunk} >= {len(chunks)} chunks"
-            )
-        for chunk in chunks[request.from_chunk :]:
-            yield self.chunk_message(held, chunk, first=chunk.index == request.from_chunk)
-
-    @staticmethod
-    def chunk_message(held: Published, chunk: WeightChunk, *, first: bool) -> pb.WeightChunk:
-        return m.chunk_to_proto(
-            m.WeightChunk(
-                version=chunk.version,
-                index=chunk.index,
-                total=len(held.bundle.chunks),
-                data=chunk.data,
-                digest=chunk.digest,
-                manifest=held.manifest if first else None,
-            )
-        )
-
-    async def Push(self, request_iterator, context: grpc.aio.ServicerContext) -> pb.PushAck:
-        from decentralized_verl.transport.weight_receive import BundleBuilder, decode_held
-
-        builder: BundleBuilder | None = None
-        received = version = 0
-        try:
-            async for msg in request_iterator:
-                if builder is None:
-                    if not msg.HasField("manifest"):
-                        raise WireError("chunk[0].manifest", "the first pushed chunk must carry the manifest")
-                    manifest = m.manifest_from_proto(msg.manifest, "chunk[0].manifest")
-                    version = manifest.version
-                    builder = BundleBuilder(manifest)
-                builder.add(msg)
-                received += 1
-            if builder is None:
-                raise WireError("chunks", "the push carried no chunks")
-            published = builder.finish()  # the bundle digest, before anything is held
-            decode_held(published)  # a decodable payload, too: this servicer's pullers trust what it holds
-            self.publisher.store(published)
-        except (WireError, ValueError) as exc:
-            log.warning("refused weights v%d pushed from %s: %s", version, context.peer(), exc)
-            return pb.PushAck(ok=False, version=version, chunks_received=received, reason=str(exc))
-        return pb.PushAck(ok=True, version=published.manifest.version, chunks_received=received)

@@ -21,12 +21,12 @@ from google.protobuf import wrappers_pb2
 
 from decentralized_verl.errors import WireError
 from decentralized_verl.transport import messages as m
-from decentralized_verl.transport.delta_publisher import DeltaPublisher, NoDelta
-from decentralized_verl.transport.digest import digest_hex
 from decentralized_verl.transport.p2p import P2PWeightSource, Unauthorized, peer
-from decentralized_verl.transport.weight_delta import apply_chain
-from decentralized_verl.transport.weight_service import Published
-from decentralized_verl.transport.weights import WeightChunk
+from decentralized_verl.transport.weights.codec import WeightChunk
+from decentralized_verl.transport.weights.delta import apply_chain
+from decentralized_verl.transport.weights.delta_publish import DeltaPublisher, NoDelta
+from decentralized_verl.transport.weights.digest import digest_hex
+from decentralized_verl.transport.weights.publish import Published
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ class DeltaP2PWeightSource(P2PWeightSource):
             self.wait_s_total += time.perf_counter() - started
 
     async def _fetch_async(self, manifest: m.WeightManifest):
-        from decentralized_verl.transport.weight_receive import decode_held
+        from decentralized_verl.transport.weights.receive import decode_held
 
         published, used = None, self.deltas_used
         if self.held is not None and self.held.manifest.version < manifest.version:
@@ -157,7 +157,7 @@ class DeltaP2PWeightSource(P2PWeightSource):
         return decode_held(published)
 
     async def _via_delta(self, manifest: m.WeightManifest) -> Published:
-        from decentralized_verl.transport.weight_receive import BundleBuilder
+        from decentralized_verl.transport.weights.receive import BundleBuilder
 
         assert self.held is not None
         base = self.held.manifest.version

@@ -18,13 +18,18 @@ from torch import Tensor
 from decentralized_verl.errors import WireError
 from decentralized_verl.proto import dverl_pb2 as pb
 from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc
-from decentralized_verl.security import signing
 from decentralized_verl.security.trust import PROCESS_KEY, weights_verify_key
 from decentralized_verl.transport import messages as m
 from decentralized_verl.transport import secure
 from decentralized_verl.transport.carriers import rpc_reason
-from decentralized_verl.transport.weight_service import Published, WeightPublisher, header_of
-from decentralized_verl.transport.weights import WeightAssembler, WeightChunk, bundle_digest, decode_bundle
+from decentralized_verl.transport.weights import signing
+from decentralized_verl.transport.weights.codec import (
+    WeightAssembler,
+    WeightChunk,
+    bundle_digest,
+    decode_bundle,
+)
+from decentralized_verl.transport.weights.publish import Published, WeightPublisher, header_of
 
 log = logging.getLogger(__name__)
 

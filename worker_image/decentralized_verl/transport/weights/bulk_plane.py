@@ -13,12 +13,12 @@ Per hop (sender -> receiver):
    The receiver checks the manifest (its bundle digest over the chunk digests, and the learner's signature
    in a secured job) before anything else, and answers with its bulk port and a single-use ticket.
 2. The sender connects to that port (TLS with the job's CA in a secured job), presents the ticket and
-   writes the payload (`transport.bulk_wire`). Only chunks the sender has itself verified are sent.
+   writes the payload (`transport.weights.bulk_wire`). Only chunks the sender has itself verified are sent.
 3. The receiver checks every chunk against the manifest's digest as it arrives and forwards the verified
    prefix to its children; once all are in, the bundle digest is checked (`BundleBuilder`), the version is
    held, and, after its children answered, it replies with the outcome for its subtree.
 
-Failure rules are the gRPC Push's (`transport.fanout`): a bad or missing byte ends the transfer at that
+Failure rules are the gRPC Push's (`transport.weights.relay`): a bad or missing byte ends the transfer at that
 receiver (the error names the peer it came from), its children's connections are closed so they hold
 nothing partial; a child that cannot be reached or fails is skipped and its children adopted (sent from
 byte 0 of the same buffer). A child without a bulk listener (an older build, a port a firewall closes) is
@@ -45,18 +45,18 @@ import grpc
 
 from decentralized_verl.errors import WireError
 from decentralized_verl.proto import dverl_pb2 as pb
-from decentralized_verl.transport import bulk_wire as bw
 from decentralized_verl.transport import messages as m
 from decentralized_verl.transport import secure
-from decentralized_verl.transport.bulk_send import NO_LISTENER, BulkSession
-from decentralized_verl.transport.digest import digest_hex
-from decentralized_verl.transport.fanout_push import SERVICE, identity, metadata_value
-from decentralized_verl.transport.fanout_route import ROUTE_KEY, Hop, route_from_json, route_to_json
-from decentralized_verl.transport.weight_receive import BundleBuilder
-from decentralized_verl.transport.weights import WeightChunk
+from decentralized_verl.transport.weights import bulk_wire as bw
+from decentralized_verl.transport.weights.bulk_send import NO_LISTENER, BulkSession
+from decentralized_verl.transport.weights.codec import WeightChunk
+from decentralized_verl.transport.weights.digest import digest_hex
+from decentralized_verl.transport.weights.push import SERVICE, identity, metadata_value
+from decentralized_verl.transport.weights.receive import BundleBuilder
+from decentralized_verl.transport.weights.route import ROUTE_KEY, Hop, route_from_json, route_to_json
 
 if TYPE_CHECKING:
-    from decentralized_verl.transport.fanout import WeightRelay
+    from decentralized_verl.transport.weights.relay import WeightRelay
 
 log = logging.getLogger(__name__)
 

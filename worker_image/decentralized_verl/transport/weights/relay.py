@@ -18,12 +18,12 @@ Failure rules:
   own children (replaying the chunks already sent), so one broken worker never cuts off the others.
   The skipped worker catches up later with `WeightRelay.catch_up` (a Fetch from its parent).
 
-Speed: the runtime pushes over the bulk data plane (`transport.bulk_relay`: BulkOpen carries the signed
+Speed: the runtime pushes over the bulk data plane (`bulk_plane`: BulkOpen carries the signed
 manifest over gRPC, the bytes flow over TCP/TLS into one buffer, hashed per chunk and relayed from it);
 the gRPC Push below is the fallback. There, messages travel as the serialized bytes they arrived in, each
 chunk hashed exactly once (in a worker thread) and never re-encoded.
 
-Routes are planned in `transport.fanout_route`. In the runtime (`transport.fanout_runtime`) the learner's
+Routes are planned in `transport.weights.route`. In the runtime (`transport.weights.fanout`) the learner's
 `WeightFanout` pushes each version down `plan_route` of its remote rollout workers; each serves a
 `WeightRelay` on its own gRPC port and reads weights through `RelayWeightSource`, which falls back to
 pulling from the learner. A relay's `WeightPublisher` serves GetManifest/Fetch like the learner's.
@@ -45,8 +45,10 @@ from decentralized_verl.errors import WireError
 from decentralized_verl.proto import dverl_pb2 as pb
 from decentralized_verl.transport import messages as m
 from decentralized_verl.transport import secure
-from decentralized_verl.transport.bulk_relay import BULK_OPEN, BulkPlane
-from decentralized_verl.transport.fanout_push import (
+from decentralized_verl.transport.weights.bulk_plane import BULK_OPEN, BulkPlane
+from decentralized_verl.transport.weights.codec import WeightChunk
+from decentralized_verl.transport.weights.publish import Published, WeightPublisher
+from decentralized_verl.transport.weights.push import (
     RESULT_KEY,
     SERVICE,
     Session,
@@ -54,10 +56,9 @@ from decentralized_verl.transport.fanout_push import (
     metadata_value,
     wire_messages,
 )
-from decentralized_verl.transport.fanout_route import ROUTE_KEY, Hop, route_from_json
-from decentralized_verl.transport.weight_receive import BundleBuilder, ChunkFetch
-from decentralized_verl.transport.weight_service import Published, WeightPublisher, WeightsServicer
-from decentralized_verl.transport.weights import WeightChunk
+from decentralized_verl.transport.weights.receive import BundleBuilder, ChunkFetch
+from decentralized_verl.transport.weights.route import ROUTE_KEY, Hop, route_from_json
+from decentralized_verl.transport.weights.service import WeightsServicer
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ class WeightRelay:
         self._verify_depth = verify_threads
         self.pushes_received = 0
         self.bulk = BulkPlane(self)
-        """The bulk data plane (`transport.bulk_relay`): listening once `serve_relay` started it."""
+        """The bulk data plane (`transport.weights.bulk_plane`): listening once `serve_relay` started it."""
         self.receiving: dict[int, int] = {}
         """version -> pushes of it arriving right now (a reader waits for them rather than pulling)."""
 
@@ -192,7 +193,7 @@ class WeightRelay:
     async def fan_out_bulk(
         self, version: int | None, route: Sequence[Hop], *, timeout_s: float | None = None
     ) -> dict[str, str]:
-        """`fan_out` over the bulk data plane (`transport.bulk_relay`): the same route, checks and outcomes;
+        """`fan_out` over the bulk data plane (`bulk_plane`): the same route, checks and outcomes;
         a node without a bulk plane is reported as ``bulk unavailable: ...``."""
         return await asyncio.to_thread(self.bulk.fan_out, version, route, timeout_s)
 

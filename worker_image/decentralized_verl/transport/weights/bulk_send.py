@@ -1,5 +1,5 @@
 """The sending half of the bulk weight plane: one version flowing out of a node to its children, each
-child fed by its own thread from the node's verified bytes (see `transport.bulk_relay`)."""
+child fed by its own thread from the node's verified bytes (see `transport.weights.bulk_plane`)."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING
 import grpc
 
 from decentralized_verl.errors import WireError
-from decentralized_verl.transport import bulk_wire as bw
 from decentralized_verl.transport import messages as m
-from decentralized_verl.transport.fanout_push import OK, REASON_CHARS
-from decentralized_verl.transport.fanout_route import Hop
+from decentralized_verl.transport.weights import bulk_wire as bw
+from decentralized_verl.transport.weights.push import OK, REASON_CHARS
+from decentralized_verl.transport.weights.route import Hop
 
 if TYPE_CHECKING:
-    from decentralized_verl.transport.bulk_relay import BulkPlane
+    from decentralized_verl.transport.weights.bulk_plane import BulkPlane
 
 log = logging.getLogger(__name__)
 

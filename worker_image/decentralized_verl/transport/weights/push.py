@@ -2,7 +2,7 @@
 
 A `Session` is one version flowing through a node: the chunks verified so far (replayed to a child that
 joins late) and a `Downstream` Push stream per child. A child that breaks or rejects the data is skipped
-and its children adopted, so one broken worker never cuts off the others (see `transport.fanout`).
+and its children adopted, so one broken worker never cuts off the others (see `transport.weights.relay`).
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING
 import grpc
 
 from decentralized_verl.proto import dverl_pb2 as pb
-from decentralized_verl.transport.fanout_route import ROUTE_KEY, Hop, route_to_json
-from decentralized_verl.transport.weight_service import Published, WeightsServicer
+from decentralized_verl.transport.weights.publish import Published
+from decentralized_verl.transport.weights.route import ROUTE_KEY, Hop, route_to_json
+from decentralized_verl.transport.weights.service import WeightsServicer
 
 if TYPE_CHECKING:
-    from decentralized_verl.transport.fanout import WeightRelay
+    from decentralized_verl.transport.weights.relay import WeightRelay
 
 log = logging.getLogger(__name__)
 

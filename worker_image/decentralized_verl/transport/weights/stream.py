@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from decentralized_verl.transport.digest import digest_hex
-from decentralized_verl.transport.weights import (
+from decentralized_verl.transport.weights.codec import (
     _ALIASES_KEY,
     _VERSION_KEY,
     DEFAULT_CHUNK_BYTES,
@@ -35,6 +34,7 @@ from decentralized_verl.transport.weights import (
     WeightChunk,
     bundle_digest,
 )
+from decentralized_verl.transport.weights.digest import digest_hex
 
 SAFETENSORS_DTYPES: dict[torch.dtype, str] = {
     torch.float64: "F64",

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from decentralized_verl.trackers import RunInfo, Tracker, open_trackers
+from decentralized_verl.reporting.trackers import RunInfo, Tracker, open_trackers
 
 log = logging.getLogger(__name__)
 EVAL_FILE = "eval.jsonl"

@@ -1,7 +1,7 @@
 """The runtime's two ends of weight fan-out: the learner's `WeightFanout` (publish, then push down a
 route) and a rollout worker's `RelayWeightSource` (read what was pushed, else pull from the learner).
 
-The relay that moves the bytes between them is `transport.fanout`.
+The relay that moves the bytes between them is `transport.weights.relay`.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from decentralized_verl.errors import WireError
-from decentralized_verl.transport.bulk_send import BULK_UNAVAILABLE
-from decentralized_verl.transport.fanout import WeightRelay
-from decentralized_verl.transport.fanout_push import OK, REASON_CHARS
-from decentralized_verl.transport.fanout_route import Hop, plan_route
-from decentralized_verl.transport.weight_receive import decode_held
-from decentralized_verl.transport.weight_service import Published, WeightPublisher
+from decentralized_verl.transport.weights.bulk_send import BULK_UNAVAILABLE
+from decentralized_verl.transport.weights.publish import Published, WeightPublisher
+from decentralized_verl.transport.weights.push import OK, REASON_CHARS
+from decentralized_verl.transport.weights.receive import decode_held
+from decentralized_verl.transport.weights.relay import WeightRelay
+from decentralized_verl.transport.weights.route import Hop, plan_route
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -47,7 +47,7 @@ class WeightFanout:
     pulls the version from the learner when it next needs it. The receiver list may change between
     versions (`add_receiver` / `remove_receiver`, e.g. rollout workers joining at run time).
 
-    With ``bulk`` (the default) the bytes travel over the relays' bulk data plane (`transport.bulk_relay`:
+    With ``bulk`` (the default) the bytes travel over the relays' bulk data plane (`bulk_plane`:
     gRPC for the signed manifest, raw TCP/TLS for the payload); the workers it reports as ``bulk
     unavailable`` (an older build, a closed port) are then pushed to over gRPC.
     """

@@ -22,12 +22,16 @@ import sys
 import time
 from pathlib import Path
 
+from decentralized_verl.settings import env_name
+
 POLL_S = 0.5
-PARENT_VARIABLE = "DVERL_DIE_WITH_PARENT"
+PARENT_VARIABLE = env_name("die_with_parent")
 """Set by a launcher to its pid: the child asks the kernel for SIGTERM when that parent dies."""
 _PR_SET_PDEATHSIG = 1
-MARK_VARIABLE = "DVERL_GUARDED_BY"
-"""`pid:start` of every guard above a process, comma-separated (guards nest: `dverl run`, then a worker)."""
+MARK_VARIABLE = env_name("guarded_by")
+"""`pid:start` of every guard above a process, comma-separated (guards nest: `dverl run`, then a worker).
+A guard reads and extends it in the environment its process's children inherit, so it is read there, at
+the moment the guard starts, not from the settings the process started with."""
 _started_for: int | None = None
 
 
@@ -135,22 +139,22 @@ def watch(owner: int, owner_started: int, owner_group: int | None = None) -> Non
                 os.kill(pid, signal.SIGKILL)
 
 
-def die_with_parent(environ: dict[str, str] | None = None) -> None:
-    """Honour the launcher's request (PARENT_VARIABLE): SIGTERM to this process when that parent dies.
+def die_with_parent(expected: int | None) -> None:
+    """Honour the launcher's request (`expected`, its pid from PARENT_VARIABLE): SIGTERM to this process
+    when that parent dies.
 
     Done here, in the child, rather than in a `preexec_fn` between fork and exec, which is unsafe in a
     parent that runs threads. The variable is removed so this process's own children do not inherit it;
     a parent already gone by now (the kernel then would never signal) ends this process at once.
     """
-    environ = os.environ if environ is None else environ
-    expected = environ.pop(PARENT_VARIABLE, None)
+    os.environ.pop(PARENT_VARIABLE, None)
     if not expected or not Path("/proc/self/stat").exists():
         return
     with contextlib.suppress(OSError, AttributeError):
         import ctypes
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != int(expected):
+    if os.getppid() != expected:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
@@ -166,7 +170,14 @@ def guard_descendants() -> subprocess.Popen | None:
     above = os.environ.get(MARK_VARIABLE)
     os.environ[MARK_VARIABLE] = f"{above},{mark}" if above else mark  # inherited by all it starts from now
     return subprocess.Popen(
-        [sys.executable, "-m", "decentralized_verl.orphans", str(me), str(started), str(os.getpgrp())],
+        [
+            sys.executable,
+            "-m",
+            "decentralized_verl.runtime.orphans",
+            str(me),
+            str(started),
+            str(os.getpgrp()),
+        ],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

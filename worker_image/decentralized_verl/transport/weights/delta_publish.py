@@ -19,8 +19,8 @@ import logging
 import threading
 
 from decentralized_verl.errors import WireError
-from decentralized_verl.transport.weight_delta import encode_delta
-from decentralized_verl.transport.weight_service import Published, WeightPublisher
+from decentralized_verl.transport.weights.delta import encode_delta
+from decentralized_verl.transport.weights.publish import Published, WeightPublisher
 
 log = logging.getLogger(__name__)
 
