@@ -149,7 +149,7 @@ def run(profiles: list[str], steps: int, seed: int, faults: bool = False) -> dic
             ["dverl", "worker", "--role", "learner", "--config", str(manifest(folder, job_name, steps, seed)),
              "--port", "7000", "--output", str(out)],
             {
-                "DVERL_DHT_ADDR": f"{net.hosts['dht'].address}:{port}",
+                "DVERL_DHT_ADDR": maddr,  # what the bootstrap printed: its identity is random
                 "DVERL_JOIN_SECRET": SECRET,
                 "DVERL_WAIT_VOLUNTEERS": f"{len(names)}:600",
                 "DVERL_VOLUNTEER_POLL_S": "0.5",

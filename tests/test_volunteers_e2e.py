@@ -104,7 +104,7 @@ def start_job(procs: Procs, tmp_path: Path, job: str, volunteers: int, **kw) -> 
             # A secured learner, as the operator starts one: it signs every weight version, and the
             # volunteers it admits refuse any version its key did not sign.
             "DVERL_TLS_DIR": str(learner_folder(tmp_path, job)),
-            "DVERL_DHT_ADDR": f"127.0.0.1:{port}",
+            "DVERL_DHT_ADDR": maddr,  # what the bootstrap printed: its identity is random
             "DVERL_JOIN_SECRET": SECRET,
             "DVERL_WAIT_VOLUNTEERS": f"{volunteers}:180",
             "DVERL_VOLUNTEER_POLL_S": "0.5",
