@@ -601,7 +601,7 @@ async def test_volunteer_job_gets_a_gateway_service_of_the_chart_type(cluster):
     assert opening["spec"]["ingress"] == [{"ports": [{"protocol": "TCP", "port": 31337}]}]
     # The DHT peer mounts the job's public files and its own identity, no token: it serves no gRPC.
     assert env_of(pods["vol-dht-0"])["DVERL_TLS_DIR"]
-    items = [v for v in pods["vol-dht-0"]["spec"]["volumes"] if v["name"] == "credentials"][0]["secret"][
+    items = next(v for v in pods["vol-dht-0"]["spec"]["volumes"] if v["name"] == "credentials")["secret"][
         "items"
     ]
     assert "dht.key" in {i["key"] for i in items} and not any(i["key"].startswith("token") for i in items)
