@@ -85,12 +85,26 @@ def draw_problem(
     )
 
 
-def response_logits(model, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> Tensor:
-    """[len(response), vocab] logits predicting each response token (one forward over both)."""
+def response_logits(model, samples: Sequence, pad_token_id: int | None, microbatch: int = 8) -> list[Tensor]:
+    """Per sample, [len(response), vocab] logits predicting each response token: one forward pass over
+    prompt + response per micro-batch, padded on the right (a causal model's real positions never see
+    the padding after them)."""
     import torch
 
-    ids = torch.tensor([list(prompt_ids) + list(response_ids)], device=next(model.parameters()).device)
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0]
-    start = len(prompt_ids) - 1
-    return logits[start : start + len(response_ids)].float().cpu()
+    device = next(model.parameters()).device
+    out: list[Tensor] = []
+    for start in range(0, len(samples), microbatch):
+        part = samples[start : start + microbatch]
+        rows = [list(s.prompt.token_ids) + list(s.response_ids) for s in part]
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), pad_token_id or 0, dtype=torch.long)  # masked: any id
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, : len(row)] = torch.tensor(row)
+            mask[i, : len(row)] = 1
+        with torch.no_grad():
+            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
+        for i, s in enumerate(part):
+            first = len(s.prompt.token_ids) - 1
+            out.append(logits[i, first : first + len(s.response_ids)].float().cpu())
+    return out

@@ -145,9 +145,9 @@ class PublishedPolicy:
         with self._lock:
             if self.version != version:
                 self._load(version)
-            for s in samples:
+            every = response_logits(self.model, list(samples), self.pad_token_id)
+            for s, logits in zip(samples, every, strict=True):
                 seed = episode_seed(sampling, s.prompt.prompt_id, s.sample_index)
-                logits = response_logits(self.model, s.prompt.token_ids, s.response_ids)
                 out.append(
                     None if seed is None else draw_problem(logits, s.response_ids, seed, sampling, tol)
                 )
