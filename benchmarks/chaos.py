@@ -3,6 +3,7 @@
     python benchmarks/chaos.py --faults 20 --seed 1                      # the tiny job, every role
     python benchmarks/chaos.py --example examples/smollm2-arithmetic-grpo.yaml --faults 5 --seed 1
     python benchmarks/chaos.py --smoke                                   # one of each role (CI's test)
+    python benchmarks/chaos.py --network --steps 40                      # partitions, a cut, slow links
 
 Faults, chosen from the seed: `kill` (SIGKILL; `dverl run` restarts the process), `stop` (SIGSTOP for a
 while, then SIGCONT: a worker that hangs while alive) and `loop` (kill the same worker again each time it
@@ -10,7 +11,8 @@ is back, three times). They go to random roles (rollout, reward, reference, lear
 Reported: faults injected, whether the job completed, samples lost and duplicated (from every step's
 counters: both must be 0), step rows missing or repeated, steps redone after learner restarts, recovery
 time per fault (until the next new step row), and the final reward against a fault-free run of the same
-job and seed. Writes a JSON report (and prints a table) to --out.
+job and seed. Writes a JSON report (and prints a table) to --out. `--network`: faults in the network
+instead (benchmarks/chaos_network.py).
 """
 
 from __future__ import annotations
@@ -303,7 +305,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-baseline", action="store_true", help="skip the fault-free run")
     parser.add_argument("--smoke", action="store_true", help="kill each role once in a short tiny run")
     parser.add_argument("--out", type=Path, default=None, help="folder for runs and the JSON report")
+    parser.add_argument(
+        "--network",
+        action="store_true",
+        help="network faults instead, every process on its own host: partitions, a cut, slow volunteers",
+    )
+    parser.add_argument("--partition-s", type=float, default=60.0, help="--network: rollout partition")
+    parser.add_argument("--reward-partition-s", type=float, default=30.0, help="--network: reward partition")
     args = parser.parse_args(argv)
+    if args.network:
+        return network_chaos(args)
     out = args.out or Path(tempfile.mkdtemp(prefix="dverl-chaos-"))
     out.mkdir(parents=True, exist_ok=True)
     if args.example is not None:
@@ -332,6 +343,24 @@ def main(argv: list[str] | None = None) -> int:
         report.samples_lost or report.samples_duplicated or report.rows_missing or report.rows_repeated
     )
     return 0 if ok else 1
+
+
+def network_chaos(args: argparse.Namespace) -> int:
+    """Network faults (chaos_network.py); skipped, with the reason, where namespaces are refused."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from chaos_network import run as run_network
+
+    from decentralized_verl.netlab.hosts import namespaces_refused
+
+    if (refused := namespaces_refused()) is not None:
+        print(json.dumps({"skipped": refused}))
+        return 0
+    out = args.out or Path(tempfile.mkdtemp(prefix="dverl-netchaos-"))
+    out.mkdir(parents=True, exist_ok=True)
+    report = run_network(args.steps or 40, args.seed, args.partition_s, args.reward_partition_s, folder=out)
+    print(json.dumps(report, indent=2))
+    (out / "chaos-network.json").write_text(json.dumps(report, indent=2) + "\n")
+    return 0 if not (report["samples_lost"] or report["samples_duplicated"]) else 1
 
 
 if __name__ == "__main__":

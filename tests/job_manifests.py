@@ -8,8 +8,30 @@ from typing import Any
 
 import yaml
 
-TOY = Path(__file__).resolve().parents[1] / "examples" / "data" / "toy"
+EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
+TOY = EXAMPLES_DIR / "data" / "toy"
 """The toy task ("3+4=" -> "7") every end-to-end job trains on."""
+
+EXAMPLE_JOBS = sorted(
+    p
+    for p in EXAMPLES_DIR.glob("*.yaml")
+    if any((doc or {}).get("kind") == "RLHFJob" for doc in yaml.safe_load_all(p.read_text()))
+)
+"""Every shipped example that is an RLHFJob (the stages pipeline and Kubernetes manifests are not)."""
+
+SMALL_JOB: dict[str, Any] = {
+    "apiVersion": "dverl.io/v1alpha1",
+    "kind": "RLHFJob",
+    "metadata": {"name": "job"},
+    "spec": {
+        "model": {"tiny": {"hiddenSize": 32, "numHeads": 4}},
+        "algorithm": {"name": "grpo", "samplesPerPrompt": 4},
+        "data": {"train": "train.jsonl", "eval": "eval.jsonl"},
+        "roles": {"rollout": {"replicas": 2, "batchSize": 4}, "learner": {"replicas": 1}},
+        "training": {"steps": 10, "batchSize": 8, "minibatchSize": 4, "microbatchSize": 2},
+    },
+}
+"""A valid job the spec and CRD tests change one field of at a time (never run; copy before changing)."""
 
 
 def environment_job(environment: dict) -> dict:
@@ -69,15 +91,3 @@ def e2e_manifest(folder: Path, name: str, **overrides: Any) -> Path:
             node = node.setdefault(key, {})
         node[last] = value
     return write_manifest(folder, name, spec)
-
-
-def example_skip_reason(path: Path) -> str | None:
-    """Why a shipped example cannot be validated by this checkout's spec, or None. The cluster-form example
-    reads its model and data through `spec.sources`; until the spec has that field it is skipped here, and
-    from then on it is validated like every other example."""
-    from decentralized_verl.spec import JobSpec
-
-    document = yaml.safe_load(path.read_text()) or {}
-    if "sources" in (document.get("spec") or {}) and "sources" not in JobSpec.model_fields:
-        return f"{path.name} uses spec.sources, which this spec does not have yet"
-    return None

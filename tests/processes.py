@@ -12,27 +12,17 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+from decentralized_verl.netlab.jobs import BIN, process_env  # noqa: F401 (BIN: for the tests' own use)
 from decentralized_verl.ports import free_port  # noqa: F401 (the tests' one way to pick a port)
-
-BIN = Path(sys.executable).parent
 
 
 def console_env(**extra: str) -> dict[str, str]:
-    """The console scripts (dverl, dverl-dht, dverl-worker) live beside this Python, whether or not the
-    venv is activated (CI runs `.venv/bin/python -m pytest` without activating it); one thread per
-    process so several processes on 2 cores do not oversubscribe them."""
-    return {
-        **os.environ,
-        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-        "OMP_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
-        "PYTHONUNBUFFERED": "1",
-        **extra,
-    }
+    """The console scripts beside this Python (CI runs `.venv/bin/python -m pytest` without activating the
+    venv), one thread per process: `netlab.jobs.process_env`, the one home of that environment."""
+    return process_env(**extra)
 
 
 class ProcessGroup:

@@ -7,44 +7,12 @@ import math
 
 import pytest
 import torch
+from loss_references import AGGREGATIONS, SHAPES, holey_mask, rand, ref_aggregate, valid
 
 from decentralized_verl.algorithms import registry
 from decentralized_verl.algorithms.gspo import gspo_policy_loss
 from decentralized_verl.algorithms.policy_loss import ppo_policy_loss
 from decentralized_verl.algorithms.weighted_pg import cispo_policy_loss, vanilla_pg_loss
-
-SHAPES = [(3, 1), (5, 7), (8, 12)]
-AGGREGATIONS = ["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"]
-
-
-def holey_mask(batch: int, length: int, gen: torch.Generator) -> torch.Tensor:
-    mask = (torch.rand(batch, length, generator=gen) < 0.7).double()
-    lengths = torch.randint(0, length + 1, (batch,), generator=gen)
-    mask[torch.arange(length)[None, :] >= lengths[:, None]] = 0.0
-    mask[0] = 0.0
-    mask[-1] = 1.0
-    return mask
-
-
-def rand(shape, gen, scale=1.0):
-    return torch.randn(*shape, generator=gen, dtype=torch.float64) * scale
-
-
-def valid(mask, b):
-    return [t for t in range(mask.shape[1]) if mask[b, t] != 0]
-
-
-def ref_aggregate(per_token, mask, mode):
-    """per_token: dict (b, t) -> 0-d tensor over valid positions."""
-    rows = [b for b in range(mask.shape[0]) if valid(mask, b)]
-    if not rows:
-        return torch.tensor(0.0, dtype=torch.float64)
-    if mode == "token_mean":
-        items = [per_token[b, t] for b in rows for t in valid(mask, b)]
-        return sum(items) / len(items)
-    if mode == "seq_mean_token_sum":
-        return sum(sum(per_token[b, t] for t in valid(mask, b)) for b in rows) / len(rows)
-    return sum(sum(per_token[b, t] for t in valid(mask, b)) / len(valid(mask, b)) for b in rows) / len(rows)
 
 
 def batch(shape, seed, per_sample_advantage=False):

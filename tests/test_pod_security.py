@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+from job_manifests import EXAMPLE_JOBS
 from operator_fixtures import tiny_spec
 
 from decentralized_verl.manifest import load_job, parse_spec
@@ -25,11 +25,6 @@ from dverl_operator.pod_security import (
 from dverl_operator.pod_standards import violations
 
 ROOT = Path(__file__).parents[1]
-EXAMPLES = sorted(
-    p
-    for p in (ROOT / "examples").glob("*.yaml")
-    if any((doc or {}).get("kind") == "RLHFJob" for doc in yaml.safe_load_all(p.read_text()))
-)
 
 
 def build(spec: Any, name: str = "j") -> dict[str, dict[str, Any]]:
@@ -37,7 +32,7 @@ def build(spec: Any, name: str = "j") -> dict[str, dict[str, Any]]:
     return children.for_job(owned.Owner(name, "ns", "uid"), spec, plan, "img:1", gateway_type="NodePort").pods
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("example", EXAMPLE_JOBS, ids=lambda p: p.stem)
 def test_every_pod_of_every_example_passes_restricted(example: Path) -> None:
     job = load_job(example)
     pods = build(job.spec, job.metadata.name)

@@ -262,8 +262,10 @@ def test_weights_load_only_the_spans_layers_and_a_bad_refresh_changes_nothing(wh
     _, spans_parts = split_state(model.state_dict(), (Span(0, 2), span))
     new = {k: v + 1.0 for k, v in spans_parts[1].items()}
     before = {k: v.clone() for k, v in server.module.state_dict().items()}
-    server.stage(_blob({**new, "layers.9.x": torch.zeros(1)}, 1))
-    with pytest.raises(WireError, match=r"layers.9.x"):
+    with pytest.raises(WireError, match=r"outside its layers: \['layers.9.x'\]"):
+        server.stage(_blob({**new, "layers.9.x": torch.zeros(1)}, 1))
+    server.stage(_blob({**new, "layers.0.mlp.up_proj.weight": torch.zeros(1)}, 1))  # its name, a bad shape
+    with pytest.raises(WireError, match=r"layers.0.mlp.up_proj.weight"):
         server.commit(1)
     assert server.version == 0
     assert all(torch.equal(before[k], v) for k, v in server.module.state_dict().items())

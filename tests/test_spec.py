@@ -7,35 +7,16 @@ from pathlib import Path
 
 import pytest
 import yaml
-from job_manifests import example_skip_reason
+from job_manifests import EXAMPLE_JOBS, SMALL_JOB
 
 from decentralized_verl.errors import ManifestError
 from decentralized_verl.manifest import load_job, parse_job, summary
 from decentralized_verl.spec import JobSpec, with_defaults
 
-EXAMPLES = sorted(
-    p
-    for p in (Path(__file__).parents[1] / "examples").glob("*.yaml")
-    if "\nkind: RLHFJob\n" in "\n" + p.read_text()
-)
-
-BASE = {
-    "apiVersion": "dverl.io/v1alpha1",
-    "kind": "RLHFJob",
-    "metadata": {"name": "job"},
-    "spec": {
-        "model": {"tiny": {"hiddenSize": 32, "numHeads": 4}},
-        "algorithm": {"name": "grpo", "samplesPerPrompt": 4},
-        "data": {"train": "train.jsonl", "eval": "eval.jsonl"},
-        "roles": {"rollout": {"replicas": 2, "batchSize": 4}, "learner": {"replicas": 1}},
-        "training": {"steps": 10, "batchSize": 8, "minibatchSize": 4, "microbatchSize": 2},
-    },
-}
-
 
 def mutate(path: str, value: object) -> dict:
-    """BASE with one dotted path set (value DELETE removes the key)."""
-    doc = copy.deepcopy(BASE)
+    """SMALL_JOB with one dotted path set (value DELETE removes the key)."""
+    doc = copy.deepcopy(SMALL_JOB)
     *parents, last = path.split(".")
     node = doc
     for key in parents:
@@ -56,17 +37,14 @@ def problems_of(doc: object) -> list[str]:
     return [str(p) for p in info.value.problems]
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+@pytest.mark.parametrize("example", EXAMPLE_JOBS, ids=lambda p: p.name)
 def test_every_example_is_valid(example: Path) -> None:
-    reason = example_skip_reason(example)
-    if reason:
-        pytest.skip(reason)
     job = load_job(example)
     assert summary(job).startswith(f"RLHFJob {job.metadata.name}: valid")
 
 
 def test_base_is_valid_and_defaults_round_trip() -> None:
-    job = parse_job(BASE)
+    job = parse_job(SMALL_JOB)
     assert job.spec.algorithm.samples_per_prompt == 4
     assert job.spec.advantage_estimator == "grpo"
     again = JobSpec.model_validate(with_defaults(job.spec))
@@ -205,7 +183,7 @@ def test_invalid_manifest_names_the_field(path: str, value: object, field: str, 
 
 
 LOSS_MISFITS = [
-    # (algorithm fields over BASE's, expected field path, expected words)
+    # (algorithm fields over SMALL_JOB's, expected field path, expected words)
     (
         {"policyLoss": "gspo", "lossAggregation": "token_mean"},
         "spec.algorithm.lossAggregation",
@@ -257,7 +235,7 @@ LOSS_MISFITS = [
     ("fields", "field", "words"), LOSS_MISFITS, ids=[c[1] + str(i) for i, c in enumerate(LOSS_MISFITS)]
 )
 def test_loss_settings_that_do_not_fit_name_the_field(fields: dict, field: str, words: str) -> None:
-    doc = copy.deepcopy(BASE)
+    doc = copy.deepcopy(SMALL_JOB)
     doc["spec"]["algorithm"].update(fields)
     problems = problems_of(doc)
     matching = [p for p in problems if p.startswith(field + ":")]
@@ -266,7 +244,7 @@ def test_loss_settings_that_do_not_fit_name_the_field(fields: dict, field: str, 
 
 
 def resolved(**fields: object):
-    doc = copy.deepcopy(BASE)
+    doc = copy.deepcopy(SMALL_JOB)
     backend = fields.pop("backend", None)
     if backend:
         doc["spec"]["roles"]["rollout"]["backend"] = backend
@@ -297,7 +275,7 @@ def test_policy_loss_defaults_and_overrides() -> None:
 def test_whitening_is_on_for_ppo_only_unless_set() -> None:
     assert resolved().whiten_advantages is False
     assert resolved(whitenAdvantages=True).whiten_advantages is True
-    doc = copy.deepcopy(BASE)
+    doc = copy.deepcopy(SMALL_JOB)
     doc["spec"]["algorithm"] = {"name": "ppo", "samplesPerPrompt": 4}
     doc["spec"]["roles"]["critic"] = {"replicas": 1}
     assert parse_job(doc).spec.whiten_advantages is True
@@ -331,9 +309,9 @@ def test_several_problems_are_reported_together() -> None:
         ([1, 2], "(root)", "mapping"),
         ("just text", "(root)", "mapping"),
         (None, "(root)", "empty"),
-        ({**BASE, "kind": "Deployment"}, "kind", "not an RLHFJob"),
-        ({**BASE, "apiVersion": "dverl.io/v2"}, "apiVersion", "dverl.io/v1alpha1"),
-        ({k: v for k, v in BASE.items() if k != "spec"}, "spec", "required"),
+        ({**SMALL_JOB, "kind": "Deployment"}, "kind", "not an RLHFJob"),
+        ({**SMALL_JOB, "apiVersion": "dverl.io/v2"}, "apiVersion", "dverl.io/v1alpha1"),
+        ({k: v for k, v in SMALL_JOB.items() if k != "spec"}, "spec", "required"),
     ],
 )
 def test_documents_that_are_not_rlhfjobs(doc: object, field: str, words: str) -> None:
@@ -349,7 +327,7 @@ def test_colocated_roles_and_unknown_pool_gpu_are_fine() -> None:
 
 
 def test_yaml_round_trip_of_example(tmp_path: Path) -> None:
-    job = load_job(EXAMPLES[0])
+    job = load_job(EXAMPLE_JOBS[0])
     dumped = yaml.safe_dump(
         {
             "apiVersion": "dverl.io/v1alpha1",

@@ -20,6 +20,7 @@ import pytest
 from job_manifests import TOY, write_manifest
 from processes import ProcessGroup, free_port
 
+from decentralized_verl.netlab.jobs import dht_argv, learner_argv, volunteer_argv
 from decentralized_verl.security.credentials import issue, write
 
 SECRET = "volunteer-e2e-secret-0123456789"
@@ -82,25 +83,12 @@ def token(job: str, ttl: float = 3600) -> str:
 def start_job(procs: Procs, tmp_path: Path, job: str, volunteers: int, **kw) -> tuple[str, Path]:
     """Bootstrap + coordinator; returns the --initial-peers address and the run folder."""
     port = free_port()
-    procs.start(
-        "dht", ["dverl-dht", "--port", str(port), "--job", job, "--host-maddrs", f"/ip4/127.0.0.1/tcp/{port}"]
-    )
+    procs.start("dht", dht_argv(job, port, "127.0.0.1"))
     maddr = procs.wait_for("dht", r"--initial-peers (\S+)").group(1)
     out = tmp_path / "run"
     procs.start(
         "learner",
-        [
-            "dverl",
-            "worker",
-            "--role",
-            "learner",
-            "--config",
-            str(manifest(tmp_path, job, **kw)),
-            "--port",
-            str(free_port()),
-            "--output",
-            str(out),
-        ],
+        learner_argv(manifest(tmp_path, job, **kw), free_port(), out),
         {
             # A secured learner, as the operator starts one: it signs every weight version, and the
             # volunteers it admits refuse any version its key did not sign.
@@ -116,19 +104,7 @@ def start_job(procs: Procs, tmp_path: Path, job: str, volunteers: int, **kw) -> 
 
 def volunteer_cmd(maddr: str, job: str, tok: str, mode: str | None = None, *args: str) -> list[str]:
     if mode is None:
-        return [
-            "dverl-worker",
-            "--initial-peers",
-            maddr,
-            "--job",
-            job,
-            "--token",
-            tok,
-            "--role",
-            "rollout",
-            "--host-maddrs",
-            "/ip4/127.0.0.1/tcp/0",
-        ]
+        return volunteer_argv(maddr, job, tok, "127.0.0.1")
     return [sys.executable, __file__, mode, maddr, job, tok, *args]
 
 

@@ -12,13 +12,12 @@ import json
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from processes import console_env
 
 from decentralized_verl.netlab.hosts import NetlabError, Network, namespaces_refused
+from decentralized_verl.netlab.jobs import HostJob
 from decentralized_verl.netlab.profiles import PROFILES, LinkProfile, ProfileError, profile, tbf_args
 
 REFUSED = namespaces_refused()
@@ -176,38 +175,6 @@ def _manifest(tmp_path: Path, job: str, steps: int) -> Path:
     return write_manifest(tmp_path, job, spec)
 
 
-class HostProcs:
-    """Named processes, each in a host of `net`, each logging to <name>.log."""
-
-    def __init__(self, net: Network, folder: Path) -> None:
-        self.net, self.folder, self.procs = net, folder, {}
-
-    def start(self, host: str, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
-        with (self.folder / f"{name}.log").open("w") as log:
-            self.procs[name] = self.net.spawn(
-                host,
-                argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=console_env(**(env or {})),
-                cwd=self.folder,
-            )
-
-    def log(self, name: str) -> str:
-        return (self.folder / f"{name}.log").read_text()
-
-    def wait_for(self, name: str, pattern: str, timeout: float = 180) -> re.Match:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if found := re.search(pattern, self.log(name)):
-                return found
-            for who in (name, "learner"):
-                if who in self.procs and self.procs[who].poll() not in (None, 0):
-                    raise AssertionError(f"{who} exited:\n{self.log(who)[-3000:]}")
-            time.sleep(0.2)
-        raise AssertionError(f"{name}: no {pattern!r}:\n{self.log(name)[-3000:]}")
-
-
 @needs_netns
 @pytest.mark.slow
 @pytest.mark.usefixtures("collected_before_fork")
@@ -225,31 +192,14 @@ def test_volunteer_on_a_slow_lossy_link_serves_every_step_and_a_partitioned_one_
         net.add_host("coord")
         net.add_host("near")
         net.add_host("far", PROFILES["home20"])
-        procs = HostProcs(net, tmp_path)
-        dht_address = net.hosts["dht"].address
-        procs.start(
-            "dht",
-            "dht",
-            ["dverl-dht", "--port", str(port), "--job", job, "--host-maddrs", f"/ip4/0.0.0.0/tcp/{port}"],
-        )
-        maddr = procs.wait_for("dht", r"--initial-peers (\S+)").group(1)
-        assert maddr.startswith(f"/ip4/{dht_address}/")
+        procs = HostJob(net, tmp_path)
+        maddr = procs.start_dht("dht", job, port)
+        assert maddr.startswith(f"/ip4/{net.hosts['dht'].address}/")
         out = tmp_path / "run"
-        procs.start(
+        procs.start_learner(
             "coord",
-            "learner",
-            [
-                "dverl",
-                "worker",
-                "--role",
-                "learner",
-                "--config",
-                str(_manifest(tmp_path, job, steps)),
-                "--port",
-                "7000",
-                "--output",
-                str(out),
-            ],
+            _manifest(tmp_path, job, steps),
+            out,
             {
                 "DVERL_DHT_ADDR": maddr,  # what the bootstrap printed: its identity is random
                 "DVERL_JOIN_SECRET": SECRET,
@@ -257,27 +207,9 @@ def test_volunteer_on_a_slow_lossy_link_serves_every_step_and_a_partitioned_one_
                 "DVERL_VOLUNTEER_POLL_S": "0.5",
             },
         )
-        for name in ("near", "far"):
-            token = issue_token(SECRET.encode(), job, 3600)  # a join token admits one peer identity
-            procs.start(
-                name,
-                name,
-                [
-                    "dverl-worker",
-                    "--initial-peers",
-                    maddr,
-                    "--job",
-                    job,
-                    "--token",
-                    token,
-                    "--role",
-                    "rollout",
-                    "--host-maddrs",
-                    "/ip4/0.0.0.0/tcp/0",
-                ],
-            )
-        far_peer = procs.wait_for("far", r"volunteer (\S+) joined job", 240).group(1)
-        near_peer = procs.wait_for("near", r"volunteer (\S+) joined job", 240).group(1)
+        for name in ("near", "far"):  # a join token admits one peer identity
+            procs.start_volunteer(name, maddr, job, issue_token(SECRET.encode(), job, 3600))
+        far_peer, near_peer = procs.volunteer_peer("far", 240), procs.volunteer_peer("near", 240)
         procs.wait_for("near", r"at policy v1\b")
         net.partition("near")
         procs.wait_for("learner", rf"share of volunteer-{near_peer[-8:]} is late", 240)

@@ -263,6 +263,9 @@ def summary(job: RLHFJob) -> str:
         corrected = (
             f", rollout correction IS {correction.importance_sampling} / rejection {correction.rejection}"
         )
+    kl = f", KL coef {spec.algorithm.kl_coef:g}"
+    if spec.roles.reference is None:
+        kl = ", KL to the initial policy not measured (no roles.reference)"
     env = spec.data.environment
     reward = f"reward {spec.data.reward_type}"
     if env is not None:
@@ -270,6 +273,6 @@ def summary(job: RLHFJob) -> str:
     return (
         f"RLHFJob {job.metadata.name}: valid — {spec.algorithm.name} "
         f"({spec.advantage_estimator} advantages, {spec.policy_loss} loss, "
-        f"{spec.algorithm.samples_per_prompt} samples/prompt{corrected}), "
+        f"{spec.algorithm.samples_per_prompt} samples/prompt{corrected}{kl}), "
         f"{reward}, {length}, roles {roles}"
     )

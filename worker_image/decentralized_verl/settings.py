@@ -126,6 +126,12 @@ class WorkerSettings(BaseModel):
         alias="DVERL_VOLUNTEER_POLL_S",
         description="tuning: seconds between DHT reads for volunteers",
     )
+    partial_every_s: float = Field(
+        2.0,
+        ge=0,
+        alias="DVERL_PARTIAL_EVERY_S",
+        description="tuning: seconds between a rollout worker's prefixes of unfinished answers (0: each)",
+    )
     wait_volunteers: str | None = Field(
         None,
         alias="DVERL_WAIT_VOLUNTEERS",

@@ -17,7 +17,8 @@ from decentralized_verl.core.sampling import SamplingParams
 if TYPE_CHECKING:
     from torch import Tensor
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "partial"]
+"""`partial`: a prefix of a response still being decoded (only when asked for: `partial_every_s`)."""
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,10 @@ class GenerationBackend(Protocol):
         ...
 
     def generate(self, requests: Sequence[GenerationRequest]) -> Iterator[GenerationOutput]:
-        """Sample ``params.n`` responses per request; yield each as soon as it (or its batch) is done."""
+        """Sample ``params.n`` responses per request; yield each as soon as it (or its batch) is done.
+
+        A backend that decodes token by token may also take ``partial_every_s`` and yield unfinished
+        prefixes (finish reason ``partial``) that often; callers pass it only to backends that do (hf)."""
         ...
 
     def load_weights(self, state_dict: Mapping[str, Tensor], version: int) -> None:

@@ -213,37 +213,55 @@ class HFBackend:
 
     # ---------------------------------------------------------------- generation
 
-    def generate(self, requests: Sequence[GenerationRequest]) -> Iterator[GenerationOutput]:
+    def generate(
+        self, requests: Sequence[GenerationRequest], partial_every_s: float | None = None
+    ) -> Iterator[GenerationOutput]:
         """Yield every response of every request, a micro-batch at a time (order: by prompt length).
 
-        All requests are validated here, before any work starts, so a bad one fails the call itself
-        (not some later batch).
+        With `partial_every_s`, also yield each unfinished response's prefix (finish reason `partial`)
+        that often while its micro-batch decodes (0: after every token), so a worker cut off mid-batch
+        leaves work another can continue. All requests are validated here, before any work starts, so a
+        bad one fails the call itself (not some later batch).
         """
         rows = self._rows(requests)
         rows.sort(key=lambda r: len(r.prompt))  # stable: a prompt's samples stay adjacent
-        return self._batches(rows)
+        return self._batches(rows, partial_every_s)
 
-    def _batches(self, rows: list[_Row]) -> Iterator[GenerationOutput]:
+    def _batches(self, rows: list[_Row], partial_every_s: float | None) -> Iterator[GenerationOutput]:
         for start in range(0, len(rows), self.max_batch_size):
             batch = rows[start : start + self.max_batch_size]
             with self._lock:
                 version = self._version
-                began = time.perf_counter()
-                self._run_batch(batch)
+                began = last = time.perf_counter()
+                for _ in self._run_batch(batch):
+                    now = time.perf_counter()
+                    if partial_every_s is None or now - last < partial_every_s:
+                        continue
+                    last = now
+                    for row in batch:
+                        if row.finish is None and row.tokens:
+                            yield self._output(row, "partial", version, now - began)
                 seconds = time.perf_counter() - began
             for row in batch:
-                assert row.finish is not None and row.text is not None
-                yield GenerationOutput(
-                    prompt_id=row.prompt_id,
-                    sample_index=row.sample_index,
-                    prompt_token_ids=row.prompt,
-                    response_token_ids=tuple(row.tokens),
-                    logprobs=tuple(row.logprobs),
-                    finish_reason=row.finish,
-                    text=row.text,
-                    policy_version=version,
-                    seconds=seconds,
-                )
+                assert row.finish is not None
+                yield self._output(row, row.finish, version, seconds)
+
+    def _output(self, row: _Row, finish: FinishReason, version: int, seconds: float) -> GenerationOutput:
+        """What `row` holds now; a prefix (`partial`) is decoded here."""
+        text = row.text if finish != "partial" else None
+        if text is None:
+            text = self._tokenizer.decode(row.tokens, skip_special_tokens=True)
+        return GenerationOutput(
+            prompt_id=row.prompt_id,
+            sample_index=row.sample_index,
+            prompt_token_ids=row.prompt,
+            response_token_ids=tuple(row.tokens),
+            logprobs=tuple(row.logprobs),
+            finish_reason=finish,
+            text=text,
+            policy_version=version,
+            seconds=seconds,
+        )
 
     def _rows(self, requests: Sequence[GenerationRequest]) -> list[_Row]:
         vocab = self.model.get_input_embeddings().num_embeddings
@@ -271,7 +289,8 @@ class HFBackend:
         return rows
 
     @torch.no_grad()
-    def _run_batch(self, rows: list[_Row]) -> None:
+    def _run_batch(self, rows: list[_Row]) -> Iterator[None]:
+        """Decode `rows` to their end, yielding after each token step (where prefixes may be reported)."""
         device = self.device
         # Each distinct prompt is prefilled once: a GRPO group's n samples share one prompt, and the prompt
         # pass is most of a short answer's cost. Its keys/values are then copied to every row of the group.
@@ -313,6 +332,7 @@ class HFBackend:
                     keep.append(b)
             if not keep:
                 return
+            yield
             if len(keep) < len(live):
                 index = torch.tensor(keep, device=device)
                 cache.batch_select_indices(index)

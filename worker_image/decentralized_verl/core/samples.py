@@ -58,6 +58,10 @@ class Sample:
     replays the environment on them to score the episode)."""
     end_reason: str = ""
     """Why a multi-turn episode ended (`max_turns`, `token_budget`, the environment's reason, ...)."""
+    parts: tuple[tuple[str, int, int], ...] = ()
+    """A response continued from another worker's prefix: (worker, policy version, tokens) of each part,
+    in order; `policy_version` is then the oldest of them. Empty: one worker and version made it all.
+    Each token's log-prob is its own part's, so the learner corrects it like any off-policy token."""
 
     @property
     def key(self) -> tuple[str, int]:

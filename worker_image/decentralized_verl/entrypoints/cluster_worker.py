@@ -62,7 +62,11 @@ async def serve_role(
     if role == "rollout":
         return await serve_rollout(
             RolloutWorker(
-                backend, worker_id, backend_name=spec.roles.rollout.backend, environment=spec.data.environment
+                backend,
+                worker_id,
+                backend_name=spec.roles.rollout.backend,
+                environment=spec.data.environment,
+                partial_every_s=settings.partial_every_s,
             ),
             port,
             learner=settings.learner_addr,

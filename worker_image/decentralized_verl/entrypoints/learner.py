@@ -16,7 +16,7 @@ import os
 import signal
 from collections.abc import Awaitable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -92,7 +92,9 @@ async def _coordinate(
     # With volunteers, each version is also kept as a delta from the one before: a volunteer holding a
     # recent version pulls the changed bytes, not the model (transport/delta_publisher.py).
     publisher_type = DeltaPublisher if spec.volunteers.enabled else WeightPublisher
-    publisher = publisher_type(dtype=None, is_adapter=spec.model.lora is not None)
+    publisher = publisher_type(
+        dtype=None, is_adapter=spec.model.lora is not None, bundle_metadata=_span_manifests(spec)
+    )
     health = HealthServicer(role="learner", worker_id=f"{job}-learner-0")
     server = await serve(
         port,
@@ -199,3 +201,15 @@ def run(spec: JobSpec, job: str, *, port: int, output: Path, base_dir: Path | No
     if dist.is_initialized():
         distributed.exit_process(code)
     return code
+
+
+def _span_manifests(spec: Any):
+    """When the rollout is served as layer spans, each span's share is signed on publish."""
+    if spec.roles.rollout.spans is None:
+        return None
+    from decentralized_verl.serving.spans.blocks import spec_parts
+    from decentralized_verl.serving.spans.layout import even_layout
+    from decentralized_verl.serving.spans.signed import bundle_metadata
+
+    layers = int(spec_parts(spec.model)[0].num_hidden_layers)
+    return bundle_metadata(even_layout(layers, spec.roles.rollout.spans.count))

@@ -120,8 +120,6 @@ async def run_volunteer(
             backend_name=spec.roles.rollout.backend,
             environment=spec.data.environment,
         )
-        held = await asyncio.to_thread(worker.ensure_version, reply.policy_version)
-        joined_s = time.perf_counter() - began
         vocab = getattr(getattr(model, "config", None), "vocab_size", None)
         endpoint = RolloutEndpoint(
             p2p, worker, coordinator=claims.coordinator, limits=m.WireLimits(vocab_size=vocab)
@@ -142,7 +140,11 @@ async def run_volunteer(
                 started_at=started,
             )
 
+        # Announced before the first weights arrive (version -1: admitted, not yet given work), so a slow
+        # link's first full bundle, minutes long, does not cost the peer its admission.
         await session.announce(record)
+        held = await asyncio.to_thread(worker.ensure_version, reply.policy_version)
+        joined_s = time.perf_counter() - began
         prefetch = WeightPrefetch(source, worker)
         prefetch.start()
         ready = (

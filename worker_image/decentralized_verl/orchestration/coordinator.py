@@ -276,8 +276,10 @@ class Coordinator:
             "step_seconds": elapsed,
             "redispatched": report.redispatched,
             "hedged": report.hedged,
+            "continued": report.continued,
             "worker_failures": len(report.failures),
             "rollout_workers": len(report.assigned),
+            "samples_by_worker": _samples_by_worker(generated.samples),
             "samples": len(generated.samples),
             "expected_samples": len(items),
             "stale_dropped": stale_dropped,
@@ -473,3 +475,11 @@ def _interval(evaluation: dict[str, Any]) -> list[float] | None:
     if "eval_accuracy_low" not in evaluation:
         return None
     return [evaluation["eval_accuracy_low"], evaluation["eval_accuracy_high"]]
+
+
+def _samples_by_worker(samples: Sequence[Sample]) -> dict[str, int]:
+    """How many of a step's samples each worker produced, so a slow peer's share shows every step."""
+    counts: dict[str, int] = {}
+    for sample in samples:
+        counts[sample.worker_id] = counts.get(sample.worker_id, 0) + 1
+    return counts

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from decentralized_verl.core.interfaces import RolloutClient, WorkerFailure, WorkItem, closed_under_us
 from decentralized_verl.core.samples import Sample
 from decentralized_verl.core.sampling import SamplingParams
+from decentralized_verl.orchestration import continuation
 from decentralized_verl.orchestration.health import HealthGate
 from decentralized_verl.orchestration.hedging import late_after, probation_steps
 
@@ -79,6 +80,8 @@ class DispatchReport:
     redispatched: int = 0
     hedged: int = 0
     """Items also given to a second worker because the first was late (the first answer is kept)."""
+    continued: int = 0
+    """Items given to another worker as a continuation of the prefix the first had sent."""
     duplicates_dropped: int = 0
     tokens: int = 0
     seconds: float = 0.0
@@ -157,6 +160,8 @@ class Dispatcher:
         started = time.perf_counter()
         report = DispatchReport()
         results: dict[tuple[str, int], Sample] = {}
+        partials: dict[tuple[str, int], Sample] = {}
+        """Newest prefix sent for each unanswered item: where another worker continues it."""
         pending = list(items)
         healthy = self._off_probation(list(self.clients))
         expected = {(p.prompt_id, i) for p, i in items}
@@ -185,7 +190,9 @@ class Dispatcher:
                     shares.append((wid, pending[offset : offset + count]))
                     report.assigned[wid] = report.assigned.get(wid, 0) + count
                 offset += count
-            outcomes = await self._round(clients, shares, sampling, version, results, expected, report)
+            outcomes = await self._round(
+                clients, shares, sampling, version, results, expected, report, partials
+            )
             pending = []
             for (wid, share), failed in zip(shares, outcomes, strict=True):
                 if failed:
@@ -206,6 +213,7 @@ class Dispatcher:
         results: dict[tuple[str, int], Sample],
         expected: set[tuple[str, int]],
         report: DispatchReport,
+        partials: dict[tuple[str, int], Sample],
     ) -> list[bool]:
         """Run one round's shares; whether each one's worker failed.
 
@@ -215,11 +223,13 @@ class Dispatcher:
         that went slow or silent, cut off by a partition or a slow link, holds the step seconds, not
         until its deadline. Once every item of the round is answered, shares still running are cancelled
         and their workers held out until their Health answers (a stopped worker stays out; a volunteer,
-        which cannot be probed, is left to discovery); they are not counted as failed."""
+        which cannot be probed, is left to discovery); they are not counted as failed. An item whose
+        worker sent a prefix before going late or failing is continued from that prefix
+        (`continuation.py`), not generated again."""
         started = time.monotonic()
         main = {
             asyncio.ensure_future(
-                self._one(clients[wid], share, sampling, version, results, expected, report)
+                self._share(clients[wid], share, sampling, version, results, expected, report, partials)
             ): k
             for k, (wid, share) in enumerate(shares)
         }
@@ -267,7 +277,9 @@ class Dispatcher:
                         "share of %s is late (%.1fs): hedging %d items on %s", wid, now, len(missing), helper
                     )
                     task = asyncio.ensure_future(
-                        self._one(clients[helper], missing, sampling, version, results, expected, report)
+                        self._share(
+                            clients[helper], missing, sampling, version, results, expected, report, partials
+                        )
                     )
                     self._hedge_worker[task] = helper
                     extra.add(task)
@@ -307,6 +319,42 @@ class Dispatcher:
             self.gate.mark_down(wid, client)
         return True
 
+    async def _share(
+        self,
+        client: RolloutClient,
+        share: list[WorkItem],
+        sampling: SamplingParams,
+        version: int,
+        results: dict[tuple[str, int], Sample],
+        expected: set[tuple[str, int]],
+        report: DispatchReport,
+        partials: dict[tuple[str, int], Sample],
+    ) -> bool:
+        """Run one worker's share, items with a prefix as continuations of it; True when it failed."""
+        for group in continuation.groups(share, partials, sampling):
+            if group.prefixes:
+                report.continued += len(group.prefixes)
+                log.info(
+                    "%s continues %d items from their %d-token prefixes",
+                    client.worker_id,
+                    len(group.prefixes),
+                    len(next(iter(group.prefixes.values())).response_ids),
+                )
+            failed = await self._one(
+                client,
+                group.items,
+                group.sampling,
+                version,
+                results,
+                expected,
+                report,
+                partials,
+                group.prefixes,
+            )
+            if failed:
+                return True
+        return False
+
     async def _one(
         self,
         client: RolloutClient,
@@ -316,8 +364,11 @@ class Dispatcher:
         results: dict[tuple[str, int], Sample],
         expected: set[tuple[str, int]],
         report: DispatchReport,
+        partials: dict[tuple[str, int], Sample],
+        prefixes: dict[tuple[str, int], Sample],
     ) -> bool:
-        """Run one worker's share; returns True when the worker failed."""
+        """Run one call of a worker's share; True when the worker failed. A prefix it sends is kept in
+        `partials`; an answer to an item of `prefixes` is stitched onto that prefix."""
         wid = client.worker_id
         stats = self.stats.setdefault(wid, WorkerStats(tokens_per_second=1.0))
         started = time.perf_counter()
@@ -328,11 +379,19 @@ class Dispatcher:
                 async for sample in client.generate(share, sampling, version):
                     if sample.key not in wanted or sample.key not in expected:
                         raise WorkerFailure(wid, f"answered an item it was not given: {sample.key}")
+                    generated = len(sample.response_ids)
+                    if sample.key in prefixes:
+                        sample = continuation.stitch(prefixes[sample.key], sample)
+                    if sample.finish_reason == "partial":
+                        if sample.key not in results:
+                            continuation.newer(partials, sample)
+                        continue
                     if sample.key in results:
                         report.duplicates_dropped += 1
                         continue
                     results[sample.key] = sample
-                    tokens += len(sample.response_ids)
+                    partials.pop(sample.key, None)
+                    tokens += generated
             missing = wanted - results.keys()
             if missing:
                 raise WorkerFailure(wid, f"stream ended with {len(missing)} items unanswered")

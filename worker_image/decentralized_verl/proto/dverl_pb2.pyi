@@ -21,6 +21,7 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
     FINISH_REASON_STOP: _ClassVar[FinishReason]
     FINISH_REASON_LENGTH: _ClassVar[FinishReason]
+    FINISH_REASON_PARTIAL: _ClassVar[FinishReason]
 ROLE_UNSPECIFIED: Role
 ROLE_ROLLOUT: Role
 ROLE_LEARNER: Role
@@ -30,6 +31,7 @@ ROLE_REFERENCE: Role
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
+FINISH_REASON_PARTIAL: FinishReason
 
 class SamplingParams(_message.Message):
     __slots__ = ("max_new_tokens", "temperature", "top_p", "top_k", "stop", "n", "seed")

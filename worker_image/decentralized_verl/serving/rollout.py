@@ -74,8 +74,11 @@ class RolloutWorker:
         backend_name: str = "hf",
         ema: float = 0.3,
         environment: EpisodeSettings | Any | None = None,
+        partial_every_s: float | None = None,
     ) -> None:
-        """`environment`: episode settings (or the spec's `data.environment`) to play multi-turn episodes."""
+        """`environment`: episode settings (or the spec's `data.environment`) to play multi-turn episodes.
+        `partial_every_s`: also yield each unfinished completion's prefix this often (finish reason
+        `partial`), so a coordinator can continue it elsewhere if this worker is cut off; hf backend only."""
         self.backend = backend
         self.worker_id = worker_id
         self.weight_source = weight_source
@@ -86,6 +89,7 @@ class RolloutWorker:
         self.weight_loads = 0
         self.environment = episode_settings(environment)
         self._runner: EpisodeRunner | None = None
+        self.partial_every_s = partial_every_s if backend_name == "hf" else None
 
     @property
     def version(self) -> int:
@@ -134,7 +138,8 @@ class RolloutWorker:
     def generate_sync(
         self, items: Sequence[WorkItem], sampling: SamplingParams, version: int
     ) -> Iterator[Sample]:
-        """Yield one Sample per item as its micro-batch (or episode) finishes; validates everything first."""
+        """Yield one Sample per item as its micro-batch (or episode) finishes; validates everything first.
+        With `partial_every_s`, prefixes of unfinished items come too (finish reason `partial`)."""
         if self.environment is not None:
             yield from self._episodes(items, sampling, version)
             return
@@ -143,10 +148,15 @@ class RolloutWorker:
             self._ensure_version(version)
             began = time.perf_counter()
             tokens = 0
+            if self.partial_every_s is None:
+                outputs = self.backend.generate(requests)
+            else:
+                outputs = self.backend.generate(requests, partial_every_s=self.partial_every_s)
             try:
-                for out in self.backend.generate(requests):
+                for out in outputs:
                     prompt, sample_index = items[int(out.prompt_id)]
-                    tokens += len(out.response_token_ids)
+                    if out.finish_reason != "partial":
+                        tokens += len(out.response_token_ids)
                     yield Sample(
                         prompt=prompt,
                         sample_index=sample_index,

@@ -110,6 +110,15 @@ def _alias(name: str) -> str:
     return "configMap" if name == "config_map" else name
 
 
+def _objects(description: str) -> Any:
+    """A list of Kubernetes objects passed through as written (the API server checks their schema)."""
+    return Field(
+        default_factory=list,
+        description=description,
+        json_schema_extra={"items": {"type": "object", **_K8S_OBJECT}},
+    )
+
+
 class PodMetadata(SpecModel):
     labels: dict[str, str] = Field(
         default_factory=dict, description="Added to the pods (the operator's own labels win)"
@@ -123,47 +132,25 @@ class PodOverrides(SpecModel):
     """Merged into the role's pods: lists of named things by name, other lists appended, maps merged,
     single values replaced; the operator's own env, volumes, labels and node pool selector win."""
 
-    env: list[dict[str, Any]] = Field(
-        default_factory=list,
-        description="Env of the worker container (DVERL_* and torch rendezvous variables are the operator's)",
-        json_schema_extra={"items": {"type": "object", **_K8S_OBJECT}},
+    env: list[dict[str, Any]] = _objects(
+        "Env of the worker container (DVERL_* and torch rendezvous variables are the operator's)"
     )
-    env_from: list[dict[str, Any]] = Field(
-        default_factory=list,
-        description="envFrom of the worker container",
-        json_schema_extra={"items": {"type": "object", **_K8S_OBJECT}},
+    env_from: list[dict[str, Any]] = _objects("envFrom of the worker container")
+    volumes: list[dict[str, Any]] = _objects(
+        "Extra pod volumes (hostPath is refused: the pods stay in the restricted profile)"
     )
-    volumes: list[dict[str, Any]] = Field(
-        default_factory=list,
-        description="Extra pod volumes (hostPath is refused: the pods stay in the restricted profile)",
-        json_schema_extra={"items": {"type": "object", **_K8S_OBJECT}},
-    )
-    volume_mounts: list[dict[str, Any]] = Field(
-        default_factory=list,
-        description="Extra mounts of the worker container",
-        json_schema_extra={"items": {"type": "object", **_K8S_OBJECT}},
-    )
+    volume_mounts: list[dict[str, Any]] = _objects("Extra mounts of the worker container")
     node_selector: dict[str, str] = Field(
         default_factory=dict, description="Merged with the node pool's selector (the pool's wins)"
     )
-    tolerations: list[dict[str, Any]] = Field(
-        default_factory=list,
-        description="Appended to the node pool's tolerations",
-        json_schema_extra={"items": {"type": "object", **_K8S_OBJECT}},
-    )
+    tolerations: list[dict[str, Any]] = _objects("Appended to the node pool's tolerations")
     affinity: dict[str, Any] | None = Field(
         default=None, description="The pods' affinity", json_schema_extra=_K8S_OBJECT
     )
-    init_containers: list[dict[str, Any]] = Field(
-        default_factory=list,
-        description="Run after the source fetchers, before the worker (restricted settings filled in)",
-        json_schema_extra={"items": {"type": "object", **_K8S_OBJECT}},
+    init_containers: list[dict[str, Any]] = _objects(
+        "Run after the source fetchers, before the worker (restricted settings filled in)"
     )
-    image_pull_secrets: list[dict[str, Any]] = Field(
-        default_factory=list,
-        description="Secrets to pull the worker image with",
-        json_schema_extra={"items": {"type": "object", **_K8S_OBJECT}},
-    )
+    image_pull_secrets: list[dict[str, Any]] = _objects("Secrets to pull the worker image with")
     service_account_name: str | None = Field(
         default=None,
         description="The pods' ServiceAccount; its token is then mounted (the workers get none otherwise)",

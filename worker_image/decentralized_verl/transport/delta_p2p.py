@@ -143,6 +143,9 @@ class DeltaP2PWeightSource(P2PWeightSource):
                 log.info("weights v%d: no delta from v%d (%s); fetching the full bundle",
                          manifest.version, self.held.manifest.version, exc)  # fmt: skip
         if published is None:
+            log.info(
+                "weights v%d: pulling the full bundle (%d bytes)", manifest.version, manifest.total_bytes
+            )
             before = self.bytes_received
             published = await self._fetch_published(manifest)
             self.full_bytes += self.bytes_received - before

@@ -66,8 +66,12 @@ class ResultStream:
     answered: dict[Key, int] = field(default_factory=dict)
     """Key -> index of the result that answered it."""
 
+    partials: int = 0
+    """Prefixes received so far (`finish_reason` partial): progress of results not yet answered."""
+
     def accept(self, msg: pb.GenerateResult) -> Sample:
-        index = len(self.answered)
+        """The result as a Sample; a partial one (a prefix, not an answer) has `finish_reason` partial."""
+        index = len(self.answered) + self.partials
         path = f"results[{index}]"
         try:
             c = m.completion_from_proto(
@@ -90,7 +94,12 @@ class ResultStream:
         if prompt.environment != (c.episode is not None):
             asked = "a multi-turn episode" if prompt.environment else "one completion"
             raise BadResult(f"bad result: {path}: asked for {asked}, got the other")
-        self.answered[c.key] = index
+        if c.finish_reason == "partial":
+            if c.episode is not None:
+                raise BadResult(f"bad result: {path}: a multi-turn episode cannot be sent in part")
+            self.partials += 1  # progress, not an answer: the finished result still follows
+        else:
+            self.answered[c.key] = index
         sample = Sample(
             prompt=prompt,
             sample_index=c.sample_index,

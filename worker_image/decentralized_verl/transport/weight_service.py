@@ -15,10 +15,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 
 import grpc
+import torch
 from torch import Tensor
 
 from decentralized_verl.errors import WireError
@@ -33,12 +34,15 @@ from decentralized_verl.transport.weights import (
     BundleHeader,
     WeightBundle,
     WeightChunk,
+    decode_bundle,
     encode_state_dict,
 )
 
 log = logging.getLogger(__name__)
 
 NATIVE_DTYPE = "native"
+BundleMetadata = Callable[[Mapping[str, Tensor], int, "bytes | None", "torch.dtype | None"], dict[str, str]]
+"""(state dict, version, signing key, wire dtype) -> extra entries for the bundle's metadata."""
 """The manifest's dtype when tensors travel in their own dtypes (the codec's dtype=None)."""
 
 
@@ -82,8 +86,10 @@ class WeightPublisher:
 
     `dtype` is the wire dtype of floating tensors ("bfloat16" halves the bytes; None keeps the model's
     own dtype, bit-exact). `is_adapter` marks LoRA-only state dicts in the manifest. `signing_key` signs
-    every manifest it publishes (default: this process's, which only the job's learner holds). Thread-safe:
-    `publish` runs on the learner's thread while the gRPC service reads from the event loop.
+    every manifest it publishes (default: this process's, which only the job's learner holds).
+    `bundle_metadata` adds entries to each bundle from its tensors (a rollout served as layer spans gets
+    one signed manifest per span, so a span server can check its own share: `serving.spans.signed`).
+    Thread-safe: `publish` runs on the learner's thread while the gRPC service reads from the event loop.
     """
 
     def __init__(
@@ -94,6 +100,7 @@ class WeightPublisher:
         keep: int = 2,
         is_adapter: bool = False,
         signing_key: bytes | object | None = PROCESS_KEY,
+        bundle_metadata: BundleMetadata | None = None,
     ) -> None:
         if keep < 1:
             raise ValueError(f"keep: must be >= 1 (got {keep})")
@@ -102,6 +109,7 @@ class WeightPublisher:
         self.keep = keep
         self.is_adapter = is_adapter
         self.signing_key = weights_signing_key() if signing_key is PROCESS_KEY else signing_key
+        self.bundle_metadata = bundle_metadata
         self._held: dict[int, Published] = {}
         self._changed = threading.Condition()
 
@@ -110,13 +118,29 @@ class WeightPublisher:
         learner's `StreamedWeights` are encoded tensor by tensor as they are gathered."""
         if isinstance(state_dict, StreamedWeights):
             bundle = encode_stream(state_dict, version, dtype=self.dtype, chunk_bytes=self.chunk_bytes)
+            if self.bundle_metadata:  # it is made from the tensors, which the stream's header goes before
+                whole = decode_bundle(bundle)
+                metadata = self._metadata(whole, version)
+                bundle = encode_state_dict(
+                    whole, version, dtype=None, chunk_bytes=self.chunk_bytes, metadata=metadata
+                )
         else:
-            bundle = encode_state_dict(state_dict, version, dtype=self.dtype, chunk_bytes=self.chunk_bytes)
+            metadata = self._metadata(state_dict, version) if self.bundle_metadata else None
+            bundle = encode_state_dict(
+                state_dict, version, dtype=self.dtype, chunk_bytes=self.chunk_bytes, metadata=metadata
+            )
         manifest = manifest_of(bundle, is_adapter=self.is_adapter)
         if self.signing_key is not None:
             manifest = signing.sign(manifest, self.signing_key)
         self.store(Published(manifest, bundle))
         return manifest
+
+    def _metadata(self, state_dict: Mapping[str, Tensor], version: int) -> dict[str, str]:
+        from decentralized_verl.transport.weights import WIRE_DTYPES
+
+        wire = WIRE_DTYPES[self.dtype] if self.dtype else None
+        key = self.signing_key if isinstance(self.signing_key, bytes) else None
+        return self.bundle_metadata(state_dict, version, key, wire)
 
     def store(self, published: Published) -> None:
         """Hold an already encoded (or received and verified) version; the oldest beyond `keep` go."""

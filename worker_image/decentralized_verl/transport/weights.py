@@ -148,10 +148,12 @@ def encode_state_dict(
     *,
     dtype: str | None = "bfloat16",
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    metadata: Mapping[str, str] | None = None,
 ) -> WeightBundle:
     """Serialize ``state_dict`` as safetensors bytes tagged with ``version`` and cut it into chunks.
 
-    ``dtype`` is the wire dtype for floating tensors (``None`` keeps each tensor's own dtype).
+    ``dtype`` is the wire dtype for floating tensors (``None`` keeps each tensor's own dtype);
+    ``metadata`` adds entries to the blob's header (a decoder returns them on `WireStateDict.metadata`).
     """
     if not isinstance(version, int) or version < 0:
         raise ValueError(f"version: must be an integer >= 0 (got {version!r})")
@@ -160,8 +162,9 @@ def encode_state_dict(
     if dtype is not None and dtype not in WIRE_DTYPES:
         raise ValueError(f"dtype: must be one of {sorted(WIRE_DTYPES)} or None (got {dtype!r})")
     tensors, aliases = _wire_tensors(state_dict, WIRE_DTYPES[dtype] if dtype else None)
-    metadata = {"format": "pt", _VERSION_KEY: str(version), _ALIASES_KEY: json.dumps(aliases, sort_keys=True)}
-    blob = safetensors_save(tensors, metadata=metadata)
+    header = {**(metadata or {}), "format": "pt", _VERSION_KEY: str(version)}
+    header[_ALIASES_KEY] = json.dumps(aliases, sort_keys=True)
+    blob = safetensors_save(tensors, metadata=header)
     view = memoryview(blob)
     chunks = tuple(
         WeightChunk(version, i, bytes(part), digest_hex(part))
@@ -185,7 +188,17 @@ def _safetensors_metadata(blob: bytes) -> dict[str, str]:
     return metadata if isinstance(metadata, dict) else {}
 
 
-def decode_state_dict(blob: bytes, version: int | None = None) -> dict[str, Tensor]:
+class WireStateDict(dict):
+    """Decoded tensors plus the blob's header metadata (e.g. the learner's signed per-span manifests)."""
+
+    metadata: dict[str, str]
+
+    def __init__(self, tensors: Mapping[str, Tensor], metadata: Mapping[str, str]) -> None:
+        super().__init__(tensors)
+        self.metadata = dict(metadata)
+
+
+def decode_state_dict(blob: bytes, version: int | None = None) -> WireStateDict:
     """Tensors from an encoded bundle's bytes; aliases come back as the same tensor object.
 
     With ``version`` given, a blob tagged with another version is rejected.
@@ -208,7 +221,7 @@ def decode_state_dict(blob: bytes, version: int | None = None) -> dict[str, Tens
         if target not in tensors:
             raise WireError("weights.aliases", f"{alias!r} points at {target!r}, which is not in the payload")
         tensors[alias] = tensors[target]
-    return tensors
+    return WireStateDict(tensors, metadata)
 
 
 class WeightAssembler:
@@ -286,7 +299,7 @@ def cast_like(state_dict: Mapping[str, Tensor], reference: Mapping[str, Tensor])
     """Cast each floating tensor to the dtype of the same name in ``reference`` (e.g. ``model.state_dict()``).
 
     Aliases stay aliases (one cast per distinct tensor); names absent from ``reference`` pass unchanged
-    so that the loader, not this helper, reports them.
+    so that the loader, not this helper, reports them. A `WireStateDict` keeps its metadata.
     """
     done: dict[int, Tensor] = {}
     out: dict[str, Tensor] = {}
@@ -297,4 +310,4 @@ def cast_like(state_dict: Mapping[str, Tensor], reference: Mapping[str, Tensor])
         ref = reference.get(name)
         cast = tensor.to(ref.dtype) if ref is not None and tensor.is_floating_point() else tensor
         done[id(tensor)] = out[name] = cast
-    return out
+    return WireStateDict(out, state_dict.metadata) if isinstance(state_dict, WireStateDict) else out

@@ -64,7 +64,12 @@ class VolunteerRolloutClient:
             return
         started = time.perf_counter()
         try:
-            samples = [s async for s in self.remote.generate(items, sampling, version)]
+            # A volunteer's unverified prefixes are not continued elsewhere: its late items are regenerated.
+            samples = [
+                s
+                async for s in self.remote.generate(items, sampling, version)
+                if s.finish_reason != "partial"
+            ]
         except WorkerFailure as exc:
             self.rejected += len(items)
             raise self._fail(exc.reason, dishonest=isinstance(exc, ContractBreach)) from None

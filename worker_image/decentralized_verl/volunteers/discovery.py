@@ -246,6 +246,10 @@ class VolunteerHub:
         for peer_id, record in live.items():
             state = self.peers.setdefault(peer_id, PeerState(now, "rollout"))
             state.last_seen = now
+            if record.policy_version < 0 and not self.config.open:
+                # A joined volunteer still pulling its first weights: alive, not yet given work. (An open
+                # job's actors pull on their first request, so they are given work at once.)
+                continue
             if peer_id in self.clients or record.expires_at <= state.failed_record_expiry:
                 continue
             client = self.make_client(record)

@@ -11,7 +11,7 @@ every part checks out first (the front's part is checked before any span is touc
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -19,18 +19,27 @@ from torch import Tensor
 
 from decentralized_verl.backends.hf import HFBackend, _Row
 from decentralized_verl.backends.weight_copy import plan_weight_copy
+from decentralized_verl.errors import WireError
+from decentralized_verl.security.trust import PROCESS_KEY, weights_verify_key
+from decentralized_verl.serving.spans import signed
 from decentralized_verl.serving.spans.blocks import FrontModel, build_front, spec_parts
 from decentralized_verl.serving.spans.chain import Chain, ChainSession
 from decentralized_verl.serving.spans.layout import Span, check_layout, even_layout, split_state
+from decentralized_verl.serving.spans.signed import METADATA_KEY, from_metadata
 
 
 class SpanBackend(HFBackend):
     """Generation through a chain of span servers; `chain.routes` name the spans and their replicas."""
 
-    def __init__(self, front: FrontModel, tokenizer: Any, chain: Chain, **kw: Any) -> None:
+    def __init__(
+        self, front: FrontModel, tokenizer: Any, chain: Chain, *, verify_key: Any = PROCESS_KEY, **kw: Any
+    ) -> None:
+        """`verify_key`: the learner's weight key (default: this process's); with one, every refresh must
+        carry a signed manifest per span, checked here before any span is touched."""
         check_layout([r.span for r in chain.routes], int(front.config.num_hidden_layers), field="spans")
         super().__init__(front, tokenizer, **kw)
         self.chain = chain
+        self.verify_key = weights_verify_key() if verify_key is PROCESS_KEY else verify_key
         chain.version = self._version
         self._sessions: list[ChainSession] = []
 
@@ -60,24 +69,29 @@ class SpanBackend(HFBackend):
         self._sessions.append(session)
         return session
 
-    def _run_batch(self, rows: list[_Row]) -> None:
+    def _run_batch(self, rows: list[_Row]) -> Iterator[None]:
         try:
-            super()._run_batch(rows)
+            yield from super()._run_batch(rows)
         finally:
             sessions, self._sessions = self._sessions, []
             for session in sessions:
                 session.close()
 
     def load_weights(self, state_dict: Mapping[str, Tensor], version: int, *, partial: bool = False) -> None:
-        """Front tensors into the front, each span's into its servers; checked before anything changes."""
+        """Front tensors into the front, each span's into its servers with the learner's signed manifest
+        of that span (from the bundle's metadata); checked before anything changes."""
         if not isinstance(version, int) or version < 0:
             raise ValueError(f"version: must be an integer >= 0 (got {version!r})")
         if partial:
             raise ValueError("a span chain takes whole state dicts (LoRA jobs cannot be served as spans)")
-        front, parts = split_state(state_dict, tuple(r.span for r in self.chain.routes))
+        spans = tuple(r.span for r in self.chain.routes)
+        front, parts = split_state(state_dict, spans)
+        manifests = _manifests_for(spans, getattr(state_dict, "metadata", {}), version)
+        for span, part, manifest in zip(spans, parts, manifests, strict=True):
+            signed.check(manifest, span, version, part, self.verify_key)  # a span would refuse it anyway
         with self._lock:
             plan = plan_weight_copy(self.model, front)
-            self.chain.load_weights(parts, version)
+            self.chain.load_weights(parts, version, manifests)
             with torch.no_grad():
                 for target, source in plan:
                     target.copy_(source)
@@ -88,6 +102,22 @@ class SpanBackend(HFBackend):
 
     def close(self) -> None:
         self.chain.close()
+
+
+def _manifests_for(spans: tuple[Span, ...], metadata: Mapping[str, str], version: int) -> list[Any]:
+    """Each span's signed manifest from a bundle's metadata (None each when it carries none); a bundle
+    signed for another layout is refused here, before any span is touched."""
+    signed_spans = from_metadata(metadata)
+    if signed_spans is None:
+        return [None] * len(spans)
+    by_span = {m.span: m for m in signed_spans}
+    missing = [str(s) for s in spans if s not in by_span]
+    if missing:
+        raise WireError(
+            f"weights.{METADATA_KEY}",
+            f"v{version} signs layers {sorted(str(s) for s in by_span)}, not this chain's spans {missing}",
+        )
+    return [by_span[s] for s in spans]
 
 
 def parse_span_addresses(text: str, *, field: str = "DVERL_SPAN_ADDRS") -> list[list[str]]:

@@ -18,18 +18,21 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import random
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+import grpc
 import torch
 from torch import Tensor
 
-from decentralized_verl.errors import DverlError
-from decentralized_verl.serving.spans.client import SpanClient, SpanFailure
+from decentralized_verl.errors import DverlError, WireError
+from decentralized_verl.serving.spans.client import SpanCalls, SpanClient, SpanFailure
 from decentralized_verl.serving.spans.codec import HopRequest
 from decentralized_verl.serving.spans.layout import Span
+from decentralized_verl.serving.spans.signed import SpanManifest
 
 log = logging.getLogger(__name__)
 
@@ -49,18 +52,28 @@ class HopStats:
     seconds: float = 0.0
     failovers: int = 0
     replayed_tokens: int = 0
+    checks: int = 0
+    """Hops of an untrusted replica recomputed by a trusted one."""
+    dropped: list[str] = field(default_factory=list)
+    """Untrusted replicas caught returning wrong activations (never used again by this chain)."""
 
 
 @dataclass
 class _Route:
     span: Span
-    clients: list[SpanClient]
+    clients: list[SpanCalls]
     current: int = 0
     stats: HopStats = field(default_factory=HopStats)
 
     @property
-    def client(self) -> SpanClient:
+    def client(self) -> SpanCalls:
         return self.clients[self.current]
+
+    def drop(self, client: SpanCalls, trusted: SpanCalls) -> None:
+        """Never use `client` again; the route goes on on `trusted`."""
+        self.clients.remove(client)
+        self.current = self.clients.index(trusted)
+        self.stats.dropped.append(client.address)
 
 
 class Chain:
@@ -76,27 +89,52 @@ class Chain:
         failover_s: float = 120.0,
         version: int = 0,
         credentials: object = None,
+        check_fraction: float = 0.25,
+        check_tolerance: float = 1e-3,
+        seed: int | None = None,
     ) -> None:
+        """`replicas`: per span, addresses of the job's span servers or ready clients (`SpanCalls`, e.g. a
+        volunteer's `P2PSpanClient`). An untrusted client's hops are recomputed by a trusted replica of
+        its span with probability `check_fraction`; a hop whose output differs by more than
+        `check_tolerance` (relative to the largest activation) drops that client."""
+        if not 0.0 <= check_fraction <= 1.0:
+            raise ValueError(f"check_fraction: must be in [0, 1] (got {check_fraction})")
         if len(spans) != len(replicas):
             raise ValueError(f"replicas: {len(replicas)} address lists for {len(spans)} spans")
         for i, addresses in enumerate(replicas):
             if not addresses:
                 raise ValueError(f"replicas[{i}]: span {spans[i]} needs at least one server address")
         self.routes = [
-            _Route(span, [SpanClient(a, timeout_s=timeout_s, credentials=credentials) for a in addresses])
+            _Route(
+                span,
+                [
+                    SpanClient(a, timeout_s=timeout_s, credentials=credentials) if isinstance(a, str) else a
+                    for a in addresses
+                ],
+            )
             for span, addresses in zip(spans, replicas, strict=True)
         ]
+        for i, route in enumerate(self.routes):
+            if check_fraction > 0 and not any(c.trusted for c in route.clients):
+                raise ValueError(
+                    f"replicas[{i}]: span {route.span} has only untrusted servers; "
+                    "a trusted one must check them"
+                )
+        self.check_fraction = check_fraction
+        self.check_tolerance = check_tolerance
+        self.rng = random.Random(seed)
         self.hidden_size = hidden_size
         self.failover_s = failover_s
         self.version = version
         self.parts: list[Mapping[str, Tensor]] | None = None
+        self.manifests: list[SpanManifest | None] = [None] * len(self.routes)
 
     def session(self, capacity: int) -> ChainSession:
         return ChainSession(self, capacity)
 
     # ------------------------------------------------------------ failover
 
-    def replace(self, index: int, failed: SpanClient, why: SpanFailure) -> None:
+    def replace(self, index: int, failed: SpanCalls, why: SpanFailure) -> None:
         """Move span `index` to its next replica (after `failed`); every session follows on its next hop."""
         route = self.routes[index]
         route.stats.failovers += 1
@@ -104,37 +142,47 @@ class Chain:
             route.current = (route.current + 1) % len(route.clients)
         log.warning("span %s: %s; trying %s", route.span, why, route.client.address)
 
-    def bring_up_to_date(self, index: int, client: SpanClient) -> None:
+    def bring_up_to_date(self, index: int, client: SpanCalls) -> None:
         """Give a replica that holds another version this chain's parts for its span."""
         if self.parts is None:
             raise ChainBroken(
                 f"span {self.routes[index].span} at {client.address} holds another policy version and the "
                 f"front has no weights of version {self.version} to give it"
             )
-        _push(client, self.parts[index], self.version)
+        _push(client, self.parts[index], self.version, self.manifests[index])
 
     # ------------------------------------------------------------ weights
 
-    def load_weights(self, parts: Sequence[Mapping[str, Tensor]], version: int) -> None:
-        """Stage every span's tensors on every reachable replica, then commit `version` on them. A span
-        with no replica up (one restarting) is waited for, up to `failover_s`, as a hop would be."""
+    def load_weights(
+        self,
+        parts: Sequence[Mapping[str, Tensor]],
+        version: int,
+        manifests: Sequence[SpanManifest | None] | None = None,
+    ) -> None:
+        """Stage every span's tensors on every reachable replica, then commit `version` on them with the
+        span's signed manifest. A span with no replica up (one restarting) is waited for, up to
+        `failover_s`, as a hop would be."""
         if len(parts) != len(self.routes):
             raise ValueError(f"weights: {len(parts)} parts for {len(self.routes)} spans")
+        manifests = list(manifests) if manifests is not None else [None] * len(parts)
         staged = [
             self._stage_span(route, part, version) for route, part in zip(self.routes, parts, strict=True)
         ]
-        for route, reached in zip(self.routes, staged, strict=True):
+        for route, reached, manifest in zip(self.routes, staged, manifests, strict=True):
             for client in reached:
                 try:
-                    client.commit(version)
+                    client.commit(version, manifest)
                 except SpanFailure as exc:
+                    if exc.code == grpc.StatusCode.INVALID_ARGUMENT:  # refused, not unreachable
+                        raise WireError(f"spans[{route.span}].commit", str(exc)) from None
                     log.warning(
                         "span %s: %s did not commit version %d (%s)", route.span, client.address, version, exc
                     )
         self.parts = list(parts)
+        self.manifests = manifests
         self.version = version
 
-    def _stage_span(self, route: _Route, part: Mapping[str, Tensor], version: int) -> list[SpanClient]:
+    def _stage_span(self, route: _Route, part: Mapping[str, Tensor], version: int) -> list[SpanCalls]:
         deadline = time.monotonic() + self.failover_s
         while True:
             reached = []
@@ -164,7 +212,7 @@ class Chain:
                 client.shutdown()
 
 
-def _stage(client: SpanClient, part: Mapping[str, Tensor], version: int) -> None:
+def _stage(client: SpanCalls, part: Mapping[str, Tensor], version: int) -> None:
     group: dict[str, Tensor] = {}
     size = 0
     items = list(part.items())
@@ -185,9 +233,9 @@ def _blob(tensors: Mapping[str, Tensor], version: int) -> bytes:
     return b"".join(chunk.data for chunk in bundle.chunks)
 
 
-def _push(client: SpanClient, part: Mapping[str, Tensor], version: int) -> None:
+def _push(client: SpanCalls, part: Mapping[str, Tensor], version: int, manifest: SpanManifest | None) -> None:
     _stage(client, part, version)
-    client.commit(version)
+    client.commit(version, manifest)
 
 
 _ids = itertools.count()
@@ -207,7 +255,7 @@ class ChainSession:
         self.id = f"{uuid.uuid4().hex[:12]}-{next(_ids)}"
         self.history: list[list[Tensor]] = [[] for _ in chain.routes]
         self.positions: list[Tensor] = []
-        self.opened: list[SpanClient | None] = [None] * len(chain.routes)
+        self.opened: list[SpanCalls | None] = [None] * len(chain.routes)
         self.names = [self.id] * len(chain.routes)
         """The session's id on each span: a new one after a failure, since a server that was only slow
         may still hold (or go on to finish) the old one, which then expires unused."""
@@ -245,6 +293,8 @@ class ChainSession:
             began = time.perf_counter()
             try:
                 out = self._send(index, client, hidden, attention, positions, rows)
+                if not client.trusted and self.chain.rng.random() < self.chain.check_fraction:
+                    out = self._spot_check(index, client, hidden, attention, positions, out)
             except SpanFailure as exc:
                 self.opened[index] = None
                 self.names[index] = f"{self.id}.{next(_ids)}"
@@ -265,10 +315,69 @@ class ChainSession:
             route.stats.seconds += time.perf_counter() - began
             return out
 
+    def _spot_check(
+        self, index: int, client: SpanCalls, hidden: Tensor, attention: Tensor, positions: Tensor, out: Tensor
+    ) -> Tensor:
+        """Recompute an untrusted hop on a trusted replica (the session's prefix replayed in one pass under
+        a new id) and compare. On a match the check session is freed; on a mismatch the untrusted server
+        is dropped and the session goes on from the trusted replica, which already holds it."""
+        route = self.chain.routes[index]
+        trusted = next((c for c in route.clients if c.trusted), None)
+        if trusted is None:
+            return out
+        name = f"{self.id}.check{next(_ids)}"
+        request = self._replay_request(index, name, hidden, attention, positions)
+        try:
+            reference = trusted.forward(request, self.chain.hidden_size)
+        except SpanFailure as exc:  # the check is a sample: a hop it could not check goes on unchecked
+            log.warning(
+                "span %s: could not check %s on %s (%s)", route.span, client.address, trusted.address, exc
+            )
+            return out
+        route.stats.checks += 1
+        scale = max(1.0, float(reference.abs().max()))
+        off = (
+            float((out.float() - reference.float()).abs().max()) / scale
+            if out.shape == reference.shape
+            else float("inf")
+        )
+        if off <= self.chain.check_tolerance:
+            with contextlib.suppress(DverlError):
+                trusted.close(name)
+            return out
+        log.warning(
+            "span %s: untrusted %s returned activations off by %.3g (tolerance %.3g): dropped",
+            route.span, client.address, off, self.chain.check_tolerance,
+        )  # fmt: skip
+        with contextlib.suppress(DverlError):
+            client.close(self.names[index])
+        route.drop(client, trusted)
+        self.names[index], self.opened[index] = name, trusted
+        return reference
+
+    def _replay_request(
+        self, index: int, session: str, hidden: Tensor, attention: Tensor, positions: Tensor
+    ) -> HopRequest:
+        """Open `session` with all span `index` has seen plus this hop, answering this hop's columns."""
+        prefix = self.history[index]
+        full = torch.cat([*prefix, hidden], dim=1) if prefix else hidden
+        all_positions = torch.cat([*self.positions, positions], dim=1) if prefix else positions
+        replayed = int(full.shape[1] - hidden.shape[1])
+        return HopRequest(
+            session,
+            self.chain.version,
+            full,
+            attention,
+            all_positions,
+            open=True,
+            capacity=self.capacity,
+            keep_last=int(hidden.shape[1]) if replayed else 0,
+        )
+
     def _send(
         self,
         index: int,
-        client: SpanClient,
+        client: SpanCalls,
         hidden: Tensor,
         attention: Tensor,
         positions: Tensor,
@@ -286,23 +395,10 @@ class ChainSession:
             )
             return client.forward(request, size)
         # A session new to this server: open it with everything the span has seen (none on the first hop).
-        prefix = self.history[index]
-        full = torch.cat([*prefix, hidden], dim=1) if prefix else hidden
-        all_positions = torch.cat([*self.positions, positions], dim=1) if prefix else positions
-        replayed = int(full.shape[1] - hidden.shape[1])
-        request = HopRequest(
-            session,
-            version,
-            full,
-            attention,
-            all_positions,
-            open=True,
-            capacity=self.capacity,
-            keep_last=int(hidden.shape[1]) if replayed else 0,
-        )
+        request = self._replay_request(index, session, hidden, attention, positions)
         out = client.forward(request, size)
         self.opened[index] = client
-        self.chain.routes[index].stats.replayed_tokens += replayed
+        self.chain.routes[index].stats.replayed_tokens += int(request.hidden.shape[1] - hidden.shape[1])
         return out
 
     def close(self) -> None:

@@ -37,26 +37,25 @@ class SpanFailure(DverlError):
         super().__init__(f"span server {address}: {code.name}: {details}")
 
 
-class SpanClient:
-    def __init__(self, address: str, *, timeout_s: float = 60.0, credentials: Any = None) -> None:
-        from decentralized_verl.transport import secure
+def failure(address: str, method: str, code: grpc.StatusCode, details: str) -> DverlError:
+    """A replaceable `SpanFailure`, or a `WireError` for what no replica can fix."""
+    if code in REPLACEABLE:
+        return SpanFailure(address, code, details)
+    return WireError(f"span {address} {method}", f"{code.name}: {details}")
 
-        self.address = address
-        self.timeout_s = timeout_s
-        self._channel = secure.sync_channel(address, secure.PROCESS if credentials is None else credentials)
-        self._methods = {
-            name: self._channel.unary_unary(f"/{SERVICE}/{name}")
-            for name in ("Forward", "Close", "Info", "Stage", "Commit")
-        }
+
+class SpanCalls:
+    """The span service's calls over any carrier: a subclass provides `_call(method, data, timeout_s)`.
+
+    `trusted`: a job's own span server; an untrusted one (a volunteer) has its outputs spot-checked by
+    the front against a trusted replica (`chain.ChainSession`)."""
+
+    address: str
+    timeout_s: float
+    trusted: bool = True
 
     def _call(self, method: str, data: bytes, timeout_s: float | None = None) -> bytes:
-        try:
-            return self._methods[method](data, timeout=timeout_s or self.timeout_s)
-        except grpc.RpcError as exc:
-            code, details = exc.code(), exc.details() or ""
-            if code in REPLACEABLE:
-                raise SpanFailure(self.address, code, details) from None
-            raise WireError(f"span {self.address} {method}", f"{code.name}: {details}") from None
+        raise NotImplementedError
 
     def forward(self, request: HopRequest, hidden_size: int) -> Tensor:
         rows = int(request.hidden.shape[0])
@@ -72,8 +71,35 @@ class SpanClient:
     def stage(self, blob: bytes) -> int:
         return int(self._call("Stage", blob))
 
-    def commit(self, version: int) -> None:
-        self._call("Commit", str(version).encode())
+    def commit(self, version: int, manifest: Any = None) -> None:
+        """Load the staged version; `manifest` is the learner's signed `SpanManifest` of this span."""
+        from decentralized_verl.serving.spans.server import encode_commit
+
+        self._call("Commit", encode_commit(version, manifest))
+
+    def shutdown(self) -> None:
+        pass
+
+
+class SpanClient(SpanCalls):
+    """A span server over gRPC (TLS and the job token when this process holds job credentials)."""
+
+    def __init__(self, address: str, *, timeout_s: float = 60.0, credentials: Any = None) -> None:
+        from decentralized_verl.transport import secure
+
+        self.address = address
+        self.timeout_s = timeout_s
+        self._channel = secure.sync_channel(address, secure.PROCESS if credentials is None else credentials)
+        self._methods = {
+            name: self._channel.unary_unary(f"/{SERVICE}/{name}")
+            for name in ("Forward", "Close", "Info", "Stage", "Commit")
+        }
+
+    def _call(self, method: str, data: bytes, timeout_s: float | None = None) -> bytes:
+        try:
+            return self._methods[method](data, timeout=timeout_s or self.timeout_s)
+        except grpc.RpcError as exc:
+            raise failure(self.address, method, exc.code(), exc.details() or "") from None
 
     def shutdown(self) -> None:
         self._channel.close()

@@ -8,10 +8,12 @@ or until it has been idle `session_timeout_s` (a front that died never closes it
 `max_sessions` live at once. A forward that fails part-way drops its session: its cache may hold some
 layers' keys and not others, so the front must replay the prefix rather than continue on it.
 
-Weights: a refresh stages this span's tensors (in any number of calls, each a safetensors blob) and then
-commits a version; the commit checks every name, shape and dtype before copying anything, so a bad
-refresh changes nothing. Every hop names the version its caller computes with, and a span holding
-another version refuses it: a chain never mixes two policies in one token.
+Weights: a refresh stages this span's tensors (in any number of calls, each a safetensors blob; a tensor
+outside the span's layers is refused) and then commits a version with the learner's signed manifest of
+this span (`signed`); the commit checks the signature, that the tensors are exactly the signed subset,
+byte for byte, and every name, shape and dtype before copying anything, so a bad refresh changes
+nothing. Every hop names the version its caller computes with, and a span holding another version
+refuses it: a chain never mixes two policies in one token.
 """
 
 from __future__ import annotations
@@ -28,8 +30,10 @@ import torch
 from torch import Tensor
 
 from decentralized_verl.errors import DverlError, WireError
+from decentralized_verl.serving.spans import signed
 from decentralized_verl.serving.spans.codec import HopRequest, decode_request, encode_hidden
 from decentralized_verl.serving.spans.layout import Span
+from decentralized_verl.serving.spans.signed import SpanManifest
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +72,12 @@ class SpanServer:
         session_timeout_s: float = 300.0,
         max_sessions: int = 64,
         clock: Any = time.monotonic,
+        verify_key: bytes | None = None,
     ) -> None:
+        """`verify_key`: the learner's public key; with it, a refresh must come with this span's signed
+        manifest (`signed.check`)."""
         self.module = module
+        self.verify_key = verify_key
         self.span = span
         self.server_id = server_id
         self.version = version
@@ -186,13 +194,18 @@ class SpanServer:
         version = _tagged_version(data)
         tensors = decode_state_dict(data, version)
         self.weight_bytes_received += len(data)
+        own = self.module.state_dict()
+        outside = sorted(name for name in tensors if name not in own)
+        if outside:
+            raise WireError("weights.tensors", f"span {self.span}: tensors outside its layers: {outside[:5]}")
         if self.staged_version != version:
             self.staged, self.staged_version = {}, version  # a new refresh replaces an unfinished one
         self.staged.update(tensors)
         return len(self.staged)
 
-    def commit(self, version: int) -> None:
-        """Load the staged tensors as `version` (every one checked first), or change nothing."""
+    def commit(self, version: int, manifest: SpanManifest | None = None) -> None:
+        """Load the staged tensors as `version` (every one checked first, against the learner's signed
+        manifest of this span when one is given or required), or change nothing."""
         from decentralized_verl.backends.weight_copy import plan_weight_copy
         from decentralized_verl.transport.weights import cast_like
 
@@ -200,8 +213,9 @@ class SpanServer:
             raise WireError(
                 "weights.version", f"nothing staged for version {version} (staged: {self.staged_version})"
             )
-        tensors = cast_like(self.staged, self.module.state_dict())
-        self.staged, self.staged_version = {}, None  # a refused refresh is dropped whole: restage to retry
+        staged, self.staged, self.staged_version = self.staged, {}, None  # a refused refresh is dropped whole
+        signed.check(manifest, self.span, version, staged, self.verify_key)
+        tensors = cast_like(staged, self.module.state_dict())
         plan = plan_weight_copy(self.module, tensors)
         with torch.no_grad():
             for target, source in plan:
@@ -223,6 +237,23 @@ class SpanServer:
         }
 
 
+def encode_commit(version: int, manifest: SpanManifest | None) -> bytes:
+    return json.dumps({"version": version, "manifest": manifest.to_json() if manifest else None}).encode()
+
+
+def decode_commit(data: bytes) -> tuple[int, SpanManifest | None]:
+    """(version, the span's signed manifest or None) from a Commit call, naming the malformed field."""
+    try:
+        body = json.loads(data)
+    except ValueError:
+        raise WireError("commit", f"must be a JSON object (got {data[:20]!r})") from None
+    version = body.get("version") if isinstance(body, dict) else None
+    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+        raise WireError("commit.version", f"must be an integer >= 0 (got {version!r})")
+    manifest = body.get("manifest")
+    return version, None if manifest is None else SpanManifest.from_json(manifest, "commit.manifest")
+
+
 def _capacity(cache: Any) -> int:
     capacities = [getattr(layer, "capacity", 0) for layer in getattr(cache, "layers", [])]
     return min(capacities) if capacities and all(capacities) else 0
@@ -242,42 +273,15 @@ def _tagged_version(data: bytes) -> int:
 # ---------------------------------------------------------------- gRPC
 
 
-def span_handler(server: SpanServer) -> Any:
-    """The `dverl.Span` service over raw bytes: Forward, Close, Info, Stage, Commit."""
-    import grpc
-
-    from decentralized_verl import compute_thread
-
-    codes = {
-        WireError: grpc.StatusCode.INVALID_ARGUMENT,
-        UnknownSession: grpc.StatusCode.NOT_FOUND,
-        WrongVersion: grpc.StatusCode.FAILED_PRECONDITION,
-        Busy: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    }
-
-    def wrap(fn: Any) -> Any:
-        async def call(request: bytes, context: Any) -> bytes:
-            try:
-                return await compute_thread.run(fn, request)
-            except tuple(codes) as exc:
-                await context.abort(codes[type(exc)], str(exc))
-            except ValueError as exc:  # a cache written past its capacity, a bad tensor
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            except Exception as exc:
-                log.exception("%s: span call failed", server.server_id)
-                await context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"[:2000])
-
-        return grpc.unary_unary_rpc_method_handler(call)
+def span_methods(server: SpanServer) -> dict[str, Any]:
+    """The service's methods over raw bytes, whatever carries them (gRPC here, P2P in `spans.p2p`)."""
 
     def close(data: bytes) -> bytes:
         return b"1" if server.close(data.decode("utf-8", "replace")) else b"0"
 
     def commit(data: bytes) -> bytes:
-        try:
-            version = int(data.decode())
-        except ValueError:
-            raise WireError("weights.version", f"must be an integer (got {data[:20]!r})") from None
-        server.commit(version)
+        version, manifest = decode_commit(data)
+        server.commit(version, manifest)
         return b""
 
     def stage(data: bytes) -> bytes:
@@ -286,7 +290,42 @@ def span_handler(server: SpanServer) -> Any:
     def info(_: bytes) -> bytes:
         return json.dumps(server.info()).encode()
 
-    methods = {"Forward": server.forward, "Close": close, "Info": info, "Stage": stage, "Commit": commit}
+    return {"Forward": server.forward, "Close": close, "Info": info, "Stage": stage, "Commit": commit}
+
+
+def status_of(exc: Exception) -> str:
+    """The gRPC status name a failed call answers with (a front sorts replaceable failures by it)."""
+    codes = {WireError: "INVALID_ARGUMENT", UnknownSession: "NOT_FOUND", WrongVersion: "FAILED_PRECONDITION"}
+    if isinstance(exc, Busy):
+        return "RESOURCE_EXHAUSTED"
+    for kind, code in codes.items():
+        if isinstance(exc, kind):
+            return code
+    if isinstance(exc, ValueError):  # a cache written past its capacity, a bad tensor
+        return "INVALID_ARGUMENT"
+    return "INTERNAL"
+
+
+def span_handler(server: SpanServer) -> Any:
+    """The `dverl.Span` service over raw bytes: Forward, Close, Info, Stage, Commit."""
+    import grpc
+
+    from decentralized_verl import compute_thread
+
+    def wrap(fn: Any) -> Any:
+        async def call(request: bytes, context: Any) -> bytes:
+            try:
+                return await compute_thread.run(fn, request)
+            except Exception as exc:
+                code = status_of(exc)
+                if code == "INTERNAL":
+                    log.exception("%s: span call failed", server.server_id)
+                    await context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"[:2000])
+                await context.abort(grpc.StatusCode[code], str(exc))
+
+        return grpc.unary_unary_rpc_method_handler(call)
+
+    methods = span_methods(server)
     return grpc.method_handlers_generic_handler(SERVICE, {name: wrap(fn) for name, fn in methods.items()})
 
 
@@ -337,7 +376,11 @@ async def serve_span_role(spec: Any, job: str, index: int, port: int, host: str)
     front, position = planned[index].span
     config = spec_parts(spec.model)[0]
     span = even_layout(int(config.num_hidden_layers), spec.roles.rollout.spans.count)[position]
-    server = load_span_server(spec.model, span, server_id=planned[index].name)
+    from decentralized_verl.security.trust import weights_verify_key
+
+    server = load_span_server(
+        spec.model, span, server_id=planned[index].name, verify_key=weights_verify_key()
+    )
     grpc_server = await serve_span(server, port, host)
     sweeper = asyncio.create_task(_sweeper(server, 30.0))
     try:
@@ -352,17 +395,23 @@ async def serve_span_role(spec: Any, job: str, index: int, port: int, host: str)
 
 async def _main(args: argparse.Namespace) -> int:
     from decentralized_verl.lifecycle import serve_until_stopped
+    from decentralized_verl.security.trust import weights_verify_key
     from decentralized_verl.serving.spans.layout import parse_span
     from decentralized_verl.spec.model import ModelSpec
 
     spec = ModelSpec.model_validate(json.loads(args.model))
     span = parse_span(args.layers, field="--layers")
+    try:
+        verify_key = bytes.fromhex(args.weights_key) if args.weights_key else weights_verify_key()
+    except ValueError:
+        raise WireError("--weights-key", "must be the learner's public key in hex") from None
     server = load_span_server(
         spec,
         span,
         server_id=args.id or f"span-{span}",
         session_timeout_s=args.session_timeout,
         max_sessions=args.max_sessions,
+        verify_key=verify_key,
     )
     grpc_server = await serve_span(server, args.port, args.host)
     sweeper = asyncio.create_task(_sweeper(server, min(30.0, args.session_timeout)))
@@ -388,6 +437,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--id", default=None)
     parser.add_argument("--session-timeout", type=float, default=300.0)
     parser.add_argument("--max-sessions", type=int, default=64)
+    parser.add_argument(
+        "--weights-key",
+        default=None,
+        help="the learner's weight-signing public key (hex); refreshes must then carry this span's signed "
+        "manifest (default: the job credentials' key, when the process holds them)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     configure_from_environment()

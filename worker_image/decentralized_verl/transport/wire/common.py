@@ -20,7 +20,13 @@ ROLES: dict[str, int] = {
 }
 """Role names as the spec spells them -> the wire enum."""
 
-FINISH_REASONS: dict[str, int] = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH}
+FINISH_REASONS: dict[str, int] = {
+    "stop": pb.FINISH_REASON_STOP,
+    "length": pb.FINISH_REASON_LENGTH,
+    "partial": pb.FINISH_REASON_PARTIAL,
+}
+"""`partial`: a prefix of a response still being generated (the finished result follows), sent by a slow
+worker so that, cut off, its work can be continued elsewhere from that prefix."""
 """Finish reasons -> the wire enum."""
 
 LOGPROB_SLACK = 1e-4
