@@ -114,7 +114,7 @@ def run(
             {
                 "DVERL_ROLLOUT_ADDRS": ",".join(rollout),
                 "DVERL_REWARD_ADDRS": reward,
-                "DVERL_DHT_ADDR": f"{net.hosts['dht'].address}:31337",
+                "DVERL_DHT_ADDR": maddr,  # what the bootstrap printed: its identity is random
                 "DVERL_JOIN_SECRET": SECRET,
                 "DVERL_WAIT_VOLUNTEERS": f"{volunteers}:600",
                 "DVERL_VOLUNTEER_POLL_S": "0.5",

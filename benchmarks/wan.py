@@ -112,7 +112,7 @@ def run(
             manifest(folder, job_name, steps, seed, smollm2),
             out,
             {
-                "DVERL_DHT_ADDR": f"{net.hosts['dht'].address}:31337",
+                "DVERL_DHT_ADDR": maddr,  # what the bootstrap printed: its identity is random
                 "DVERL_JOIN_SECRET": SECRET,
                 "DVERL_WAIT_VOLUNTEERS": f"{len(names)}:600",
                 "DVERL_VOLUNTEER_POLL_S": "0.5",

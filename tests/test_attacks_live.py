@@ -7,6 +7,7 @@ and why; the job trains on to the end, its metrics whole.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -85,6 +86,32 @@ def score(kind: str):
     return lambda ch: pb_grpc.RewardStub(ch).Score(pb.ScoreRequest(items=[item]), timeout=10)
 
 
+def push(relay, version: int, address: str) -> str:
+    """Push `relay`'s held `version` to the rollout worker at `address`, as a relay of the chain would;
+    the worker's answer ("ok" or why not)."""
+    from decentralized_verl.transport.weights.route import plan_route
+
+    async def go() -> str:
+        try:
+            return (await relay.fan_out(version, plan_route([address]), timeout_s=60))[address]
+        finally:
+            await relay.close()
+
+    return asyncio.run(go())
+
+
+def signed_far_ahead(signing_key: bytes, rollout: JobCredentials, version: int):
+    """A relay holding a version the learner never made, validly signed with the learner's key."""
+    import torch
+
+    from decentralized_verl.transport.weights.publish import WeightPublisher
+    from decentralized_verl.transport.weights.relay import WeightRelay
+
+    publisher = WeightPublisher(dtype=None, signing_key=signing_key)
+    publisher.publish({"lm_head.weight": torch.zeros(4, 4)}, version)
+    return WeightRelay(publisher, credentials=rollout)
+
+
 def test_outsiders_and_insiders_cannot_take_a_live_job_over(tmp_path: Path, monkeypatch) -> None:
     pwned = PWNED.format(pid=os.getpid())
     marker = tmp_path / "pwned-ran"
@@ -109,6 +136,11 @@ def test_outsiders_and_insiders_cannot_take_a_live_job_over(tmp_path: Path, monk
         while coordinator_status(learner.address, observer) is None:
             assert learner.alive() and time.monotonic() < deadline, learner.log_tail()
             time.sleep(0.2)
+        # A rollout insider records the learner's first version (its token may Fetch it) to replay it.
+        from decentralized_verl.transport.weights.relay import WeightRelay
+
+        recorder = WeightRelay(credentials=rollout)
+        replayed = asyncio.run(recorder.catch_up(learner.address, 0, wait_s=120))
 
         # A stranger who trusts the job's CA (it is public) but holds no token: refused on every door.
         code, details = rpc(reward_worker.address, None, score("boxed"))
@@ -147,6 +179,15 @@ def test_outsiders_and_insiders_cannot_take_a_live_job_over(tmp_path: Path, monk
         )
         assert code in (grpc.StatusCode.OK, grpc.StatusCode.NOT_FOUND), details  # a right it needs
 
+        # A version far ahead of the learner's, validly signed (the key is the learner's): the worker
+        # refuses it before a byte, naming it, and keeps following the learner.
+        jump = 1_000_000
+        outcome = push(
+            signed_far_ahead(local.issued.signing_key, rollout, jump), jump, rollout_worker.address
+        )
+        assert outcome != "ok" and f"weights v{jump}" in outcome and "does not publish" in outcome, outcome
+        assert f"refused weights v{jump} pushed from" in rollout_worker.log_tail(200)
+
         # Even the coordinator's own token cannot make the reward worker run code a request names.
         code, details = rpc(reward_worker.address, learner_creds, score(f"{pwned}:run"))
         assert code == grpc.StatusCode.PERMISSION_DENIED
@@ -182,6 +223,10 @@ def test_outsiders_and_insiders_cannot_take_a_live_job_over(tmp_path: Path, monk
         wait_ready(rollout_worker.address, observer, deadline)  # attacked below: it must be serving
 
         assert learner.process.wait(timeout=600) == 0, learner.log_tail()
+        # The recorded version replayed once the worker has moved on (a signed replay): refused.
+        assert replayed < STEPS - 1  # the worker holds one of the last two versions by now
+        outcome = push(recorder, replayed, rollout_worker.address)
+        assert outcome != "ok" and f"weights v{replayed}: not newer than" in outcome, outcome
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
     assert not marker.exists()

@@ -521,8 +521,8 @@ async def test_job_credentials_and_network_policy_are_owned_by_the_job_and_go_wi
     from decentralized_verl.security.rights import TOKEN_ROLES
 
     roles = sorted(TOKEN_ROLES)
-    public = ["ca.crt", "callers", "tls.crt", "tls.key", "weights.pub"]
-    assert sorted(files) == sorted([*public, "weights.key", *(f"token.{r}" for r in roles)])
+    public = ["ca.crt", "callers", "tls.crt", "tls.key", "weights.pub", "dht.peer"]
+    assert sorted(files) == sorted([*public, "weights.key", "dht.key", *(f"token.{r}" for r in roles)])
     identity = OperatorIdentity.from_secret(await emu.get("secrets", IDENTITY))
     # the observer's token is what the Status client sends; every other role's is random, its own
     assert files["token.observer"] == identity.job_token("default", "guarded", uid)
@@ -599,7 +599,12 @@ async def test_volunteer_job_gets_a_gateway_service_of_the_chart_type(cluster):
     opening = await wait_for(lambda: policy(emu, "vol-volunteers"), timeout=30, what="gateway policy")
     assert opening["spec"]["podSelector"] == {"matchLabels": {"dverl.io/job": "vol", "dverl.io/role": "dht"}}
     assert opening["spec"]["ingress"] == [{"ports": [{"protocol": "TCP", "port": 31337}]}]
-    assert "DVERL_TLS_DIR" not in env_of(pods["vol-dht-0"])  # it serves no gRPC: no credentials
+    # The DHT peer mounts the job's public files and its own identity, no token: it serves no gRPC.
+    assert env_of(pods["vol-dht-0"])["DVERL_TLS_DIR"]
+    items = next(v for v in pods["vol-dht-0"]["spec"]["volumes"] if v["name"] == "credentials")["secret"][
+        "items"
+    ]
+    assert "dht.key" in {i["key"] for i in items} and not any(i["key"].startswith("token") for i in items)
     # The API server assigns the node port; the operator reports where volunteers dial in.
     ports = [{**gateway["spec"]["ports"][0], "nodePort": 30337}]
     await emu.call(

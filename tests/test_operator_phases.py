@@ -142,6 +142,7 @@ def test_the_job_policy_admits_its_own_pods_everywhere_and_the_operator_on_the_c
 
 def test_credentials_go_to_every_serving_pod_and_the_signing_key_to_learners_only() -> None:
     from decentralized_verl.security.credentials import (
+        DHT_KEY_FILE,
         PUBLIC_FILES,
         SIGNING_KEY_FILE,
         TOKEN_FILE,
@@ -155,28 +156,29 @@ def test_credentials_go_to_every_serving_pod_and_the_signing_key_to_learners_onl
         volunteers={"enabled": True, "tokenSecretRef": {"name": "s"}},
     )
     _, want = children_of(spec_dict)
-    for name, pod in want.pods.items():
+    for pod in want.pods.values():
         container = pod["spec"]["containers"][0]
         env = {e["name"]: e.get("value") for e in container["env"]}
         volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
-        if name == "j-dht-0":
-            assert "credentials" not in volumes and "DVERL_TLS_DIR" not in env
-            continue
         assert env["DVERL_TLS_DIR"] == kids.CREDENTIALS_PATH
         assert {"name": "credentials", "mountPath": kids.CREDENTIALS_PATH, "readOnly": True} in container[
             "volumeMounts"
         ]
         items = {i["key"]: i["path"] for i in volumes["credentials"]["secret"]["items"]}
         role = pod["metadata"]["labels"][owned.LABEL_ROLE]
-        own = {token_key(role): TOKEN_FILE} | (
-            {SIGNING_KEY_FILE: SIGNING_KEY_FILE} if role == "learner" else {}
+        own = (
+            ({token_key(role): TOKEN_FILE} if role in TOKEN_ROLES else {})
+            | ({SIGNING_KEY_FILE: SIGNING_KEY_FILE} if role == "learner" else {})
+            | ({DHT_KEY_FILE: DHT_KEY_FILE} if role == "dht" else {})  # the bootstrap's identity, no token
         )
         assert items == {**{k: k for k in PUBLIC_FILES}, **own}  # its own role's token, no other
         assert volumes["credentials"]["secret"]["defaultMode"] == 0o440
         assert pod["spec"]["securityContext"]["fsGroup"] == WORKER_GID  # the credentials are its alone
     secret = guard.credentials_secret(owned.Owner("j", "ns", "u-1"), issue("j", "ns"))
     assert secret["metadata"]["name"] == "j-credentials" and secret["type"] == "Opaque"
-    assert sorted(secret["data"]) == sorted([*PUBLIC_FILES, SIGNING_KEY_FILE, *map(token_key, TOKEN_ROLES)])
+    assert sorted(secret["data"]) == sorted(
+        [*PUBLIC_FILES, SIGNING_KEY_FILE, DHT_KEY_FILE, *map(token_key, TOKEN_ROLES)]
+    )
     assert secret["metadata"]["ownerReferences"][0]["uid"] == "u-1"
 
 

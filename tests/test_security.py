@@ -446,6 +446,34 @@ def test_the_learners_signed_push_reaches_every_relay_and_puller(job) -> None:
             node.stop()
 
 
+def test_a_worker_takes_only_the_version_its_learner_publishes_now(job) -> None:
+    """Signed pushes the learner does not publish now are refused before any chunk: a version it never
+    made, one from an earlier epoch of the learner (same number, other bytes, same key), an old replay."""
+    learner = RelayThread(WeightRelay(WeightPublisher(chunk_bytes=CHUNK, signing_key=job.signing_key)))
+    worker = RelayThread(WeightRelay(WeightPublisher(chunk_bytes=CHUNK, keep=1), learner=learner.address))
+    other = RelayThread(WeightRelay(WeightPublisher(chunk_bytes=CHUNK, signing_key=job.signing_key)))
+    try:
+        learner.relay.publish(model_state(), 5)
+        route = plan_chain([worker.address])
+        assert learner.call(learner.relay.fan_out(5, route)) == {worker.address: OK}
+        earlier_epoch = {k: v + 1 for k, v in model_state().items()}
+        other.relay.publish(earlier_epoch, 4)
+        other.relay.publish(earlier_epoch, 6)  # the learner's v6 will be other weights
+        outcome = other.call(other.relay.fan_out(6, route))[worker.address]
+        assert "weights v6: the learner at" in outcome and "does not publish v6" in outcome, outcome
+        learner.relay.publish(model_state(), 6)
+        outcome = other.call(other.relay.fan_out(6, route))[worker.address]
+        assert "weights v6: differs from the learner's own v6" in outcome, outcome
+        assert worker.relay.publisher.versions == [5]
+        outcome = other.call(other.relay.fan_out(4, route))[worker.address]
+        assert "weights v4: not newer than v5 held here" in outcome, outcome
+        assert learner.call(learner.relay.fan_out(6, route)) == {worker.address: OK}  # the real one
+        assert worker.relay.publisher.get(6).manifest == learner.relay.publisher.get(6).manifest
+    finally:
+        for node in (learner, worker, other):
+            node.stop()
+
+
 def test_a_manifest_signature_covers_every_field_it_binds(job) -> None:
     held = WeightPublisher(chunk_bytes=CHUNK, signing_key=job.signing_key)
     held.publish(model_state(), 3)

@@ -2,7 +2,8 @@
 on 127.0.0.1, talking only through the Hivemind DHT and P2P streams.
 
 Run as a script (`python tests/test_volunteers_e2e.py MODE ...`) this file is also a volunteer that can
-misbehave on purpose: `slow` (to be killed mid-task) or `cheat` (alters log-probs or tokens).
+misbehave on purpose: `slow` (to be killed mid-task), `cheat` (alters log-probs or tokens) or `chosen`
+(submits responses drawn with a seed of its own, log-probs honest).
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def start_job(procs: Procs, tmp_path: Path, job: str, volunteers: int, **kw) -> 
             # A secured learner, as the operator starts one: it signs every weight version, and the
             # volunteers it admits refuse any version its key did not sign.
             "DVERL_TLS_DIR": str(learner_folder(tmp_path, job)),
-            "DVERL_DHT_ADDR": f"127.0.0.1:{port}",
+            "DVERL_DHT_ADDR": maddr,  # what the bootstrap printed: its identity is random
             "DVERL_JOIN_SECRET": SECRET,
             "DVERL_WAIT_VOLUNTEERS": f"{volunteers}:180",
             "DVERL_VOLUNTEER_POLL_S": "0.5",
@@ -168,6 +169,21 @@ def test_dishonest_volunteer_is_caught_and_blocked(procs: Procs, tmp_path: Path)
     assert records[0]["redispatched"] > 0
 
 
+def test_a_volunteer_that_chooses_its_responses_is_caught_and_blocked(procs: Procs, tmp_path: Path) -> None:
+    """Its responses are real samples of the policy with honest log-probs, drawn with a seed it picked
+    rather than the one the coordinator assigned: the replay of the assigned seed's draws catches it."""
+    job = "vol-chosen"
+    maddr, out = start_job(procs, tmp_path, job, volunteers=2, steps=2)
+    procs.start("honest", volunteer_cmd(maddr, job, token(job)))
+    procs.start("chooser", volunteer_cmd(maddr, job, token(job), "chosen"))
+    chooser = procs.wait_for("chooser", r"volunteer (\S+) joined", 180).group(1)
+    records, report = finish(procs, out)
+    assert all(r["samples"] == r["expected_samples"] == r["unique_samples"] == 16 for r in records)
+    assert list(report["blocked"]) == [chooser]
+    assert "not sampled from the policy with its seed" in report["blocked"][chooser]
+    assert report["samples"][chooser]["accepted"] == 0
+
+
 def test_volunteer_without_valid_token_gets_no_work(procs: Procs, tmp_path: Path) -> None:
     from decentralized_verl.volunteers.tokens import issue_token
 
@@ -227,6 +243,16 @@ def _misbehave(mode: str, maddr: str, job: str, tok: str, *args: str) -> int:
 
     if mode == "rogue":
         return asyncio.run(_rogue(maddr, job))
+    if mode == "chosen":  # samples with a seed of its own choosing; its log-probs stay honest
+        from decentralized_verl.serving import handlers
+
+        honest = handlers.completions
+
+        def choosing(worker, batch):
+            own = dataclasses.replace(batch.sampling, seed=(batch.sampling.seed or 0) + 1)
+            return honest(worker, dataclasses.replace(batch, sampling=own))
+
+        handlers.completions = choosing
     options = VolunteerOptions((maddr,), job, tok, host_maddrs=("/ip4/127.0.0.1/tcp/0",))
     return asyncio.run(run_volunteer(options, configure=configure))
 

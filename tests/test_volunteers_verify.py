@@ -104,3 +104,52 @@ def test_recomputed_logprobs_match_the_hf_backend() -> None:
     recomputed = model_logprobs(model, samples, 1.0, tokenizer.pad_token_id)
     for s, values in zip(samples, recomputed, strict=True):
         assert compare_logprobs(s.key, s.logprobs, values, DEFAULT_ATOL["float32"]) is None
+
+
+@pytest.mark.parametrize(
+    ("temperature", "top_k", "top_p"),
+    [(1.0, 0, 1.0), (0.7, 0, 0.9), (1.3, 8, 1.0)],
+    ids=["plain", "top-p", "top-k"],
+)
+def test_seeded_draws_replay_and_a_chosen_response_is_caught(
+    temperature: float, top_k: int, top_p: float
+) -> None:
+    """A real hf backend's seeded samples replay exactly on the trusted side (no false alarms, with top-k,
+    top-p and temperature); responses drawn with a seed the volunteer picked itself carry honest log-probs
+    (the log-prob check passes them) but are not the draws of the assigned seed."""
+    import dataclasses
+
+    import torch
+
+    from decentralized_verl.backends.base import make_backend
+    from decentralized_verl.core.sampling import SamplingParams
+    from decentralized_verl.models.loading import load_model_and_tokenizer
+    from decentralized_verl.serving.rollout import RolloutWorker
+    from decentralized_verl.spec import ModelSpec
+    from decentralized_verl.volunteers.sampling_check import DEFAULT_TOL
+    from decentralized_verl.volunteers.verify import PublishedPolicy
+
+    torch.manual_seed(0)
+    tiny = {"hiddenSize": 32, "numLayers": 1, "numHeads": 2, "intermediateSize": 64, "maxPositions": 64}
+    model, tokenizer = load_model_and_tokenizer(ModelSpec.model_validate({"tiny": tiny}))
+    worker = RolloutWorker(make_backend("hf", model, tokenizer, seed=0), "w")
+    items = [(Prompt(f"p{i}", i, tuple(range(3, 5 + i)), ""), j) for i in range(3) for j in range(2)]
+    assigned = SamplingParams(max_new_tokens=12, temperature=temperature, top_k=top_k, top_p=top_p, seed=7)
+    honest = list(worker.generate_sync(items, assigned, 0))
+    chosen = list(worker.generate_sync(items, dataclasses.replace(assigned, seed=8), 0))
+
+    class Policy(PublishedPolicy):
+        def __init__(self) -> None:
+            self.model, self.version, self.temperature = model, 0, temperature
+            self.pad_token_id = tokenizer.pad_token_id
+            import threading
+
+            self._lock = threading.Lock()
+
+    verifier = Verifier(Policy(), fraction=1.0, atol=0.02, draw_tol=DEFAULT_TOL["float32"])
+    assert verifier.check(honest, 0, assigned).ok
+    assert verifier.check(chosen, 0).ok  # without the request's seed, only log-probs: they are honest
+    caught = verifier.check(chosen, 0, assigned)
+    differs = [c for c, h in zip(chosen, honest, strict=True) if c.response_ids != h.response_ids]
+    assert differs and len(caught.mismatches) == len(differs)
+    assert all("not sampled from the policy with its seed" in m.what for m in caught.mismatches)

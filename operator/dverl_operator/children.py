@@ -219,7 +219,7 @@ def pod(
     checkpoint = spec.training.checkpoint
     mounts = [{"name": "config", "mountPath": CONFIG_PATH.rsplit("/", 1)[0], "readOnly": True}]
     volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": config_map_name(owner.name)}}]
-    secured = worker.role != "dht"  # the DHT peer serves no gRPC and loads no weights
+    secured = True  # every pod: the DHT bootstrap for its identity (it holds no token)
     if secured:
         mounts.append({"name": "credentials", "mountPath": CREDENTIALS_PATH, "readOnly": True})
         volumes.append(credentials_volume(owner, worker))

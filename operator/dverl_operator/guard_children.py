@@ -11,6 +11,8 @@ from typing import Any
 
 from decentralized_verl.plan import Plan, PlannedWorker
 from decentralized_verl.security.credentials import (
+    DHT_KEY_FILE,
+    DHT_ROLE,
     PUBLIC_FILES,
     SIGNING_KEY_FILE,
     TOKEN_FILE,
@@ -101,12 +103,15 @@ def gateway_policy(owner: Owner, plan: Plan) -> dict[str, Any] | None:
 
 def credentials_volume(owner: Owner, worker: PlannedWorker) -> dict[str, Any]:
     """Every pod gets the job's public files and its own role's token (as `token`); learners alone the
-    weight-signing key. No pod gets another role's token, so its rights are its role's (security.rights)."""
+    weight-signing key, the DHT bootstrap alone its identity. No pod gets another role's token, so its
+    rights are its role's (security.rights)."""
     items = [{"key": key, "path": key} for key in PUBLIC_FILES]
     if worker.role in TOKEN_ROLES:
         items.append({"key": token_key(worker.role), "path": TOKEN_FILE})
     if worker.role == "learner":
         items.append({"key": SIGNING_KEY_FILE, "path": SIGNING_KEY_FILE})
+    if worker.role == DHT_ROLE:
+        items.append({"key": DHT_KEY_FILE, "path": DHT_KEY_FILE})
     return {
         "name": "credentials",
         "secret": {"secretName": credentials_secret_name(owner.name), "defaultMode": 0o440, "items": items},

@@ -46,7 +46,9 @@ class WorkerSettings(BaseModel):
         description="plan: learner `host:port` rollout workers pull weights from",
     )
     dht_addr: str | None = Field(
-        None, alias="DVERL_DHT_ADDR", description="plan: the job's DHT bootstrap `host:port` (volunteers on)"
+        None,
+        alias="DVERL_DHT_ADDR",
+        description="plan: the job's DHT bootstrap `host:port`, or the whole `/p2p/` multiaddr it printed",
     )
     rollout_addrs: AddressList = Field(
         alias="DVERL_ROLLOUT_ADDRS",

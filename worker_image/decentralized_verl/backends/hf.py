@@ -63,6 +63,15 @@ def filter_logits(scaled: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
     return torch.full_like(scaled, float("-inf")).scatter(-1, order, sorted_logits)
 
 
+def sampling_probs(logprobs: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
+    """The distribution a row's token is drawn from: its log-probs (at the sampling temperature) after
+    top-k and top-p. One home for it: the sampler draws from it, and a verifier replays a seeded draw
+    against it (`volunteers.sampling_check`)."""
+    filtered = filter_logits(logprobs, top_k, top_p)
+    # Unfiltered log-probs are already normalized: exp is the distribution, no second softmax.
+    return filtered.exp() if filtered is logprobs else filtered.softmax(dim=-1)
+
+
 def sample_tokens(
     logits: Tensor,
     temperature: Tensor,
@@ -90,9 +99,7 @@ def sample_tokens(
         index = torch.tensor(sampled_rows, device=logits.device)
         rows_logprobs = logprobs_all if every_row else logprobs_all[index]
         rows_top_k, rows_top_p = (top_k, top_p) if every_row else (top_k[index], top_p[index])
-        filtered = filter_logits(rows_logprobs, rows_top_k, rows_top_p)
-        # Unfiltered log-probs are already normalized: exp is the distribution, no second softmax.
-        probs = filtered.exp() if filtered is rows_logprobs else filtered.softmax(dim=-1)
+        probs = sampling_probs(rows_logprobs, rows_top_k, rows_top_p)
         # Inverse-CDF sampling: one uniform per row from the row's own generator (rows sharing one draw
         # in row order), then one batched search. Exact, and unlike a `multinomial` per seeded row it
         # costs one scalar draw per row instead of a pass over the vocabulary per row.
@@ -102,7 +109,8 @@ def sample_tokens(
             gen = generators[row]
             by_generator.setdefault(id(gen), (gen, []))[1].append(position)
         for gen, positions in by_generator.values():
-            uniform[positions] = torch.rand(len(positions), generator=gen, device=logits.device)
+            drawn_on = gen.device  # a seeded row's generator is on the CPU: its draws replay on any device
+            uniform[positions] = torch.rand(len(positions), generator=gen, device=drawn_on).to(logits.device)
         cdf = probs.cumsum(dim=-1)
         # First index whose cdf exceeds u * total: a zero-probability token can never be that index.
         drawn = torch.searchsorted(cdf, (uniform * cdf[:, -1])[:, None], right=True).flatten()
@@ -273,7 +281,9 @@ class HFBackend:
                 if request.params.seed is None:
                     gen = self._generator
                 else:
-                    gen = torch.Generator(device=self.device)
+                    # On the CPU whatever the device: the same seed draws the same uniforms on a GPU
+                    # volunteer and on the coordinator that replays its draws to check them.
+                    gen = torch.Generator()
                     gen.manual_seed(row_seed(request.params.seed, index))
                 rows.append(_Row(request.prompt_id, index, prompt, request.params, gen))
         return rows

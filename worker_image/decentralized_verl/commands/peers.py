@@ -92,7 +92,11 @@ def _worker(parser: argparse.ArgumentParser) -> Command:
 @command("dht", "run a Hivemind DHT bootstrap peer and print the --initial-peers line others use")
 def _dht(parser: argparse.ArgumentParser) -> Command:
     parser.add_argument("--port", type=int, default=31337, help="TCP port of the DHT")
-    parser.add_argument("--job", default=None, help="derive the peer id from the job name (the plan sets it)")
+    parser.add_argument(
+        "--job",
+        default=None,
+        help="the job whose volunteer records this peer checks (each must be signed by the peer it names)",
+    )
     parser.add_argument(
         "--host-maddrs",
         nargs="+",
@@ -114,15 +118,18 @@ def _dht(parser: argparse.ArgumentParser) -> Command:
     def run(args: argparse.Namespace) -> int:
         import logging
 
+        from decentralized_verl.security.trust import process_credentials
         from decentralized_verl.volunteers.dht import run_bootstrap
 
         logging.basicConfig(level=logging.WARNING)
+        credentials = process_credentials()  # a job's bootstrap: the identity issued with the job
         return run_bootstrap(
             args.port,
             job=args.job,
             host_maddrs=args.host_maddrs or (),
             announce_maddrs=args.announce_maddrs or (),
             initial_peers=args.initial_peers,
+            identity_seed=credentials.dht_seed if credentials is not None else None,
         )
 
     return run

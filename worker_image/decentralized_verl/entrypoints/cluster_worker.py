@@ -123,7 +123,9 @@ async def serve_rollout(worker: RolloutWorker, port: int, *, learner: str | None
     from decentralized_verl.transport.weights.publish import WeightPublisher
     from decentralized_verl.transport.weights.relay import WeightRelay, serve_relay
 
-    relay = WeightRelay(WeightPublisher(keep=1))  # a rollout worker only ever needs the newest version
+    # A rollout worker only ever needs the newest version, and takes a pushed one only while its learner
+    # publishes it (a signed replay or a version the learner never made is refused).
+    relay = WeightRelay(WeightPublisher(keep=1), learner=learner or None)
     if learner:
         worker.weight_source = RelayWeightSource(relay, learner, asyncio.get_running_loop())
     health = servicers.HealthServicer(role="rollout", worker_id=worker.worker_id, ready=True)

@@ -19,6 +19,7 @@ RLHFJob flow scores on the trusted side only.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import logging
@@ -149,7 +150,9 @@ async def run_quickstart(options: QuickstartOptions) -> dict[str, Any]:
     output = Path(options.output or f"runs/{options.job}").expanduser()
     output.mkdir(parents=True, exist_ok=True)
     train_file, n_prompts = training_file(options.prompts_file, output)
-    dht = await asyncio.to_thread(start_dht, options.peer_options())
+    dht = await asyncio.to_thread(
+        start_dht, dataclasses.replace(options.peer_options(), signed_job=options.job)
+    )
     try:
         p2p = await dht.replicate_p2p()
         actors, critics = await find_workers(

@@ -27,6 +27,7 @@ torch.distributed inside the cluster.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import hashlib
 import json
@@ -187,7 +188,7 @@ def run_learner(options: LearnerOptions) -> dict[str, Any]:
     model.train()
     params = [p for _, p in sorted(model.named_parameters()) if p.requires_grad]
     sgd = torch.optim.SGD(params, lr=options.learning_rate)
-    dht = start_dht(options.peer_options())
+    dht = start_dht(dataclasses.replace(options.peer_options(), signed_job=options.job))
     me = dht.peer_id.to_base58()
     loop, thread = _start_loop()
     p2p = averager = None

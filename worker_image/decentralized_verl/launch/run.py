@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from decentralized_verl.cli import EXIT_USAGE as EXIT_REFUSED_INPUT
 from decentralized_verl.core.status import JobStatus
 from decentralized_verl.errors import ManifestError, OperationFailed, WireError
 from decentralized_verl.launch.local import LocalCluster
@@ -176,13 +177,22 @@ def run_job(
                 total=job.spec.training.steps or 0, desc=job.metadata.name, unit="step", dynamic_ncols=True
             )
         started = time.monotonic()
+        answered = False  # the learner has served Status since it last started
         while learner.process.poll() != 0:
             now = time.monotonic()
             status = coordinator_status(learner.address, status_credentials)
+            answered = answered or status is not None
             clock.observe(status.step if status is not None else None, now)
             why = _learner_down(learners, clock, now)
             if why is not None and job.spec.roles.failure_policy("learner") == "failJob":
                 raise RunFailed(f"learner {why} and roles.learner.failurePolicy is failJob")
+            if why is not None and not answered and learner.process.poll() == EXIT_REFUSED_INPUT:
+                # It refused what it starts from (checkpoints that do not check out, a manifest): a
+                # restart would read the same and fail the same way.
+                raise RunFailed(
+                    f"learner {why} before it started training: it refused its input, and a restart would "
+                    f"read the same; last lines of {learner.log_path}:\n{learner.log_tail()}"
+                )
             if why is not None:
                 # Like the operator: the learner gang restarts and resumes from its newest checkpoint.
                 if learner_restarts >= job.spec.backoff_limit:
@@ -194,6 +204,7 @@ def run_job(
                 log.warning("learner %s; restarting it from its newest checkpoint", why)
                 cluster.restart_gang("learner", extra_args=["--resume"])
                 clock.restarted(time.monotonic())
+                answered = False
             for dead in cluster.failed():
                 # A serving worker that dies is started again, up to backoffLimit; meanwhile the
                 # coordinator re-dispatches its work to the others and holds it out until it is ready.

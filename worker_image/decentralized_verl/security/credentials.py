@@ -10,7 +10,9 @@ read by every process of the job.
   for `dverl run`, derived from the operator's key in a cluster;
 - an Ed25519 key pair for weights: the learner signs every weight manifest with the private half, which
   only learner processes receive; every other process gets the public half and refuses unsigned or
-  wrongly signed weights.
+  wrongly signed weights;
+- the DHT bootstrap peer's libp2p identity: random, its key held by the bootstrap alone, its peer id
+  public (so the learner dials it from `host:port`, and no one who merely knows the job's name can be it).
 """
 
 from __future__ import annotations
@@ -34,8 +36,12 @@ TOKEN_FILE = "token"
 CALLERS_FILE = "callers"
 VERIFY_KEY_FILE = "weights.pub"
 SIGNING_KEY_FILE = "weights.key"
-PUBLIC_FILES = (CA_FILE, CERT_FILE, KEY_FILE, CALLERS_FILE, VERIFY_KEY_FILE)
-"""What every process of the job gets; each also gets its own role's token, and learners the signing key."""
+DHT_PEER_FILE = "dht.peer"
+DHT_KEY_FILE = "dht.key"
+DHT_ROLE = "dht"
+PUBLIC_FILES = (CA_FILE, CERT_FILE, KEY_FILE, CALLERS_FILE, VERIFY_KEY_FILE, DHT_PEER_FILE)
+"""What every process of the job gets; each also gets its own role's token, learners the signing key and
+the DHT bootstrap its identity."""
 VALID_DAYS = 365
 
 
@@ -90,6 +96,10 @@ class JobCredentials:
     """(sha256 of a token, role) for every role: who a server's caller is, from the token it presents."""
     role: str = ""
     """Whose token this process holds ("" for a process that holds none and calls nothing)."""
+    dht_peer: str = ""
+    """The peer id of the job's DHT bootstrap ("" in credentials issued before it had one)."""
+    dht_seed: bytes | None = None
+    """The bootstrap's identity (the bootstrap only)."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +114,14 @@ class IssuedCredentials:
     signing_key: bytes
     tokens: Mapping[str, bytes]
     """role -> token (TOKEN_ROLES, each random, or the observer's derived by the operator)."""
+    dht_seed: bytes = b""
+    """The DHT bootstrap's identity (random; `security.peer_identity`)."""
+
+    @property
+    def dht_peer(self) -> str:
+        from decentralized_verl.security.peer_identity import peer_id_of_seed
+
+        return peer_id_of_seed(self.dht_seed) if self.dht_seed else ""
 
     @property
     def callers(self) -> tuple[tuple[str, str], ...]:
@@ -114,7 +132,8 @@ class IssuedCredentials:
         return JobCredentials(
             self.ca, self.cert, self.key, self.tokens.get(role, b""), self.verify_key,
             self.signing_key if role == "learner" else None, self.callers,
-            role if role in self.tokens else "",
+            role if role in self.tokens else "", self.dht_peer,
+            self.dht_seed if role == DHT_ROLE else None,
         )  # fmt: skip
 
     def public_files(self) -> dict[str, bytes]:
@@ -124,6 +143,7 @@ class IssuedCredentials:
             KEY_FILE: self.key,
             CALLERS_FILE: callers_text(self.tokens),
             VERIFY_KEY_FILE: self.verify_key,
+            DHT_PEER_FILE: self.dht_peer.encode(),
         }
 
     def files(self, role: str) -> dict[str, bytes]:
@@ -134,11 +154,13 @@ class IssuedCredentials:
             out[TOKEN_FILE] = self.tokens[role]
         if role == "learner":
             out[SIGNING_KEY_FILE] = self.signing_key
+        if role == DHT_ROLE:
+            out[DHT_KEY_FILE] = self.dht_seed
         return out
 
     def secret_data(self) -> dict[str, bytes]:
         """The operator's Secret: every file, each role's token under its own key (a pod mounts its own)."""
-        out = {**self.public_files(), SIGNING_KEY_FILE: self.signing_key}
+        out = {**self.public_files(), SIGNING_KEY_FILE: self.signing_key, DHT_KEY_FILE: self.dht_seed}
         out.update({token_key(role): token for role, token in self.tokens.items()})
         return out
 
@@ -266,6 +288,7 @@ def issue(
         verify_key=signing.public_key().public_bytes(raw, serialization.PublicFormat.Raw),
         signing_key=signing.private_bytes(raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()),
         tokens=tokens,
+        dht_seed=secrets.token_bytes(32),
     )
 
 
@@ -291,18 +314,20 @@ def handed_secrets(role: str, credentials: JobCredentials) -> bytes:
     """What a launcher writes into the pipe a child reads its secrets from (`load(..., handed=)`)."""
     signing = credentials.signing_key.hex() if credentials.signing_key else ""
     holder = role if role in TOKEN_ROLES else ""  # the DHT bootstrap: no token, no rights
-    return f"{holder}\n{credentials.token.decode()}\n{signing}\n".encode()
+    dht = credentials.dht_seed.hex() if credentials.dht_seed else ""
+    return f"{holder}\n{credentials.token.decode()}\n{signing}\n{dht}\n".encode()
 
 
-def _parse_handed(handed: bytes) -> tuple[str, bytes, bytes | None]:
+def _parse_handed(handed: bytes) -> tuple[str, bytes, bytes | None, bytes | None]:
     lines = handed.decode(errors="replace").split("\n")
     if len(lines) < 3 or lines[0] not in (*TOKEN_ROLES, ""):
         raise CredentialsError("the secrets handed to this process are not `role, token, signing key` lines")
     try:
         signing = bytes.fromhex(lines[2]) if lines[2] else None
+        dht = bytes.fromhex(lines[3]) if len(lines) > 3 and lines[3] else None
     except ValueError:
-        raise CredentialsError("the signing key handed to this process is not hex") from None
-    return lines[0], lines[1].strip().encode(), signing
+        raise CredentialsError("a key handed to this process is not hex") from None
+    return lines[0], lines[1].strip().encode(), signing, dht
 
 
 def read_handed(fd: int) -> bytes:
@@ -334,10 +359,11 @@ def load(folder: Path, handed: bytes | None = None) -> JobCredentials:
         raise CredentialsError(f"{folder / VERIFY_KEY_FILE}: expected a 32-byte Ed25519 public key")
     callers = parse_callers(read(CALLERS_FILE), str(folder / CALLERS_FILE))
     if handed is not None:
-        _, token, signing = _parse_handed(handed)
+        _, token, signing, dht_seed = _parse_handed(handed)
         where = "the handed secrets"
     else:
         signing = (folder / SIGNING_KEY_FILE).read_bytes() if (folder / SIGNING_KEY_FILE).exists() else None
+        dht_seed = (folder / DHT_KEY_FILE).read_bytes() if (folder / DHT_KEY_FILE).exists() else None
         token = (folder / TOKEN_FILE).read_bytes().strip() if (folder / TOKEN_FILE).exists() else b""
         where = str(folder / TOKEN_FILE)
     if signing is not None and len(signing) != 32:
@@ -348,9 +374,13 @@ def load(folder: Path, handed: bytes | None = None) -> JobCredentials:
     role = roles.get(token_digest(token), "") if token else ""
     if token and not role:
         raise CredentialsError(f"{where}: the token is none of the roles in {folder / CALLERS_FILE}")
+    if dht_seed is not None and len(dht_seed) != 32:
+        raise CredentialsError(f"{folder / DHT_KEY_FILE}: expected a 32-byte identity seed")
+    dht_peer = (folder / DHT_PEER_FILE).read_text().strip() if (folder / DHT_PEER_FILE).exists() else ""
     return JobCredentials(
-        read(CA_FILE), read(CERT_FILE), read(KEY_FILE), token, verify, signing, callers, role
-    )
+        read(CA_FILE), read(CERT_FILE), read(KEY_FILE), token, verify, signing, callers, role, dht_peer,
+        dht_seed,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

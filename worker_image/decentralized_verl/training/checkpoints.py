@@ -218,9 +218,31 @@ def restore_latest(trainer: Any, root: Path) -> ResumePoint | None:
             "an fsdp learner resumes only from sharded checkpoints"
         )
     else:
-        state = _restore(trainer, folder)
+        state, folder = _restore_newest_loadable(trainer, root, folder)
     log.info("resumed from %s at step %d", folder, int(state["step"]))
     return ResumePoint(int(state["step"]), int(state["policy_version"]), state["sampler"], folder)
+
+
+def _restore_newest_loadable(trainer: Any, root: Path, newest: Path) -> tuple[dict[str, Any], Path]:
+    """Load `newest` (the newest checkpoint whose files match its manifest), else each older one that
+    checks out: matching files may still hold what must not load (whoever could write the folder could
+    rewrite its manifest too), such as a pickle that is not plain tensors, which `weights_only` refuses
+    rather than runs. CheckpointError naming every checkpoint's problem when none loads."""
+    problems: list[str] = []
+    for folder in checkpoints(root):  # newest first: those before `newest` do not check out
+        problem = None if folder == newest else checkpoint_problem(folder)
+        if problem is None:
+            try:
+                return _restore(trainer, folder), folder
+            except Exception as exc:  # refused pickles, shapes that do not fit, unreadable files
+                first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+                problem = f"does not load ({type(exc).__name__}: {first})"
+                log.warning("checkpoint %s %s; trying an older one", folder, problem)
+        problems.append(f"{folder.name}: {problem}")
+    raise CheckpointError(
+        f"{root}: no checkpoint loads ({'; '.join(problems[:5])}); the learner will not start over on its "
+        "own: remove the checkpoints (and the run's metrics) to start from step 0"
+    )
 
 
 def _restore(trainer: Any, folder: Path) -> dict[str, Any]:

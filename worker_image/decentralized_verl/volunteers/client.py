@@ -74,7 +74,7 @@ class VolunteerRolloutClient:
             self.rejected += len(items)
             raise self._fail(exc.reason, dishonest=isinstance(exc, ContractBreach)) from None
         if self.verifier is not None:
-            result = await asyncio.to_thread(self.verifier.check, samples, version)
+            result = await asyncio.to_thread(self.verifier.check, samples, version, sampling)
             if not result.ok:
                 self.rejected += len(samples)
                 shown = "; ".join(str(x) for x in result.mismatches[:3])

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -54,23 +53,25 @@ async def start_volunteer_discovery(
     From the settings: the bootstrap's address, the join secret, where to listen and what to announce, and
     optionally how many volunteers to wait for before training starts (tests and benchmarks).
     """
+    from decentralized_verl.security.peer_identity import bootstrap_maddr, coordinator_seed
+    from decentralized_verl.security.trust import process_credentials
     from decentralized_verl.training.trainer import rollout_state_dict
     from decentralized_verl.transport.p2p import CoordinatorEndpoints
     from decentralized_verl.transport.weights.delta_p2p import DeltaEndpoint
     from decentralized_verl.transport.weights.delta_publish import DeltaPublisher
     from decentralized_verl.volunteers.dht import PeerOptions, start_dht
-    from decentralized_verl.volunteers.identity import bootstrap_maddr, coordinator_seed, write_identity
     from decentralized_verl.volunteers.verify import episode_check, verifier_for
 
     secret = job_secret(settings)
     addr = settings.dht_addr
     host = settings.bind_host or "127.0.0.1"
-    identity = write_identity(coordinator_seed(secret, job), Path(tempfile.mkdtemp(prefix="dverl-coord-")))
+    credentials = process_credentials()
     options = PeerOptions(
-        initial_peers=(bootstrap_maddr(addr, job),),
+        initial_peers=(bootstrap_maddr(addr, credentials.dht_peer if credentials is not None else None),),
         host_maddrs=(f"/ip4/{host}/tcp/0",),
         announce_maddrs=settings.p2p_announce,
-        identity_path=str(identity),
+        identity_seed=coordinator_seed(secret, job),
+        signed_job=job,
     )
     dht = await asyncio.to_thread(start_dht, options)
     p2p = await dht.replicate_p2p()
@@ -86,6 +87,7 @@ async def start_volunteer_discovery(
         seed=spec.training.seed,
         atol=settings.verify_atol,
         episodes=episode_check(spec, tokenizer, model) if tokenizer is not None else None,
+        replay_draws=spec.roles.rollout.backend == "hf",  # the sampler whose draws can be replayed
     )
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
     config = HubConfig(

@@ -1,14 +1,18 @@
 """Hivemind DHT peers: the job's bootstrap peer (`dverl dht`) and the options every peer shares.
 
 The bootstrap peer stores nothing of its own; it is the well-known address through which volunteers,
-the coordinator and volunteer learners find each other. With `--job` its identity is derived from the
-job name (identity.py) so the learner can address it from `host:port`; without, it is random (seed
-000's quick start prints it, and others copy the `--initial-peers` line).
+the coordinator and volunteer learners find each other. In a job it holds the identity issued with the
+job's credentials (identity.py), so the learner can address it from `host:port`; otherwise its identity
+is random (the quick start prints it, and others copy the `--initial-peers` line). With `--job` it checks
+that every volunteer record was written by the peer it names (`signed_records`), as every peer of the
+job does.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import shutil
 import signal
 import tempfile
 import threading
@@ -34,6 +38,11 @@ class PeerOptions:
     use_auto_relay: bool = False
     """Ask public peers to relay inbound streams to a volunteer that cannot be reached directly."""
     identity_path: str | None = None
+    identity_seed: bytes | None = field(default=None, repr=False)
+    """This peer's identity (its key is derived from it, `identity.keypair`); None with `signed_job`: a
+    random one. Held in memory so the peer can sign its own records."""
+    signed_job: str | None = None
+    """The job whose volunteer records this peer checks (and, holding its identity, signs)."""
     extra: dict = field(default_factory=dict)
 
     def dht_kwargs(self) -> dict:
@@ -55,13 +64,37 @@ class PeerOptions:
 
 def start_dht(options: PeerOptions, *, wait_timeout: float = 60.0):
     """Start a hivemind.DHT (its own process, which starts `p2pd`) and return it once it is running; a
-    watchdog ends both should this process be killed without cleaning up (`orphans`)."""
+    watchdog ends both should this process be killed without cleaning up (`orphans`).
+
+    With `signed_job` every record under that job's volunteer key must be signed by the peer it names,
+    and this peer signs its own: its identity is then one this process holds (`identity_seed`, else a
+    random one). The key file p2pd reads is removed once the peer has started."""
     import hivemind
 
     from decentralized_verl.runtime.orphans import guard_descendants
+    from decentralized_verl.security.peer_identity import random_seed, write_identity
+    from decentralized_verl.volunteers.signed_records import OwnedRecords
 
     guard_descendants()
-    return hivemind.DHT(start=True, await_ready=True, wait_timeout=wait_timeout, **options.dht_kwargs())
+    seed = options.identity_seed
+    if seed is None and options.signed_job is not None and options.identity_path is None:
+        seed = random_seed()
+    folder = None
+    if seed is not None:
+        folder = Path(tempfile.mkdtemp(prefix="dverl-id-"))
+        options = dataclasses.replace(options, identity_path=str(write_identity(seed, folder)))
+    validators = [OwnedRecords(options.signed_job, seed)] if options.signed_job is not None else []
+    try:
+        return hivemind.DHT(
+            start=True,
+            await_ready=True,
+            wait_timeout=wait_timeout,
+            record_validators=validators,
+            **options.dht_kwargs(),
+        )
+    finally:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def pick_initial_peers_line(maddrs: Sequence[object]) -> str:
@@ -96,21 +129,18 @@ def run_bootstrap(
     host_maddrs: Sequence[str] = (),
     announce_maddrs: Sequence[str] = (),
     initial_peers: Sequence[str] = (),
-    identity_dir: Path | None = None,
+    identity_seed: bytes | None = None,
     stop: threading.Event | None = None,
 ) -> int:
-    """Run a bootstrap peer until SIGTERM/SIGINT (or `stop`); prints the banner with the peer id."""
-    from decentralized_verl.volunteers.identity import bootstrap_seed, write_identity
-
-    identity = None
-    if job:
-        folder = identity_dir or Path(tempfile.mkdtemp(prefix="dverl-dht-"))
-        identity = str(write_identity(bootstrap_seed(job), folder))
+    """Run a bootstrap peer until SIGTERM/SIGINT (or `stop`); prints the banner with the peer id. Its
+    identity is `identity_seed` (the job's, issued with its credentials), else random; with `job` it
+    refuses volunteer records their owner did not sign."""
     options = PeerOptions(
         initial_peers=tuple(initial_peers),
         host_maddrs=tuple(host_maddrs) or (f"/ip4/0.0.0.0/tcp/{port}",),
         announce_maddrs=tuple(announce_maddrs),
-        identity_path=identity,
+        identity_seed=identity_seed,
+        signed_job=job or None,
     )
     dht = start_dht(options)
     try:

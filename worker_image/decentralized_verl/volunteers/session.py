@@ -8,6 +8,7 @@ serve, not in how they come and go; keeping that here means the order that matte
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -82,7 +83,8 @@ class VolunteerSession:
 @asynccontextmanager
 async def volunteer_session(options: ReachOptions) -> AsyncIterator[VolunteerSession]:
     """Start the DHT peer off the event loop (it blocks while bootstrapping); always leave on exit."""
-    dht = await asyncio.to_thread(start_dht, options.peer_options())
+    peer = dataclasses.replace(options.peer_options(), signed_job=options.job)  # signs its own record
+    dht = await asyncio.to_thread(start_dht, peer)
     session = VolunteerSession(dht, options)
     try:
         yield session

@@ -63,7 +63,7 @@ def _signature(secret: bytes, signed: str) -> bytes:
 
 def issue_token(secret: bytes, job: str, ttl: float, *, now: float | None = None) -> str:
     """A token for `job` valid for `ttl` seconds; the coordinator peer id comes from the same secret."""
-    from decentralized_verl.volunteers.identity import coordinator_peer_id
+    from decentralized_verl.security.peer_identity import coordinator_peer_id
 
     _check_secret(secret)
     if not job:

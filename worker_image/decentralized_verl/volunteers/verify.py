@@ -4,7 +4,9 @@ A volunteer's claimed log-probs must be what the policy of the claimed version a
 tokens (recomputed here with the same forward pass the learner trains with); a verifiable reward is
 recomputed by the trusted reward function. A configurable fraction of every volunteer batch is checked;
 one mismatch beyond tolerance rejects the whole batch (it is re-dispatched) and blocks the peer.
-Altered tokens are caught too: their claimed log-probs were computed for other tokens.
+Altered tokens are caught too: their claimed log-probs were computed for other tokens. And a response
+the volunteer chose rather than sampled, even with honest log-probs, is caught by replaying its seeded
+draws (`sampling_check`): every request carries a seed the coordinator picked.
 Wrong versions, shapes and NaNs never get here (`transport.messages.completion_from_proto`).
 """
 
@@ -17,6 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from decentralized_verl.core.samples import Sample
+from decentralized_verl.core.sampling import SamplingParams
+from decentralized_verl.volunteers.sampling_check import checkable
 
 DEFAULT_ATOL = {"float32": 0.02, "float16": 0.1, "bfloat16": 0.25}
 """Largest |claimed - recomputed| per token accepted: incremental decoding and a full forward differ by
@@ -131,6 +135,24 @@ class PublishedPolicy:
                 self._load(version)
             return model_logprobs(self.model, samples, self.temperature, self.pad_token_id)
 
+    def draw_problems(
+        self, samples: Sequence[Sample], version: int, sampling: SamplingParams, tol: float
+    ) -> list[str | None]:
+        """For each sample: None when its tokens are the seeded draws from this version's policy."""
+        from decentralized_verl.volunteers.sampling_check import draw_problem, episode_seed, response_logits
+
+        out: list[str | None] = []
+        with self._lock:
+            if self.version != version:
+                self._load(version)
+            every = response_logits(self.model, list(samples), self.pad_token_id)
+            for s, logits in zip(samples, every, strict=True):
+                seed = episode_seed(sampling, s.prompt.prompt_id, s.sample_index)
+                out.append(
+                    None if seed is None else draw_problem(logits, s.response_ids, seed, sampling, tol)
+                )
+        return out
+
 
 @dataclass
 class CheckResult:
@@ -154,11 +176,15 @@ class Verifier:
         atol: float = 0.02,
         seed: int = 0,
         episodes: Callable[[Sample], str | None] | None = None,
+        draw_tol: float | None = None,
     ) -> None:
+        """`draw_tol`: replay each checked single-turn sample's seeded draws within this probability
+        mass (`sampling_check`); None checks log-probs only (a backend whose sampler cannot be replayed)."""
         if not 0.0 <= fraction <= 1.0:
             raise ValueError(f"verify fraction must be in [0, 1] (got {fraction})")
         self.policy = policy
         self.episodes = episodes
+        self.draw_tol = draw_tol
         self.fraction = fraction
         self.atol = atol
         self._rng = random.Random(seed)
@@ -166,7 +192,11 @@ class Verifier:
         self.checked = 0
         self.rejected_batches = 0
 
-    def check(self, samples: Sequence[Sample], version: int) -> CheckResult:
+    def check(
+        self, samples: Sequence[Sample], version: int, sampling: SamplingParams | None = None
+    ) -> CheckResult:
+        """Check a sampled fraction of `samples`, asked at policy `version` with `sampling` (the request's:
+        its seed lets the draws be replayed)."""
         with self._rng_lock:
             picked = choose_for_check(len(samples), self.fraction, self._rng)
         if not picked:
@@ -190,6 +220,11 @@ class Verifier:
                 problem = compare_logprobs(s.key, s.logprobs, values, self.atol, s.loss_mask)
                 if problem is not None:
                     wrong.append(problem)
+        if not wrong and self.draw_tol is not None and sampling is not None and checkable(sampling):
+            single = [s for s in chosen if s.loss_mask is None]  # an episode's turns have seeds of their own
+            if single:
+                draws = self.policy.draw_problems(single, version, sampling, self.draw_tol)
+                wrong.extend(Mismatch(s.key, p) for s, p in zip(single, draws, strict=True) if p is not None)
         self.checked += len(chosen)
         if wrong:
             self.rejected_batches += 1
@@ -206,18 +241,25 @@ def verifier_for(
     seed: int,
     atol=None,
     episodes: Callable[[Sample], str | None] | None = None,
+    replay_draws: bool = True,
 ) -> Verifier | None:
     """A verifier over a private copy of `model` (None when nothing is to be checked); `atol` defaults to
     the model dtype's tolerance in DEFAULT_ATOL; `episodes` checks a multi-turn job's episodes
-    (`episode_check`)."""
+    (`episode_check`). `replay_draws`: also replay each checked response's seeded draws (the hf
+    backend's sampler; another engine's draws cannot be replayed here)."""
     import copy
+
+    from decentralized_verl.volunteers.sampling_check import DEFAULT_TOL
 
     if fraction <= 0:
         return None
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     policy = PublishedPolicy(copy.deepcopy(model), publisher, temperature, pad_token_id)
     tolerance = atol if atol is not None else DEFAULT_ATOL.get(dtype, 0.25)
-    return Verifier(policy, fraction=fraction, atol=tolerance, seed=seed, episodes=episodes)
+    draw_tol = DEFAULT_TOL.get(dtype, 0.05) if replay_draws else None
+    return Verifier(
+        policy, fraction=fraction, atol=tolerance, seed=seed, episodes=episodes, draw_tol=draw_tol
+    )
 
 
 def episode_check(spec, tokenizer, model) -> Callable[[Sample], str | None] | None:

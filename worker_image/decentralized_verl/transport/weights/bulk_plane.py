@@ -151,6 +151,7 @@ class BulkPlane:
             manifest = m.manifest_from_proto(pb.WeightManifest.FromString(request), "manifest")
             route = route_from_json(metadata_value(context.invocation_metadata(), ROUTE_KEY) or "[]")
             builder = BundleBuilder(manifest)  # bundle digest and signature, before any byte
+            await self.relay.admit(manifest)  # newer than held, and the learner's current version
         except Exception as exc:  # a garbled, forged or unsigned manifest: refused, nothing allocated
             reason = str(exc) if isinstance(exc, WireError) else f"manifest: not parseable ({exc})"
             log.warning("refused a bulk transfer offered by %s: %s", context.peer(), reason)

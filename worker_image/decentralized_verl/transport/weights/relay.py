@@ -59,6 +59,7 @@ from decentralized_verl.transport.weights.push import (
 from decentralized_verl.transport.weights.receive import BundleBuilder, ChunkFetch
 from decentralized_verl.transport.weights.route import ROUTE_KEY, Hop, route_from_json
 from decentralized_verl.transport.weights.service import WeightsServicer
+from decentralized_verl.transport.weights.version_admission import confirm_with_learner, follows_held
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +83,12 @@ class WeightRelay:
         verify_threads: int = 2,
         grpc_options: Sequence[tuple[str, int]] = (),
         credentials: Any = secure.PROCESS,
+        learner: str | None = None,
     ) -> None:
         self.publisher = publisher or WeightPublisher(chunk_bytes=FANOUT_CHUNK_BYTES)
+        self.learner = learner
+        """The learner's address: a pushed version is taken only while it publishes that version
+        (`version_admission`); None (the learner itself, a test relay) takes any newer signed one."""
         self.credentials = credentials
         """What this node's channels and server use (default: this process's job credentials)."""
         self.timeout_s = timeout_s
@@ -134,6 +139,14 @@ class WeightRelay:
             ),
         }
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+
+    async def admit(self, manifest: m.WeightManifest) -> None:
+        """Raise WireError unless a pushed `manifest` follows what this node holds and is what the learner
+        publishes now (`version_admission`); run before any chunk is received."""
+        held = self.publisher.get(manifest.version)
+        follows_held(manifest, self.publisher.latest_version, held.manifest.digest if held else None)
+        if self.learner is not None and held is None:
+            await confirm_with_learner(manifest, self.channel(self.learner), self.learner)
 
     def forward(self, hop: Hop, index: int, raw: bytes) -> bytes:
         """The bytes sent to ``hop`` for the index-th message of a push (a hook: tests corrupt here)."""
@@ -240,7 +253,8 @@ class WeightRelay:
                 raise WireError("chunk[0].manifest", "the first pushed chunk must carry the manifest")
             manifest = m.manifest_from_proto(msg.manifest, "chunk[0].manifest")
             version = manifest.version
-            builder = BundleBuilder(manifest)
+            builder = BundleBuilder(manifest)  # its signature first: an unsigned offer costs no call
+            await self.admit(manifest)
             self.receiving[version] = self.receiving.get(version, 0) + 1
 
             async def parsed() -> AsyncIterator[tuple[bytes, pb.WeightChunk]]:

@@ -1,0 +1,110 @@
+"""libp2p identities (Ed25519) this process holds the key of, so peers can be addressed before they start
+and sign what they write (`volunteers.signed_records`).
+
+The job's bootstrap peer gets a random key issued with the job's credentials (only its own process holds
+the private half; every process of the job holds its peer id, `dht.peer`), so the learner knows the
+bootstrap's full multiaddr from `DVERL_DHT_ADDR=host:port` alone and nobody who merely knows the job's
+name can start a peer with its identity. The coordinator derives its key from the job *secret*: only the
+trusted side can hold it, and join tokens name its peer id, so volunteers talk to the real coordinator.
+A volunteer's key is random, made where it runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+from pathlib import Path
+
+_PROTO_ED25519 = 1  # libp2p crypto.proto KeyType.Ed25519
+
+
+def _pb_key(data: bytes) -> bytes:
+    """libp2p's crypto.proto PublicKey/PrivateKey{Type=Ed25519, Data=data} serialised by hand."""
+    return bytes([0x08, _PROTO_ED25519, 0x12, len(data)]) + data
+
+
+def keypair(seed: bytes) -> tuple[bytes, bytes]:
+    """(raw private, raw public) Ed25519 key of the identity `seed` derives."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.from_private_bytes(hashlib.sha256(seed).digest())
+    public = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    private = key.private_bytes(
+        serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+    )
+    return private, public
+
+
+def peer_id_of_seed(seed: bytes) -> str:
+    """The base58 peer id ("12D3KooW...") of the identity `seed` derives (identity multihash)."""
+    return peer_id_of_public(keypair(seed)[1])
+
+
+def peer_id_of_public(public: bytes) -> str:
+    """The peer id of a raw Ed25519 public key: the identity multihash of its protobuf encoding."""
+    import base58
+
+    encoded = _pb_key(public)
+    return base58.b58encode(bytes([0x00, len(encoded)]) + encoded).decode()
+
+
+def public_key_of_peer(peer_id: str) -> bytes:
+    """The raw Ed25519 public key a peer id names (an Ed25519 id *is* its key); ValueError for any other
+    id (an RSA peer's hashed id names no key one could check a signature with)."""
+    import base58
+
+    try:
+        raw = base58.b58decode(peer_id)
+    except ValueError:
+        raise ValueError(f"peer id {peer_id[:60]!r}: not base58") from None
+    prefix = bytes([0x00, 36, 0x08, _PROTO_ED25519, 0x12, 32])
+    if len(raw) != len(prefix) + 32 or not raw.startswith(prefix):
+        raise ValueError(f"peer id {peer_id[:60]!r}: not an Ed25519 identity")
+    return raw[len(prefix) :]
+
+
+def write_identity(seed: bytes, folder: Path) -> Path:
+    """Write the private key file p2pd reads (`identity_path`); 0600, in `folder`."""
+    private, public = keypair(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"identity-{peer_id_of_seed(seed)[-12:]}.key"
+    data = _pb_key(private + public)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as file:
+        file.write(data)
+    return path
+
+
+def random_seed() -> bytes:
+    """A fresh identity: a volunteer's, or a job's bootstrap peer's (issued with its credentials)."""
+    return os.urandom(32)
+
+
+def coordinator_seed(secret: bytes, job: str) -> bytes:
+    return hmac.new(secret, f"dverl coordinator peer\x00{job}".encode(), hashlib.sha256).digest()
+
+
+def coordinator_peer_id(secret: bytes, job: str) -> str:
+    return peer_id_of_seed(coordinator_seed(secret, job))
+
+
+def bootstrap_maddr(address: str, peer_id: str | None) -> str:
+    """`/ip4/H/tcp/P/p2p/ID` (or /dns/...) of the job's bootstrap peer from `host:port` and its peer id
+    (the job credentials' `dht.peer`); a whole multiaddr (`/ip4/.../p2p/ID`, what `dverl dht` prints) is
+    taken as it is."""
+    if address.startswith("/"):
+        if "/p2p/" not in address:
+            raise ValueError(f"DVERL_DHT_ADDR: a multiaddr must end in /p2p/<peer id> (got {address!r})")
+        return address
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"DVERL_DHT_ADDR: expected host:port or a /p2p/ multiaddr (got {address!r})")
+    if not peer_id:
+        raise ValueError(
+            f"DVERL_DHT_ADDR={address}: the bootstrap's peer id is unknown (this process holds no job "
+            "credentials naming it); give the whole multiaddr `dverl dht` prints instead"
+        )
+    proto = "ip4" if host.replace(".", "").isdigit() else "dns"
+    return f"/{proto}/{host}/tcp/{port}/p2p/{peer_id}"
