@@ -15,7 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from decentralized_verl.netlab.jobs import BIN, process_env  # noqa: F401 (BIN: for the tests' own use)
+from decentralized_verl.netlab.jobs import BIN, process_env, stop_process  # noqa: F401 (BIN: for the tests' own use)
 from decentralized_verl.runtime.ports import free_port  # noqa: F401 (the tests' one way to pick a port)
 
 
@@ -74,14 +74,7 @@ class ProcessGroup:
         raise AssertionError(f"{name}: no {pattern!r} in its output:\n{self.log(name)[-3000:]}")
 
     def stop(self, name: str, timeout: float = 20.0) -> int:
-        proc = self.procs[name]
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        try:
-            return proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            return proc.wait()
+        return stop_process(self.procs[name], timeout)
 
     def close(self) -> None:
         for proc in self.procs.values():

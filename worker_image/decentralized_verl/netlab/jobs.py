@@ -65,6 +65,18 @@ def volunteer_argv(maddr: str, job: str, token: str, listen: str = "0.0.0.0") ->
     return [*argv, "--role", "rollout", "--host-maddrs", f"/ip4/{listen}/tcp/0"]
 
 
+def stop_process(proc: subprocess.Popen, timeout: float) -> int:
+    """SIGTERM to a process that leads its own group, then SIGKILL to the whole group after `timeout`
+    (its children too); its exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return proc.wait()
+
+
 class HostJob:
     """Named processes on the hosts of `net`, logging into `folder`."""
 
@@ -107,14 +119,7 @@ class HostJob:
 
     def stop(self, name: str, timeout: float = 60) -> int:
         """SIGTERM, then SIGKILL to its group after `timeout`; its exit code."""
-        proc = self.procs[name]
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        try:
-            return proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            return proc.wait()
+        return stop_process(self.procs[name], timeout)
 
     # -------------------------------------------------------------------------------- the roles
     def start_dht(self, host: str, job: str, port: int = 31337, name: str = "dht") -> str:
