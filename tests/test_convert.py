@@ -12,7 +12,7 @@ import yaml
 from decentralized_verl.cli import main
 from decentralized_verl.convert import convert
 from decentralized_verl.convert.table import from_sources, to_sources
-from decentralized_verl.manifest import load_fitting_job
+from decentralized_verl.planning.fitting_job import load_fitting_job
 
 ROOT = Path(__file__).parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "convert"

@@ -14,12 +14,17 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from decentralized_verl.errors import DverlError, ManifestError, OperationFailed
+from decentralized_verl.errors import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    DverlError,
+    ManifestError,
+    OperationFailed,
+)
 
 if TYPE_CHECKING:
     from decentralized_verl.settings import WorkerSettings
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+"""How every `dverl` process ends: success, a run or operation that failed, usage or invalid input, ^C."""
+
 
 class DverlError(Exception):
     """Base of every error a user can act on; the CLI prints it without a traceback."""

@@ -210,24 +210,6 @@ def load_job(path: str | Path) -> RLHFJob:
     return parse_job(load_yaml_text(text, str(path)), str(path))
 
 
-def load_fitting_job(path: str | Path) -> RLHFJob:
-    """`load_job`, then refuse a job whose workers cannot fit in the memory their pools have (`dverl plan`
-    says why; model shapes are read from config.json files next to the manifest). Kept out of the spec's
-    own validation because it reads files."""
-    from decentralized_verl.planning import plan_problems
-    from decentralized_verl.planning.limits import limit_problems
-    from decentralized_verl.sources.local import as_seen_here
-
-    job = load_job(path)
-    base = Path(path).resolve().parent
-    # Model shapes are read where `dverl run` would find them: a source's local folder stands in for it.
-    here = as_seen_here(job.spec, base)
-    problems = limit_problems(here, base) + plan_problems(here, base)
-    if problems:
-        raise ManifestError(problems, str(path))
-    return job
-
-
 def warnings_for(spec: JobSpec) -> list[Problem]:
     """Settings that validate but teach the model nothing; said, not refused (a person may mean them)."""
     from decentralized_verl.spec.rules import GROUP_ESTIMATORS

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from decentralized_verl.commands import Command, command
+from decentralized_verl.commands.registry import Command, command
 
 JSON_HELP = "print machine-readable JSON on stdout instead of text"
 
@@ -20,7 +20,8 @@ def _validate(parser: argparse.ArgumentParser) -> Command:
 
     def run(args: argparse.Namespace) -> int:
         from decentralized_verl.errors import ManifestError
-        from decentralized_verl.manifest import load_fitting_job, summary, warnings_for
+        from decentralized_verl.manifest import summary, warnings_for
+        from decentralized_verl.planning.fitting_job import load_fitting_job
         from decentralized_verl.sources.paths import cluster_warnings
 
         status, results = 0, []

@@ -6,7 +6,7 @@ import argparse
 import json
 import time
 
-from decentralized_verl.commands import Command, command
+from decentralized_verl.commands.registry import Command, command
 
 OUTPUT_HELP = "run folder (default: runs/<job name>)"
 

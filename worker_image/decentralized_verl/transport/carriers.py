@@ -18,6 +18,7 @@ import grpc
 
 from decentralized_verl.core.interfaces import closed_under_us
 from decentralized_verl.transport import secure
+from decentralized_verl.transport.rpc_errors import rpc_reason
 
 
 @dataclass(frozen=True)
@@ -65,12 +66,6 @@ class Carrier(Protocol):
         ...
 
     async def close(self) -> None: ...
-
-
-def rpc_reason(exc: grpc.RpcError) -> str:
-    code = exc.code() if hasattr(exc, "code") else None
-    details = exc.details() if hasattr(exc, "details") else str(exc)
-    return f"{code.name if code is not None else 'UNKNOWN'}: {details}"
 
 
 class GrpcCarrier:

@@ -39,9 +39,9 @@ from decentralized_verl.transport.carriers import (
     GrpcCarrier,
     Method,
     P2PCarrier,
-    rpc_reason,
 )
 from decentralized_verl.transport.rollout_stream import BadResult, ResultStream, generate_request
+from decentralized_verl.transport.rpc_errors import rpc_reason
 
 
 class ContractBreach(WorkerFailure):

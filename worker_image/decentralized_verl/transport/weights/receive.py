@@ -21,7 +21,7 @@ from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc
 from decentralized_verl.security.trust import PROCESS_KEY, weights_verify_key
 from decentralized_verl.transport import messages as m
 from decentralized_verl.transport import secure
-from decentralized_verl.transport.carriers import rpc_reason
+from decentralized_verl.transport.rpc_errors import rpc_reason
 from decentralized_verl.transport.weights import signing
 from decentralized_verl.transport.weights.codec import (
     WeightAssembler,

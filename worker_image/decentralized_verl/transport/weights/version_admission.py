@@ -20,7 +20,7 @@ from decentralized_verl.errors import WireError
 from decentralized_verl.proto import dverl_pb2 as pb
 from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc
 from decentralized_verl.transport import messages as m
-from decentralized_verl.transport.carriers import rpc_reason
+from decentralized_verl.transport.rpc_errors import rpc_reason
 
 CONFIRM_TIMEOUT_S = 30.0
 
