@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from decentralized_verl.volunteers import identity
+from decentralized_verl.security import peer_identity as identity
 from decentralized_verl.volunteers.tokens import TokenError, issue_token, read_claims, verify_token
 
 pytestmark = pytest.mark.usefixtures("collected_before_fork")
