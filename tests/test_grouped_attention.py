@@ -8,7 +8,7 @@ import pytest
 import torch
 import transformers
 
-from decentralized_verl.backends.kv_cache import cache_keyword, returned_cache
+from decentralized_verl.core.kv_cache import cache_keyword, returned_cache
 from decentralized_verl.models.grouped_attention import (
     NAME,
     grouped_attention,

@@ -7,7 +7,7 @@ import torch
 import transformers
 from transformers.cache_utils import DynamicLayer
 
-from decentralized_verl.backends.kv_cache import (
+from decentralized_verl.core.kv_cache import (
     PreallocatedLayer,
     cache_keyword,
     decode_cache,

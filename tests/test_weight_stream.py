@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from decentralized_verl.core.streamed_weights import StreamedWeights, TensorSlot
 from decentralized_verl.transport.weights.codec import WeightAssembler, decode_bundle
 from decentralized_verl.transport.weights.publish import WeightPublisher
-from decentralized_verl.transport.weights.stream import StreamedWeights, TensorSlot, encode_stream
+from decentralized_verl.transport.weights.stream import encode_stream
 
 
 def _state() -> dict[str, torch.Tensor]:

@@ -187,7 +187,7 @@ class HFBackend:
         self.pad_token_id = pad if pad is not None else min(self.eos_token_ids, default=0)
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
         self._logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
-        from decentralized_verl.backends.kv_cache import cache_keyword
+        from decentralized_verl.core.kv_cache import cache_keyword
 
         self._cache_keyword = cache_keyword(model)
 
@@ -346,7 +346,7 @@ class HFBackend:
 
     def _new_cache(self, capacity: int) -> Any:
         """One micro-batch's cache for ``capacity`` positions (a span chain's front returns a session)."""
-        from decentralized_verl.backends.kv_cache import decode_cache
+        from decentralized_verl.core.kv_cache import decode_cache
 
         return decode_cache(self.model.config, capacity)
 

@@ -128,7 +128,7 @@ def _shared_hidden(
 ) -> torch.Tensor | None:
     import torch
 
-    from decentralized_verl.backends.kv_cache import cache_keyword, returned_cache
+    from decentralized_verl.core.kv_cache import cache_keyword, returned_cache
 
     first_row, inverse = plan
     prompt_mask = t.prompt_mask[first_row]

@@ -31,9 +31,6 @@ DEADLINE_FLOOR_S = 30.0
 DEADLINE_FACTOR = 4.0
 """A share may take DEADLINE_FLOOR_S + DEADLINE_FACTOR x the time the worker's measured speed implies."""
 
-GPU_PRIORS = {"h100": 4.0, "h200": 4.5, "a100": 3.0, "l40s": 2.0, "rtx4090": 2.0, "a10": 1.0, "t4": 0.5}
-"""Relative throughput before anything is measured; measurements replace it after the first step."""
-
 
 def split_by_weight(n_items: int, weights: Sequence[float]) -> list[int]:
     """Largest-remainder split of n items by weight; every positive weight gets >= 1 when n allows."""

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from decentralized_verl.core.interfaces import RolloutClient
-from decentralized_verl.orchestration.dispatch import GPU_PRIORS, Dispatcher
+from decentralized_verl.orchestration.dispatch import Dispatcher
+from decentralized_verl.planning.devices import GPU_PRIORS
 from decentralized_verl.settings import WorkerSettings
 
 if TYPE_CHECKING:

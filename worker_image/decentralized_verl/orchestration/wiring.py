@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from decentralized_verl.core.interfaces import CriticClient, ReferenceClient, RewardClient, RolloutClient
-from decentralized_verl.orchestration.dispatch import GPU_PRIORS
 from decentralized_verl.orchestration.failover import ScoringPool
+from decentralized_verl.planning.devices import GPU_PRIORS
 from decentralized_verl.spec import JobSpec
 
 log = logging.getLogger(__name__)

@@ -170,3 +170,8 @@ def placements(name: str, role: RoleSpec) -> list[Placement]:
             )
         )
     return out
+
+
+GPU_PRIORS = {"h100": 4.0, "h200": 4.5, "a100": 3.0, "l40s": 2.0, "rtx4090": 2.0, "a10": 1.0, "t4": 0.5}
+"""A GPU type's relative rollout throughput, the dispatcher's weight for a worker before anything is
+measured; measurements replace it after the first step."""

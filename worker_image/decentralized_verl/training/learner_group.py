@@ -21,6 +21,7 @@ from typing import Any
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from decentralized_verl.core.streamed_weights import StreamedWeights, TensorSlot
 from decentralized_verl.training import rank_group
 from decentralized_verl.training.rank_group import Command
 from decentralized_verl.training.sharding import (
@@ -30,7 +31,6 @@ from decentralized_verl.training.sharding import (
     named_state,
     tied_names,
 )
-from decentralized_verl.transport.weights.stream import StreamedWeights, TensorSlot
 
 
 def layout(model: nn.Module) -> tuple[tuple[TensorSlot, ...], dict[str, str]]:

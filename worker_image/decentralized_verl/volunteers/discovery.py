@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from decentralized_verl.orchestration.dispatch import GPU_PRIORS
+from decentralized_verl.planning.devices import GPU_PRIORS
 from decentralized_verl.security.trust import weights_verify_key
 from decentralized_verl.transport import messages as m
 from decentralized_verl.volunteers.announce import VolunteerRecord, read_records

@@ -91,7 +91,7 @@ class SpanServer:
         self.staged_version: int | None = None
         self.hops = 0
         self.weight_bytes_received = 0
-        from decentralized_verl.backends.kv_cache import cache_keyword
+        from decentralized_verl.core.kv_cache import cache_keyword
 
         self._cache_keyword = cache_keyword(module)
 
@@ -144,7 +144,7 @@ class SpanServer:
 
     def _session_for(self, request: HopRequest) -> tuple[_Session, Any]:
         """The request's session with its rows selected, every check made before anything changes."""
-        from decentralized_verl.backends.kv_cache import decode_cache
+        from decentralized_verl.core.kv_cache import decode_cache
 
         tokens = int(request.hidden.shape[1])
         if request.open:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from decentralized_verl.core.streamed_weights import StreamedWeights
 from decentralized_verl.security.trust import PROCESS_KEY, weights_signing_key
 from decentralized_verl.transport import messages as m
 from decentralized_verl.transport.weights import signing
@@ -31,7 +32,7 @@ from decentralized_verl.transport.weights.codec import (
     decode_bundle,
     encode_state_dict,
 )
-from decentralized_verl.transport.weights.stream import StreamedWeights, encode_stream
+from decentralized_verl.transport.weights.stream import encode_stream
 
 log = logging.getLogger(__name__)
 
