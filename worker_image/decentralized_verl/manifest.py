@@ -7,13 +7,16 @@ is judged the same way everywhere.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import ValidationError
 
 from decentralized_verl.errors import ManifestError, Problem
 from decentralized_verl.spec import API_GROUP, API_VERSION, KIND, CrossFieldProblems, JobSpec, RLHFJob
+
+if TYPE_CHECKING:
+    from decentralized_verl.planning import MemoryPlan
 
 
 def _path(loc: tuple[Any, ...]) -> str:
@@ -213,19 +216,30 @@ def load_job(path: str | Path) -> RLHFJob:
 def load_fitting_job(path: str | Path) -> RLHFJob:
     """`load_job`, then refuse a job whose workers cannot fit in the memory their pools have (`dverl plan`
     says why; model shapes are read from config.json files next to the manifest). Kept out of the spec's
-    own validation because it reads files."""
-    from decentralized_verl.planning import plan_problems
+    own validation because it reads files. The job comes back as its workers run it: a rollout whose
+    model fits on no single worker carries the layer spans the planner chose (docs/spans.md)."""
     from decentralized_verl.planning.limits import limit_problems
+
+    job, memory = load_planned_job(path)
+    base = Path(path).resolve().parent
+    problems = limit_problems(memory.spec or job.spec, base) + memory.problems()
+    if problems:
+        raise ManifestError(problems, str(path))
+    return job
+
+
+def load_planned_job(path: str | Path) -> tuple[RLHFJob, MemoryPlan]:
+    """`load_job` and its memory plan (`planning.MemoryPlan`), the job's spec with whatever the planner
+    decided written in (the rollout's spans), so every consumer of the returned job agrees with the plan."""
+    from decentralized_verl.planning import plan_for
+    from decentralized_verl.planning.fit import planned_spec
     from decentralized_verl.sources.local import as_seen_here
 
     job = load_job(path)
     base = Path(path).resolve().parent
     # Model shapes are read where `dverl run` would find them: a source's local folder stands in for it.
-    here = as_seen_here(job.spec, base)
-    problems = limit_problems(here, base) + plan_problems(here, base)
-    if problems:
-        raise ManifestError(problems, str(path))
-    return job
+    memory = plan_for(as_seen_here(job.spec, base), base)
+    return job.model_copy(update={"spec": planned_spec(job.spec, memory)}), memory
 
 
 def warnings_for(spec: JobSpec) -> list[Problem]:
