@@ -188,7 +188,7 @@ def test_dverl_plan_shows_the_chosen_spans_and_run_starts_them(tmp_path, capsys)
     import json
 
     from decentralized_verl.launch.run import write_config
-    from decentralized_verl.manifest import load_fitting_job, load_job
+    from decentralized_verl.manifest import load_fitting_job, load_job, summary
     from decentralized_verl.planning.run_plan import main_plan
 
     path = _write_manifest(tmp_path, _seventy_b_job(tmp_path))
@@ -206,6 +206,7 @@ def test_dverl_plan_shows_the_chosen_spans_and_run_starts_them(tmp_path, capsys)
     # `dverl run`'s job and the config its workers read carry the same count.
     job = load_fitting_job(path)
     assert job.spec.roles.rollout.spans.count == count
+    assert summary(job).endswith(f"(rollout as {count} layer spans)")
     config = write_config(job, path, tmp_path / "run", fetcher=None)
     assert load_job(config).spec.roles.rollout.spans.count == count
     assert len(plan_job(job.spec, "big").by_role("span")) == count
