@@ -185,9 +185,8 @@ def plan_memory(spec: JobSpec, lookup: Callable[[ModelSpec], ShapeLookup]) -> Me
             continue
         plans.extend(_role_plans(name, job))
     if choice is not None and choice.count is None:  # the refusal says spans were weighed too
-        why = f"even as spans of one layer each its heaviest process needs ~{gib(choice.heaviest)} GiB"
         plans = [
-            dataclasses.replace(w, reason=f"{w.reason}; {why}")
+            dataclasses.replace(w, reason=f"{w.reason}; {choice.words()}")
             if w.role == "rollout" and w.verdict == "does not fit"
             else w
             for w in plans

@@ -32,15 +32,13 @@ class SpanChoice:
     """Bytes the chain's heaviest process needs: at `count` spans, or at one layer a span when None."""
 
     def words(self) -> str:
-        start = f"rollout: the model needs ~{_gib(self.need)} GiB, a worker has {_gib(self.have)} GiB"
+        """What `dverl plan` says: the chosen count and why, or (None) why spans do not help either."""
         if self.count is None:
-            return (
-                f"{start}, and even as spans of one layer each the heaviest process needs "
-                f"~{_gib(self.heaviest)} GiB: not served as spans"
-            )
+            return f"even as spans of one layer each its heaviest process needs ~{_gib(self.heaviest)} GiB"
         return (
-            f"{start}: served as {self.count} spans (heaviest process ~{_gib(self.heaviest)} GiB; "
-            "set roles.rollout.spans to choose otherwise)"
+            f"rollout: the model needs ~{_gib(self.need)} GiB, a worker has {_gib(self.have)} GiB: served "
+            f"as {self.count} spans (heaviest process ~{_gib(self.heaviest)} GiB; set roles.rollout.spans "
+            "to choose otherwise)"
         )
 
 
