@@ -20,7 +20,8 @@ from decentralized_verl.core.status import JobStatus
 from decentralized_verl.errors import ManifestError, Problem
 from decentralized_verl.manifest import parse_spec
 from decentralized_verl.plan import plan_job
-from decentralized_verl.planning import plan_problems
+from decentralized_verl.planning import plan_for
+from decentralized_verl.planning.fit import planned_spec
 from dverl_operator import children as kids
 from dverl_operator import gang, kueue, outcome, owned, pod_marks
 from dverl_operator import guard_children as guard
@@ -204,7 +205,11 @@ def decide(observed: Observed, settings: Settings) -> Actions:
         return _invalid(observed, exc.problems, status)
     # A job whose workers cannot fit their GPUs is refused like any invalid spec. The operator reads no
     # user folders: model shapes come from model.tiny and the known-shapes table, else are not checked.
-    too_big = plan_problems(spec, base_dir=None) + _gang_refused(spec, settings)
+    # A rollout whose model fits on no single worker runs as the layer spans the planner chose: the spec
+    # every child is made from (the ConfigMap the workers read included) carries them.
+    memory = plan_for(spec, base_dir=None)
+    spec = planned_spec(spec, memory)
+    too_big = memory.problems() + _gang_refused(spec, settings)
     if too_big:
         return _invalid(observed, too_big, status)
 

@@ -238,6 +238,8 @@ def summary(job: RLHFJob) -> str:
     """The one-line description `dverl validate` prints for a valid job."""
     spec = job.spec
     roles = ", ".join(f"{name}={role.replicas}" for name, role in spec.roles.items())
+    if spec.roles.rollout.spans is not None:
+        roles += f" (rollout as {spec.roles.rollout.spans.count} layer spans)"
     length = f"{spec.training.steps} steps" if spec.training.steps else f"{spec.training.epochs} epochs"
     correction = spec.rollout_correction
     corrected = ""

@@ -10,6 +10,7 @@ checked", never refused.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from decentralized_verl.planning.locate import ShapeLookup, model_shape
 from decentralized_verl.planning.memory import Estimate
 from decentralized_verl.planning.rollout_memory import VLLM_UTILIZATION
 from decentralized_verl.planning.shapes import ModelShape
+from decentralized_verl.planning.span_choice import SpanChoice, choose_spans, with_spans
 from decentralized_verl.planning.workers import Job
 from decentralized_verl.spec import JobSpec, ModelSpec, RoleSpec
 
@@ -68,6 +70,15 @@ class MemoryPlan:
     notes: tuple[str, ...] = ()
     shapes: tuple[tuple[str, ModelShape], ...] = ()
     """(role, the shape its estimate used)."""
+    spec: JobSpec | None = None
+    """The spec as planned: the one given, or with the rollout's spans the planner chose written in."""
+    span_choice: SpanChoice | None = None
+    """The planner's own decision to serve the rollout as spans (or why it could not), when it made one."""
+
+    @property
+    def chosen_spans(self) -> int | None:
+        """Spans per rollout worker the planner chose (None: it chose none, or the spec said)."""
+        return self.span_choice.count if self.span_choice is not None else None
 
     def problems(self) -> list[Problem]:
         return [w.problem for w in self.workers if w.problem is not None]
@@ -160,6 +171,11 @@ def plan_memory(spec: JobSpec, lookup: Callable[[ModelSpec], ShapeLookup]) -> Me
         else:
             notes.append(f"{role}: not checked: {found.why_not}")
     job = Job(spec, shapes)
+    choice = choose_spans(job)
+    if choice is not None and choice.count is not None:  # every estimate below sees the chosen chain
+        notes.append(choice.words())
+        spec = with_spans(spec, choice.count)
+        job = Job(spec, shapes)
     plans: list[WorkerPlan] = []
     for name, _ in spec.roles.items():
         if name in models and name not in shapes:
@@ -168,7 +184,14 @@ def plan_memory(spec: JobSpec, lookup: Callable[[ModelSpec], ShapeLookup]) -> Me
             notes.append("learner: not checked: a role running inside it (replicas 0) has an unknown model")
             continue
         plans.extend(_role_plans(name, job))
-    return MemoryPlan(tuple(plans), tuple(notes), tuple(sorted(shapes.items())))
+    if choice is not None and choice.count is None:  # the refusal says spans were weighed too
+        plans = [
+            dataclasses.replace(w, reason=f"{w.reason}; {choice.words()}")
+            if w.role == "rollout" and w.verdict == "does not fit"
+            else w
+            for w in plans
+        ]
+    return MemoryPlan(tuple(plans), tuple(notes), tuple(sorted(shapes.items())), spec, choice)
 
 
 def _inside_learner(spec: JobSpec) -> list[str]:
@@ -187,6 +210,13 @@ def plan_for(spec: JobSpec, base_dir: Path | None) -> MemoryPlan:
         return cache[key]
 
     return plan_memory(spec, lookup)
+
+
+def planned_spec(spec: JobSpec, plan: MemoryPlan) -> JobSpec:
+    """`spec` as its workers run it: with the rollout's spans the planner chose (`plan`, made from `spec`
+    or a localized copy of it) written in, else unchanged."""
+    count = plan.chosen_spans
+    return with_spans(spec, count) if count is not None else spec
 
 
 def plan_problems(spec: JobSpec, base_dir: Path | None) -> list[Problem]:

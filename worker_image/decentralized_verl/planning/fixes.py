@@ -282,8 +282,6 @@ def rollout_fixes(job: Job, placement: Placement) -> list[str]:
                 if workers.fits_in("rollout", job, placement, e):
                     found.append(_gpus_fix(job, placement, tp, e))
                     break
-    if job.spec.roles.rollout.backend == "hf" and job.spec.roles.rollout.spans is None:
-        found.extend(_spans_fix(job, placement))
     for smaller in range(job.spec.rollout_batch_size - 1, 0, -1):
         e = workers.rollout(job, placement, batch=smaller)
         change = Change((f"roles.rollout.batchSize: {smaller}",), _role_patch("rollout", batchSize=smaller))
@@ -291,25 +289,6 @@ def rollout_fixes(job: Job, placement: Placement) -> list[str]:
             found.append(_say(job.spec, change, e, placement))
             break
     return found or [bigger("rollout", workers.rollout(job, placement, batch=1), placement)]
-
-
-def _spans_fix(job: Job, placement: Placement) -> list[str]:
-    """The model served as the fewest layer spans whose heaviest process fits (docs/spans.md)."""
-    from decentralized_verl.planning.spans import smallest_chain
-
-    gen = workers.generation(job, placement)
-    found = smallest_chain(
-        job.shapes["rollout"],
-        job.dtype_bytes("rollout"),
-        gen,
-        placement.on_gpu,
-        lambda e: workers.fits_in("rollout", job, placement, e),
-    )
-    if found is None:
-        return []
-    count, estimate = found
-    change = Change((f"roles.rollout.spans.count: {count}",), _role_patch("rollout", spans={"count": count}))
-    return [_say(job.spec, change, estimate, placement)]
 
 
 def _gpus_fix(job: Job, placement: Placement, tp: int, estimate: Estimate) -> str:

@@ -156,6 +156,21 @@ def to_json(plan: MemoryPlan) -> dict[str, Any]:
             }
             for w in plan.workers
         ],
+        "spans": _spans(plan),
         "problems": [{"field": p.path, "message": p.message} for p in plan.problems()],
         "notes": list(plan.notes),
+    }
+
+
+def _spans(plan: MemoryPlan) -> dict[str, Any] | None:
+    """The rollout's span chain as planned: the spec's own setting, or the count the planner chose."""
+    spans = plan.spec.roles.rollout.spans if plan.spec is not None else None
+    if spans is None:
+        return None
+    chosen = plan.chosen_spans is not None
+    return {
+        "count": spans.count,
+        "replicas": spans.replicas,
+        "chosenByPlanner": chosen,
+        "reason": plan.span_choice.words() if chosen and plan.span_choice is not None else "",
     }

@@ -7,16 +7,15 @@ Exits 2 when the memory plan has a problem, so a script can gate a submission on
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-from decentralized_verl.manifest import load_job
+from decentralized_verl.planning.fitting_job import load_planned_job
 
 
 def print_workers(file: str, as_json: bool = False) -> int:
     """One line per worker process of the job: role, index, pool, GPUs and the command it runs."""
     from decentralized_verl.plan import plan_job
 
-    job = load_job(file)
+    job, _ = load_planned_job(file)  # with the spans the planner chose, as `dverl run` starts them
     workers = plan_job(job.spec, job.metadata.name).workers
     if as_json:
         rows = [
@@ -47,11 +46,8 @@ def main_plan(file: str, *, as_json: bool = False, workers: bool = False) -> int
     """Print the job's memory plan (or its workers); 2 when the plan has problems, else 0."""
     if workers:
         return print_workers(file, as_json)
-    from decentralized_verl.planning import plan_for
     from decentralized_verl.planning.report import render, to_json
-    from decentralized_verl.sources.local import as_seen_here
 
-    base = Path(file).resolve().parent
-    plan = plan_for(as_seen_here(load_job(file).spec, base), base)
+    _, plan = load_planned_job(file)
     print(json.dumps(to_json(plan), indent=2) if as_json else render(plan))
     return 2 if plan.problems() else 0
