@@ -225,7 +225,7 @@ def fsdp2_checkpoint(device: str, tiny: bool, **_: Any) -> dict[str, Any]:
     torch.distributed.checkpoint, and a fresh learner restored from it takes the same third step."""
     from decentralized_verl.models.tiny import build_tiny, tiny_config
     from decentralized_verl.models.tokenizer import build_char_tokenizer
-    from decentralized_verl.training.sharded_checkpoint import load_sharded, save_sharded
+    from decentralized_verl.training.checkpoints.sharded import load_sharded, save_sharded
     from decentralized_verl.training.sharding import gathered_digest
     from decentralized_verl.training.trainer import PolicyTrainer
 

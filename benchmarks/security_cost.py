@@ -140,7 +140,7 @@ def grpo_steps(folder: Path, steps: int, repeats: int) -> dict[str, list[float]]
     from decentralized_verl.launch.local import LocalCluster
     from decentralized_verl.launch.run import write_config
     from decentralized_verl.manifest import load_job
-    from decentralized_verl.plan import plan_job
+    from decentralized_verl.planning.plan import plan_job
     from decentralized_verl.reporting.metrics import read_metrics
     from decentralized_verl.security.credentials import run_folder_credentials
 

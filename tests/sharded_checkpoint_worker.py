@@ -27,7 +27,7 @@ from torch.distributed.fsdp import fully_shard
 
 from decentralized_verl.models.loading import load_model_and_tokenizer
 from decentralized_verl.spec import ModelSpec, TinyModelSpec
-from decentralized_verl.training.sharded_checkpoint import load_sharded, save_sharded
+from decentralized_verl.training.checkpoints.sharded import load_sharded, save_sharded
 
 TINY = TinyModelSpec(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_positions=64)
 SPEC = ModelSpec(tiny=TINY)

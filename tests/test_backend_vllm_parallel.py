@@ -28,7 +28,7 @@ from decentralized_verl.backends.vllm_backend import VLLMBackend
 from decentralized_verl.backends.vllm_engine_args import parallel_kwargs
 from decentralized_verl.backends.vllm_extension import QUALNAME, WeightRefreshExtension
 from decentralized_verl.manifest import parse_spec
-from decentralized_verl.plan import worker_resources
+from decentralized_verl.planning.plan import worker_resources
 
 
 def tiny_tied_model() -> tuple[torch.nn.Module, Any]:

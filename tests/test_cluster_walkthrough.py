@@ -13,7 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from decentralized_verl.plan import plan_job
+from decentralized_verl.planning.plan import plan_job
 from decentralized_verl.spec import JobSpec
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,7 +12,7 @@ import pytest
 
 from decentralized_verl.launch.local import LocalCluster
 from decentralized_verl.manifest import parse_job
-from decentralized_verl.plan import plan_job
+from decentralized_verl.planning.plan import plan_job
 from decentralized_verl.runtime import cpus
 from decentralized_verl.settings import SettingsError, WorkerSettings
 

@@ -30,7 +30,7 @@ from decentralized_verl.orchestration.membership import (  # noqa: E402
     rollout_members,
     workers_file_path,
 )
-from decentralized_verl.plan import plan_job  # noqa: E402
+from decentralized_verl.planning.plan import plan_job  # noqa: E402
 from decentralized_verl.serving.rollout import RolloutWorker  # noqa: E402
 from decentralized_verl.serving.servicers import HealthServicer, RolloutServicer, serve  # noqa: E402
 from decentralized_verl.settings import WorkerSettings  # noqa: E402

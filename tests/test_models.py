@@ -12,12 +12,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from decentralized_verl.errors import ModelError
 from decentralized_verl.models import loading
-from decentralized_verl.models.checkpoint import (
-    checkpoint_dir,
-    latest_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
-)
 from decentralized_verl.models.loading import (
     load_causal_lm,
     load_model_and_tokenizer,
@@ -28,6 +22,12 @@ from decentralized_verl.models.logprobs import sequence_logprobs
 from decentralized_verl.models.lora import trainable_state_dict
 from decentralized_verl.models.tokenizer import CHAT_TEMPLATE, build_char_tokenizer, char_vocabulary
 from decentralized_verl.spec import LoraSpec, ModelSpec, TinyModelSpec
+from decentralized_verl.training.checkpoints.folders import (
+    checkpoint_dir,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 
 torch.set_num_threads(1)
 

@@ -7,7 +7,7 @@ from operator_fixtures import tiny_spec
 
 from decentralized_verl.core.status import JobStatus
 from decentralized_verl.manifest import parse_spec
-from decentralized_verl.plan import plan_job
+from decentralized_verl.planning.plan import plan_job
 from dverl_operator import children as kids
 from dverl_operator import guard_children as guard
 from dverl_operator import outcome, owned, pod_marks

@@ -13,7 +13,7 @@ from job_manifests import EXAMPLE_JOBS
 from operator_fixtures import tiny_spec
 
 from decentralized_verl.manifest import load_job, parse_spec
-from decentralized_verl.plan import plan_job
+from decentralized_verl.planning.plan import plan_job
 from decentralized_verl.sources.paths import SHM_DIR
 from dverl_operator import children, owned
 from dverl_operator.pod_security import (

@@ -23,7 +23,7 @@ from decentralized_verl.launch.ray_placement import (
     learner_gang,
 )
 from decentralized_verl.manifest import load_job
-from decentralized_verl.plan import plan_job
+from decentralized_verl.planning.plan import plan_job
 from decentralized_verl.reporting.metrics import read_metrics
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -84,7 +84,7 @@ def test_each_worker_asks_ray_for_its_roles_resources_and_pool(tmp_path: Path) -
 
 
 def test_a_quantity_ray_cannot_take_names_the_worker() -> None:
-    from decentralized_verl.plan import PlannedWorker
+    from decentralized_verl.planning.plan import PlannedWorker
 
     worker = PlannedWorker(job="j", role="reward", index=0, cpu="1", memory="lots")
     with pytest.raises(PlacementError, match=r"j-reward-0: resources: .*'lots'"):

@@ -11,11 +11,15 @@ import torch
 
 from decentralized_verl.errors import CheckpointError
 from decentralized_verl.launch.watchdog import STALL_FLOOR_S, STARTUP_S, ProgressClock, allowance
-from decentralized_verl.models.checkpoint import checkpoint_problem, latest_checkpoint, write_manifest
 from decentralized_verl.models.loading import load_model_and_tokenizer
 from decentralized_verl.reporting.metrics import MetricsLog, read_metrics, truncate_after
 from decentralized_verl.spec import ModelSpec, TinyModelSpec
-from decentralized_verl.training.checkpoints import CheckpointClock, CheckpointWriter, restore_latest
+from decentralized_verl.training.checkpoints.folders import (
+    checkpoint_problem,
+    latest_checkpoint,
+    write_manifest,
+)
+from decentralized_verl.training.checkpoints.learner import CheckpointClock, CheckpointWriter, restore_latest
 
 TINY = TinyModelSpec(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, max_positions=64)
 

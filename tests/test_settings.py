@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from decentralized_verl.manifest import parse_spec
-from decentralized_verl.plan import plan_job, worker_env
+from decentralized_verl.planning.plan import plan_job, worker_env
 from decentralized_verl.settings import SettingsError, WorkerSettings, env_name, settings_table
 
 ROOT = Path(__file__).parents[1]

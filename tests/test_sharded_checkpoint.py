@@ -25,10 +25,10 @@ from processes import console_env
 
 from decentralized_verl.cli import main as dverl
 from decentralized_verl.errors import CheckpointError
-from decentralized_verl.models.checkpoint import latest_checkpoint, save_checkpoint
 from decentralized_verl.models.loading import load_model_and_tokenizer
-from decentralized_verl.training.checkpoints import restore_latest
-from decentralized_verl.training.sharded_checkpoint import export_hf, load_sharded
+from decentralized_verl.training.checkpoints.folders import latest_checkpoint, save_checkpoint
+from decentralized_verl.training.checkpoints.learner import restore_latest
+from decentralized_verl.training.checkpoints.sharded import export_hf, load_sharded
 
 WORKER = Path(__file__).with_name("sharded_checkpoint_worker.py")
 STEP_TOLERANCE = 1e-5

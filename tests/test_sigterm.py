@@ -22,7 +22,7 @@ from decentralized_verl.entrypoints.learner import STOPPED_EXIT
 from decentralized_verl.launch.local import LocalCluster
 from decentralized_verl.launch.run import coordinator_status, run_job, write_config
 from decentralized_verl.manifest import load_job
-from decentralized_verl.plan import plan_job
+from decentralized_verl.planning.plan import plan_job
 from decentralized_verl.reporting.metrics import read_metrics
 from decentralized_verl.transport.clients import GrpcRolloutClient, wait_ready
 

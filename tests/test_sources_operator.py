@@ -9,7 +9,7 @@ from typing import Any
 from operator_fixtures import tiny_spec
 
 from decentralized_verl.manifest import parse_spec
-from decentralized_verl.plan import plan_job
+from decentralized_verl.planning.plan import plan_job
 from dverl_operator import children, owned
 from dverl_operator.pod_sources import FETCH_MODULE
 

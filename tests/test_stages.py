@@ -12,10 +12,10 @@ from transformers import AutoModelForSequenceClassification
 
 import decentralized_verl.launch as launch
 from decentralized_verl.errors import DataError, DverlError, ManifestError, ModelError
-from decentralized_verl.models.checkpoint import latest_checkpoint, load_checkpoint
 from decentralized_verl.stages.batching import encode_completion
 from decentralized_verl.stages.reward import bradley_terry_loss, score_texts
 from decentralized_verl.stages.runner import run_stage
+from decentralized_verl.training.checkpoints.folders import latest_checkpoint, load_checkpoint
 
 torch.set_num_threads(1)
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from decentralized_verl.plan import CONFIG_PATH, Plan, PlannedWorker, worker_env
+from decentralized_verl.planning.plan import CONFIG_PATH, Plan, PlannedWorker, worker_env
 from decentralized_verl.settings import env_name
 from decentralized_verl.sources.paths import CREDENTIALS_DIR
 from decentralized_verl.spec import API_GROUP, JobSpec, with_defaults

@@ -13,7 +13,7 @@ import grpc
 
 from decentralized_verl.core.status import JobStatus
 from decentralized_verl.errors import WireError
-from decentralized_verl.plan import GRPC_PORT
+from decentralized_verl.planning.plan import GRPC_PORT
 from decentralized_verl.proto import dverl_pb2, dverl_pb2_grpc
 from decentralized_verl.security.credentials import CallerCredentials
 from decentralized_verl.transport import secure

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from decentralized_verl.plan import Plan, PlannedWorker
+from decentralized_verl.planning.plan import Plan, PlannedWorker
 from decentralized_verl.spec import JobSpec
 from decentralized_verl.spec.scheduling import GangSpec
 from dverl_operator import owned, quantity

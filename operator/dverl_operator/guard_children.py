@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from decentralized_verl.plan import Plan, PlannedWorker
+from decentralized_verl.planning.plan import Plan, PlannedWorker
 from decentralized_verl.security.credentials import (
     DHT_KEY_FILE,
     DHT_ROLE,

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from decentralized_verl.launch.watchdog import STARTUP_S, allowance
-from decentralized_verl.plan import is_gang
+from decentralized_verl.planning.plan import is_gang
 from decentralized_verl.spec import JobSpec
 from dverl_operator import owned
 from dverl_operator import status as st

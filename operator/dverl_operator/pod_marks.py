@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from decentralized_verl.plan import Plan
+from decentralized_verl.planning.plan import Plan
 from decentralized_verl.spec import JobSpec
 from dverl_operator import gang, kueue
 from dverl_operator.children import PodMarks

@@ -11,8 +11,8 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
-from decentralized_verl.plan import PlannedWorker
 from decentralized_verl.planning.locate import model_shape
+from decentralized_verl.planning.plan import PlannedWorker
 from decentralized_verl.runtime.lifecycle import CALL_GRACE_S
 from decentralized_verl.sources.paths import HOME_DIR, SHM_DIR, TMP_DIR
 from decentralized_verl.spec import JobSpec

@@ -45,7 +45,7 @@ async def serve_role(
 ) -> int:
     from decentralized_verl.backends.base import backend_options, make_backend
     from decentralized_verl.models.loading import load_model_and_tokenizer
-    from decentralized_verl.plan import worker_resources
+    from decentralized_verl.planning.plan import worker_resources
     from decentralized_verl.serving import scoring, servicers
     from decentralized_verl.serving.rollout import RolloutWorker
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from decentralized_verl.launch.worker_process import start_worker
-from decentralized_verl.plan import Plan, PlannedWorker, worker_env
+from decentralized_verl.planning.plan import Plan, PlannedWorker, worker_env
 from decentralized_verl.runtime.cpus import available_cpus, share_cores
 from decentralized_verl.runtime.orphans import PARENT_VARIABLE
 from decentralized_verl.runtime.ports import free_port

@@ -38,7 +38,7 @@ from decentralized_verl.launch.ray_placement import (
     threads_for,
     unplaceable,
 )
-from decentralized_verl.plan import Plan, PlannedWorker, worker_env
+from decentralized_verl.planning.plan import Plan, PlannedWorker, worker_env
 from decentralized_verl.security.credentials import LocalCredentials
 from decentralized_verl.settings import env_name
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from decentralized_verl.errors import DverlError
-from decentralized_verl.plan import Plan, PlannedWorker
 from decentralized_verl.planning.devices import quantity_bytes
+from decentralized_verl.planning.plan import Plan, PlannedWorker
 
 DEFAULT_CPUS = 1.0
 """What a worker whose role names no `resources.cpu` asks Ray for: one CPU, as a pod without requests

@@ -25,8 +25,8 @@ from decentralized_verl.launch.local import LocalCluster
 from decentralized_verl.launch.preflight import preflight_problems
 from decentralized_verl.launch.watchdog import ProgressClock
 from decentralized_verl.manifest import load_job
-from decentralized_verl.plan import plan_job
 from decentralized_verl.planning.fitting_job import load_fitting_job
+from decentralized_verl.planning.plan import plan_job
 from decentralized_verl.reporting.progress import eta_seconds, progress_line
 from decentralized_verl.runtime.orphans import guard_descendants
 from decentralized_verl.security.credentials import CallerCredentials, run_folder_credentials

@@ -24,7 +24,7 @@ from decentralized_verl.orchestration.dispatch import Dispatcher
 from decentralized_verl.orchestration.wiring import RoleClients
 from decentralized_verl.reporting.metrics import EVAL_FILE, MetricsLog, truncate_after
 from decentralized_verl.spec import JobSpec
-from decentralized_verl.training.checkpoints import ResumePoint
+from decentralized_verl.training.checkpoints.learner import ResumePoint
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ async def build_loop(
     """
     from decentralized_verl.data import PromptSampler
     from decentralized_verl.orchestration.prompts import prepare_prompts
-    from decentralized_verl.training.checkpoints import (
+    from decentralized_verl.training.checkpoints.learner import (
         CheckpointClock,
         CheckpointWriter,
         ShardedCheckpointWriter,

@@ -31,7 +31,7 @@ from decentralized_verl.reporting.stats import wilson_interval
 from decentralized_verl.runtime import compute_thread
 from decentralized_verl.spec import JobSpec
 from decentralized_verl.training.advantage_step import AlgorithmSettings, attach_advantages, select_samples
-from decentralized_verl.training.checkpoints import CheckpointClock, CheckpointWriter
+from decentralized_verl.training.checkpoints.learner import CheckpointClock, CheckpointWriter
 
 log = logging.getLogger(__name__)
 

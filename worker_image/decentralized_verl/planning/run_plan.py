@@ -13,7 +13,7 @@ from decentralized_verl.planning.fitting_job import load_planned_job
 
 def print_workers(file: str, as_json: bool = False) -> int:
     """One line per worker process of the job: role, index, pool, GPUs and the command it runs."""
-    from decentralized_verl.plan import plan_job
+    from decentralized_verl.planning.plan import plan_job
 
     job, _ = load_planned_job(file)  # with the spans the planner chose, as `dverl run` starts them
     workers = plan_job(job.spec, job.metadata.name).workers

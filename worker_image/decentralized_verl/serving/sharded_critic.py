@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from decentralized_verl.core.samples import Sample
-from decentralized_verl.models.checkpoint import checkpoint_dir
 from decentralized_verl.training import rank_group
+from decentralized_verl.training.checkpoints.folders import checkpoint_dir
 from decentralized_verl.training.rank_group import Command
 
 if TYPE_CHECKING:
@@ -41,8 +41,8 @@ KEEP = 2
 def save_critic(worker: Any, root: Path) -> Path:
     """Collective: every rank writes its shards of the critic's weights and optimizer as
     `checkpoint-<updates taken>` under `root`; rank 0 then drops all but the newest KEEP."""
-    from decentralized_verl.training.checkpoints import prune
-    from decentralized_verl.training.sharded_checkpoint import save_sharded
+    from decentralized_verl.training.checkpoints.learner import prune
+    from decentralized_verl.training.checkpoints.sharded import save_sharded
 
     folder = checkpoint_dir(root, worker.version)
     save_sharded(worker.model, worker.optimizer, None, folder, {"version": worker.version})
@@ -54,7 +54,7 @@ def save_critic(worker: Any, root: Path) -> Path:
 def restore_critic(worker: Any, root: Path) -> Path | None:
     """Collective: load the newest intact critic checkpoint under `root` into every rank's shards; None
     (and nothing changed) when there is none."""
-    from decentralized_verl.training.sharded_checkpoint import load_sharded, newest_usable
+    from decentralized_verl.training.checkpoints.sharded import load_sharded, newest_usable
 
     folder = newest_usable(root, worker.model)
     if folder is None:

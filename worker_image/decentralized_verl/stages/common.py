@@ -10,11 +10,11 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from decentralized_verl.models.checkpoint import checkpoint_dir, save_checkpoint
 from decentralized_verl.models.lora import is_lora
 from decentralized_verl.reporting.metrics import MetricsLog
 from decentralized_verl.stages.batching import batch_indices, planned_steps
 from decentralized_verl.stages.config import TrainingStage
+from decentralized_verl.training.checkpoints.folders import checkpoint_dir, save_checkpoint
 from decentralized_verl.training.optimizer_step import optimizer_step
 
 

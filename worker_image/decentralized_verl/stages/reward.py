@@ -11,13 +11,13 @@ import torch.nn.functional as F
 from decentralized_verl.core.samples import position_ids_from_mask
 from decentralized_verl.data.dataset import load_preferences
 from decentralized_verl.errors import ModelError
-from decentralized_verl.models.checkpoint import latest_checkpoint
 from decentralized_verl.models.loading import load_sequence_classifier
 from decentralized_verl.models.lora import apply_lora
 from decentralized_verl.reporting.metrics import MetricsLog
 from decentralized_verl.stages.batching import encode_scored, pad
 from decentralized_verl.stages.common import StageResult, save_final, train
 from decentralized_verl.stages.config import TrainConfig
+from decentralized_verl.training.checkpoints.folders import latest_checkpoint
 
 Pairs = list[tuple[list[int], list[int]]]
 

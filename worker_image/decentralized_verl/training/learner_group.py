@@ -69,14 +69,14 @@ def _weights(trainer: Any, _: Any) -> None:
 
 
 def _save(trainer: Any, payload: tuple[Path, dict[str, Any]]) -> None:
-    from decentralized_verl.training.sharded_checkpoint import save_sharded
+    from decentralized_verl.training.checkpoints.sharded import save_sharded
 
     folder, state = payload
     save_sharded(trainer.model, trainer.optimizer, trainer.scheduler, folder, state)
 
 
 def _restore(trainer: Any, root: Path) -> Any:
-    from decentralized_verl.training.checkpoints import restore_latest
+    from decentralized_verl.training.checkpoints.learner import restore_latest
 
     return restore_latest(trainer, root)
 

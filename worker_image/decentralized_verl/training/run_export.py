@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from decentralized_verl.errors import CheckpointError
-from decentralized_verl.models.checkpoint import checkpoint_dir, checkpoints, latest_checkpoint
-from decentralized_verl.training.sharded_checkpoint import export_hf, is_sharded_checkpoint, require_empty
+from decentralized_verl.training.checkpoints.folders import checkpoint_dir, checkpoints, latest_checkpoint
+from decentralized_verl.training.checkpoints.sharded import export_hf, is_sharded_checkpoint, require_empty
 
 log = logging.getLogger(__name__)
 JOB_FILE = "job.yaml"
@@ -34,7 +34,7 @@ def run_checkpoints(run_dir: Path) -> RunCheckpoints:
     if not job_file.is_file():
         return RunCheckpoints(run_dir / "checkpoints", None)
     from decentralized_verl.manifest import load_job
-    from decentralized_verl.training.checkpoints import checkpoint_root
+    from decentralized_verl.training.checkpoints.learner import checkpoint_root
 
     spec = load_job(job_file).spec
     return RunCheckpoints(checkpoint_root(spec, run_dir), spec.model)

@@ -365,7 +365,7 @@ def load_span_server(spec: Any, span: Span, **kw: Any) -> SpanServer:
 
 async def serve_span_role(spec: Any, job: str, index: int, port: int, host: str) -> int:
     """`dverl worker --role span --index I`: the span the job's plan gives span worker I, until stopped."""
-    from decentralized_verl.plan import plan_job
+    from decentralized_verl.planning.plan import plan_job
     from decentralized_verl.runtime.lifecycle import serve_until_stopped
     from decentralized_verl.serving.spans.blocks import spec_parts
     from decentralized_verl.serving.spans.layout import even_layout

@@ -1,4 +1,4 @@
-"""Pure: a job spec -> the workers it needs. One plan, two executors (operator pods, local processes).
+"""Pure: a job spec -> the workers it needs. One plan, every executor (operator pods, local processes, Ray).
 
 Nothing here knows about Kubernetes objects or processes; it says which worker runs where, with what
 command line, environment and ports. Addresses are supplied by the executor (cluster DNS names or

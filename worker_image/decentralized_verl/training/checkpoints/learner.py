@@ -25,14 +25,14 @@ from typing import Any
 import torch
 
 from decentralized_verl.errors import CheckpointError
-from decentralized_verl.models.checkpoint import (
+from decentralized_verl.spec import JobSpec
+from decentralized_verl.training.checkpoints.folders import (
     checkpoint_dir,
     checkpoint_problem,
     checkpoints,
     remove_stale_temporaries,
     save_checkpoint,
 )
-from decentralized_verl.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ def restore_latest(trainer: Any, root: Path) -> ResumePoint | None:
     A sharded checkpoint (`training.sharded_checkpoint`) loads whatever the learner count that wrote it;
     for an FSDP2 trainer this is a collective every rank calls, and it accepts only sharded checkpoints.
     """
-    from decentralized_verl.training.sharded_checkpoint import (
+    from decentralized_verl.training.checkpoints.sharded import (
         is_sharded_checkpoint,
         is_sharded_model,
         load_sharded,

@@ -50,7 +50,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 
 from decentralized_verl.errors import CheckpointError
-from decentralized_verl.models.checkpoint import (
+from decentralized_verl.training.checkpoints.folders import (
     ADAPTER_DIR,
     MANIFEST,
     OPTIMIZER_STATE,
@@ -295,7 +295,7 @@ def export_hf(folder: str | Path, out: str | Path, *, model_spec: Any | None = N
         if is_sharded_checkpoint(folder):
             _export_sharded(folder, tmp, model_spec)
         elif (folder / ADAPTER_DIR).is_dir():
-            from decentralized_verl.models.checkpoint import load_checkpoint
+            from decentralized_verl.training.checkpoints.folders import load_checkpoint
 
             merged = load_checkpoint(folder, merge_lora=True)
             merged.model.save_pretrained(tmp)
