@@ -394,6 +394,50 @@ class HeartbeatReply(_message.Message):
     reason: str
     def __init__(self, ok: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
+class ParamDigestsRequest(_message.Message):
+    __slots__ = ("epoch",)
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    def __init__(self, epoch: _Optional[int] = ...) -> None: ...
+
+class ParamDigests(_message.Message):
+    __slots__ = ("epoch", "chunk_bytes", "digests")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DIGESTS_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    chunk_bytes: int
+    digests: bytes
+    def __init__(self, epoch: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., digests: _Optional[bytes] = ...) -> None: ...
+
+class ParamChunksRequest(_message.Message):
+    __slots__ = ("epoch", "indices")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    INDICES_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    indices: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, epoch: _Optional[int] = ..., indices: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ParamChunk(_message.Message):
+    __slots__ = ("index", "data")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    data: bytes
+    def __init__(self, index: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class ParamSyncedRequest(_message.Message):
+    __slots__ = ("epoch",)
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    def __init__(self, epoch: _Optional[int] = ...) -> None: ...
+
+class ParamSyncedReply(_message.Message):
+    __slots__ = ("epoch",)
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    def __init__(self, epoch: _Optional[int] = ...) -> None: ...
+
 class ReadyRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

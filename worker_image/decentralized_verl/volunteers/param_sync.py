@@ -11,30 +11,32 @@ worst case is one model-size transfer. The leader blocks until every follower ha
 bytes it serves cannot change underneath a fetch, and the group leaves the step in lockstep.
 
 Wire: three hivemind P2P handlers on the learner's DHT peer (the averaging group already connected the
-members). Only members of the current step's group may call them.
+members), carrying the Param* messages of proto/dverl.proto; `transport.wire.param_sync` checks every
+field on receipt. Only members of the current step's group may call them. A follower writes the fetched
+chunks only once every one of them arrived and passed its digest check, so a refused or broken sync
+leaves its parameters as they were.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 import torch
-from google.protobuf import wrappers_pb2
 
-from decentralized_verl.errors import VolunteerError
+from decentralized_verl.errors import VolunteerError, WireError
+from decentralized_verl.proto import dverl_pb2 as pb
+from decentralized_verl.transport import messages as m
 
 DIGESTS = "dverl.Learner/Digests"
 CHUNKS = "dverl.Learner/Chunks"
 SYNCED = "dverl.Learner/Synced"
 CHUNK_BYTES = 1 << 18
-DIGEST_SIZE = 16
-"""blake2b-128 per chunk: 16 bytes, so one 4 MiB P2P message lists 64 GiB of parameters."""
+DIGEST_SIZE = m.PARAM_DIGEST_SIZE
 
 Chunk = tuple[int, int, int]
 """(tensor index, first byte, end byte) inside one parameter's bytes."""
@@ -85,33 +87,26 @@ def differing(mine: Sequence[bytes], theirs: Sequence[bytes]) -> list[int]:
     return [i for i, (a, b) in enumerate(zip(mine, theirs, strict=True)) if a != b]
 
 
-def write_chunk(views: Sequence[torch.Tensor], chunk: Chunk, data: bytes, expected: bytes) -> None:
-    """Copy the leader's bytes into place after checking length and digest."""
-    i, start, end = chunk
+def check_chunk(chunk: Chunk, data: bytes, expected: bytes) -> None:
+    """The leader's bytes for `chunk` have its length and digest."""
+    _, start, end = chunk
     if len(data) != end - start:
         raise VolunteerError(f"chunk {chunk}: {len(data)} bytes received, {end - start} expected")
     if digest(data) != expected:
         raise VolunteerError(f"chunk {chunk}: digest mismatch (corrupted in transit?)")
+
+
+def write_chunk(views: Sequence[torch.Tensor], chunk: Chunk, data: bytes, expected: bytes) -> None:
+    """Copy the leader's bytes into place after checking length and digest."""
+    check_chunk(chunk, data, expected)
+    i, start, end = chunk
     with torch.no_grad():
         views[i][start:end].copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
 
 
-def pack_digests(epoch: int, chunk_bytes: int, digests: Sequence[bytes]) -> bytes:
-    header = json.dumps({"epoch": epoch, "chunk_bytes": chunk_bytes, "chunks": len(digests)}).encode()
-    return header + b"\n" + b"".join(digests)
-
-
-def unpack_digests(blob: bytes) -> tuple[int, int, list[bytes]]:
-    """(epoch, chunk_bytes, digests) from `pack_digests`; VolunteerError on a malformed reply."""
-    header, sep, body = blob.partition(b"\n")
-    try:
-        meta = json.loads(header)
-        epoch, size, n = int(meta["epoch"]), int(meta["chunk_bytes"]), int(meta["chunks"])
-    except (ValueError, KeyError, TypeError) as exc:
-        raise VolunteerError(f"malformed digest reply: {exc}") from None
-    if not sep or len(body) != n * DIGEST_SIZE:
-        raise VolunteerError(f"malformed digest reply: {len(body)} bytes for {n} digests")
-    return epoch, size, [body[k * DIGEST_SIZE : (k + 1) * DIGEST_SIZE] for k in range(n)]
+def refused(what: str, peer_id: str, exc: WireError) -> VolunteerError:
+    """A message that broke the contract, named with the peer that sent it."""
+    return VolunteerError(f"{what} from peer {peer_id} refused: {exc}")
 
 
 @dataclass(frozen=True)
@@ -156,11 +151,11 @@ class ParameterSync:
 
     def register(self) -> None:
         async def add() -> None:
-            await self.p2p.add_protobuf_handler(DIGESTS, self._serve_digests, wrappers_pb2.StringValue)
+            await self.p2p.add_protobuf_handler(DIGESTS, self._serve_digests, pb.ParamDigestsRequest)
             await self.p2p.add_protobuf_handler(
-                CHUNKS, self._serve_chunks, wrappers_pb2.StringValue, stream_output=True
+                CHUNKS, self._serve_chunks, pb.ParamChunksRequest, stream_output=True
             )
-            await self.p2p.add_protobuf_handler(SYNCED, self._serve_synced, wrappers_pb2.StringValue)
+            await self.p2p.add_protobuf_handler(SYNCED, self._serve_synced, pb.ParamSyncedRequest)
 
         self._run(add())
 
@@ -180,73 +175,104 @@ class ParameterSync:
                     f"{self.timeout_s:g}s"
                 )
 
-    async def _published(self, request: wrappers_pb2.StringValue, context) -> tuple[str, int, dict]:
-        """(caller, epoch, request) once this peer leads that epoch; raises for anyone outside its group."""
-        caller = context.remote_id.to_base58()
-        body = json.loads(request.value)
-        epoch = int(body["epoch"])
+    @staticmethod
+    def _caller(context) -> str:
+        return context.remote_id.to_base58()
+
+    async def _published(self, caller: str, epoch: int) -> None:
+        """Returns once this peer leads `epoch`; raises for anyone outside that step's group."""
         deadline = time.monotonic() + self.timeout_s
         while True:
             with self._lock:
                 if self._epoch == epoch:
                     if caller not in self._members or caller == self.me:
                         raise PermissionError(f"peer {caller} is not a follower in step {epoch}'s group")
-                    return caller, epoch, body
+                    return
                 if self._epoch > epoch:
                     raise LookupError(f"step {epoch} is over (this learner leads step {self._epoch})")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"this learner never led step {epoch}")
             await asyncio.sleep(0.05)
 
-    async def _serve_digests(self, request: wrappers_pb2.StringValue, context) -> wrappers_pb2.BytesValue:
-        _, epoch, _ = await self._published(request, context)
+    async def _serve_digests(self, request: pb.ParamDigestsRequest, context) -> pb.ParamDigests:
+        caller = self._caller(context)
+        try:
+            epoch = m.param_digests_request_from_proto(request)
+        except WireError as exc:
+            raise refused("Digests request", caller, exc) from None
+        await self._published(caller, epoch)
         with self._lock:
-            return wrappers_pb2.BytesValue(value=pack_digests(epoch, self.chunk_bytes, self._digests))
+            return m.param_digests_to_proto(epoch, self.chunk_bytes, self._digests)
 
-    async def _serve_chunks(
-        self, request: wrappers_pb2.StringValue, context
-    ) -> AsyncIterator[wrappers_pb2.BytesValue]:
-        _, _, body = await self._published(request, context)
-        for k in body["indices"]:
-            if not 0 <= int(k) < len(self.layout):
-                raise IndexError(f"chunk {k} out of range ({len(self.layout)} chunks)")
-            yield wrappers_pb2.BytesValue(value=chunk_bytes_of(self.views, self.layout[int(k)]))
+    async def _serve_chunks(self, request: pb.ParamChunksRequest, context) -> AsyncIterator[pb.ParamChunk]:
+        caller = self._caller(context)
+        try:
+            epoch, indices = m.param_chunks_request_from_proto(request, chunks=len(self.layout))
+        except WireError as exc:
+            raise refused("Chunks request", caller, exc) from None
+        await self._published(caller, epoch)
+        for k in indices:
+            yield m.param_chunk_to_proto(k, chunk_bytes_of(self.views, self.layout[k]))
 
-    async def _serve_synced(self, request: wrappers_pb2.StringValue, context) -> wrappers_pb2.StringValue:
-        caller, _, _ = await self._published(request, context)
+    async def _serve_synced(self, request: pb.ParamSyncedRequest, context) -> pb.ParamSyncedReply:
+        caller = self._caller(context)
+        try:
+            epoch = m.param_synced_request_from_proto(request)
+        except WireError as exc:
+            raise refused("Synced", caller, exc) from None
+        await self._published(caller, epoch)
         with self._lock:
             self._synced.add(caller)
             self._lock.notify_all()
-        return wrappers_pb2.StringValue(value="ok")
+        return m.param_synced_reply_to_proto(epoch)
 
     # -------------------------------------------------------------------------------- follower side
+    async def _fetch(
+        self, leader: str, epoch: int, todo: Sequence[int], theirs: Sequence[bytes]
+    ) -> list[bytes]:
+        """The leader's bytes for `todo`, each checked against its digest; nothing is written here."""
+        from decentralized_verl.transport.p2p import peer
+
+        request = m.param_chunks_request_to_proto(epoch, todo)
+        stream = await self.p2p.iterate_protobuf_handler(peer(leader), CHUNKS, request, pb.ParamChunk)
+        received: list[bytes] = []
+        async for msg in stream:
+            if len(received) >= len(todo):
+                raise VolunteerError(f"leader {leader} sent more chunks than the {len(todo)} asked for")
+            k = todo[len(received)]
+            start, end = self.layout[k][1:]
+            try:
+                data = m.param_chunk_from_proto(msg, index=k, size=end - start)
+            except WireError as exc:
+                raise refused("Chunk", leader, exc) from None
+            check_chunk(self.layout[k], data, theirs[k])
+            received.append(data)
+        if len(received) != len(todo):
+            raise VolunteerError(f"leader {leader} sent {len(received)} of {len(todo)} chunks")
+        return received
+
     async def _follow(self, leader: str, epoch: int) -> SyncResult:
         from decentralized_verl.transport.p2p import peer
 
-        ask = wrappers_pb2.StringValue(value=json.dumps({"epoch": epoch}))
-        reply = await self.p2p.call_protobuf_handler(peer(leader), DIGESTS, ask, wrappers_pb2.BytesValue)
-        got_epoch, size, theirs = unpack_digests(reply.value)
-        if got_epoch != epoch or size != self.chunk_bytes:
-            raise VolunteerError(f"leader answered for step {got_epoch} with {size}-byte chunks")
-        todo = differing(chunk_digests(self.views, self.layout), theirs)
-        fetched = 0
-        if todo:
-            request = wrappers_pb2.StringValue(value=json.dumps({"epoch": epoch, "indices": todo}))
-            stream = await self.p2p.iterate_protobuf_handler(
-                peer(leader), CHUNKS, request, wrappers_pb2.BytesValue
+        ask = m.param_digests_request_to_proto(epoch)
+        reply = await self.p2p.call_protobuf_handler(peer(leader), DIGESTS, ask, pb.ParamDigests)
+        try:
+            theirs = m.param_digests_from_proto(
+                reply, epoch=epoch, chunk_bytes=self.chunk_bytes, chunks=len(self.layout)
             )
-            received = 0
-            async for msg in stream:
-                if received >= len(todo):
-                    raise VolunteerError("leader sent more chunks than asked for")
-                k = todo[received]
-                write_chunk(self.views, self.layout[k], msg.value, theirs[k])
-                fetched += len(msg.value)
-                received += 1
-            if received != len(todo):
-                raise VolunteerError(f"leader sent {received} of {len(todo)} chunks")
-        await self.p2p.call_protobuf_handler(peer(leader), SYNCED, ask, wrappers_pb2.StringValue)
-        return SyncResult(leader, len(self.layout), len(todo), fetched)
+        except WireError as exc:
+            raise refused("Digests", leader, exc) from None
+        todo = differing(chunk_digests(self.views, self.layout), theirs)
+        received = await self._fetch(leader, epoch, todo, theirs) if todo else []
+        for k, data in zip(todo, received, strict=True):  # every chunk checked: now write them all
+            write_chunk(self.views, self.layout[k], data, theirs[k])
+        confirm = m.param_synced_request_to_proto(epoch)
+        ack = await self.p2p.call_protobuf_handler(peer(leader), SYNCED, confirm, pb.ParamSyncedReply)
+        try:
+            m.param_synced_reply_from_proto(ack, epoch=epoch)
+        except WireError as exc:
+            raise refused("Synced reply", leader, exc) from None
+        return SyncResult(leader, len(self.layout), len(todo), sum(len(d) for d in received))
 
     def follow(self, leader: str, epoch: int) -> SyncResult:
         """Make this learner's parameters byte-identical to `leader`'s for step `epoch`."""
