@@ -29,7 +29,7 @@ def test_contracts_are_kept() -> None:
 def test_every_package_and_module_has_a_place() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
     (layers,) = [c["layers"] for c in config["contracts"] if c["type"] == "layers"]
-    placed = {name.strip() for layer in layers for name in layer.split(":")}
+    placed = {name.strip() for layer in layers for name in layer.replace("|", ":").split(":")}
     found = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
     found |= {p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
     assert not placed & BESIDE_THE_LAYERS
