@@ -21,7 +21,8 @@ from decentralized_verl.errors import ManifestError, Problem
 from decentralized_verl.manifest import parse_spec
 from decentralized_verl.planning import plan_for
 from decentralized_verl.planning.fit import planned_spec
-from decentralized_verl.planning.plan import plan_job
+from decentralized_verl.planning.plan import Plan, plan_job
+from decentralized_verl.spec import JobSpec
 from dverl_operator import children as kids
 from dverl_operator import gang, kueue, outcome, owned, pod_marks
 from dverl_operator import guard_children as guard
@@ -191,115 +192,209 @@ def _all_pods_go(observed: Observed) -> list[tuple[str, str]]:
 def decide(observed: Observed, settings: Settings) -> Actions:
     """What the cluster must do for this job now. Pure; see the module docstring."""
     meta = _meta(observed.job)
-    name, namespace = meta["name"], meta.get("namespace") or "default"
     status: dict[str, Any] = dict(observed.job.get("status") or {})
-    now = observed.now
     if meta.get("generation") is not None:
         status["observedGeneration"] = int(meta["generation"])
     settled = _settled(observed, status)
     if settled is not None:
         return settled
-    try:
-        spec = parse_spec(observed.job.get("spec"))
-    except ManifestError as exc:
-        return _invalid(observed, exc.problems, status)
-    # A job whose workers cannot fit their GPUs is refused like any invalid spec. The operator reads no
-    # user folders: model shapes come from model.tiny and the known-shapes table, else are not checked.
-    # A rollout whose model fits on no single worker runs as the layer spans the planner chose: the spec
-    # every child is made from (the ConfigMap the workers read included) carries them.
-    memory = plan_for(spec, base_dir=None)
-    spec = planned_spec(spec, memory)
-    too_big = memory.problems() + _gang_refused(spec, settings)
-    if too_big:
-        return _invalid(observed, too_big, status)
+    spec = _validated(observed, settings, status)
+    if isinstance(spec, Actions):
+        return spec
 
     # Validated; refuse changes that would restart a running learner.
     actions = Actions()
     running_pods = any(not st.pod_deleting(p) for p in observed.pods.values())
     conditions = st.drop_condition(status.get("conditions") or [], st.VALIDATION_FAILED)
-    refusal = refuse_restart_changes(spec, observed.config_map, running_pods, conditions, now)
+    refusal = refuse_restart_changes(spec, observed.config_map, running_pods, conditions, observed.now)
     actions.events.extend(refusal.events)
     conditions = refusal.conditions
 
-    # The children the (effective) spec wants; the shared ones first.
-    plan = plan_job(refusal.effective, name)
-    owner = owned.Owner(name=name, namespace=namespace, uid=str(meta.get("uid") or ""))
+    wanted = _wanted(observed, settings, status, refusal.effective)
+    _sync_shared_children(observed, actions, wanted, suspended=spec.suspend)
+    restarts = {role: int((c or {}).get("restarts", 0)) for role, c in (status.get("roles") or {}).items()}
+    plan_desired = wanted.plan.desired()
+
+    if spec.suspend:
+        return _suspend(observed, actions, status, conditions, plan_desired, restarts)
+    conditions = st.drop_condition(conditions, st.SUSPENDED)
+    _record_group(observed, actions, status, wanted.group)
+
+    pods = _decide_pods(observed, settings, status, spec, wanted.desired.pods, restarts)
+    actions.delete.extend(("Pod", n) for n in pods.scaled_away)
+    actions.patch.extend(pods.patches)
+    actions.events.extend(pods.events)
+    actions.requeue_after = pods.requeue_after
+    if pods.failed_job is not None:
+        return _fail_job(observed, actions, status, conditions, plan_desired, pods)
+    _apply_pods(actions, pods, wanted.desired.pods)
+    alive = {n: p for n, p in observed.pods.items() if n not in pods.to_delete}
+    queued = kueue.held(alive) or gang.held(alive, wanted.spec, wanted.plan)
+    return _finish(
+        observed,
+        actions,
+        status,
+        conditions,
+        pods,
+        plan_desired,
+        spec,
+        wanted.desired,
+        refusal.refused,
+        queued,
+    )
+
+
+def _validated(observed: Observed, settings: Settings, status: dict[str, Any]) -> JobSpec | Actions:
+    """The spec as the children are made from it, or the refusal of a job that cannot run: one that
+    `dverl validate` would reject, whose workers cannot fit their GPUs, or that asks for a gang scheduler
+    this operator may not manage. Planning belongs to validation here because an over-large model is a
+    spec error the user fixes, not a runtime failure."""
+    try:
+        spec = parse_spec(observed.job.get("spec"))
+    except ManifestError as exc:
+        return _invalid(observed, exc.problems, status)
+    # The operator reads no user folders: model shapes come from model.tiny and the known-shapes table,
+    # else are not checked. A rollout whose model fits on no single worker runs as the layer spans the
+    # planner chose: the spec every child is made from (the ConfigMap the workers read included) carries
+    # them.
+    memory = plan_for(spec, base_dir=None)
+    spec = planned_spec(spec, memory)
+    too_big = memory.problems() + _gang_refused(spec, settings)
+    if too_big:
+        return _invalid(observed, too_big, status)
+    return spec
+
+
+@dataclass(frozen=True)
+class _Wanted:
+    """What the effective spec asks of the cluster, computed once and read by every later phase."""
+
+    spec: JobSpec
+    """The effective spec: the one after refused changes were put back."""
+    plan: Plan
+    owner: owned.Owner
+    desired: kids.Children
+    group: kueue.PodGroup | None
+    """The Kueue pod group the pods belong to (None: the job is not queued)."""
+
+
+def _wanted(observed: Observed, settings: Settings, status: dict[str, Any], effective: JobSpec) -> _Wanted:
+    """The children the effective spec (the one after refusals) wants, marked for the schedulers that
+    will read them. Kept apart from syncing so the pods phase reads the same desired pods."""
+    meta = _meta(observed.job)
+    name = meta["name"]
+    plan = plan_job(effective, name)
+    owner = owned.Owner(
+        name=name, namespace=meta.get("namespace") or "default", uid=str(meta.get("uid") or "")
+    )
     gateway_type = settings.volunteer_service_type if settings.volunteer_gateway else None
-    image = refusal.effective.image or settings.default_image
+    image = effective.image or settings.default_image
     queue = kueue.queue_name(observed.job)
     group = kueue.current_group(status, name, owner.uid, len(plan.workers)) if queue else None
-    marks = pod_marks.for_job(refusal.effective, observed.job, plan, group)
+    marks = pod_marks.for_job(effective, observed.job, plan, group)
     desired = kids.for_job(
         owner,
-        refusal.effective,
+        effective,
         plan,
         image,
         gateway_type=gateway_type,
         policy=settings.network_policy,
         marks=marks,
     )
+    return _Wanted(spec=effective, plan=plan, owner=owner, desired=desired, group=group)
+
+
+def _sync_shared_children(observed: Observed, actions: Actions, wanted: _Wanted, *, suspended: bool) -> None:
+    """The children every pod relies on (ConfigMap, Services, NetworkPolicies, credentials, the gang's
+    PodGroup) are synced before any pod decision, and even while suspended, so a resumed job's pods
+    find them in place. A suspended job holds no gang: its PodGroup goes with its pods."""
+    name = _meta(observed.job)["name"]
     create, patch, delete = sync_shared(
-        observed.config_map, observed.service, observed.gateway, desired, name, observed.policies
+        observed.config_map, observed.service, observed.gateway, wanted.desired, name, observed.policies
     )
-    wanted_gang = None if spec.suspend else gang.pod_group(owner, refusal.effective, plan)
-    gang_create, gang_patch, gang_delete = gang.sync(observed.pod_groups, wanted_gang)
+    effective_gang = None if suspended else gang.pod_group(wanted.owner, wanted.spec, wanted.plan)
+    gang_create, gang_patch, gang_delete = gang.sync(observed.pod_groups, effective_gang)
     actions.issue_credentials = not observed.credentials_ready
     actions.create.extend(create + gang_create)
     actions.patch.extend(patch + gang_patch)
     actions.delete.extend(delete + gang_delete)
-    restarts = {role: int((c or {}).get("restarts", 0)) for role, c in (status.get("roles") or {}).items()}
-    plan_desired = plan.desired()
 
-    if spec.suspend:
-        # Suspended, as Kueue expects of a queued job: pods gone and their group finished (quota freed);
-        # resuming queues a new group.
-        actions.patch.extend(kueue.finish(observed.pods, keep=None))
-        actions.delete.extend(_all_pods_go(observed))
-        actions.status, events = outcome.suspended(
-            _group_finished(status), conditions, plan_desired, restarts, now
-        )
-        actions.events.extend(events)
-        return actions
-    conditions = st.drop_condition(conditions, st.SUSPENDED)
+
+def _suspend(
+    observed: Observed,
+    actions: Actions,
+    status: dict[str, Any],
+    conditions: list,
+    plan_desired: Mapping[str, int],
+    restarts: dict[str, int],
+) -> Actions:
+    """Suspended, as Kueue expects of a queued job: pods gone and their group finished (quota freed);
+    resuming queues a new group. Restart counts are kept so a resumed job's backoff goes on."""
+    actions.patch.extend(kueue.finish(observed.pods, keep=None))
+    actions.delete.extend(_all_pods_go(observed))
+    actions.status, events = outcome.suspended(
+        _group_finished(status), conditions, plan_desired, restarts, observed.now
+    )
+    actions.events.extend(events)
+    return actions
+
+
+def _record_group(
+    observed: Observed, actions: Actions, status: dict[str, Any], group: kueue.PodGroup | None
+) -> None:
+    """The job's Kueue pod group is recorded in its status (so the next pass keeps the same one), and
+    any pod of another group ends that group: one of another size, or one the dropped queue label left."""
     if group is not None:
         status[kueue.STATUS_KEY] = group.to_status()
-        actions.patch.extend(kueue.finish(observed.pods, keep=group.name))  # a group of another size
+        actions.patch.extend(kueue.finish(observed.pods, keep=group.name))
     else:
         status.pop(kueue.STATUS_KEY, None)
-        actions.patch.extend(kueue.finish(observed.pods, keep=None))  # the queue label was dropped
+        actions.patch.extend(kueue.finish(observed.pods, keep=None))
 
-    # Pods: scale, failures and backoff, the learner gang.
+
+def _decide_pods(
+    observed: Observed,
+    settings: Settings,
+    status: dict[str, Any],
+    spec: JobSpec,
+    desired_pods: Mapping[str, dict[str, Any]],
+    restarts: dict[str, int],
+) -> PodDecision:
+    """Pods: scale, failures and backoff (pod_decisions.py), then a learner that stopped making
+    progress restarts the learner gang as if it had failed."""
     pods = decide_pods(
         observed.pods,
-        desired.pods,
+        desired_pods,
         spec,
         restarts,
-        now,
+        observed.now,
         (settings.backoff_base_seconds, settings.backoff_max_seconds),
     )
-    learners = learner_names(desired.pods)
-    stalled = stalled_learner(status, observed.pods, learners, spec.training.stall_factor, now)
+    learners = learner_names(desired_pods)
+    stalled = stalled_learner(status, observed.pods, learners, spec.training.stall_factor, observed.now)
     if stalled is not None:
         restart_stalled(pods, observed.pods, learners, stalled)
-    actions.delete.extend(("Pod", n) for n in pods.scaled_away)
-    actions.patch.extend(pods.patches)
-    actions.events.extend(pods.events)
-    actions.requeue_after = pods.requeue_after
-    if pods.failed_job is not None:
-        actions.delete.extend(_all_pods_go(observed))
-        actions.patch = [p for p in actions.patch if p[0] != "Pod"]  # those pods are going away
-        actions.patch.extend(kueue.finish(observed.pods, keep=None))  # ...and their group ends
-        actions.status, events = outcome.backoff_exhausted(
-            _group_finished(status), conditions, plan_desired, pods.restarts, pods.failed_job, now
-        )
-        actions.events.extend(events)
-        return actions
-    _apply_pods(actions, pods, desired.pods)
-    alive = {n: p for n, p in observed.pods.items() if n not in pods.to_delete}
-    queued = kueue.held(alive) or gang.held(alive, refusal.effective, plan)
-    return _finish(
-        observed, actions, status, conditions, pods, plan_desired, spec, desired, refusal.refused, queued
+    return pods
+
+
+def _fail_job(
+    observed: Observed,
+    actions: Actions,
+    status: dict[str, Any],
+    conditions: list,
+    plan_desired: Mapping[str, int],
+    pods: PodDecision,
+) -> Actions:
+    """A role out of restarts fails the whole job: every pod goes (so no pod is patched on its way
+    out) and the Kueue group ends, freeing the quota."""
+    actions.delete.extend(_all_pods_go(observed))
+    actions.patch = [p for p in actions.patch if p[0] != "Pod"]
+    actions.patch.extend(kueue.finish(observed.pods, keep=None))
+    actions.status, events = outcome.backoff_exhausted(
+        _group_finished(status), conditions, plan_desired, pods.restarts, pods.failed_job, observed.now
     )
+    actions.events.extend(events)
+    return actions
 
 
 def _apply_pods(actions: Actions, pods: PodDecision, desired_pods: Mapping[str, dict[str, Any]]) -> None:
