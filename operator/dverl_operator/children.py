@@ -21,6 +21,7 @@ from decentralized_verl.planning.plan import CONFIG_PATH, Plan, PlannedWorker, w
 from decentralized_verl.settings import env_name
 from decentralized_verl.sources.paths import CREDENTIALS_DIR
 from decentralized_verl.spec import API_GROUP, JobSpec, with_defaults
+from decentralized_verl.spec.sources import PodTemplate
 from dverl_operator.guard_children import (
     PolicyScope,
     credentials_volume,
@@ -44,7 +45,7 @@ from dverl_operator.pod_security import (
     pod_security_context,
     scratch,
 )
-from dverl_operator.pod_sources import mount_sources
+from dverl_operator.pod_sources import Mounted, mount_sources
 from dverl_operator.pod_template import apply_template
 
 CONFIG_KEY = "job.yaml"
@@ -216,27 +217,11 @@ def pod(
     env = worker_env(plan, worker, addrs)
     env[env_name("config")] = CONFIG_PATH
     command = worker.command(CONFIG_PATH)
-    checkpoint = spec.training.checkpoint
-    mounts = [{"name": "config", "mountPath": CONFIG_PATH.rsplit("/", 1)[0], "readOnly": True}]
-    volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": config_map_name(owner.name)}}]
-    secured = True  # every pod: the DHT bootstrap for its identity (it holds no token)
-    if secured:
-        mounts.append({"name": "credentials", "mountPath": CREDENTIALS_PATH, "readOnly": True})
-        volumes.append(credentials_volume(owner, worker))
-        env[env_name("tls_dir")] = CREDENTIALS_PATH
     if worker.role == "learner":
         # A restarted learner gang continues from the newest checkpoint (a no-op when there is none).
         command = [*command, "--resume"]
-        if checkpoint.persistent_volume_claim and checkpoint.dir:
-            # User data: mounted, never created or deleted by the operator.
-            mounts.append({"name": "checkpoints", "mountPath": checkpoint.dir})
-            volumes.append(
-                {
-                    "name": "checkpoints",
-                    "persistentVolumeClaim": {"claimName": checkpoint.persistent_volume_claim},
-                }
-            )
-            env[env_name("output")] = checkpoint.dir
+    mounts, volumes, own_env = _job_volumes(owner, spec, worker)
+    env.update(own_env)
     role_spec = getattr(spec.roles, worker.role, None)
     overrides = role_spec.pod_template if role_spec is not None else None
     security = container_security_context()
@@ -280,14 +265,61 @@ def pod(
     }
     if sources.fetchers:
         pod_spec["initContainers"] = sources.fetchers
+    pod_spec.update(_placement(worker, marks))
+    template = _replacement_fields(container, pod_spec, env, sources, overrides, marks)
+    meta = metadata(owner, worker.name, _labels(owner, worker, marks))
+    meta["annotations"] = {
+        **_scrape_annotations(worker),
+        **spec.pod_annotations,
+        **marks.annotations,
+        ANNOTATION_TEMPLATE_HASH: content_hash(template),
+    }
+    return apply_template({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}, overrides)
+
+
+def _job_volumes(
+    owner: Owner, spec: JobSpec, worker: PlannedWorker
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, str]]:
+    """The volumes the operator itself provides (the job's ConfigMap, the worker's credentials and, for a
+    learner, the checkpoint claim), as (mounts, volumes, env that points the worker at them): the user's
+    sources and scratch space come after, from pod_sources and pod_security."""
+    mounts = [{"name": "config", "mountPath": CONFIG_PATH.rsplit("/", 1)[0], "readOnly": True}]
+    volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": config_map_name(owner.name)}}]
+    # Every pod holds credentials, the DHT bootstrap too, for its identity (it holds no token).
+    mounts.append({"name": "credentials", "mountPath": CREDENTIALS_PATH, "readOnly": True})
+    volumes.append(credentials_volume(owner, worker))
+    env = {env_name("tls_dir"): CREDENTIALS_PATH}
+    checkpoint = spec.training.checkpoint
+    if worker.role == "learner" and checkpoint.persistent_volume_claim and checkpoint.dir:
+        # User data: mounted, never created or deleted by the operator.
+        mounts.append({"name": "checkpoints", "mountPath": checkpoint.dir})
+        volumes.append(
+            {
+                "name": "checkpoints",
+                "persistentVolumeClaim": {"claimName": checkpoint.persistent_volume_claim},
+            }
+        )
+        env[env_name("output")] = checkpoint.dir
+    return mounts, volumes, env
+
+
+def _placement(worker: PlannedWorker, marks: PodMarks) -> dict[str, Any]:
+    """Where the pod may run and who schedules it: the node pool's selector and tolerations, the
+    scheduler and priority the shared-scheduler marks ask for (each only when set)."""
+    placement: dict[str, Any] = {}
     if worker.node_selector:
-        pod_spec["nodeSelector"] = dict(worker.node_selector)
+        placement["nodeSelector"] = dict(worker.node_selector)
     if worker.tolerations:
-        pod_spec["tolerations"] = [dict(t) for t in worker.tolerations]
+        placement["tolerations"] = [dict(t) for t in worker.tolerations]
     if marks.scheduler_name:
-        pod_spec["schedulerName"] = marks.scheduler_name
+        placement["schedulerName"] = marks.scheduler_name
     if marks.priority_class_name:
-        pod_spec["priorityClassName"] = marks.priority_class_name
+        placement["priorityClassName"] = marks.priority_class_name
+    return placement
+
+
+def _labels(owner: Owner, worker: PlannedWorker, marks: PodMarks) -> dict[str, str]:
+    """The labels the operator selects its pods by (job, role, pool, index) over the schedulers' marks."""
     labels = {
         **marks.labels,
         **job_labels(owner.name),
@@ -297,32 +329,38 @@ def pod(
     }
     if worker.gpu_type:
         labels[f"{API_GROUP}/gpu-type"] = worker.gpu_type
+    return labels
+
+
+def _replacement_fields(
+    container: Mapping[str, Any],
+    pod_spec: Mapping[str, Any],
+    env: Mapping[str, str],
+    sources: Mounted,
+    overrides: PodTemplate | None,
+    marks: PodMarks,
+) -> dict[str, Any]:
+    """The fields a running pod cannot take in place: their hash is annotated on the pod, and a pod whose
+    hash differs from the desired one is replaced. Fields added later are only present when set, so pods
+    of jobs that do not use them keep the hash they had before those fields existed."""
     template = {
-        "image": image,
+        "image": container["image"],
         "command": container["command"],
-        "resources": resources,
+        "resources": container.get("resources", {}),
         "placement": [pod_spec.get("nodeSelector"), pod_spec.get("tolerations"), marks.scheduler_name],
         "rendezvous": {key: env.get(key) for key in _RENDEZVOUS_ENV},
         # Pods from before the job had credentials talk plaintext: replaced, not mixed with secured ones.
-        "credentials": secured,
+        "credentials": True,
     }
     if sources.volumes or sources.fetchers:
-        # A pod's volumes cannot change in place. (Only present when set, like "scheduling" below.)
+        # A pod's volumes cannot change in place.
         template["sources"] = [sources.volumes, sources.mounts, sources.fetchers]
     if overrides is not None:
         template["podTemplate"] = overrides.model_dump(mode="json", by_alias=True)
     if marks.labels or marks.annotations or marks.priority_class_name:
-        # A pod cannot move to another gang, queue group or priority: a change replaces it. (Only present
-        # when set, so pods of jobs without them keep the hash they had before these existed.)
+        # A pod cannot move to another gang, queue group or priority: a change replaces it.
         template["scheduling"] = [dict(marks.labels), dict(marks.annotations), marks.priority_class_name]
-    meta = metadata(owner, worker.name, labels)
-    meta["annotations"] = {
-        **_scrape_annotations(worker),
-        **spec.pod_annotations,
-        **marks.annotations,
-        ANNOTATION_TEMPLATE_HASH: content_hash(template),
-    }
-    return apply_template({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}, overrides)
+    return template
 
 
 def _scrape_annotations(worker: PlannedWorker) -> dict[str, str]:
