@@ -20,7 +20,7 @@ from dverl_operator import owned, pod_marks, reconcile
 from dverl_operator import status as st
 from dverl_operator.coordinator import DEFAULT_TEMPLATE, CoordinatorClient
 from dverl_operator.leader import may_acquire, micro_time
-from dverl_operator.main import JsonFormatter, parser
+from dverl_operator.main import JsonFormatter, parser, reconcile_settings
 
 SETTINGS = reconcile.Settings(default_image="img:1", backoff_base_seconds=10, backoff_max_seconds=60)
 NOW = 1_800_000_000.0
@@ -535,3 +535,33 @@ def test_operator_flags_take_the_chart_gateway_values_from_the_environment(monke
     assert args.volunteer_gateway == "true" and args.volunteer_service_type == "NodePort"
     with pytest.raises(SystemExit):
         parser().parse_args(["--volunteer-service-type", "ExternalName"])
+
+
+def test_the_reconcile_settings_come_from_the_flags_once():
+    args = parser().parse_args(
+        [
+            "-A",
+            "--worker-image",
+            "w:2",
+            "--backoff-base-seconds",
+            "3",
+            "--volunteer-gateway",
+            "true",
+            "--gang-schedulers",
+            "volcano",
+            "--operator-pod-labels",
+            "app=op,tier=ctl",
+        ]
+    )
+    settings = reconcile_settings(args, "ops")
+    assert settings.default_image == "w:2" and settings.backoff_base_seconds == 3.0
+    assert settings.volunteer_gateway and settings.gang_schedulers == frozenset({"volcano"})
+    assert settings.network_policy is not None
+    assert settings.network_policy.operator_namespace == "ops"
+    assert dict(settings.network_policy.operator_labels) == {"app": "op", "tier": "ctl"}
+    off = reconcile_settings(parser().parse_args(["-A", "--network-policy", "false"]), "ops")
+    assert off.network_policy is None and not off.volunteer_gateway
+    with pytest.raises(SystemExit, match="--gang-schedulers: unknown kube-batch"):
+        reconcile_settings(parser().parse_args(["-A", "--gang-schedulers", "kube-batch"]), "ops")
+    with pytest.raises(SystemExit, match="--operator-pod-labels"):
+        reconcile_settings(parser().parse_args(["-A", "--operator-pod-labels", "nolabel"]), "ops")

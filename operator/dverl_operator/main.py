@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import kopf
 
@@ -26,6 +27,9 @@ from dverl_operator.cluster import Cluster, load_connection
 from dverl_operator.health import Health
 from dverl_operator.identity import load_or_create
 from dverl_operator.leader import LeaderElector, identity_from_env
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 log = logging.getLogger("dverl_operator")
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "settings", "k8s_skip"}
@@ -172,31 +176,120 @@ async def served_api(cluster: Cluster) -> None:
         raise RuntimeError(f"{API_GROUP}/{API_VERSION} does not serve {PLURAL}")
 
 
+def reconcile_settings(args: argparse.Namespace, own_namespace: str) -> reconcile.Settings:
+    """The reconcile policy from the command line, read once here and passed down: nothing below the
+    entry reads flags or the environment."""
+    policy = (
+        guard.PolicyScope(own_namespace, pod_labels(args.operator_pod_labels))
+        if args.network_policy == "true"
+        else None
+    )
+    return reconcile.Settings(
+        default_image=args.worker_image,
+        backoff_base_seconds=args.backoff_base_seconds,
+        backoff_max_seconds=args.backoff_max_seconds,
+        resync_seconds=args.resync_seconds,
+        volunteer_gateway=args.volunteer_gateway == "true",
+        volunteer_service_type=args.volunteer_service_type,
+        network_policy=policy,
+        gang_schedulers=gang_schedulers(args.gang_schedulers),
+    )
+
+
+def kopf_settings() -> kopf.OperatorSettings:
+    """kopf as this operator uses it: the Lease, not kopf's peering, decides who acts; deletion waits on
+    the operator's finalizer; only warnings become Kubernetes Events."""
+    settings = kopf.OperatorSettings()
+    settings.peering.standalone = True
+    settings.persistence.finalizer = "dverl.io/operator"
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 300
+    return settings
+
+
+async def serve_probes(
+    args: argparse.Namespace, runtime: handlers.Runtime, health_cluster: Cluster
+) -> list[web.AppRunner]:
+    """/metrics and /healthz, served before leadership so that a follower is live and scrapeable too;
+    returns the servers to clean up. /healthz asks the API on a connection of its own, so a busy
+    reconcile pool never fails the probe."""
+    servers: list[web.AppRunner] = []
+    if args.metrics_port:
+        servers.append(
+            await metrics.serve(args.metrics_port, {"/metrics": metrics.metrics_route(runtime.metrics)})
+        )
+    if args.liveness_port:
+        health = Health(
+            api_probe=lambda: served_api(health_cluster),
+            jobs=runtime.metrics.jobs_known,
+            last_pass=lambda: runtime.metrics.last_pass,
+            stall_after=args.stall_seconds or max(120.0, 10 * args.resync_seconds),
+        )
+        servers.append(await metrics.serve(args.liveness_port, {"/healthz": health.route}))
+    return servers
+
+
+async def lead_and_operate(
+    args: argparse.Namespace, runtime: handlers.Runtime, elector: LeaderElector | None, stop: asyncio.Event
+) -> int:
+    """Wait to lead (or for a stop), then run kopf until a stop, kopf's own end, or lost leadership;
+    returns the exit code: 1 when leadership was lost, so Kubernetes restarts the replica as a follower
+    and two replicas never reconcile at once."""
+    if elector is not None:
+        acquiring = asyncio.ensure_future(elector.acquire())
+        stopping = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({acquiring, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        acquiring.cancel()
+        stopping.cancel()
+        if stop.is_set():
+            return 0
+        runtime.metrics.leader.set(1)
+    code = 0
+    stop_flag = asyncio.Event()
+    operator = asyncio.ensure_future(
+        kopf.operator(
+            registry=handlers.build_registry(),
+            settings=kopf_settings(),
+            standalone=True,
+            clusterwide=args.all_namespaces or not args.namespace,
+            namespaces=args.namespace if not args.all_namespaces else (),
+            memo=kopf.Memo(runtime=runtime),
+            stop_flag=stop_flag,
+        )
+    )
+    watchers = {operator, asyncio.ensure_future(stop.wait())}
+    holder = asyncio.ensure_future(elector.hold()) if elector is not None else None
+    if holder is not None:
+        watchers.add(holder)
+    done, _ = await asyncio.wait(watchers, return_when=asyncio.FIRST_COMPLETED)
+    if holder is not None and holder in done:
+        code = 1  # leadership lost: stop acting at once
+        log.error("leadership lost; exiting so that the replica restarts as a follower")
+    stop_flag.set()
+    try:
+        await asyncio.wait_for(operator, timeout=10)
+    except (TimeoutError, asyncio.CancelledError):
+        operator.cancel()
+    except Exception:
+        log.exception("operator stopped with an error")
+        code = code or 1
+    for task in watchers:
+        task.cancel()
+    return code
+
+
 async def run(args: argparse.Namespace) -> int:
     identity = args.identity or identity_from_env()
     own_namespace = args.lease_namespace or os.environ.get("POD_NAMESPACE") or "default"
     connection = load_connection(args.kubeconfig)
     cluster = Cluster(connection, user_agent=f"dverl-operator/{identity}")
     credentials_from = await load_or_create(cluster, own_namespace, args.identity_secret)
-    policy = (
-        guard.PolicyScope(own_namespace, pod_labels(args.operator_pod_labels))
-        if args.network_policy == "true"
-        else None
-    )
+    settings = reconcile_settings(args, own_namespace)
     # The Lease gets its own connections, so renewals never queue behind reconcile traffic.
     lease_cluster = Cluster(connection, user_agent=f"dverl-operator/{identity}/leader-election")
     runtime = handlers.Runtime(
         cluster=cluster,
-        settings=reconcile.Settings(
-            default_image=args.worker_image,
-            backoff_base_seconds=args.backoff_base_seconds,
-            backoff_max_seconds=args.backoff_max_seconds,
-            resync_seconds=args.resync_seconds,
-            volunteer_gateway=args.volunteer_gateway == "true",
-            volunteer_service_type=args.volunteer_service_type,
-            network_policy=policy,
-            gang_schedulers=gang_schedulers(args.gang_schedulers),
-        ),
+        settings=settings,
         coordinator=coordinator.CoordinatorClient(args.coordinator_address_template),
         identity=credentials_from,
         metrics=metrics.Metrics(),
@@ -208,22 +301,8 @@ async def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
 
-    servers = []
-    if args.metrics_port:
-        servers.append(
-            await metrics.serve(args.metrics_port, {"/metrics": metrics.metrics_route(runtime.metrics)})
-        )
-    # /healthz asks the API on a connection of its own, so a busy reconcile pool never fails the probe.
     health_cluster = Cluster(connection, user_agent=f"dverl-operator/{identity}/health")
-    if args.liveness_port:
-        health = Health(
-            api_probe=lambda: served_api(health_cluster),
-            jobs=runtime.metrics.jobs_known,
-            last_pass=lambda: runtime.metrics.last_pass,
-            stall_after=args.stall_seconds or max(120.0, 10 * args.resync_seconds),
-        )
-        servers.append(await metrics.serve(args.liveness_port, {"/healthz": health.route}))
-
+    servers = await serve_probes(args, runtime, health_cluster)
     elector = None
     if not args.no_leader_election:
         elector = LeaderElector(
@@ -242,52 +321,8 @@ async def run(args: argparse.Namespace) -> int:
             "leaderElection": elector is not None,
         },
     )
-    code = 0
     try:
-        if elector is not None:
-            acquiring = asyncio.ensure_future(elector.acquire())
-            stopping = asyncio.ensure_future(stop.wait())
-            await asyncio.wait({acquiring, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            acquiring.cancel()
-            stopping.cancel()
-            if stop.is_set():
-                return 0
-            runtime.metrics.leader.set(1)
-        settings = kopf.OperatorSettings()
-        settings.peering.standalone = True  # the Lease elects the leader, not kopf's peering CRD
-        settings.persistence.finalizer = "dverl.io/operator"
-        settings.posting.level = logging.WARNING
-        settings.watching.server_timeout = 300
-        stop_flag = asyncio.Event()
-        operator = asyncio.ensure_future(
-            kopf.operator(
-                registry=handlers.build_registry(),
-                settings=settings,
-                standalone=True,
-                clusterwide=args.all_namespaces or not args.namespace,
-                namespaces=args.namespace if not args.all_namespaces else (),
-                memo=kopf.Memo(runtime=runtime),
-                stop_flag=stop_flag,
-            )
-        )
-        watchers = {operator, asyncio.ensure_future(stop.wait())}
-        holder = asyncio.ensure_future(elector.hold()) if elector is not None else None
-        if holder is not None:
-            watchers.add(holder)
-        done, _ = await asyncio.wait(watchers, return_when=asyncio.FIRST_COMPLETED)
-        if holder is not None and holder in done:
-            code = 1  # leadership lost: stop acting at once
-            log.error("leadership lost; exiting so that the replica restarts as a follower")
-        stop_flag.set()
-        try:
-            await asyncio.wait_for(operator, timeout=10)
-        except (TimeoutError, asyncio.CancelledError):
-            operator.cancel()
-        except Exception:
-            log.exception("operator stopped with an error")
-            code = code or 1
-        for task in watchers:
-            task.cancel()
+        return await lead_and_operate(args, runtime, elector, stop)
     finally:
         if elector is not None:
             await elector.release()
@@ -297,7 +332,6 @@ async def run(args: argparse.Namespace) -> int:
         await cluster.close()
         await lease_cluster.close()
         await health_cluster.close()
-    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
