@@ -1,11 +1,14 @@
 """Pure: (the RLHFJob, its observed children, coordinator progress, the clock) -> what to do.
 
 The handler gathers what is observed, calls `decide`, and applies the returned `Actions`. All policy is
-pure and reachable by tests; `decide` runs it in named phases, each its own function:
-validate (the spec, and that its workers fit their GPUs: planning) or refuse (`_invalid`, refusal.py),
-shared children (shared_children.py), the gang's PodGroup (gang.py) and Kueue's pod group (kueue.py),
-suspend and pods (outcome.suspended, pod_decisions.py: scale, backoff, preemption, learner gang), then
-status (outcome.py: Queued while a gang or an admission queue holds the pods).
+pure and reachable by tests; `decide` runs it in named phases, each its own function: settled
+(`_settled`), validate (`_validated`: the spec, and that its workers fit their GPUs: planning) or
+refuse (`_invalid`), refusal of restart-forcing changes (refusal.py), the wanted children
+(`_wanted`), shared children (`_sync_shared_children`: shared_children.py, the gang's PodGroup from
+gang.py), suspend (`_suspend`), the Kueue group (`_record_group`, kueue.py), pods (`_decide_pods`,
+pod_decisions.py: scale, backoff, preemption, learner gang; `_fail_job` when a role is out of
+restarts), then status (`_finish`, outcome.py: Queued while a gang or an admission queue holds the
+pods).
 Every decision is a function of the observed state (level-based), so running it twice, or after an
 operator restart, converges to the same cluster without duplicates.
 """
