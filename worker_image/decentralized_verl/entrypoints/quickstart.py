@@ -143,10 +143,7 @@ async def run_quickstart(options: QuickstartOptions) -> dict[str, Any]:
     from decentralized_verl.transport.weights.publish import WeightPublisher
     from decentralized_verl.volunteers.dht import start_dht
 
-    if options.num_epochs < 1:
-        raise VolunteerError(f"--num-epochs: must be >= 1 (got {options.num_epochs})")
-    if not 0.0 <= options.verify_fraction <= 1.0:
-        raise VolunteerError(f"--verify-fraction: must be in [0, 1] (got {options.verify_fraction})")
+    _check_options(options)
     output = Path(options.output or f"runs/{options.job}").expanduser()
     output.mkdir(parents=True, exist_ok=True)
     train_file, n_prompts = training_file(options.prompts_file, output)
@@ -158,11 +155,7 @@ async def run_quickstart(options: QuickstartOptions) -> dict[str, Any]:
         actors, critics = await find_workers(
             dht, options.job, need_critic=options.algorithm == "ppo", timeout=options.wait_workers_s
         )
-        model_path = options.model or next((a.model for a in actors if a.model), "")
-        if not model_path or not Path(model_path).is_dir():
-            raise VolunteerError(
-                f"no local model folder (announced: {model_path or 'none'}); pass --model PATH"
-            )
+        model_path = _model_folder(options, actors)
         spec = build_spec(options, model_path, train_file, n_prompts)
         model, tokenizer = await asyncio.to_thread(load_model_and_tokenizer, spec.model)
         trainer = PolicyTrainer(model, spec)
@@ -190,15 +183,6 @@ async def run_quickstart(options: QuickstartOptions) -> dict[str, Any]:
             critic=critic,
         )
         total = spec.training.steps
-
-        def on_step(record: dict[str, Any]) -> None:
-            shown = ", ".join(
-                f"{k}={record[k]:.4g}"
-                for k in ("reward_mean", "pg_loss", "critic_loss", "step_seconds")
-                if isinstance(record.get(k), float)
-            )
-            print(f"step {record['step']}/{total}: {shown}", flush=True)
-
         status = StatusBoard()
         actors_hub = OpenActors(p2p, dht, publisher, options)
         prompts = prepare_prompts(spec, tokenizer, train_file, None)
@@ -211,7 +195,7 @@ async def run_quickstart(options: QuickstartOptions) -> dict[str, Any]:
             output=output,
             prompts=prompts,
             status=status,
-            on_step=on_step,
+            on_step=functools.partial(_print_step, total=total),
             attach=(actors_hub,),
         )
         print(
@@ -227,22 +211,58 @@ async def run_quickstart(options: QuickstartOptions) -> dict[str, Any]:
             report = actors_hub.hub.report()
         finally:
             await loop.close()
-        summary.update(
-            epochs=options.num_epochs,
-            actors=sorted(report["samples"]),
-            actor_samples=report["samples"],
-            critic=critics[0].peer_id if critic is not None else None,
-            verified_samples=report["verified_samples"],
-            blocked=report["blocked"],
-            reward_peer=getattr(reward.remote, "peer_id", None),
-            reward_calls=reward.report(),
-            reference_peer=getattr(reference.remote, "peer_id", None) if reference else None,
-            reference_calls=reference.report() if reference else None,
-        )
+        critic_peer = critics[0].peer_id if critic is not None else None
+        summary.update(_volunteer_report(options, report, critic_peer, reward, reference))
         (output / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
         return summary
     finally:
         dht.shutdown()
+
+
+def _check_options(options: QuickstartOptions) -> None:
+    """Refuse flags no run could use before joining the DHT, naming the flag."""
+    if options.num_epochs < 1:
+        raise VolunteerError(f"--num-epochs: must be >= 1 (got {options.num_epochs})")
+    if not 0.0 <= options.verify_fraction <= 1.0:
+        raise VolunteerError(f"--verify-fraction: must be in [0, 1] (got {options.verify_fraction})")
+
+
+def _model_folder(options: QuickstartOptions, actors: list[Any]) -> str:
+    """The policy's model folder: `--model`, else the one the first actor announces, which the trainer
+    must also have locally (it trains that model and re-checks the actors' samples against it)."""
+    model_path = options.model or next((a.model for a in actors if a.model), "")
+    if not model_path or not Path(model_path).is_dir():
+        raise VolunteerError(f"no local model folder (announced: {model_path or 'none'}); pass --model PATH")
+    return model_path
+
+
+def _print_step(record: dict[str, Any], *, total: int) -> None:
+    """One line per finished step on stdout: the quick start is watched in a terminal, without a bar."""
+    shown = ", ".join(
+        f"{k}={record[k]:.4g}"
+        for k in ("reward_mean", "pg_loss", "critic_loss", "step_seconds")
+        if isinstance(record.get(k), float)
+    )
+    print(f"step {record['step']}/{total}: {shown}", flush=True)
+
+
+def _volunteer_report(
+    options: QuickstartOptions, report: dict[str, Any], critic_peer: str | None, reward: Any, reference: Any
+) -> dict[str, Any]:
+    """Who did the work, for the summary: in an open network the peers are strangers, so the run says
+    which actors produced samples, how many were re-checked or blocked, and which peers scored them."""
+    return {
+        "epochs": options.num_epochs,
+        "actors": sorted(report["samples"]),
+        "actor_samples": report["samples"],
+        "critic": critic_peer,
+        "verified_samples": report["verified_samples"],
+        "blocked": report["blocked"],
+        "reward_peer": getattr(reward.remote, "peer_id", None),
+        "reward_calls": reward.report(),
+        "reference_peer": getattr(reference.remote, "peer_id", None) if reference else None,
+        "reference_calls": reference.report() if reference else None,
+    }
 
 
 class OpenActors:

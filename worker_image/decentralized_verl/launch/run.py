@@ -13,6 +13,8 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -132,126 +134,209 @@ def run_job(
     manifest = Path(manifest)
     job = load_fitting_job(manifest)
     output = Path(output) if output else Path("runs") / job.metadata.name
+    config = _prepare_run_folder(job, manifest, output)
+    plan = plan_job(job.spec, job.metadata.name)
+    guard_descendants()  # a `kill -9` of this process must not leave workers or their helpers running
+    cluster, credentials = _cluster_for(job, plan, config, output, resume=resume, ray=ray)
+    observer = credentials.for_role("observer")  # Status and Ready only
+    status_credentials = CallerCredentials(observer.ca, observer.token)
+    learners = cluster.by_role("learner")
+    learner = learners[0]
+    gang = _LearnerGang(learners, cluster, job.spec)
+    display = _ProgressDisplay(cluster, job, bar=progress, lines=lines and not progress)
+    with _sigterm_as_interrupt():
+        try:
+            cluster.start()
+            gang.started(time.monotonic())
+            display.open()
+            started = time.monotonic()
+            while learner.process.poll() != 0:
+                now = time.monotonic()
+                status = coordinator_status(learner.address, status_credentials)
+                gang.check(status, now)
+                _restart_dead_servers(cluster, job.spec)
+                if timeout is not None and now - started > timeout:
+                    raise RunFailed(f"run exceeded {timeout:.0f} s; see {output / 'logs'}")
+                display.show(status, now)
+                time.sleep(0.5)
+        finally:
+            display.close()
+            if hasattr(cluster, "fetch_results"):
+                cluster.fetch_results()
+            cluster.stop()
+    display.catch_up(output / "metrics.jsonl")  # the last steps may end between two polls of the learner
+    return _final_summary(output, cluster, gang.restarts)
+
+
+def _prepare_run_folder(job, manifest: Path, output: Path) -> Path:
+    """Write the job as workers will read it into `output` and check it there, before anything starts:
+    paths under a source are mapped to the folders standing in for them here, so a missing file is
+    refused now, naming the field, rather than by a worker minutes later. A summary left by an earlier
+    run is removed so that only this run's learner can produce one."""
     config = write_config(job, manifest, output)
-    # Checked as the workers will see it: paths under a source mapped to the folders standing in here.
     problems = preflight_problems(load_job(config).spec, manifest.resolve().parent)
     if problems:
         raise ManifestError(problems, str(manifest))
-    plan = plan_job(job.spec, job.metadata.name)
     (output / "summary.json").unlink(missing_ok=True)
+    return config
+
+
+def _cluster_for(job, plan, config: Path, output: Path, *, resume: bool, ray: str | None) -> tuple[Any, Any]:
+    """The workers of `plan`, not yet started, as local processes or Ray actors, with the credentials
+    they share. The secured path, as in a cluster: TLS and the job token on every call, signed weights."""
     extra_args = {"learner": ["--resume"]} if resume else {}
-    guard_descendants()  # a `kill -9` of this process must not leave workers or their helpers running
-    # The secured path, as in a cluster: TLS and the job token on every call, signed weights.
     if ray is not None:
         from decentralized_verl.launch.ray_executor import RayCluster, node_addresses
 
         # The servers listen on the Ray nodes' addresses, so the certificate names each of them.
         credentials = run_folder_credentials(output, job.metadata.name, hosts=node_addresses(ray))
         cluster = RayCluster(plan, config, output, ray, extra_args=extra_args, credentials=credentials)
-    else:
-        credentials = run_folder_credentials(output, job.metadata.name)
-        cluster = LocalCluster(
-            plan,
-            config,
-            output,
-            extra_args=extra_args,
-            credentials=credentials,
-            overlapped=job.spec.training.max_staleness > 0,  # asynchronous rollouts overlap the update
-        )
-    observer = credentials.for_role("observer")  # Status and Ready only
-    status_credentials = CallerCredentials(observer.ca, observer.token)
-    learners = cluster.by_role("learner")
-    learner = learners[0]
-    clock = ProgressClock(job.spec.training.stall_factor)
-    learner_restarts = 0
-    bar = None
-    printer = StepLines() if lines and not progress else None
+        return cluster, credentials
+    credentials = run_folder_credentials(output, job.metadata.name)
+    cluster = LocalCluster(
+        plan,
+        config,
+        output,
+        extra_args=extra_args,
+        credentials=credentials,
+        overlapped=job.spec.training.max_staleness > 0,  # asynchronous rollouts overlap the update
+    )
+    return cluster, credentials
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM stops a run as Ctrl-C does, so the workers are stopped and results fetched either way."""
     previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
-        cluster.start()
-        clock.restarted(time.monotonic())
-        if progress:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class _LearnerGang:
+    """Supervises the learner gang as the operator does: a rank that dies or stops making progress
+    restarts the whole gang from its newest checkpoint, up to backoffLimit, unless its failurePolicy
+    is failJob or it refused its input (a restart would read the same and fail the same way)."""
+
+    def __init__(self, learners: list, cluster: Any, spec: Any) -> None:
+        self.learners = learners
+        self.cluster = cluster
+        self.spec = spec
+        self.clock = ProgressClock(spec.training.stall_factor)
+        self.restarts = 0
+        self.answered = False  # the learner has served Status since it last started
+
+    def started(self, now: float) -> None:
+        self.clock.restarted(now)
+        self.answered = False
+
+    def check(self, status: JobStatus | None, now: float) -> None:
+        """Restart the gang if it is down; raise RunFailed when a restart is not allowed or cannot help."""
+        learner = self.learners[0]
+        self.answered = self.answered or status is not None
+        self.clock.observe(status.step if status is not None else None, now)
+        why = _learner_down(self.learners, self.clock, now)
+        if why is None:
+            return
+        if self.spec.roles.failure_policy("learner") == "failJob":
+            raise RunFailed(f"learner {why} and roles.learner.failurePolicy is failJob")
+        if not self.answered and learner.process.poll() == EXIT_REFUSED_INPUT:
+            # It refused what it starts from (checkpoints that do not check out, a manifest): a
+            # restart would read the same and fail the same way.
+            raise RunFailed(
+                f"learner {why} before it started training: it refused its input, and a restart would "
+                f"read the same; last lines of {learner.log_path}:\n{learner.log_tail()}"
+            )
+        if self.restarts >= self.spec.backoff_limit:
+            raise RunFailed(
+                f"learner {why}; restarted {self.restarts} times already (backoffLimit "
+                f"{self.spec.backoff_limit}); last lines of {learner.log_path}:\n{learner.log_tail()}"
+            )
+        self.restarts += 1
+        log.warning("learner %s; restarting it from its newest checkpoint", why)
+        self.cluster.restart_gang("learner", extra_args=["--resume"])
+        self.started(time.monotonic())
+
+
+def _restart_dead_servers(cluster: Any, spec: Any) -> None:
+    """A serving worker that dies is started again (alone, or its whole role under restartRole), up to
+    backoffLimit; meanwhile the coordinator re-dispatches its work to the others and holds it out until
+    it is ready. The learner gang is supervised apart (`_LearnerGang`)."""
+    for dead in cluster.failed():
+        if dead.worker.role == "learner":
+            continue
+        if dead.restarts >= spec.backoff_limit:
+            raise RunFailed(
+                f"worker {dead.worker.name} exited with code {dead.process.returncode} "
+                f"{dead.restarts + 1} times (backoffLimit {spec.backoff_limit}); "
+                f"last lines of {dead.log_path}:\n{dead.log_tail()}"
+            )
+        policy = spec.roles.failure_policy(dead.worker.role)
+        if policy == "failJob":
+            raise RunFailed(
+                f"worker {dead.worker.name} exited with code {dead.process.returncode} and "
+                f"roles.{dead.worker.role}.failurePolicy is failJob; last lines of {dead.log_path}:\n"
+                f"{dead.log_tail()}"
+            )
+        log.warning(
+            "worker %s exited with code %s; restarting %s",
+            dead.worker.name,
+            dead.process.returncode,
+            f"every {dead.worker.role} worker" if policy == "restartRole" else "it",
+        )
+        if policy == "restartRole":
+            cluster.restart_gang(dead.worker.role)
+        else:
+            cluster.restart(dead.worker.name)
+
+
+class _ProgressDisplay:
+    """Where the learner's progress goes on each poll: a bar on a terminal, one line per step in a
+    pipe, and the Ray cluster's dashboard when the run has one."""
+
+    def __init__(self, cluster: Any, job: Any, *, bar: bool, lines: bool) -> None:
+        self.cluster = cluster
+        self.job = job
+        self.want_bar = bar
+        self.bar: Any = None
+        self.printer = StepLines() if lines else None
+
+    def open(self) -> None:
+        if self.want_bar:
             from tqdm import tqdm
 
-            bar = tqdm(
-                total=job.spec.training.steps or 0, desc=job.metadata.name, unit="step", dynamic_ncols=True
+            self.bar = tqdm(
+                total=self.job.spec.training.steps or 0,
+                desc=self.job.metadata.name,
+                unit="step",
+                dynamic_ncols=True,
             )
-        started = time.monotonic()
-        answered = False  # the learner has served Status since it last started
-        while learner.process.poll() != 0:
-            now = time.monotonic()
-            status = coordinator_status(learner.address, status_credentials)
-            answered = answered or status is not None
-            clock.observe(status.step if status is not None else None, now)
-            why = _learner_down(learners, clock, now)
-            if why is not None and job.spec.roles.failure_policy("learner") == "failJob":
-                raise RunFailed(f"learner {why} and roles.learner.failurePolicy is failJob")
-            if why is not None and not answered and learner.process.poll() == EXIT_REFUSED_INPUT:
-                # It refused what it starts from (checkpoints that do not check out, a manifest): a
-                # restart would read the same and fail the same way.
-                raise RunFailed(
-                    f"learner {why} before it started training: it refused its input, and a restart would "
-                    f"read the same; last lines of {learner.log_path}:\n{learner.log_tail()}"
-                )
-            if why is not None:
-                # Like the operator: the learner gang restarts and resumes from its newest checkpoint.
-                if learner_restarts >= job.spec.backoff_limit:
-                    raise RunFailed(
-                        f"learner {why}; restarted {learner_restarts} times already (backoffLimit "
-                        f"{job.spec.backoff_limit}); last lines of {learner.log_path}:\n{learner.log_tail()}"
-                    )
-                learner_restarts += 1
-                log.warning("learner %s; restarting it from its newest checkpoint", why)
-                cluster.restart_gang("learner", extra_args=["--resume"])
-                clock.restarted(time.monotonic())
-                answered = False
-            for dead in cluster.failed():
-                # A serving worker that dies is started again, up to backoffLimit; meanwhile the
-                # coordinator re-dispatches its work to the others and holds it out until it is ready.
-                if dead.worker.role == "learner":
-                    continue
-                if dead.restarts >= job.spec.backoff_limit:
-                    raise RunFailed(
-                        f"worker {dead.worker.name} exited with code {dead.process.returncode} "
-                        f"{dead.restarts + 1} times (backoffLimit {job.spec.backoff_limit}); "
-                        f"last lines of {dead.log_path}:\n{dead.log_tail()}"
-                    )
-                policy = job.spec.roles.failure_policy(dead.worker.role)
-                if policy == "failJob":
-                    raise RunFailed(
-                        f"worker {dead.worker.name} exited with code {dead.process.returncode} and "
-                        f"roles.{dead.worker.role}.failurePolicy is failJob; last lines of {dead.log_path}:\n"
-                        f"{dead.log_tail()}"
-                    )
-                log.warning(
-                    "worker %s exited with code %s; restarting %s",
-                    dead.worker.name,
-                    dead.process.returncode,
-                    f"every {dead.worker.role} worker" if policy == "restartRole" else "it",
-                )
-                if policy == "restartRole":
-                    cluster.restart_gang(dead.worker.role)
-                else:
-                    cluster.restart(dead.worker.name)
-            if timeout is not None and now - started > timeout:
-                raise RunFailed(f"run exceeded {timeout:.0f} s; see {output / 'logs'}")
-            if bar is not None and status is not None:
-                _show(bar, status)
-            if printer is not None and status is not None:
-                printer.show(status, now)
-            if status is not None and hasattr(cluster, "publish"):
-                cluster.publish(step=status.step, total_steps=status.total_steps, phase=status.phase)
-            time.sleep(0.5)
-    finally:
-        if bar is not None:
-            bar.close()
-        if hasattr(cluster, "fetch_results"):
-            cluster.fetch_results()
-        cluster.stop()
-        signal.signal(signal.SIGTERM, previous)
-    if printer is not None:  # the last steps may end between two polls of the learner
-        printer.catch_up(output / "metrics.jsonl")
+
+    def show(self, status: JobStatus | None, now: float) -> None:
+        if status is None:
+            return
+        if self.bar is not None:
+            _show(self.bar, status)
+        if self.printer is not None:
+            self.printer.show(status, now)
+        if hasattr(self.cluster, "publish"):
+            self.cluster.publish(step=status.step, total_steps=status.total_steps, phase=status.phase)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    def catch_up(self, metrics: Path) -> None:
+        if self.printer is not None:
+            self.printer.catch_up(metrics)
+
+
+def _final_summary(output: Path, cluster: Any, learner_restarts: int) -> dict[str, Any]:
+    """The learner's summary.json completed with what only the supervisor knows (how often each worker
+    was restarted) and with rewards and evaluations read over every learner incarnation, written back
+    so the folder holds the same report the caller gets."""
     summary_path = output / "summary.json"
     if not summary_path.exists():
         raise RunFailed(f"learner finished without writing {summary_path}")

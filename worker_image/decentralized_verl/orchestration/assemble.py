@@ -122,16 +122,9 @@ async def build_loop(
     """
     from decentralized_verl.data import PromptSampler
     from decentralized_verl.orchestration.prompts import prepare_prompts
-    from decentralized_verl.training.checkpoints.learner import (
-        CheckpointClock,
-        CheckpointWriter,
-        ShardedCheckpointWriter,
-        checkpoint_root,
-    )
 
     status = status or StatusBoard()
     closers: list[Closer] = [roles.close]
-    metrics = None
     try:
         if prompts is None:
             prompts = prepare_prompts(spec, tokenizer, spec.data.train, base_dir)
@@ -146,33 +139,12 @@ async def build_loop(
             seed=spec.training.seed,
             drop_last=True,
         )
-        start_step, start_version = 0, roles.start_version
-        if resume is not None:
-            sampler.load_state(resume.sampler_state)
-            start_step = resume.step
-            start_version = max(resume.policy_version, roles.start_version)
-            status.update(last_checkpoint=str(resume.folder))
-            restore_colocated_critic(roles, resume.folder)
-        if output is not None:  # the steps after the start are done again: their rows go, said aloud
-            dropped = truncate_after(output / "metrics.jsonl", start_step)
-            truncate_after(output / EVAL_FILE, start_step)
-            if dropped:
-                log.warning(
-                    "starting at step %d: removed %d later rows of an earlier run from %s",
-                    start_step, dropped, output / "metrics.jsonl",
-                )  # fmt: skip
-
+        start_step, start_version = _resume_at(resume, sampler, roles, status)
+        if output is not None:
+            _drop_rows_after(output, start_step)
         writer = clock = None
         if checkpoint and output is not None and spec.training.checkpoint.every != 0:
-            keep = spec.training.checkpoint.keep
-            critic = colocated_critic(roles)
-            extras = {CRITIC_STATE: critic.state} if critic is not None else None
-            root = checkpoint_root(spec, output)
-            if save is not None:
-                writer = ShardedCheckpointWriter(root, save, keep)
-            else:
-                writer = CheckpointWriter(root, trainer, tokenizer, keep, extras)
-            clock = CheckpointClock(spec.training.checkpoint.every, last_step=start_step)
+            writer, clock = _checkpointing(spec, trainer, tokenizer, roles, output, save, start_step)
 
             async def close_writer() -> None:
                 await asyncio.to_thread(writer.close)
@@ -184,15 +156,9 @@ async def build_loop(
             closer = await attachment(context)
             if closer is not None:
                 closers.append(closer)
+        metrics = None
         if output is not None:
-            from decentralized_verl.reporting.trackers import RunInfo
-            from decentralized_verl.spec import with_defaults
-
-            tracking = spec.training.tracking
-            run = RunInfo(
-                tracking.run_name or job, tracking.project, output, {"job": job, **with_defaults(spec)}
-            )
-            metrics = MetricsLog(output / "metrics.jsonl", list(spec.training.logging), run=run)
+            metrics = _metrics_log(spec, job, output)
 
             async def close_metrics() -> None:
                 metrics.close()
@@ -224,3 +190,70 @@ async def build_loop(
         raise
     coordinator = Coordinator(parts, start_step=start_step, start_version=start_version)
     return Loop(coordinator, parts, closers)
+
+
+def _resume_at(
+    resume: ResumePoint | None, sampler: Any, roles: RoleClients, status: StatusBoard
+) -> tuple[int, int]:
+    """The step and policy version the loop starts from. A resumed learner takes up the prompt order,
+    step and colocated critic of its checkpoint; its version is the checkpoint's unless rollout workers
+    still hold a newer number from before the restart (a version number never names other weights)."""
+    if resume is None:
+        return 0, roles.start_version
+    sampler.load_state(resume.sampler_state)
+    status.update(last_checkpoint=str(resume.folder))
+    restore_colocated_critic(roles, resume.folder)
+    return resume.step, max(resume.policy_version, roles.start_version)
+
+
+def _drop_rows_after(output: Path, start_step: int) -> None:
+    """The steps after the start are done again: an earlier run's rows for them go, said aloud, so the
+    metrics and evaluation files hold each step once."""
+    dropped = truncate_after(output / "metrics.jsonl", start_step)
+    truncate_after(output / EVAL_FILE, start_step)
+    if dropped:
+        log.warning(
+            "starting at step %d: removed %d later rows of an earlier run from %s",
+            start_step, dropped, output / "metrics.jsonl",
+        )  # fmt: skip
+
+
+def _checkpointing(
+    spec: JobSpec,
+    trainer: Any,
+    tokenizer: Any,
+    roles: RoleClients,
+    output: Path,
+    save: Callable[[Path, dict[str, Any]], None] | None,
+    start_step: int,
+) -> tuple[Any, Any]:
+    """The checkpoint writer and the clock that says when to use it. A sharded learner saves on every
+    rank together (`save`); otherwise rank 0 snapshots the whole model, with a colocated critic's state
+    beside it so a resume restores both."""
+    from decentralized_verl.training.checkpoints.learner import (
+        CheckpointClock,
+        CheckpointWriter,
+        ShardedCheckpointWriter,
+        checkpoint_root,
+    )
+
+    keep = spec.training.checkpoint.keep
+    root = checkpoint_root(spec, output)
+    if save is not None:
+        writer: Any = ShardedCheckpointWriter(root, save, keep)
+    else:
+        critic = colocated_critic(roles)
+        extras = {CRITIC_STATE: critic.state} if critic is not None else None
+        writer = CheckpointWriter(root, trainer, tokenizer, keep, extras)
+    return writer, CheckpointClock(spec.training.checkpoint.every, last_step=start_step)
+
+
+def _metrics_log(spec: JobSpec, job: str, output: Path) -> MetricsLog:
+    """metrics.jsonl in `output`, mirrored to the trackers the spec names, which are told the run's name
+    and its full spec (defaults included) so a run can be told apart from its neighbours there."""
+    from decentralized_verl.reporting.trackers import RunInfo
+    from decentralized_verl.spec import with_defaults
+
+    tracking = spec.training.tracking
+    run = RunInfo(tracking.run_name or job, tracking.project, output, {"job": job, **with_defaults(spec)})
+    return MetricsLog(output / "metrics.jsonl", list(spec.training.logging), run=run)

@@ -96,12 +96,12 @@ async def connect_roles(
     ready_timeout: float = 900.0,
     weights_source: Callable[[], Any] | None = None,
 ) -> RoleClients:
-    from decentralized_verl.backends.base import backend_options, make_backend
+    """Reach every serving role: the remote workers `addresses(role)` names, once ready, else a worker in
+    this process. Rollout is remote only with a `publisher` to send it weights; `pools(role)` names the
+    GPU pool of each remote worker, so the dispatcher can weigh them before it has measured them."""
     from decentralized_verl.serving import local, scoring
-    from decentralized_verl.serving.rollout import RolloutWorker
     from decentralized_verl.training.trainer import rollout_state_dict
     from decentralized_verl.transport import clients
-    from decentralized_verl.transport.weights.fanout import WeightFanout
 
     def current() -> Any:
         """The weights to send: `weights_source()` (a sharded learner's gathered stream), else the model's."""
@@ -111,52 +111,15 @@ async def connect_roles(
     pools = pools or _nowhere
 
     async def pool(role: str, client_type: Any, *, split: bool) -> ScoringPool | None:
-        """The role's remote workers behind failover (all replicas, not only the first), once ready."""
-        found = addresses(role)
-        for address in found:
-            await clients.wait_ready(address, timeout=ready_timeout)
-        if not found:
-            return None
-        workers = [client_type(a, worker_id=f"{job}-{role}-{i}") for i, a in enumerate(found)]
-        return ScoringPool(role, workers, split=split)
+        return await _remote_pool(job, role, addresses(role), client_type, split=split, timeout=ready_timeout)
 
     remote = addresses("rollout")
     if remote and publisher is not None:
-        for address in remote:
-            await clients.wait_ready(address, timeout=ready_timeout)
-        rollout: list[RolloutClient] = [
-            clients.GrpcRolloutClient(
-                address, worker_id=f"{job}-rollout-{i}", allow_newer=spec.training.max_staleness > 0
-            )
-            for i, address in enumerate(remote)
-        ]
-        priors = {f"{job}-rollout-{i}": GPU_PRIORS.get(pool, 1.0) for i, pool in enumerate(pools("rollout"))}
-        start_version = await past_held_versions(rollout, start_version)
-        weights = WeightFanout(publisher, remote)
-        await weights.publish(current(), start_version)
-        loop = asyncio.get_running_loop()
-
-        def publish(version: int) -> None:  # called from a worker thread (the coordinator's to_thread)
-            weights.publish_blocking(current(), version, loop)
-
-    else:
-        name = spec.roles.rollout.backend
-        backend = make_backend(
-            name,
-            model,
-            tokenizer,
-            version=start_version,
-            seed=spec.training.seed,
-            **backend_options(name, vllm_eager=vllm_eager),
+        rollout = await _remote_rollout(
+            spec, job, remote, pools("rollout"), publisher, current, start_version, ready_timeout
         )
-        worker = RolloutWorker(backend, f"{job}-learner-0/rollout", environment=spec.data.environment)
-        rollout = [local.LocalRolloutClient(worker)]
-        priors = {}
-        weights = None
-
-        def publish(version: int) -> None:
-            backend.mark_version(version)  # the colocated backend shares the learner's weights
-
+    else:
+        rollout = _colocated_rollout(spec, job, model, tokenizer, start_version, vllm_eager)
     reward = reward_override
     if reward is None:
         reward = await pool("reward", clients.GrpcRewardClient, split=True)
@@ -165,28 +128,122 @@ async def connect_roles(
     if spec.roles.reference is not None:
         reference = await pool("reference", clients.GrpcReferenceClient, split=True)
         if reference is None:
-            frozen = copy.deepcopy(model).eval()
-            for param in frozen.parameters():
-                param.requires_grad_(False)
-            size = (spec.training.microbatch_size or 8) * spec.algorithm.samples_per_prompt
-            reference = local.LocalReferenceClient(
-                scoring.ReferenceWorker(
-                    frozen, temperature, pad_token_id=tokenizer.pad_token_id, microbatch_size=size
-                )
-            )
+            reference = _local_reference(spec, model, tokenizer, temperature)
     critic = None
     if spec.roles.critic is not None:
         critic = await pool("critic", clients.GrpcCriticClient, split=False)
         critic = critic or local.LocalCriticClient(scoring.CriticWorker.from_spec(spec))
-    remote_rollout = bool(remote) and publisher is not None
     return RoleClients(
-        rollout,
-        priors,
-        publish,
+        rollout.clients,
+        rollout.priors,
+        rollout.publish,
         reward,
         reference,
         critic,
-        start_version=start_version,
-        remote_rollout=remote_rollout,
-        weights=weights,
+        start_version=rollout.start_version,
+        remote_rollout=rollout.weights is not None,
+        weights=rollout.weights,
+    )
+
+
+@dataclass
+class _RolloutSide:
+    """How the coordinator reaches rollout and tells it of each new policy version."""
+
+    clients: list[RolloutClient]
+    priors: dict[str, float]
+    publish: Callable[[int], None]
+    start_version: int
+    weights: Any | None = None
+
+
+async def _remote_pool(
+    job: str, role: str, found: list[str], client_type: Any, *, split: bool, timeout: float
+) -> ScoringPool | None:
+    """The role's remote workers behind failover (all replicas, not only the first), once ready; None
+    when the plan put none elsewhere."""
+    from decentralized_verl.transport import clients
+
+    for address in found:
+        await clients.wait_ready(address, timeout=timeout)
+    if not found:
+        return None
+    workers = [client_type(a, worker_id=f"{job}-{role}-{i}") for i, a in enumerate(found)]
+    return ScoringPool(role, workers, split=split)
+
+
+async def _remote_rollout(
+    spec: JobSpec,
+    job: str,
+    remote: list[str],
+    gpu_pools: list[str],
+    publisher: Any,
+    current: Callable[[], Any],
+    start_version: int,
+    ready_timeout: float,
+) -> _RolloutSide:
+    """Rollout workers in processes of their own, fed weights through a `WeightFanout`. They get the
+    starting weights before the first step, under a version number none of them has used already."""
+    from decentralized_verl.transport import clients
+    from decentralized_verl.transport.weights.fanout import WeightFanout
+
+    for address in remote:
+        await clients.wait_ready(address, timeout=ready_timeout)
+    rollout: list[RolloutClient] = [
+        clients.GrpcRolloutClient(
+            address, worker_id=f"{job}-rollout-{i}", allow_newer=spec.training.max_staleness > 0
+        )
+        for i, address in enumerate(remote)
+    ]
+    priors = {f"{job}-rollout-{i}": GPU_PRIORS.get(pool, 1.0) for i, pool in enumerate(gpu_pools)}
+    start_version = await past_held_versions(rollout, start_version)
+    weights = WeightFanout(publisher, remote)
+    await weights.publish(current(), start_version)
+    loop = asyncio.get_running_loop()
+
+    def publish(version: int) -> None:  # called from a worker thread (the coordinator's to_thread)
+        weights.publish_blocking(current(), version, loop)
+
+    return _RolloutSide(rollout, priors, publish, start_version, weights)
+
+
+def _colocated_rollout(
+    spec: JobSpec, job: str, model: Any, tokenizer: Any, start_version: int, vllm_eager: bool
+) -> _RolloutSide:
+    """Rollout in this process on the learner's own model: publishing a version only renames what the
+    backend already shares, nothing is copied."""
+    from decentralized_verl.backends.base import backend_options, make_backend
+    from decentralized_verl.serving import local
+    from decentralized_verl.serving.rollout import RolloutWorker
+
+    name = spec.roles.rollout.backend
+    backend = make_backend(
+        name,
+        model,
+        tokenizer,
+        version=start_version,
+        seed=spec.training.seed,
+        **backend_options(name, vllm_eager=vllm_eager),
+    )
+    worker = RolloutWorker(backend, f"{job}-learner-0/rollout", environment=spec.data.environment)
+
+    def publish(version: int) -> None:
+        backend.mark_version(version)  # the colocated backend shares the learner's weights
+
+    return _RolloutSide([local.LocalRolloutClient(worker)], {}, publish, start_version)
+
+
+def _local_reference(spec: JobSpec, model: Any, tokenizer: Any, temperature: float) -> ReferenceClient:
+    """A reference in this process: a frozen copy of the policy as it starts, so the KL penalty measures
+    drift from where training began however far the learner's own weights move."""
+    from decentralized_verl.serving import local, scoring
+
+    frozen = copy.deepcopy(model).eval()
+    for param in frozen.parameters():
+        param.requires_grad_(False)
+    size = (spec.training.microbatch_size or 8) * spec.algorithm.samples_per_prompt
+    return local.LocalReferenceClient(
+        scoring.ReferenceWorker(
+            frozen, temperature, pad_token_id=tokenizer.pad_token_id, microbatch_size=size
+        )
     )
