@@ -22,12 +22,11 @@ from decentralized_verl.core.interfaces import CriticClient, ReferenceClient, Re
 from decentralized_verl.core.samples import Prompt, Sample, collate
 from decentralized_verl.core.sampling import SamplingParams
 from decentralized_verl.core.status import StatusBoard
-from decentralized_verl.environments.metrics import episode_metrics
 from decentralized_verl.environments.replay import ENVIRONMENT_REWARD
 from decentralized_verl.orchestration.dispatch import Dispatcher
+from decentralized_verl.orchestration.evaluation import Evaluator, accuracy_interval
+from decentralized_verl.orchestration.step_report import StepReporter, step_record
 from decentralized_verl.reporting.metrics import MetricsLog
-from decentralized_verl.reporting.progress import eta_seconds, progress_line
-from decentralized_verl.reporting.stats import wilson_interval
 from decentralized_verl.runtime import compute_thread
 from decentralized_verl.spec import JobSpec
 from decentralized_verl.training.advantage_step import AlgorithmSettings, attach_advantages, select_samples
@@ -87,6 +86,10 @@ class Generated:
 
 
 class Coordinator:
+    """The loop itself: draws prompt batches, keeps rollouts generating (ahead, with maxStaleness), learns
+    on each batch in turn, and leaves cleanly on a stop. What a step reports and how the policy is
+    evaluated live in `step_report` and `evaluation`; this class only decides when they happen."""
+
     def __init__(self, parts: LoopParts, start_step: int = 0, start_version: int = 0) -> None:
         self.p = parts
         self.spec = parts.spec
@@ -94,12 +97,13 @@ class Coordinator:
         self.step = start_step
         self.version = start_version
         self.total_steps = self._total_steps()
-        self.eval_history: list[tuple[int, float]] = []
-        self._last_eval: tuple[int, dict[str, float]] | None = None
-        """(policy version, result) of the latest evaluation: the same policy is not evaluated twice."""
+        self.evaluator = Evaluator(
+            parts.eval_prompts, parts.dispatcher, parts.reward, self.reward_type, parts.status, parts.metrics
+        )
+        self.reporter = StepReporter(
+            parts.status, parts.metrics, parts.on_step, parts.spec.training.tracking, self.total_steps, log
+        )
         self._last_step_end: float | None = None
-        self._pace_from: tuple[int, float] | None = None
-        """(step, monotonic time) the run started at, for the ETA of the per-step progress line."""
         self._checkpointed_step = start_step
         """The newest checkpoint's step (at first the one resumed from): a stop does not take it twice."""
         self.max_staleness = parts.spec.training.max_staleness if parts.async_capable else 0
@@ -149,36 +153,13 @@ class Coordinator:
 
     # ---------------------------------------------------------------------------------------- eval
     async def evaluate(self) -> dict[str, float]:
-        """Greedy answers on the held-out prompts; accuracy = share of fully correct answers.
+        """The current policy's held-out evaluation (`Evaluator.evaluate`: once per policy version)."""
+        return await self.evaluator.evaluate(self.step, self.version, self.sampling(greedy=True))
 
-        A policy version already evaluated (the last step's periodic evaluation when `evalEvery` divides
-        the steps, then the final one) returns that result again without generating or writing a second
-        row: greedy answers of the same weights are the same answers.
-        """
-        if not self.p.eval_prompts:
-            return {}
-        if self._last_eval is not None and self._last_eval[0] == self.version:
-            return dict(self._last_eval[1])
-        items = [(prompt, 0) for prompt in self.p.eval_prompts]
-        samples, _ = await self.p.dispatcher.run(items, self.sampling(greedy=True), self.version)
-        scores = await self.p.reward.score(samples, self.reward_type)
-        values = [s for s, _ in scores]
-        correct = sum(1 for v in values if v >= 1.0 - 1e-6)
-        accuracy = correct / len(values)
-        low, high = wilson_interval(correct, len(values))
-        self.eval_history.append((self.step, accuracy))
-        self.p.status.update(eval_accuracy=accuracy)
-        result = {
-            "eval_accuracy": accuracy,
-            "eval_accuracy_low": low,
-            "eval_accuracy_high": high,
-            "eval_problems": len(values),
-            "eval_reward_mean": statistics.fmean(values),
-        }
-        if self.p.metrics is not None:  # every evaluation, the one before training (step 0) too
-            self.p.metrics.write_eval({"step": self.step, **result})
-        self._last_eval = (self.version, dict(result))
-        return result
+    @property
+    def eval_history(self) -> list[tuple[int, float]]:
+        """(step, accuracy) of every evaluation so far."""
+        return self.evaluator.history
 
     # ---------------------------------------------------------------------------------------- step
     def next_items(self) -> list[tuple[Prompt, int]]:
@@ -214,117 +195,112 @@ class Coordinator:
         return await self.learn(generated)
 
     async def learn(self, generated: Generated) -> dict[str, Any]:
-        parts = self.p
+        """Learn on one generated batch: choose the samples, update the policy on them, put the new weights
+        out, then record the step (evaluating and checkpointing when due) and report it."""
         timings = dict(generated.timings)
-        started = generated.started
-        items, report = generated.items, generated.report
-        # Samples older than maxStaleness versions are dropped; fresher off-policy ones are importance-
-        # corrected against their behaviour log-probs (the rollout's own): by the loss's ratio, or with a
-        # rollout correction by its truncated weights / rejection (algorithms/rollout_correction.py).
-        fresh = [s for s in generated.samples if s.policy_version >= self.version - self.max_staleness]
-        stale_dropped = len(generated.samples) - len(fresh)
-        samples = fresh
-        rewards = [float(s.score or 0.0) for s in generated.samples]
-
-        kept, filter_metrics = select_samples(samples, self.settings)
-        kept = self._even_for_learners(kept)
-        metrics: dict[str, Any] = {}
-        if kept:
-            if parts.reference is not None:
-                done = self._phase("reference", timings)
-                ref = await parts.reference.logprobs(kept)
-                kept = [s.with_(ref_logprobs=r) for s, r in zip(kept, ref, strict=True)]
-                done()
-            if parts.critic is not None:
-                done = self._phase("critic", timings)
-                values = await parts.critic.values(kept)
-                kept = [s.with_(values=v) for s, v in zip(kept, values, strict=True)]
-                done()
-            done = self._phase("update", timings)
-            batch = collate(kept, parts.pad_token_id)
-            metrics.update(attach_advantages(batch, self.settings))
-            metrics.update(await compute_thread.run(self._update, batch))
-            done()
-            if parts.critic is not None:
-                done = self._phase("critic", timings)
-                returns = [
-                    tuple(batch.returns[i, : len(s.response_ids)].tolist()) for i, s in enumerate(kept)
-                ]
-                old = [s.values for s in kept]
-                metrics["critic_loss"] = await parts.critic.train(kept, returns, old, self.version)
-                done()
+        kept, stale_dropped, filter_metrics = self._choose(generated)
+        metrics = await self._update_on(kept, timings) if kept else {}
         self.version += 1
         done = self._phase("weights", timings)
-        await compute_thread.run(parts.publish, self.version)
+        await compute_thread.run(self.p.publish, self.version)
         done()
         self.step += 1
-
-        lengths = [len(s.response_ids) for s in generated.samples]
-        now = time.perf_counter()
-        elapsed = now - max(started, self._last_step_end or started)  # wall time this step added
-        self._last_step_end = now
-        record: dict[str, Any] = {
-            "step": self.step,
-            "policy_version": self.version,
-            "reward_mean": statistics.fmean(rewards),
-            "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
-            "response_length_mean": statistics.fmean(lengths),
-            "truncated_frac": sum(s.finish_reason == "length" for s in generated.samples)
-            / len(generated.samples),
-            "tokens": report.tokens,
-            "tokens_per_second": report.tokens / max(report.seconds, 1e-9),
-            "step_seconds": elapsed,
-            "redispatched": report.redispatched,
-            "hedged": report.hedged,
-            "continued": report.continued,
-            "worker_failures": len(report.failures),
-            "rollout_workers": len(report.assigned),
-            "samples_by_worker": _samples_by_worker(generated.samples),
-            "samples": len(generated.samples),
-            "expected_samples": len(items),
-            "stale_dropped": stale_dropped,
-            "staleness": self.version - 1 - generated.version,
-            "unique_samples": len({s.key for s in generated.samples}),
-            "duplicates_dropped": report.duplicates_dropped,
-            **{f"time_{k}": v for k, v in timings.items()},
-            **episode_metrics(generated.samples),
-            **filter_metrics,
-            **metrics,
-        }
+        elapsed = self._step_seconds(generated.started)
+        record = step_record(
+            step=self.step,
+            version=self.version,
+            samples=generated.samples,
+            report=generated.report,
+            expected_samples=len(generated.items),
+            stale_dropped=stale_dropped,
+            staleness=self.version - 1 - generated.version,
+            step_seconds=elapsed,
+            timings=timings,
+            learned=(filter_metrics, metrics),
+        )
         if self.spec.training.eval_every and self.step % self.spec.training.eval_every == 0:
             done = self._phase("eval", timings)
             record.update(await self.evaluate())
             done()
-        clock, writer = parts.checkpoint_clock, parts.checkpoints
-        if writer is not None and clock is not None:
-            now = time.monotonic()
-            if clock.due(self.step, self.total_steps, elapsed, writer.snapshot_seconds, now):
-                done = self._phase("checkpoint", timings)
-                path = str(await asyncio.to_thread(writer.take, self.step, self.resume_state()))
-                clock.taken(self.step, now)
-                self._checkpointed_step = self.step
-                parts.status.update(last_checkpoint=path)
-                record["checkpoint"] = path
-                record["checkpoint_snapshot_seconds"] = writer.snapshot_seconds
-                record["checkpoint_write_seconds"] = (
-                    writer.write_seconds
-                )  # the previous one's, in the background
-                done()
-        self._publish_progress(record, timings)
-        self._log_samples(generated.samples)
+        record.update(await self._checkpoint_if_due(elapsed, timings))
+        self.reporter.publish(self.step, self.version, record, timings)
+        self.reporter.log_samples(self.step, generated.samples)
         return record
 
-    def _log_samples(self, samples: Sequence[Sample]) -> None:
-        """Every `tracking.samplesEvery` steps, a few generations as a table (what a person reads to see
-        what the numbers mean)."""
-        tracking = self.spec.training.tracking
-        if self.p.metrics is None or not tracking.samples_every or self.step % tracking.samples_every:
-            return
-        rows = [
-            {"prompt": s.prompt.text, "response": s.text, "reward": s.score}
-            for s in list(samples)[: tracking.samples]
-        ]
-        self.p.metrics.write_samples(self.step, rows)
+    def _choose(self, generated: Generated) -> tuple[list[Sample], int, dict[str, Any]]:
+        """The samples this step learns from, how many were too stale, and the filters' metrics.
+
+        Samples older than maxStaleness versions are dropped; fresher off-policy ones are importance-
+        corrected against their behaviour log-probs (the rollout's own): by the loss's ratio, or with a
+        rollout correction by its truncated weights / rejection (algorithms/rollout_correction.py).
+        """
+        fresh = [s for s in generated.samples if s.policy_version >= self.version - self.max_staleness]
+        kept, filter_metrics = select_samples(fresh, self.settings)
+        return self._even_for_learners(kept), len(generated.samples) - len(fresh), filter_metrics
+
+    async def _update_on(self, kept: list[Sample], timings: dict[str, float]) -> dict[str, Any]:
+        """Reference log-probs and critic values for the kept samples, advantages, the policy update, then
+        the critic's own update on the returns; the update's metrics."""
+        parts = self.p
+        kept = await self._enrich(kept, timings)
+        metrics: dict[str, Any] = {}
+        done = self._phase("update", timings)
+        batch = collate(kept, parts.pad_token_id)
+        metrics.update(attach_advantages(batch, self.settings))
+        metrics.update(await compute_thread.run(self._update, batch))
+        done()
+        if parts.critic is not None:
+            done = self._phase("critic", timings)
+            returns = [tuple(batch.returns[i, : len(s.response_ids)].tolist()) for i, s in enumerate(kept)]
+            old = [s.values for s in kept]
+            metrics["critic_loss"] = await parts.critic.train(kept, returns, old, self.version)
+            done()
+        return metrics
+
+    async def _enrich(self, kept: list[Sample], timings: dict[str, float]) -> list[Sample]:
+        """The samples with what the other models say about them: reference log-probs (for KL) and critic
+        values (for GAE), each only when that role is in the job."""
+        parts = self.p
+        if parts.reference is not None:
+            done = self._phase("reference", timings)
+            ref = await parts.reference.logprobs(kept)
+            kept = [s.with_(ref_logprobs=r) for s, r in zip(kept, ref, strict=True)]
+            done()
+        if parts.critic is not None:
+            done = self._phase("critic", timings)
+            values = await parts.critic.values(kept)
+            kept = [s.with_(values=v) for s, v in zip(kept, values, strict=True)]
+            done()
+        return kept
+
+    def _step_seconds(self, started: float) -> float:
+        """The wall time this step added: from its rollout's launch, or from the previous step's end when
+        the rollout was generated ahead while that step trained."""
+        now = time.perf_counter()
+        elapsed = now - max(started, self._last_step_end or started)
+        self._last_step_end = now
+        return elapsed
+
+    async def _checkpoint_if_due(self, elapsed: float, timings: dict[str, float]) -> dict[str, Any]:
+        """Take a snapshot when the checkpoint clock says one is due; the record's checkpoint fields."""
+        clock, writer = self.p.checkpoint_clock, self.p.checkpoints
+        if writer is None or clock is None:
+            return {}
+        now = time.monotonic()
+        if not clock.due(self.step, self.total_steps, elapsed, writer.snapshot_seconds, now):
+            return {}
+        done = self._phase("checkpoint", timings)
+        path = str(await asyncio.to_thread(writer.take, self.step, self.resume_state()))
+        clock.taken(self.step, now)
+        self._checkpointed_step = self.step
+        self.p.status.update(last_checkpoint=path)
+        fields = {
+            "checkpoint": path,
+            "checkpoint_snapshot_seconds": writer.snapshot_seconds,
+            "checkpoint_write_seconds": writer.write_seconds,  # the previous one's, in the background
+        }
+        done()
+        return fields
 
     def _even_for_learners(self, kept: list[Sample]) -> list[Sample]:
         """Data-parallel replicas must run the same number of micro-batches: trim to a multiple."""
@@ -377,45 +353,13 @@ class Coordinator:
         log.warning("stopping after step %d (SIGTERM); state in %s", self.step, path or "(no checkpoint)")
         raise TrainingStopped(self.step, path)
 
-    def _publish_progress(self, record: dict[str, Any], timings: dict[str, float]) -> None:
-        self.p.status.update(
-            step=self.step,
-            total_steps=self.total_steps,
-            reward_mean=record["reward_mean"],
-            reward_std=record["reward_std"],
-            kl=float(record.get("kl", 0.0)),
-            response_length_mean=record["response_length_mean"],
-            policy_version=self.version,
-            tokens_per_second=record["tokens_per_second"],
-            phase_seconds=tuple(sorted(timings.items())),
-            phase="idle",
-        )
-        log.info(self._progress_line(record))
-        if self.p.metrics is not None:
-            self.p.metrics.write({"time": time.time(), **record})
-        if self.p.on_step is not None:
-            self.p.on_step(record)
-
-    def _progress_line(self, record: dict[str, Any]) -> str:
-        """The step's line in the learner log (a pod log has no progress bar)."""
-        first_step, since = self._pace_from or (self.step - 1, time.monotonic())
-        eta = eta_seconds(self.step, self.total_steps, time.monotonic() - since, first_step)
-        return progress_line(
-            self.step,
-            self.total_steps,
-            record.get("reward_mean"),
-            record.get("tokens_per_second"),
-            eta,
-            accuracy=record.get("eval_accuracy"),
-        )
-
     # ------------------------------------------------------------------------------------------ run
     async def run(self) -> dict[str, Any]:
         """Eval before, train to the end, eval after; returns the summary."""
         status = self.p.status
         status.update(state="Running", total_steps=self.total_steps, policy_version=self.version)
         before = await self.evaluate() if self.p.eval_prompts else {}
-        self._pace_from = (self.step, time.monotonic())
+        self.reporter.start_pace(self.step)
         first_rewards: list[float] = []
         last_rewards: list[float] = []
         started = time.perf_counter()
@@ -461,25 +405,10 @@ class Coordinator:
             "reward_last": statistics.fmean(last_rewards[-window:]) if last_rewards else math.nan,
             "eval_accuracy_before": before.get("eval_accuracy"),
             "eval_accuracy_after": after.get("eval_accuracy"),
-            "eval_interval_before": _interval(before),
-            "eval_interval_after": _interval(after),
+            "eval_interval_before": accuracy_interval(before),
+            "eval_interval_after": accuracy_interval(after),
             "eval_problems": after.get("eval_problems") or before.get("eval_problems"),
             "last_checkpoint": status.current.last_checkpoint,
         }
         status.update(state="Succeeded", phase="done")
         return summary
-
-
-def _interval(evaluation: dict[str, Any]) -> list[float] | None:
-    """The 95% interval of an evaluation's accuracy, for the summary."""
-    if "eval_accuracy_low" not in evaluation:
-        return None
-    return [evaluation["eval_accuracy_low"], evaluation["eval_accuracy_high"]]
-
-
-def _samples_by_worker(samples: Sequence[Sample]) -> dict[str, int]:
-    """How many of a step's samples each worker produced, so a slow peer's share shows every step."""
-    counts: dict[str, int] = {}
-    for sample in samples:
-        counts[sample.worker_id] = counts.get(sample.worker_id, 0) + 1
-    return counts

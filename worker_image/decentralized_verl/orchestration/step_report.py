@@ -1,0 +1,144 @@
+"""What the loop says about each finished step: its metrics record, and where that record goes.
+
+Kept apart from the loop because it is a different job: the loop decides what happens in a step, this
+module turns what happened into numbers (pure, `step_record`) and hands them to everyone watching
+(`StepReporter`: the status board the operator polls, the pod log's progress line, the metrics file and
+trackers, the caller's `on_step` hook, the periodic table of sample generations).
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from decentralized_verl.core.samples import Sample
+from decentralized_verl.core.status import StatusBoard
+from decentralized_verl.environments.metrics import episode_metrics
+from decentralized_verl.reporting.metrics import MetricsLog
+from decentralized_verl.reporting.progress import eta_seconds, progress_line
+
+
+def step_record(
+    *,
+    step: int,
+    version: int,
+    samples: Sequence[Sample],
+    report: Any,
+    expected_samples: int,
+    stale_dropped: int,
+    staleness: int,
+    step_seconds: float,
+    timings: dict[str, float],
+    learned: Sequence[dict[str, Any]],
+) -> dict[str, Any]:
+    """One step's metrics row: rewards and lengths of every generated sample (kept by the filters or
+    not), the rollout's dispatch report, phase timings, episode metrics, then what learning measured
+    (`learned`, in order: the filters', then the update's)."""
+    rewards = [float(s.score or 0.0) for s in samples]
+    lengths = [len(s.response_ids) for s in samples]
+    record: dict[str, Any] = {
+        "step": step,
+        "policy_version": version,
+        "reward_mean": statistics.fmean(rewards),
+        "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
+        "response_length_mean": statistics.fmean(lengths),
+        "truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples),
+        "tokens": report.tokens,
+        "tokens_per_second": report.tokens / max(report.seconds, 1e-9),
+        "step_seconds": step_seconds,
+        "redispatched": report.redispatched,
+        "hedged": report.hedged,
+        "continued": report.continued,
+        "worker_failures": len(report.failures),
+        "rollout_workers": len(report.assigned),
+        "samples_by_worker": samples_by_worker(samples),
+        "samples": len(samples),
+        "expected_samples": expected_samples,
+        "stale_dropped": stale_dropped,
+        "staleness": staleness,
+        "unique_samples": len({s.key for s in samples}),
+        "duplicates_dropped": report.duplicates_dropped,
+        **{f"time_{k}": v for k, v in timings.items()},
+        **episode_metrics(samples),
+    }
+    for measured in learned:
+        record.update(measured)
+    return record
+
+
+def samples_by_worker(samples: Sequence[Sample]) -> dict[str, int]:
+    """How many of a step's samples each worker produced, so a slow peer's share shows every step."""
+    counts: dict[str, int] = {}
+    for sample in samples:
+        counts[sample.worker_id] = counts.get(sample.worker_id, 0) + 1
+    return counts
+
+
+class StepReporter:
+    """Hands each step's record to the status board, the log, the metrics file and the `on_step` hook."""
+
+    def __init__(
+        self,
+        status: StatusBoard,
+        metrics: MetricsLog | None,
+        on_step: Callable[[dict[str, Any]], None] | None,
+        tracking: Any,
+        total_steps: int,
+        log: logging.Logger,
+    ) -> None:
+        """`log` is the loop's own logger: the progress line appears under the loop's name in a pod log."""
+        self.status, self.metrics, self.on_step = status, metrics, on_step
+        self.tracking, self.total_steps, self.log = tracking, total_steps, log
+        self._pace_from: tuple[int, float] | None = None
+        """(step, monotonic time) the run started at, for the ETA of the per-step progress line."""
+
+    def start_pace(self, step: int) -> None:
+        """Training starts now at `step`: the ETA measures the pace from here (not the evaluation before)."""
+        self._pace_from = (step, time.monotonic())
+
+    def publish(self, step: int, version: int, record: dict[str, Any], timings: dict[str, float]) -> None:
+        self.status.update(
+            step=step,
+            total_steps=self.total_steps,
+            reward_mean=record["reward_mean"],
+            reward_std=record["reward_std"],
+            kl=float(record.get("kl", 0.0)),
+            response_length_mean=record["response_length_mean"],
+            policy_version=version,
+            tokens_per_second=record["tokens_per_second"],
+            phase_seconds=tuple(sorted(timings.items())),
+            phase="idle",
+        )
+        self.log.info(self.progress_line(step, record))
+        if self.metrics is not None:
+            self.metrics.write({"time": time.time(), **record})
+        if self.on_step is not None:
+            self.on_step(record)
+
+    def progress_line(self, step: int, record: dict[str, Any]) -> str:
+        """The step's line in the learner log (a pod log has no progress bar)."""
+        first_step, since = self._pace_from or (step - 1, time.monotonic())
+        eta = eta_seconds(step, self.total_steps, time.monotonic() - since, first_step)
+        return progress_line(
+            step,
+            self.total_steps,
+            record.get("reward_mean"),
+            record.get("tokens_per_second"),
+            eta,
+            accuracy=record.get("eval_accuracy"),
+        )
+
+    def log_samples(self, step: int, samples: Sequence[Sample]) -> None:
+        """Every `tracking.samplesEvery` steps, a few generations as a table (what a person reads to see
+        what the numbers mean)."""
+        tracking = self.tracking
+        if self.metrics is None or not tracking.samples_every or step % tracking.samples_every:
+            return
+        rows = [
+            {"prompt": s.prompt.text, "response": s.text, "reward": s.score}
+            for s in list(samples)[: tracking.samples]
+        ]
+        self.metrics.write_samples(step, rows)
