@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import math
-import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -24,8 +22,8 @@ from decentralized_verl.core.sampling import SamplingParams
 from decentralized_verl.core.status import StatusBoard
 from decentralized_verl.environments.replay import ENVIRONMENT_REWARD
 from decentralized_verl.orchestration.dispatch import Dispatcher
-from decentralized_verl.orchestration.evaluation import Evaluator, accuracy_interval
-from decentralized_verl.orchestration.step_report import StepReporter, step_record
+from decentralized_verl.orchestration.evaluation import Evaluator
+from decentralized_verl.orchestration.step_report import StepReporter, run_summary, step_record
 from decentralized_verl.reporting.metrics import MetricsLog
 from decentralized_verl.runtime import compute_thread
 from decentralized_verl.spec import JobSpec
@@ -360,8 +358,8 @@ class Coordinator:
         status.update(state="Running", total_steps=self.total_steps, policy_version=self.version)
         before = await self.evaluate() if self.p.eval_prompts else {}
         self.reporter.start_pace(self.step)
-        first_rewards: list[float] = []
-        last_rewards: list[float] = []
+        rewards: list[float] = []
+        """Each step's mean reward, for the summary's first and last windows."""
         started = time.perf_counter()
         ahead: deque[asyncio.Task[Generated]] = deque()
         drawn: deque[dict[str, Any]] = deque()
@@ -382,8 +380,7 @@ class Coordinator:
                 ahead.popleft()
                 drawn.popleft()
                 record = await self.learn(generated)
-                first_rewards.append(record["reward_mean"])
-                last_rewards.append(record["reward_mean"])
+                rewards.append(record["reward_mean"])
         except BaseException:
             status.update(state="Failed")
             for task in ahead:
@@ -396,19 +393,14 @@ class Coordinator:
         after = await self.evaluate() if self.p.eval_prompts else {}
         if self.p.checkpoints is not None:
             await asyncio.to_thread(self.p.checkpoints.flush)  # the last checkpoint is on disk
-        window = max(1, min(5, len(first_rewards) // 3 or 1))
-        summary = {
-            "steps": self.step,
-            "policy_version": self.version,
-            "seconds": time.perf_counter() - started,
-            "reward_first": statistics.fmean(first_rewards[:window]) if first_rewards else math.nan,
-            "reward_last": statistics.fmean(last_rewards[-window:]) if last_rewards else math.nan,
-            "eval_accuracy_before": before.get("eval_accuracy"),
-            "eval_accuracy_after": after.get("eval_accuracy"),
-            "eval_interval_before": accuracy_interval(before),
-            "eval_interval_after": accuracy_interval(after),
-            "eval_problems": after.get("eval_problems") or before.get("eval_problems"),
-            "last_checkpoint": status.current.last_checkpoint,
-        }
+        summary = run_summary(
+            steps=self.step,
+            version=self.version,
+            seconds=time.perf_counter() - started,
+            rewards=rewards,
+            before=before,
+            after=after,
+            last_checkpoint=status.current.last_checkpoint,
+        )
         status.update(state="Succeeded", phase="done")
         return summary

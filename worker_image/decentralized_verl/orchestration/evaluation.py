@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from typing import Any
 
 from decentralized_verl.core.interfaces import RewardClient
 from decentralized_verl.core.samples import Prompt
@@ -70,10 +69,3 @@ class Evaluator:
             self.metrics.write_eval({"step": step, **result})
         self._last = (version, dict(result))
         return result
-
-
-def accuracy_interval(evaluation: dict[str, Any]) -> list[float] | None:
-    """The 95% interval of an evaluation's accuracy, for the summary (None: nothing was evaluated)."""
-    if "eval_accuracy_low" not in evaluation:
-        return None
-    return [evaluation["eval_accuracy_low"], evaluation["eval_accuracy_high"]]

@@ -1,14 +1,15 @@
-"""What the loop says about each finished step: its metrics record, and where that record goes.
+"""What the loop says about each finished step and, at the end, about the whole run.
 
 Kept apart from the loop because it is a different job: the loop decides what happens in a step, this
-module turns what happened into numbers (pure, `step_record`) and hands them to everyone watching
-(`StepReporter`: the status board the operator polls, the pod log's progress line, the metrics file and
-trackers, the caller's `on_step` hook, the periodic table of sample generations).
+module turns what happened into numbers (pure: `step_record`, `run_summary`) and hands each step's to
+everyone watching (`StepReporter`: the status board the operator polls, the pod log's progress line, the
+metrics file and trackers, the caller's `on_step` hook, the periodic table of sample generations).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -75,6 +76,41 @@ def samples_by_worker(samples: Sequence[Sample]) -> dict[str, int]:
     for sample in samples:
         counts[sample.worker_id] = counts.get(sample.worker_id, 0) + 1
     return counts
+
+
+def run_summary(
+    *,
+    steps: int,
+    version: int,
+    seconds: float,
+    rewards: Sequence[float],
+    before: dict[str, Any],
+    after: dict[str, Any],
+    last_checkpoint: str,
+) -> dict[str, Any]:
+    """The run's summary: the mean reward over the first and the last few steps (a window of a third of
+    the steps, 1 to 5), and the held-out accuracy before and after training with its 95% interval."""
+    window = max(1, min(5, len(rewards) // 3 or 1))
+    return {
+        "steps": steps,
+        "policy_version": version,
+        "seconds": seconds,
+        "reward_first": statistics.fmean(rewards[:window]) if rewards else math.nan,
+        "reward_last": statistics.fmean(rewards[-window:]) if rewards else math.nan,
+        "eval_accuracy_before": before.get("eval_accuracy"),
+        "eval_accuracy_after": after.get("eval_accuracy"),
+        "eval_interval_before": _accuracy_interval(before),
+        "eval_interval_after": _accuracy_interval(after),
+        "eval_problems": after.get("eval_problems") or before.get("eval_problems"),
+        "last_checkpoint": last_checkpoint,
+    }
+
+
+def _accuracy_interval(evaluation: dict[str, Any]) -> list[float] | None:
+    """The 95% interval of an evaluation's accuracy (None: nothing was evaluated)."""
+    if "eval_accuracy_low" not in evaluation:
+        return None
+    return [evaluation["eval_accuracy_low"], evaluation["eval_accuracy_high"]]
 
 
 class StepReporter:
