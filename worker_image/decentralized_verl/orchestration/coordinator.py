@@ -83,6 +83,38 @@ class Generated:
     started: float
 
 
+class _Ahead:
+    """The batches generating ahead of the step that learns on them, oldest first, each with the sampler's
+    state from before its prompts were drawn: on a stop, the prompts of batches not learned from go back."""
+
+    def __init__(self) -> None:
+        self._tasks: deque[asyncio.Task[Generated]] = deque()
+        self._drawn: deque[dict[str, Any]] = deque()
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def launch(self, sampler_before: dict[str, Any], task: asyncio.Task[Generated]) -> None:
+        self._drawn.append(sampler_before)
+        self._tasks.append(task)
+
+    def first(self) -> asyncio.Task[Generated]:
+        return self._tasks[0]
+
+    def pop(self) -> None:
+        """The oldest batch is generated and about to be learned from: its prompts are spent."""
+        self._tasks.popleft()
+        self._drawn.popleft()
+
+    def cancel(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+
+    def sampler_before(self) -> dict[str, Any] | None:
+        """The sampler's state before the oldest batch not learned from (None: every drawn batch was)."""
+        return self._drawn[0] if self._drawn else None
+
+
 class Coordinator:
     """The loop itself: draws prompt batches, keeps rollouts generating (ahead, with maxStaleness), learns
     on each batch in turn, and leaves cleanly on a stop. What a step reports and how the policy is
@@ -361,35 +393,30 @@ class Coordinator:
         rewards: list[float] = []
         """Each step's mean reward, for the summary's first and last windows."""
         started = time.perf_counter()
-        ahead: deque[asyncio.Task[Generated]] = deque()
-        drawn: deque[dict[str, Any]] = deque()
-        """The sampler's state before each batch in `ahead` was drawn: a stop hands those prompts back."""
+        ahead = _Ahead()
         launched = self.step
         try:
             while self.step < self.total_steps and not self._stopping():
                 # Keep up to maxStaleness batches generating while this one trains (async RL);
                 # with 0 the next rollout starts only after the new weights are out (on-policy).
                 while launched < self.total_steps and len(ahead) < 1 + self.max_staleness:
-                    drawn.append(self.p.sampler.state())
-                    ahead.append(asyncio.create_task(self.generate(self.next_items())))
+                    drawn = self.p.sampler.state()
+                    ahead.launch(drawn, asyncio.create_task(self.generate(self.next_items())))
                     launched += 1
                 status.update(phase="rollout")
-                generated = await self._unless_stopped(ahead[0])
+                generated = await self._unless_stopped(ahead.first())
                 if generated is None:
                     break  # stopped while generating: this batch is dropped, its prompts handed back
-                ahead.popleft()
-                drawn.popleft()
+                ahead.pop()
                 record = await self.learn(generated)
                 rewards.append(record["reward_mean"])
         except BaseException:
             status.update(state="Failed")
-            for task in ahead:
-                task.cancel()
+            ahead.cancel()
             raise
         if self._stopping():
-            for task in ahead:
-                task.cancel()
-            await self._leave(drawn[0] if drawn else None)
+            ahead.cancel()
+            await self._leave(ahead.sampler_before())
         after = await self.evaluate() if self.p.eval_prompts else {}
         if self.p.checkpoints is not None:
             await asyncio.to_thread(self.p.checkpoints.flush)  # the last checkpoint is on disk
