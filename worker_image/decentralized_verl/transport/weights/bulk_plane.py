@@ -271,7 +271,7 @@ class BulkPlane:
                 got += n
                 progress[0] = got
                 while hashed < count and end(hashed) <= got:
-                    pending.append((hashed, self.relay._verify.submit(check, hashed)))
+                    pending.append((hashed, self.relay.verifier.submit(check, hashed)))
                     hashed += 1
                 while pending and pending[0][1].done():
                     k, done = pending.popleft()
