@@ -149,8 +149,9 @@ class WeightRelay:
         self.wire(self.publisher.get(version))
         return manifest
 
-    def _store(self, published: Published, raws: Sequence[bytes]) -> None:
-        """Hold a verified version; one already held with the same bytes is fine (caught up earlier). With
+    def hold(self, published: Published, raws: Sequence[bytes]) -> None:
+        """Hold a verified version: where every way in (Push, bulk plane, catch-up) ends, so the node holds
+        only what passed its checks. One already held with the same bytes is fine (caught up earlier). With
         no ``raws`` (a bulk transfer) the messages a Fetch serves are built when first asked for."""
         held = self.publisher.get(published.manifest.version)
         if held is not None and held.manifest.digest == published.manifest.digest:
@@ -159,7 +160,12 @@ class WeightRelay:
         if raws:
             self._remember((published.manifest.version, published.manifest.digest), tuple(raws))
 
-    def _done_receiving(self, version: int) -> None:
+    def started_receiving(self, version: int) -> None:
+        """Count a push of ``version`` now arriving (a gRPC Push admitted, or a bulk transfer opened), so
+        a reader waits for it rather than pulling; `done_receiving` ends it, whatever the outcome."""
+        self.receiving[version] = self.receiving.get(version, 0) + 1
+
+    def done_receiving(self, version: int) -> None:
         left = self.receiving.get(version, 0) - 1
         if left > 0:
             self.receiving[version] = left
@@ -213,7 +219,7 @@ class WeightRelay:
         published, raws = await fetch_version(
             channel, parent, manifest, timeout_s=self.timeout_s, verifier=self.verifier
         )
-        self._store(published, raws)
+        self.hold(published, raws)
         return manifest.version
 
 

@@ -115,7 +115,7 @@ class RelayServicer:
             version = manifest.version
             builder = BundleBuilder(manifest)  # its signature first: an unsigned offer costs no call
             await relay.admit(manifest)
-            relay.receiving[version] = relay.receiving.get(version, 0) + 1
+            relay.started_receiving(version)
 
             async def parsed() -> AsyncIterator[tuple[bytes, pb.WeightChunk]]:
                 yield first, msg
@@ -126,7 +126,7 @@ class RelayServicer:
                 received += 1
                 session.send(raw)  # verified: on to the children while the next chunks arrive
             published = await relay.verifier.finish(builder)
-            relay._store(published, session.backlog)
+            relay.hold(published, session.backlog)
         except (WireError, ValueError) as exc:
             log.warning("refused weights v%d pushed from %s: %s", version, context.peer(), exc)
             if builder is not None:
@@ -139,7 +139,7 @@ class RelayServicer:
             raise
         finally:
             if builder is not None:
-                relay._done_receiving(builder.manifest.version)
+                relay.done_receiving(builder.manifest.version)
         results = await session.finish()
         context.set_trailing_metadata(((RESULT_KEY, json.dumps(results)),))
         return pb.PushAck(ok=True, version=version, chunks_received=received)
