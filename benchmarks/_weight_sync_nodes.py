@@ -32,8 +32,8 @@ def _receiver(
     stored_at: dict[int, float] = {}
 
     class TimedRelay(WeightRelay):
-        def _store(self, published, raws) -> None:
-            super()._store(published, raws)
+        def hold(self, published, raws) -> None:
+            super().hold(published, raws)
             stored_at[published.manifest.version] = time.monotonic()
 
     relay = TimedRelay(WeightPublisher(keep=1), grpc_options=grpc_options, verify_threads=verify_threads)

@@ -164,7 +164,7 @@ class BulkPlane:
         with self._lock:
             self._pending[ticket] = Incoming(builder, route, loop)
         version = manifest.version
-        self.relay.receiving[version] = self.relay.receiving.get(version, 0) + 1
+        self.relay.started_receiving(version)
         loop.call_later(self.relay.timeout_s, self._expire, ticket)
         return json.dumps({"port": self.port, "ticket": ticket.hex()}).encode()
 
@@ -172,7 +172,7 @@ class BulkPlane:
         with self._lock:
             incoming = self._pending.pop(ticket, None)
         if incoming is not None:  # the data never came
-            self.relay._done_receiving(incoming.builder.manifest.version)
+            self.relay.done_receiving(incoming.builder.manifest.version)
 
     # ----------------------------------------------------------------- receiving
 
@@ -204,7 +204,7 @@ class BulkPlane:
             if incoming is not None:
                 version = incoming.builder.manifest.version
                 with contextlib.suppress(RuntimeError):  # the relay's loop is gone: nobody is waiting
-                    incoming.loop.call_soon_threadsafe(self.relay._done_receiving, version)
+                    incoming.loop.call_soon_threadsafe(self.relay.done_receiving, version)
 
     def _receive(
         self, conn: socket.socket, incoming: Incoming, peer: str
@@ -220,7 +220,7 @@ class BulkPlane:
         try:
             self._fill(conn, buffer, builder, session, peer, got)
             published = builder.finish()  # the chunk digests against the (signed) bundle digest
-            self.relay._store(published, ())
+            self.relay.hold(published, ())
         except (WireError, ValueError, OSError) as exc:
             reason = str(exc)
             log.warning("refused weights v%d sent in bulk from %s: %s", manifest.version, peer, reason)
@@ -271,7 +271,7 @@ class BulkPlane:
                 got += n
                 progress[0] = got
                 while hashed < count and end(hashed) <= got:
-                    pending.append((hashed, self.relay._verify.submit(check, hashed)))
+                    pending.append((hashed, self.relay.verifier.submit(check, hashed)))
                     hashed += 1
                 while pending and pending[0][1].done():
                     k, done = pending.popleft()

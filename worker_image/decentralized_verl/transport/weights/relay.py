@@ -23,6 +23,12 @@ manifest over gRPC, the bytes flow over TCP/TLS into one buffer, hashed per chun
 the gRPC Push below is the fallback. There, messages travel as the serialized bytes they arrived in, each
 chunk hashed exactly once (in a worker thread) and never re-encoded.
 
+Each concern has its module: the Weights service a relay answers (Push received, verified and passed on;
+Fetch of held versions) is `transport.weights.relay_service`, the hashing threads every receive path shares
+are `transport.weights.chunk_verify`, the pull from a parent is `transport.weights.catch_up` and the
+sending half is `transport.weights.push`; `WeightRelay` itself is the node: what it holds and how it
+reaches its peers.
+
 Routes are planned in `transport.weights.route`. In the runtime (`transport.weights.fanout`) the learner's
 `WeightFanout` pushes each version down `plan_route` of its remote rollout workers; each serves a
 `WeightRelay` on its own gRPC port and reads weights through `RelayWeightSource`, which falls back to
@@ -32,36 +38,22 @@ pulling from the learner. A relay's `WeightPublisher` serves GetManifest/Fetch l
 from __future__ import annotations
 
 import asyncio
-import json
-import logging
-from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import grpc
 
 from decentralized_verl.errors import WireError
-from decentralized_verl.proto import dverl_pb2 as pb
 from decentralized_verl.transport import messages as m
 from decentralized_verl.transport import secure
-from decentralized_verl.transport.weights.bulk_plane import BULK_OPEN, BulkPlane
-from decentralized_verl.transport.weights.codec import WeightChunk
+from decentralized_verl.transport.weights.bulk_plane import BulkPlane
+from decentralized_verl.transport.weights.catch_up import fetch_version, newest_manifest
+from decentralized_verl.transport.weights.chunk_verify import ChunkVerifier
 from decentralized_verl.transport.weights.publish import Published, WeightPublisher
-from decentralized_verl.transport.weights.push import (
-    RESULT_KEY,
-    SERVICE,
-    Session,
-    identity,
-    metadata_value,
-    wire_messages,
-)
-from decentralized_verl.transport.weights.receive import BundleBuilder, ChunkFetch
-from decentralized_verl.transport.weights.route import ROUTE_KEY, Hop, route_from_json
-from decentralized_verl.transport.weights.service import WeightsServicer
+from decentralized_verl.transport.weights.push import Session, wire_messages
+from decentralized_verl.transport.weights.relay_service import RelayServicer
+from decentralized_verl.transport.weights.route import Hop
 from decentralized_verl.transport.weights.version_admission import confirm_with_learner, follows_held
-
-log = logging.getLogger(__name__)
 
 FANOUT_CHUNK_BYTES = 4 * 1024 * 1024
 """Chunk size worth using for fan-out: fewer, larger gRPC messages amortize per-message overhead."""
@@ -94,18 +86,16 @@ class WeightRelay:
         self.timeout_s = timeout_s
         self.grpc_options = tuple(grpc_options)
         """Extra gRPC options for this node's channels and server, after the project's defaults."""
-        self._servicer = WeightsServicer(self.publisher)
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._wire: dict[tuple[int, str], tuple[bytes, ...]] = {}
-        if verify_threads < 1:
-            raise ValueError(f"verify_threads: must be >= 1 (got {verify_threads})")
-        self._verify = ThreadPoolExecutor(verify_threads, thread_name_prefix="relay-verify")
-        self._verify_depth = verify_threads
+        self.verifier = ChunkVerifier(verify_threads)
+        """The hashing threads every way in (Push, catch-up, bulk plane) checks chunks on."""
         self.pushes_received = 0
         self.bulk = BulkPlane(self)
         """The bulk data plane (`transport.weights.bulk_plane`): listening once `serve_relay` started it."""
         self.receiving: dict[int, int] = {}
         """version -> pushes of it arriving right now (a reader waits for them rather than pulling)."""
+        self._service = RelayServicer(self)
 
     # ----------------------------------------------------------------- plumbing
 
@@ -119,26 +109,11 @@ class WeightRelay:
             await ch.close()
         self._channels.clear()
         self.bulk.close()
-        self._verify.shutdown(wait=False, cancel_futures=True)
+        self.verifier.close()
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
-        handlers = {
-            "GetManifest": grpc.unary_unary_rpc_method_handler(
-                self._servicer.GetManifest,
-                request_deserializer=pb.ManifestRequest.FromString,
-                response_serializer=pb.WeightManifest.SerializeToString,
-            ),
-            "Fetch": grpc.unary_stream_rpc_method_handler(
-                self._fetch, request_deserializer=pb.FetchRequest.FromString, response_serializer=identity
-            ),
-            "Push": grpc.stream_unary_rpc_method_handler(
-                self._push, request_deserializer=identity, response_serializer=pb.PushAck.SerializeToString
-            ),
-            BULK_OPEN: grpc.unary_unary_rpc_method_handler(
-                self.bulk.open, request_deserializer=identity, response_serializer=identity
-            ),
-        }
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+        """Register this node's Weights service (`relay_service`) on ``server``."""
+        self._service.add_to_server(server)
 
     async def admit(self, manifest: m.WeightManifest) -> None:
         """Raise WireError unless a pushed `manifest` follows what this node holds and is what the learner
@@ -151,6 +126,8 @@ class WeightRelay:
     def forward(self, hop: Hop, index: int, raw: bytes) -> bytes:
         """The bytes sent to ``hop`` for the index-th message of a push (a hook: tests corrupt here)."""
         return raw
+
+    # ----------------------------------------------------------------- holding
 
     def wire(self, held: Published) -> tuple[bytes, ...]:
         """The serialized messages of a held version, built once and shared by every stream."""
@@ -172,8 +149,9 @@ class WeightRelay:
         self.wire(self.publisher.get(version))
         return manifest
 
-    def _store(self, published: Published, raws: Sequence[bytes]) -> None:
-        """Hold a verified version; one already held with the same bytes is fine (caught up earlier). With
+    def hold(self, published: Published, raws: Sequence[bytes]) -> None:
+        """Hold a verified version: where every way in (Push, bulk plane, catch-up) ends, so the node holds
+        only what passed its checks. One already held with the same bytes is fine (caught up earlier). With
         no ``raws`` (a bulk transfer) the messages a Fetch serves are built when first asked for."""
         held = self.publisher.get(published.manifest.version)
         if held is not None and held.manifest.digest == published.manifest.digest:
@@ -181,6 +159,18 @@ class WeightRelay:
         self.publisher.store(published)
         if raws:
             self._remember((published.manifest.version, published.manifest.digest), tuple(raws))
+
+    def started_receiving(self, version: int) -> None:
+        """Count a push of ``version`` now arriving (a gRPC Push admitted, or a bulk transfer opened), so
+        a reader waits for it rather than pulling; `done_receiving` ends it, whatever the outcome."""
+        self.receiving[version] = self.receiving.get(version, 0) + 1
+
+    def done_receiving(self, version: int) -> None:
+        left = self.receiving.get(version, 0) - 1
+        if left > 0:
+            self.receiving[version] = left
+        else:
+            self.receiving.pop(version, None)
 
     # ----------------------------------------------------------------- sending
 
@@ -195,7 +185,7 @@ class WeightRelay:
             raise WireError(
                 "weights.version", f"version {version} is not held (held: {self.publisher.versions})"
             )
-        raws = await asyncio.get_running_loop().run_in_executor(self._verify, self.wire, held)
+        raws = await self.verifier.run(self.wire, held)
         session = Session(self)
         for hop in route:
             session.open(hop)
@@ -210,112 +200,6 @@ class WeightRelay:
         a node without a bulk plane is reported as ``bulk unavailable: ...``."""
         return await asyncio.to_thread(self.bulk.fan_out, version, route, timeout_s)
 
-    # ----------------------------------------------------------------- serving
-
-    async def _fetch(
-        self, request: pb.FetchRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[bytes]:
-        held = self.publisher.get(request.version)
-        if held is None:
-            await context.abort(
-                grpc.StatusCode.NOT_FOUND,
-                f"version {request.version} is not held (held: {self.publisher.versions})",
-            )
-        raws = self.wire(held)
-        if request.from_chunk >= len(raws):
-            await context.abort(
-                grpc.StatusCode.OUT_OF_RANGE, f"from_chunk {request.from_chunk} >= {len(raws)} chunks"
-            )
-        if request.from_chunk > 0:  # a resumed stream's first message carries the manifest too
-            first = held.bundle.chunks[request.from_chunk]
-            yield WeightsServicer.chunk_message(held, first, first=True).SerializeToString()
-        for raw in raws[request.from_chunk + (request.from_chunk > 0) :]:
-            yield raw
-
-    async def _push(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> pb.PushAck:
-        self.pushes_received += 1
-        loop = asyncio.get_running_loop()
-        session = Session(self)
-        builder: BundleBuilder | None = None
-        received = 0
-        route: tuple[Hop, ...] = ()
-        version = 0
-        try:
-            route = route_from_json(metadata_value(context.invocation_metadata(), ROUTE_KEY) or "[]")
-            for hop in route:
-                session.open(hop)
-            incoming = aiter(requests)
-            first = await anext(incoming, None)
-            if first is None:
-                raise WireError("chunks", "the push carried no chunks")
-            msg = pb.WeightChunk.FromString(first)
-            if not msg.HasField("manifest"):
-                raise WireError("chunk[0].manifest", "the first pushed chunk must carry the manifest")
-            manifest = m.manifest_from_proto(msg.manifest, "chunk[0].manifest")
-            version = manifest.version
-            builder = BundleBuilder(manifest)  # its signature first: an unsigned offer costs no call
-            await self.admit(manifest)
-            self.receiving[version] = self.receiving.get(version, 0) + 1
-
-            async def parsed() -> AsyncIterator[tuple[bytes, pb.WeightChunk]]:
-                yield first, msg
-                async for raw in incoming:
-                    yield raw, pb.WeightChunk.FromString(raw)
-
-            async for raw, _ in self._verified(builder, parsed()):
-                received += 1
-                session.send(raw)  # verified: on to the children while the next chunks arrive
-            published = await loop.run_in_executor(self._verify, builder.finish)
-            self._store(published, session.backlog)
-        except (WireError, ValueError) as exc:
-            log.warning("refused weights v%d pushed from %s: %s", version, context.peer(), exc)
-            if builder is not None:
-                builder.close()
-            results = session.abort(route, str(exc))
-            context.set_trailing_metadata(((RESULT_KEY, json.dumps(results)),))
-            return pb.PushAck(ok=False, version=version, chunks_received=received, reason=str(exc))
-        except asyncio.CancelledError:  # our sender went away: nothing partial is held or passed on
-            session.abort(route, "cancelled")
-            raise
-        finally:
-            if builder is not None:
-                self._done_receiving(builder.manifest.version)
-        results = await session.finish()
-        context.set_trailing_metadata(((RESULT_KEY, json.dumps(results)),))
-        return pb.PushAck(ok=True, version=version, chunks_received=received)
-
-    async def _verified(
-        self, builder: BundleBuilder, messages: AsyncIterator[tuple[bytes, pb.WeightChunk]]
-    ) -> AsyncIterator[tuple[bytes, WeightChunk]]:
-        """Each message once ``builder`` has verified it, in arrival order.
-
-        Up to ``verify_threads`` chunks are hashed at once (``hashlib`` releases the GIL), so a receiver
-        with spare cores verifies faster than one hashing stream; nothing is yielded (forwarded, kept)
-        before its own check passed. On an error every chunk still being hashed is waited for, so the
-        builder is settled when the caller resumes from ``builder.missing``.
-        """
-        loop = asyncio.get_running_loop()
-        pending: deque[tuple[bytes, asyncio.Future]] = deque()
-        try:
-            async for raw, msg in messages:
-                pending.append((raw, loop.run_in_executor(self._verify, builder.add, msg)))
-                while len(pending) >= self._verify_depth or (pending and pending[0][1].done()):
-                    raw, done = pending.popleft()
-                    yield raw, await done
-            while pending:
-                raw, done = pending.popleft()
-                yield raw, await done
-        finally:
-            if pending:
-                await asyncio.wait([f for _, f in pending])
-
-    def _done_receiving(self, version: int) -> None:
-        left = self.receiving.get(version, 0) - 1
-        if left > 0:
-            self.receiving[version] = left
-        else:
-            self.receiving.pop(version, None)
-
     # ----------------------------------------------------------------- catching up
 
     async def catch_up(
@@ -323,73 +207,19 @@ class WeightRelay:
     ) -> int:
         """Fetch the newest version (>= min_version) from ``parent`` and hold it; returns its version.
 
-        For a node that was skipped by a fan-out, or any receiver in the plain pull mode. Every chunk is
-        verified as it arrives; a broken stream is resumed once from the first missing chunk.
+        For a node that was skipped by a fan-out, or any receiver in the plain pull mode (`catch_up`).
         """
         channel = self.channel(parent)
-        get_manifest = channel.unary_unary(
-            f"/{SERVICE}/GetManifest",
-            request_serializer=pb.ManifestRequest.SerializeToString,
-            response_deserializer=pb.WeightManifest.FromString,
+        manifest = await newest_manifest(
+            channel, parent, min_version, timeout_s=self.timeout_s, wait_s=wait_s, poll_s=poll_s
         )
-        fetch_chunks = channel.unary_stream(
-            f"/{SERVICE}/Fetch",
-            request_serializer=pb.FetchRequest.SerializeToString,
-            response_deserializer=identity,
-        )
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_s
-        while True:
-            try:
-                manifest = m.manifest_from_proto(
-                    await get_manifest(pb.ManifestRequest(latest=True), timeout=self.timeout_s)
-                )
-                if manifest.version >= min_version:
-                    break
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() != grpc.StatusCode.NOT_FOUND:
-                    raise WireError("weights", f"GetManifest from {parent} failed: {exc.details()}") from None
-            if loop.time() >= deadline:
-                raise WireError(
-                    "weights.version", f"{parent} has no version >= {min_version} after {wait_s:g}s"
-                )
-            await asyncio.sleep(poll_s)
         held = self.publisher.get(manifest.version)
         if held is not None and held.manifest.digest == manifest.digest:
             return manifest.version
-        fetch = ChunkFetch(manifest, parent)
-        builder = fetch.builder
-        raws: dict[int, bytes] = {}
-        try:
-            while (start := fetch.next_start()) is not None:
-                stream = fetch_chunks(
-                    pb.FetchRequest(version=manifest.version, from_chunk=start), timeout=self.timeout_s
-                )
-
-                async def parsed(stream=stream) -> AsyncIterator[tuple[bytes, pb.WeightChunk]]:
-                    async for raw in stream:
-                        msg = pb.WeightChunk.FromString(raw)
-                        if msg.index not in builder.chunks:  # a resumed stream may repeat a chunk
-                            raws[msg.index] = raw  # kept only once the builder holds the index
-                            yield raw, msg
-
-                try:
-                    async for _ in self._verified(builder, parsed()):
-                        pass
-                    fetch.stream_ended()
-                except grpc.aio.AioRpcError as exc:
-                    fetch.failed(f"stream from chunk {start} broke: {exc.code().name}: {exc.details()}")
-                except WireError as exc:
-                    fetch.failed(str(exc))
-            published = await loop.run_in_executor(self._verify, builder.finish)
-        finally:
-            builder.close()
-        ordered = [raws[i] for i in range(len(builder.chunks))]
-        if ordered and not pb.WeightChunk.FromString(ordered[0]).HasField("manifest"):
-            ordered[0] = WeightsServicer.chunk_message(
-                published, published.bundle.chunks[0], first=True
-            ).SerializeToString()
-        self._store(published, ordered)
+        published, raws = await fetch_version(
+            channel, parent, manifest, timeout_s=self.timeout_s, verifier=self.verifier
+        )
+        self.hold(published, raws)
         return manifest.version
 
 
