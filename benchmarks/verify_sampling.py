@@ -49,11 +49,12 @@ def measure(name: str, model_spec: dict, samples: int, new_tokens: int, repeats:
     from decentralized_verl.models.loading import load_model_and_tokenizer
     from decentralized_verl.runtime.cpus import configure_from_environment
     from decentralized_verl.serving.rollout import RolloutWorker
+    from decentralized_verl.settings import WorkerSettings
     from decentralized_verl.spec import ModelSpec
     from decentralized_verl.volunteers.sampling_check import DEFAULT_TOL
     from decentralized_verl.volunteers.verify import PublishedPolicy, Verifier
 
-    configure_from_environment()
+    configure_from_environment(WorkerSettings.from_env())  # this benchmark's process entry
     torch.manual_seed(0)
     model, tokenizer = load_model_and_tokenizer(ModelSpec.model_validate(model_spec))
     model = model.float()

@@ -90,8 +90,10 @@ class NoisyEngine(HFBackend):
     """The HF engine, but its log-probs carry a per-token error, as a vLLM engine's (other kernels, other
     precision) do: what the learner receives as the behaviour policy's log-probs."""
 
-    def __init__(self, *args: Any, **kw: Any) -> None:
-        super().__init__(*args, **kw)
+    def __init__(
+        self, *args: Any, tensor_parallel_size: int = 1, enforce_eager: bool = False, **kw: Any
+    ) -> None:
+        super().__init__(*args, **kw)  # takes the options a vLLM engine is built with, and needs neither
         self.noise = torch.Generator().manual_seed(1234)
 
     def generate(self, requests: Sequence[GenerationRequest]) -> Iterator[GenerationOutput]:

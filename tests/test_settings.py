@@ -36,7 +36,11 @@ def test_no_module_but_settings_reads_a_dverl_variable() -> None:
 
 ENTRY_PACKAGES = ("entrypoints", "commands", "launch")
 """Where a process starts: `dverl`'s commands and workers, and the launchers that start them."""
-ENTRY_FUNCTIONS = {("cli.py", "main"), ("serving/spans/server.py", "main")}
+ENTRY_FUNCTIONS = {
+    ("cli.py", "main"),
+    ("serving/spans/server.py", "main"),
+    ("serving/spans/volunteer.py", "main"),
+}
 """Entries outside those packages: `dverl` itself, and a span server started with `python -m`."""
 
 

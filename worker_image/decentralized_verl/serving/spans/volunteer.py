@@ -65,10 +65,12 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None, server: Any = None) -> int:
     from decentralized_verl.runtime.cpus import configure_from_environment
+    from decentralized_verl.settings import WorkerSettings
 
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    configure_from_environment()
+    settings = WorkerSettings.from_env()  # this process's entry: `python -m` starts a span volunteer here
+    configure_from_environment(settings)
     try:
         return asyncio.run(serve(args, server))
     except DverlError as exc:
