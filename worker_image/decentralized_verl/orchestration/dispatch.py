@@ -88,6 +88,40 @@ class NoWorkersLeft(RuntimeError):
     pass
 
 
+@dataclass
+class _Step:
+    """What one `Dispatcher.run` has so far, shared by every round, share and hedge of it: a sample is
+    kept once per item whichever worker answers first, and a prefix one worker sent is where another
+    continues the item."""
+
+    sampling: SamplingParams
+    version: int
+    expected: set[tuple[str, int]]
+    """Every item this step asked for: an answer to anything else is out of contract."""
+    report: DispatchReport = field(default_factory=DispatchReport)
+    results: dict[tuple[str, int], Sample] = field(default_factory=dict)
+    partials: dict[tuple[str, int], Sample] = field(default_factory=dict)
+    """Newest prefix sent for each unanswered item: where another worker continues it."""
+
+    def missing(self, share: Sequence[WorkItem]) -> list[WorkItem]:
+        """The items of a share not answered yet (by anyone)."""
+        return [item for item in share if (item[0].prompt_id, item[1]) not in self.results]
+
+    def accept(self, sample: Sample) -> bool:
+        """Keep a prefix as its item's newest and a final answer the first time only (a repeat is counted
+        and dropped); True when the sample was its item's first final answer."""
+        if sample.finish_reason == "partial":
+            if sample.key not in self.results:
+                continuation.newer(self.partials, sample)
+            return False
+        if sample.key in self.results:
+            self.report.duplicates_dropped += 1
+            return False
+        self.results[sample.key] = sample
+        self.partials.pop(sample.key, None)
+        return True
+
+
 class Dispatcher:
     def __init__(
         self,
@@ -108,12 +142,12 @@ class Dispatcher:
         self.turns_per_item = 1
         """Model turns an item may take (an episode's `maxTurns`), each up to `max_new_tokens` long."""
         self.step_timeout_s = 0.0
+        """How long one environment step may take; a share's episodes step together, once a turn."""
         self._hedge_worker: dict[asyncio.Future, str] = {}
         self._strikes: dict[str, int] = {}
         """Worker id -> shares in a row that were late and hedged."""
         self._skip: dict[str, int] = {}
         """Worker id -> steps it still sits out."""
-        """How long one environment step may take; a share's episodes step together, once a turn."""
 
     def add(self, client: RolloutClient, prior: float = 1.0) -> None:
         """Volunteers and replaced workers join between dispatches."""
@@ -155,13 +189,10 @@ class Dispatcher:
     ) -> tuple[list[Sample], DispatchReport]:
         """Generate every item exactly once; raises NoWorkersLeft if every worker failed."""
         started = time.perf_counter()
-        report = DispatchReport()
-        results: dict[tuple[str, int], Sample] = {}
-        partials: dict[tuple[str, int], Sample] = {}
-        """Newest prefix sent for each unanswered item: where another worker continues it."""
+        step = _Step(sampling, version, expected={(p.prompt_id, i) for p, i in items})
+        report = step.report
         pending = list(items)
         healthy = self._off_probation(list(self.clients))
-        expected = {(p.prompt_id, i) for p, i in items}
         rounds = 0
         while pending:
             healthy = self.gate.up(wid for wid in healthy if wid in self.clients)
@@ -187,30 +218,23 @@ class Dispatcher:
                     shares.append((wid, pending[offset : offset + count]))
                     report.assigned[wid] = report.assigned.get(wid, 0) + count
                 offset += count
-            outcomes = await self._round(
-                clients, shares, sampling, version, results, expected, report, partials
-            )
+            outcomes = await self._round(clients, shares, step)
             pending = []
             for (wid, share), failed in zip(shares, outcomes, strict=True):
                 if failed:
                     healthy.remove(wid)
-                    missing = [item for item in share if (item[0].prompt_id, item[1]) not in results]
+                    missing = step.missing(share)
                     report.redispatched += len(missing)
                     pending.extend(missing)
         report.seconds = time.perf_counter() - started
-        ordered = [results[(p.prompt_id, i)] for p, i in items]
+        ordered = [step.results[(p.prompt_id, i)] for p, i in items]
         return ordered, report
 
     async def _round(
         self,
         clients: dict[str, RolloutClient],
         shares: list[tuple[str, list[WorkItem]]],
-        sampling: SamplingParams,
-        version: int,
-        results: dict[tuple[str, int], Sample],
-        expected: set[tuple[str, int]],
-        report: DispatchReport,
-        partials: dict[tuple[str, int], Sample],
+        step: _Step,
     ) -> list[bool]:
         """Run one round's shares; whether each one's worker failed.
 
@@ -225,9 +249,7 @@ class Dispatcher:
         (`continuation.py`), not generated again."""
         started = time.monotonic()
         main = {
-            asyncio.ensure_future(
-                self._share(clients[wid], share, sampling, version, results, expected, report, partials)
-            ): k
+            asyncio.ensure_future(self._share(clients[wid], share, step)): k
             for k, (wid, share) in enumerate(shares)
         }
         outcomes: list[bool] = [False] * len(shares)
@@ -239,7 +261,7 @@ class Dispatcher:
         try:
             while running:
                 late = {
-                    k: late_after(self.expected(wid, len(share), sampling))
+                    k: late_after(self.expected(wid, len(share), step.sampling))
                     for k, (wid, share) in enumerate(shares)
                     if k not in hedged
                 }
@@ -256,7 +278,7 @@ class Dispatcher:
                             idle.append(shares[k][0])
                     elif not task.result():
                         idle.append(self._hedge_worker[task])
-                if wanted <= results.keys():
+                if wanted <= step.results.keys():
                     break
                 now = time.monotonic() - started
                 for k, after in late.items():
@@ -264,20 +286,16 @@ class Dispatcher:
                         continue
                     wid, share = shares[k]
                     main_task = next(t for t, j in main.items() if j == k)
-                    missing = [item for item in share if (item[0].prompt_id, item[1]) not in results]
+                    missing = step.missing(share)
                     if main_task.done() or not missing:
                         continue
                     helper = idle.pop(0)
                     hedged.add(k)
-                    report.hedged += len(missing)
+                    step.report.hedged += len(missing)
                     log.info(
                         "share of %s is late (%.1fs): hedging %d items on %s", wid, now, len(missing), helper
                     )
-                    task = asyncio.ensure_future(
-                        self._share(
-                            clients[helper], missing, sampling, version, results, expected, report, partials
-                        )
-                    )
+                    task = asyncio.ensure_future(self._share(clients[helper], missing, step))
                     self._hedge_worker[task] = helper
                     extra.add(task)
                     running.add(task)
@@ -320,34 +338,19 @@ class Dispatcher:
         self,
         client: RolloutClient,
         share: list[WorkItem],
-        sampling: SamplingParams,
-        version: int,
-        results: dict[tuple[str, int], Sample],
-        expected: set[tuple[str, int]],
-        report: DispatchReport,
-        partials: dict[tuple[str, int], Sample],
+        step: _Step,
     ) -> bool:
         """Run one worker's share, items with a prefix as continuations of it; True when it failed."""
-        for group in continuation.groups(share, partials, sampling):
+        for group in continuation.groups(share, step.partials, step.sampling):
             if group.prefixes:
-                report.continued += len(group.prefixes)
+                step.report.continued += len(group.prefixes)
                 log.info(
                     "%s continues %d items from their %d-token prefixes",
                     client.worker_id,
                     len(group.prefixes),
                     len(next(iter(group.prefixes.values())).response_ids),
                 )
-            failed = await self._one(
-                client,
-                group.items,
-                group.sampling,
-                version,
-                results,
-                expected,
-                report,
-                partials,
-                group.prefixes,
-            )
+            failed = await self._one(client, group.items, group.sampling, step, group.prefixes)
             if failed:
                 return True
         return False
@@ -357,39 +360,29 @@ class Dispatcher:
         client: RolloutClient,
         share: list[WorkItem],
         sampling: SamplingParams,
-        version: int,
-        results: dict[tuple[str, int], Sample],
-        expected: set[tuple[str, int]],
-        report: DispatchReport,
-        partials: dict[tuple[str, int], Sample],
+        step: _Step,
         prefixes: dict[tuple[str, int], Sample],
     ) -> bool:
-        """Run one call of a worker's share; True when the worker failed. A prefix it sends is kept in
+        """Run one call of a worker's share with `sampling` (its group's: a continuation generates only
+        what its prefix left); True when the worker failed. A prefix it sends is kept in the step's
         `partials`; an answer to an item of `prefixes` is stitched onto that prefix."""
         wid = client.worker_id
         stats = self.stats.setdefault(wid, WorkerStats(tokens_per_second=1.0))
         started = time.perf_counter()
         tokens = 0
         wanted = {(p.prompt_id, i) for p, i in share}
+        report = step.report
         try:
             async with asyncio.timeout(self.deadline(wid, len(share), sampling)):
-                async for sample in client.generate(share, sampling, version):
-                    if sample.key not in wanted or sample.key not in expected:
+                async for sample in client.generate(share, sampling, step.version):
+                    if sample.key not in wanted or sample.key not in step.expected:
                         raise WorkerFailure(wid, f"answered an item it was not given: {sample.key}")
                     generated = len(sample.response_ids)
                     if sample.key in prefixes:
                         sample = continuation.stitch(prefixes[sample.key], sample)
-                    if sample.finish_reason == "partial":
-                        if sample.key not in results:
-                            continuation.newer(partials, sample)
-                        continue
-                    if sample.key in results:
-                        report.duplicates_dropped += 1
-                        continue
-                    results[sample.key] = sample
-                    partials.pop(sample.key, None)
-                    tokens += generated
-            missing = wanted - results.keys()
+                    if step.accept(sample):
+                        tokens += generated
+            missing = wanted - step.results.keys()
             if missing:
                 raise WorkerFailure(wid, f"stream ended with {len(missing)} items unanswered")
         except WorkerFailure as exc:
