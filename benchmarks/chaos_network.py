@@ -25,8 +25,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "examples" / "data" / "toy"
 SECRET = "chaos-network-secret-0123456789abcdef"
@@ -35,40 +33,22 @@ RESUMED = re.compile(r"resuming from chunk|delta stream broke \(.*\); resuming")
 
 
 def manifest(folder: Path, steps: int, seed: int) -> Path:
-    spec = {
-        "model": {
-            "dtype": "bfloat16",
-            "tiny": {
-                "hiddenSize": 128,
-                "numLayers": 2,
-                "numHeads": 4,
-                "intermediateSize": 512,
-                "maxPositions": 128,
-            },
-        },
-        "algorithm": {"name": "grpo", "samplesPerPrompt": 4},
-        "data": {
-            "train": str(TOY / "train.jsonl"),
-            "rewardType": "decentralized_verl.rewards.toy:first_number",
-            "maxPromptTokens": 64,
-            "maxNewTokens": 8,
-        },
-        "roles": {
+    """The volunteer job with cluster rollout and reward workers beside its volunteers."""
+    from decentralized_verl.netlab.manifests import BF16_TINY, volunteer_job
+
+    return volunteer_job(
+        folder,
+        JOB,
+        TOY / "train.jsonl",
+        model=BF16_TINY,
+        roles={
             "rollout": {"replicas": 2, "batchSize": 3},
             "reward": {"replicas": 1},
             "learner": {"replicas": 1},
         },
-        "training": {"steps": steps, "batchSize": 6, "learningRate": 1.0e-5, "seed": seed},
-        "volunteers": {
-            "enabled": True,
-            "verifyFraction": 0.1,
-            "tokenSecretRef": {"name": f"{JOB}-join", "key": "secret"},
-        },
-    }
-    doc = {"apiVersion": "dverl.io/v1alpha1", "kind": "RLHFJob", "metadata": {"name": JOB}, "spec": spec}
-    path = folder / f"{JOB}.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
+        training={"steps": steps, "batchSize": 6, "learningRate": 1.0e-5, "seed": seed},
+        **{"data.maxNewTokens": 8},
+    )
 
 
 def run(

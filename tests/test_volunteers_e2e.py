@@ -17,10 +17,11 @@ import time
 from pathlib import Path
 
 import pytest
-from job_manifests import TOY, write_manifest
+from job_manifests import TOY
 from processes import ProcessGroup, free_port
 
 from decentralized_verl.netlab.jobs import dht_argv, learner_argv, volunteer_argv
+from decentralized_verl.netlab.manifests import volunteer_job
 from decentralized_verl.security.credentials import issue, write
 
 SECRET = "volunteer-e2e-secret-0123456789"
@@ -34,32 +35,9 @@ def learner_folder(tmp_path: Path, job: str) -> Path:
 
 
 def manifest(tmp_path: Path, name: str, steps: int = 3, verify: float = 1.0) -> Path:
-    spec = {
-        "model": {
-            "tiny": {
-                "hiddenSize": 32,
-                "numLayers": 1,
-                "numHeads": 2,
-                "intermediateSize": 64,
-                "maxPositions": 128,
-            }
-        },
-        "algorithm": {"name": "grpo", "samplesPerPrompt": 4},
-        "data": {
-            "train": str(TOY / "train.jsonl"),
-            "rewardType": "decentralized_verl.rewards.toy:first_number",
-            "maxPromptTokens": 64,
-            "maxNewTokens": 6,
-        },
-        "roles": {"rollout": {"replicas": 0}, "learner": {"replicas": 1}},
-        "training": {"steps": steps, "batchSize": 4, "learningRate": 1.0e-3},
-        "volunteers": {
-            "enabled": True,
-            "verifyFraction": verify,
-            "tokenSecretRef": {"name": f"{name}-join", "key": "secret"},
-        },
-    }
-    return write_manifest(tmp_path, name, spec)
+    """The volunteer job, every sample checked unless `verify` says fewer."""
+    overrides = {"training.steps": steps, "volunteers.verifyFraction": verify}
+    return volunteer_job(tmp_path, name, TOY / "train.jsonl", **overrides)
 
 
 class Procs(ProcessGroup):

@@ -15,9 +15,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from job_manifests import TOY
 
 from decentralized_verl.netlab.hosts import NetlabError, Network, namespaces_refused
 from decentralized_verl.netlab.jobs import HostJob
+from decentralized_verl.netlab.manifests import volunteer_job
 from decentralized_verl.netlab.profiles import PROFILES, LinkProfile, ProfileError, profile, tbf_args
 
 REFUSED = namespaces_refused()
@@ -144,37 +146,6 @@ def test_teardown_after_a_failure() -> None:
 SECRET = "wan-hosts-secret-0123456789abcdef"
 
 
-def _manifest(tmp_path: Path, job: str, steps: int) -> Path:
-    from job_manifests import TOY, write_manifest
-
-    spec = {
-        "model": {
-            "tiny": {
-                "hiddenSize": 32,
-                "numLayers": 1,
-                "numHeads": 2,
-                "intermediateSize": 64,
-                "maxPositions": 128,
-            }
-        },
-        "algorithm": {"name": "grpo", "samplesPerPrompt": 4},
-        "data": {
-            "train": str(TOY / "train.jsonl"),
-            "rewardType": "decentralized_verl.rewards.toy:first_number",
-            "maxPromptTokens": 64,
-            "maxNewTokens": 6,
-        },
-        "roles": {"rollout": {"replicas": 0}, "learner": {"replicas": 1}},
-        "training": {"steps": steps, "batchSize": 4, "learningRate": 1.0e-3},
-        "volunteers": {
-            "enabled": True,
-            "verifyFraction": 0.25,
-            "tokenSecretRef": {"name": f"{job}-join", "key": "secret"},
-        },
-    }
-    return write_manifest(tmp_path, job, spec)
-
-
 @needs_netns
 @pytest.mark.slow
 @pytest.mark.usefixtures("collected_before_fork")
@@ -198,7 +169,12 @@ def test_volunteer_on_a_slow_lossy_link_serves_every_step_and_a_partitioned_one_
         out = tmp_path / "run"
         procs.start_learner(
             "coord",
-            _manifest(tmp_path, job, steps),
+            volunteer_job(
+                tmp_path,
+                job,
+                TOY / "train.jsonl",
+                **{"training.steps": steps, "volunteers.verifyFraction": 0.25},
+            ),
             out,
             {
                 "DVERL_DHT_ADDR": maddr,  # what the bootstrap printed: its identity is random
