@@ -22,6 +22,7 @@ from decentralized_verl.algorithms.policy_loss import (
     aggregate,
     apply_weights,
     clamped_log_ratio,
+    clip_margins,
     ratio_metrics,
 )
 from decentralized_verl.algorithms.registry import policy_loss
@@ -61,10 +62,7 @@ def gspo_policy_loss(
     """
     check_same_shape(mask, logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages)
     mask = as_bool_mask(mask)
-    if clip_high is None:
-        clip_high = clip_low
-    if clip_low < 0 or clip_high < 0:
-        raise ValueError(f"clip_low/clip_high must be >= 0 (got {clip_low}, {clip_high})")
+    clip_low, clip_high = clip_margins(clip_low, clip_high)
     if aggregation != GSPO_AGGREGATION:
         raise ValueError(
             f"gspo: aggregation must be {GSPO_AGGREGATION!r}, the mean over sequences that is GSPO's "

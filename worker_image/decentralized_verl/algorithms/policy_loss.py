@@ -91,6 +91,16 @@ def aggregate(loss: Tensor, mask: Tensor, mode: str = "token_mean") -> Tensor:
     return fn(loss, as_bool_mask(mask, like=loss))
 
 
+def clip_margins(clip_low: float, clip_high: float | None) -> tuple[float, float]:
+    """A ratio clip's (low, high) margins around 1, `clip_high` None meaning `clip_low`; ValueError when
+    either is negative."""
+    if clip_high is None:
+        clip_high = clip_low
+    if clip_low < 0 or clip_high < 0:
+        raise ValueError(f"clip_low/clip_high must be >= 0 (got {clip_low}, {clip_high})")
+    return clip_low, clip_high
+
+
 @policy_loss("ppo_clip")
 def ppo_policy_loss(
     logprobs: Tensor,
@@ -124,10 +134,7 @@ def ppo_policy_loss(
     """
     check_same_shape(mask, logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages)
     mask = as_bool_mask(mask)
-    if clip_high is None:
-        clip_high = clip_low
-    if clip_low < 0 or clip_high < 0:
-        raise ValueError(f"clip_low/clip_high must be >= 0 (got {clip_low}, {clip_high})")
+    clip_low, clip_high = clip_margins(clip_low, clip_high)
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1 (got {dual_clip})")
     if skip_threshold is not None and skip_threshold <= 0:
