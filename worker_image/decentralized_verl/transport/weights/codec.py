@@ -142,6 +142,18 @@ def _wire_tensors(state_dict: Mapping[str, Tensor], dtype: torch.dtype | None) -
     return tensors, aliases
 
 
+def encoding_dtype(version: int, chunk_bytes: int, dtype: str | None) -> torch.dtype | None:
+    """The torch dtype floating tensors go on the wire as (None: each keeps its own), once an encoder's
+    arguments are checked; ValueError naming the argument that is wrong."""
+    if not isinstance(version, int) or version < 0:
+        raise ValueError(f"version: must be an integer >= 0 (got {version!r})")
+    if chunk_bytes < 1:
+        raise ValueError(f"chunk_bytes: must be >= 1 (got {chunk_bytes})")
+    if dtype is not None and dtype not in WIRE_DTYPES:
+        raise ValueError(f"dtype: must be one of {sorted(WIRE_DTYPES)} or None (got {dtype!r})")
+    return WIRE_DTYPES[dtype] if dtype else None
+
+
 def encode_state_dict(
     state_dict: Mapping[str, Tensor],
     version: int,
@@ -155,13 +167,7 @@ def encode_state_dict(
     ``dtype`` is the wire dtype for floating tensors (``None`` keeps each tensor's own dtype);
     ``metadata`` adds entries to the blob's header (a decoder returns them on `WireStateDict.metadata`).
     """
-    if not isinstance(version, int) or version < 0:
-        raise ValueError(f"version: must be an integer >= 0 (got {version!r})")
-    if chunk_bytes < 1:
-        raise ValueError(f"chunk_bytes: must be >= 1 (got {chunk_bytes})")
-    if dtype is not None and dtype not in WIRE_DTYPES:
-        raise ValueError(f"dtype: must be one of {sorted(WIRE_DTYPES)} or None (got {dtype!r})")
-    tensors, aliases = _wire_tensors(state_dict, WIRE_DTYPES[dtype] if dtype else None)
+    tensors, aliases = _wire_tensors(state_dict, encoding_dtype(version, chunk_bytes, dtype))
     header = {**(metadata or {}), "format": "pt", _VERSION_KEY: str(version)}
     header[_ALIASES_KEY] = json.dumps(aliases, sort_keys=True)
     blob = safetensors_save(tensors, metadata=header)

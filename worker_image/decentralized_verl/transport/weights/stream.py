@@ -26,11 +26,11 @@ from decentralized_verl.transport.weights.codec import (
     _ALIASES_KEY,
     _VERSION_KEY,
     DEFAULT_CHUNK_BYTES,
-    WIRE_DTYPES,
     BundleHeader,
     WeightBundle,
     WeightChunk,
     bundle_digest,
+    encoding_dtype,
 )
 from decentralized_verl.transport.weights.digest import digest_hex
 
@@ -72,13 +72,7 @@ def encode_stream(
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
 ) -> WeightBundle:
     """Encode streamed weights as `version`; each tensor is checked against its slot on arrival."""
-    if not isinstance(version, int) or version < 0:
-        raise ValueError(f"version: must be an integer >= 0 (got {version!r})")
-    if chunk_bytes < 1:
-        raise ValueError(f"chunk_bytes: must be >= 1 (got {chunk_bytes})")
-    if dtype is not None and dtype not in WIRE_DTYPES:
-        raise ValueError(f"dtype: must be one of {sorted(WIRE_DTYPES)} or None (got {dtype!r})")
-    wire = WIRE_DTYPES[dtype] if dtype else None
+    wire = encoding_dtype(version, chunk_bytes, dtype)
     for slot in weights.slots:
         if slot.dtype not in SAFETENSORS_DTYPES:
             raise TypeError(f"weights[{slot.name!r}]: dtype {slot.dtype} cannot be sent")
