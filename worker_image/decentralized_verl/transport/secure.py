@@ -190,8 +190,9 @@ def _parsing(handler: Any, method: str) -> Any:
     return _rebuild(handler, behavior)
 
 
-def _rebuild(handler: Any, parse_then_call: Any) -> Any:
-    """`handler` with raw-bytes requests, each parsed by `parse_then_call` before the servicer runs."""
+def _raw_handler(handler: Any, behavior: Any) -> Any:
+    """A method handler of `handler`'s kind (unary or streaming each way) that runs `behavior` on the raw
+    request bytes and replies as `handler` does."""
     kinds = {
         (False, False): grpc.unary_unary_rpc_method_handler,
         (False, True): grpc.unary_stream_rpc_method_handler,
@@ -199,7 +200,11 @@ def _rebuild(handler: Any, parse_then_call: Any) -> Any:
         (True, True): grpc.stream_stream_rpc_method_handler,
     }
     make = kinds[(handler.request_streaming, handler.response_streaming)]
+    return make(behavior, request_deserializer=_raw, response_serializer=handler.response_serializer)
 
+
+def _rebuild(handler: Any, parse_then_call: Any) -> Any:
+    """`handler` with raw-bytes requests, each parsed by `parse_then_call` before the servicer runs."""
     if handler.response_streaming:
 
         async def streamed(request: Any, context: Any) -> Any:
@@ -221,7 +226,7 @@ def _rebuild(handler: Any, parse_then_call: Any) -> Any:
             return await out if inspect.isawaitable(out) else out
 
         behavior = single
-    return make(behavior, request_deserializer=_raw, response_serializer=handler.response_serializer)
+    return _raw_handler(handler, behavior)
 
 
 def _refusing(handler: Any, code: grpc.StatusCode, method: str, why: str, log_to: RateLimitedLog) -> Any:
@@ -240,12 +245,5 @@ def _refusing(handler: Any, code: grpc.StatusCode, method: str, why: str, log_to
         await refuse(context)
         yield  # pragma: no cover - abort raised
 
-    kinds = {
-        (False, False): grpc.unary_unary_rpc_method_handler,
-        (False, True): grpc.unary_stream_rpc_method_handler,
-        (True, False): grpc.stream_unary_rpc_method_handler,
-        (True, True): grpc.stream_stream_rpc_method_handler,
-    }
-    make = kinds[(handler.request_streaming, handler.response_streaming)]
     behavior = streaming if handler.response_streaming else unary
-    return make(behavior, request_deserializer=_raw, response_serializer=handler.response_serializer)
+    return _raw_handler(handler, behavior)
