@@ -10,7 +10,8 @@ timeout or handler error); it never judges the reply's content.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -68,6 +69,20 @@ class Carrier(Protocol):
     async def close(self) -> None: ...
 
 
+@contextlib.contextmanager
+def _in_transit() -> Iterator[None]:
+    """A gRPC call's failure as a CarrierError with gRPC's reason. A cancel that came from the channel
+    being closed under the call is such a failure too; the waiting task's own cancel travels on."""
+    try:
+        yield
+    except grpc.RpcError as exc:
+        raise CarrierError(rpc_reason(exc)) from None
+    except asyncio.CancelledError:
+        if not closed_under_us():
+            raise
+        raise CarrierError("CANCELLED: the channel closed during the call") from None
+
+
 class GrpcCarrier:
     """Calls over one gRPC channel to `address` (the in-cluster transport)."""
 
@@ -82,14 +97,8 @@ class GrpcCarrier:
             request_serializer=type(request).SerializeToString,
             response_deserializer=reply_type.FromString,
         )
-        try:
+        with _in_transit():
             return await call(request, timeout=timeout)
-        except grpc.RpcError as exc:
-            raise CarrierError(rpc_reason(exc)) from None
-        except asyncio.CancelledError:
-            if not closed_under_us():
-                raise
-            raise CarrierError("CANCELLED: the channel closed during the call") from None
 
     async def stream(
         self, method: Method, request: Any, reply_type: type, timeout: float
@@ -100,14 +109,9 @@ class GrpcCarrier:
             response_deserializer=reply_type.FromString,
         )(request, timeout=timeout)
         try:
-            async for msg in call:
-                yield msg
-        except grpc.RpcError as exc:
-            raise CarrierError(rpc_reason(exc)) from None
-        except asyncio.CancelledError:
-            if not closed_under_us():
-                raise
-            raise CarrierError("CANCELLED: the channel closed during the call") from None
+            with _in_transit():
+                async for msg in call:
+                    yield msg
         finally:
             call.cancel()  # no-op when the stream ended; stops the worker when the caller gave up early
 
