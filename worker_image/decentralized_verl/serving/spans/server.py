@@ -351,6 +351,23 @@ async def _sweeper(server: SpanServer, every_s: float) -> None:
         await compute_thread.run(server.sweep)
 
 
+async def _serve_until_stopped(server: SpanServer, port: int, host: str, what: str, sweep_s: float) -> int:
+    """Serve `server` over gRPC, freeing idle sessions every `sweep_s`, until the process is told to stop;
+    its ready line names it, `what` it serves and the port it bound."""
+    from decentralized_verl.runtime.lifecycle import serve_until_stopped
+
+    grpc_server = await serve_span(server, port, host)
+    sweeper = asyncio.create_task(_sweeper(server, sweep_s))
+    try:
+        return await serve_until_stopped(
+            f"{server.server_id} {what} ready on port {grpc_server.port}",
+            served=lambda: f"{server.server_id} served {server.hops} hops",
+        )
+    finally:
+        sweeper.cancel()
+        await grpc_server.stop(grace=1.0)
+
+
 def load_span_server(spec: Any, span: Span, **kw: Any) -> SpanServer:
     """Build the span's module from a model spec (reading only its layers) and wrap it."""
     from decentralized_verl.runtime import compute_thread
@@ -366,7 +383,6 @@ def load_span_server(spec: Any, span: Span, **kw: Any) -> SpanServer:
 async def serve_span_role(spec: Any, job: str, index: int, port: int, host: str) -> int:
     """`dverl worker --role span --index I`: the span the job's plan gives span worker I, until stopped."""
     from decentralized_verl.planning.plan import plan_job
-    from decentralized_verl.runtime.lifecycle import serve_until_stopped
     from decentralized_verl.serving.spans.blocks import spec_parts
     from decentralized_verl.serving.spans.layout import even_layout
 
@@ -381,20 +397,10 @@ async def serve_span_role(spec: Any, job: str, index: int, port: int, host: str)
     server = load_span_server(
         spec.model, span, server_id=planned[index].name, verify_key=weights_verify_key()
     )
-    grpc_server = await serve_span(server, port, host)
-    sweeper = asyncio.create_task(_sweeper(server, 30.0))
-    try:
-        return await serve_until_stopped(
-            f"{server.server_id} layers {span} of rollout {front} ready on port {grpc_server.port}",
-            served=lambda: f"{server.server_id} served {server.hops} hops",
-        )
-    finally:
-        sweeper.cancel()
-        await grpc_server.stop(grace=1.0)
+    return await _serve_until_stopped(server, port, host, f"layers {span} of rollout {front}", 30.0)
 
 
 async def _main(args: argparse.Namespace) -> int:
-    from decentralized_verl.runtime.lifecycle import serve_until_stopped
     from decentralized_verl.security.trust import weights_verify_key
     from decentralized_verl.serving.spans.layout import parse_span
     from decentralized_verl.spec.model import ModelSpec
@@ -413,16 +419,8 @@ async def _main(args: argparse.Namespace) -> int:
         max_sessions=args.max_sessions,
         verify_key=verify_key,
     )
-    grpc_server = await serve_span(server, args.port, args.host)
-    sweeper = asyncio.create_task(_sweeper(server, min(30.0, args.session_timeout)))
-    try:
-        return await serve_until_stopped(
-            f"{server.server_id} layers {span} ready on port {grpc_server.port}",
-            served=lambda: f"{server.server_id} served {server.hops} hops",
-        )
-    finally:
-        sweeper.cancel()
-        await grpc_server.stop(grace=1.0)
+    sweep_s = min(30.0, args.session_timeout)
+    return await _serve_until_stopped(server, args.port, args.host, f"layers {span}", sweep_s)
 
 
 def main(argv: list[str] | None = None) -> int:
