@@ -20,23 +20,17 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
+from decentralized_verl.netlab.manifests import example_spec, write_job
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "tiny-grpo.yaml"
 
 
 def manifest(folder: Path, staleness: int, steps: int, eval_every: int, rollout_replicas: int) -> Path:
-    doc = yaml.safe_load(EXAMPLE.read_text())
-    spec = doc["spec"]
-    for key in ("train", "eval"):
-        spec["data"][key] = str((EXAMPLE.parent / spec["data"][key]).resolve())
+    spec = example_spec(EXAMPLE)
     spec["training"].update(steps=steps, evalEvery=eval_every, maxStaleness=staleness)
     spec["roles"]["rollout"]["replicas"] = rollout_replicas
-    doc["metadata"]["name"] = f"async-k{staleness}"
-    path = folder / f"async-k{staleness}.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
+    return write_job(folder, f"async-k{staleness}", spec)
 
 
 def one_run(staleness: int, steps: int, eval_every: int, replicas: int) -> dict[str, float]:

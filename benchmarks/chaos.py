@@ -34,6 +34,8 @@ from pathlib import Path
 
 import yaml
 
+from decentralized_verl.netlab.manifests import example_spec, write_job
+
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "examples" / "data" / "toy"
 KINDS = ("kill", "stop", "loop")
@@ -99,10 +101,7 @@ def tiny_job(folder: Path, name: str, steps: int, seed: int) -> Path:
         "training": {"steps": steps, "batchSize": 16, "learningRate": 1.0e-3, "seed": seed},
         "backoffLimit": 100,
     }
-    doc = {"apiVersion": "dverl.io/v1alpha1", "kind": "RLHFJob", "metadata": {"name": name}, "spec": spec}
-    path = folder / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
+    return write_job(folder, name, spec)
 
 
 def example_job(
@@ -110,11 +109,7 @@ def example_job(
 ) -> Path:
     """A shipped example with serving roles of their own (so each can fail), the given seed, optionally
     fewer steps and another dtype; no eval (it is not what is measured) and automatic checkpoints."""
-    doc = yaml.safe_load(example.read_text())
-    spec = doc["spec"]
-    for key in ("train", "eval"):
-        if key in spec["data"]:
-            spec["data"][key] = str((example.parent / spec["data"][key]).resolve())
+    spec = example_spec(example)
     spec["data"].pop("eval", None)
     spec["roles"].update(roles)
     spec["training"]["seed"] = seed
@@ -125,10 +120,7 @@ def example_job(
     if dtype is not None:
         spec["model"]["dtype"] = dtype
     spec["backoffLimit"] = 100
-    doc["metadata"]["name"] = name
-    path = folder / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
+    return write_job(folder, name, spec)
 
 
 def plan_faults(n: int, steps: int, seed: int, roles: tuple[str, ...] = ROLES) -> list[Fault]:

@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
+from decentralized_verl.netlab.manifests import example_spec, write_job
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "tiny-grpo.yaml"
@@ -54,14 +54,10 @@ while True:
 
 
 def manifest_with_steps(folder: Path, steps: int) -> Path:
-    doc = yaml.safe_load(EXAMPLE.read_text())
-    doc["spec"]["training"]["steps"] = steps
-    doc["spec"]["training"]["evalEvery"] = 0
-    for key in ("train", "eval"):
-        doc["spec"]["data"][key] = str((EXAMPLE.parent / doc["spec"]["data"][key]).resolve())
-    path = folder / "tiny.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
+    spec = example_spec(EXAMPLE)
+    spec["training"]["steps"] = steps
+    spec["training"]["evalEvery"] = 0
+    return write_job(folder, EXAMPLE.stem, spec)  # the example's own job name
 
 
 def one_run(mode: str, competitor: str, manifest: Path, output: Path) -> float:

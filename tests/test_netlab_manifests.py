@@ -1,14 +1,21 @@
-"""The one builder of the network tests' and benchmarks' volunteer job: what it writes is a job the
-manifest loader accepts, and an override changes the field it names and nothing else."""
+"""The builders of the jobs tests and benchmarks run: what they write is a job the manifest loader accepts,
+an override changes the field it names and nothing else, and an example keeps its data wherever it is
+written."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from job_manifests import TOY
+from job_manifests import EXAMPLES_DIR, TOY
 
 from decentralized_verl.manifest import load_job
-from decentralized_verl.netlab.manifests import BF16_TINY, volunteer_job, with_overrides
+from decentralized_verl.netlab.manifests import (
+    BF16_TINY,
+    example_spec,
+    volunteer_job,
+    with_overrides,
+    write_job,
+)
 
 
 def test_with_overrides_sets_dotted_paths_and_leaves_the_base_alone() -> None:
@@ -39,3 +46,13 @@ def test_the_volunteer_job_loads_with_its_overrides(tmp_path: Path) -> None:
     assert spec.model.dtype == "bfloat16" and spec.model.tiny.hidden_size == 128
     assert spec.volunteers.enabled and spec.volunteers.token_secret_ref.name == "netjob-join"
     assert spec.roles.rollout.replicas == 0
+
+
+def test_an_example_written_elsewhere_still_finds_its_data(tmp_path: Path) -> None:
+    example = EXAMPLES_DIR / "tiny-grpo.yaml"
+    spec = example_spec(example)
+    assert spec["data"]["train"] == str((EXAMPLES_DIR / "data" / "toy" / "train.jsonl").resolve())
+    spec["training"]["steps"] = 2
+    job = load_job(write_job(tmp_path, "moved", spec))  # another folder: relative paths would break
+    assert job.metadata.name == "moved" and job.spec.training.steps == 2
+    assert Path(job.spec.data.train).is_file() and Path(job.spec.data.eval).is_file()

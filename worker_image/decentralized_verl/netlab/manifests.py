@@ -35,6 +35,16 @@ def with_overrides(spec: Mapping[str, Any], overrides: Mapping[str, Any]) -> dic
     return out
 
 
+def example_spec(example: Path) -> dict[str, Any]:
+    """A shipped example's spec with its data files as absolute paths (an example names them relative to
+    itself), for a caller to change and write with `write_job` under a name of its own."""
+    spec = yaml.safe_load(example.read_text())["spec"]
+    for key in ("train", "eval"):
+        if key in spec["data"]:
+            spec["data"][key] = str((example.parent / spec["data"][key]).resolve())
+    return spec
+
+
 def write_job(folder: Path, name: str, spec: Mapping[str, Any]) -> Path:
     """`spec` as the RLHFJob `name`, written to `folder/name.yaml`; returns that path."""
     doc = {"apiVersion": "dverl.io/v1alpha1", "kind": "RLHFJob", "metadata": {"name": name}, "spec": spec}
