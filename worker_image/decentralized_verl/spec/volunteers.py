@@ -27,7 +27,8 @@ class VolunteersSpec(SpecModel):
     """Fraction of volunteer results re-computed by a trusted worker to catch cheats."""
     max_volunteers: PositiveInt = 64
     """Most volunteers admitted at once."""
-    roles: list[Literal["rollout", "reward", "reference", "critic", "learner"]] = Field(
+    roles: list[Literal["rollout", "reward", "reference", "critic", "learner", "span"]] = Field(
         default_factory=lambda: ["rollout"]
     )
-    """Roles volunteers may take."""
+    """Roles volunteers may take; `span`: serve layer spans of a rollout split into spans
+    (`roles.rollout.spans`), spot-checked by the front (docs/spans.md)."""

@@ -109,6 +109,11 @@ async def start_volunteer_discovery(
         spec_json=spec.model_dump_json(by_alias=True, exclude_none=True),
     )
     await endpoints.register()
+    from decentralized_verl.volunteers.span_roster import start_span_roster
+
+    layers = getattr(getattr(model, "config", None), "num_hidden_layers", None)
+    if layers is not None:
+        await start_span_roster(spec, job, hub, p2p, int(layers))
     if isinstance(publisher, DeltaPublisher):
         await DeltaEndpoint(p2p, publisher, hub.is_admitted).register()
         hub._closers.append(publisher.close)
