@@ -30,5 +30,4 @@ class VolunteersSpec(SpecModel):
     roles: list[Literal["rollout", "reward", "reference", "critic", "learner", "span"]] = Field(
         default_factory=lambda: ["rollout"]
     )
-    """Roles volunteers may take; `span`: serve layer spans of a rollout split into spans
-    (`roles.rollout.spans`), spot-checked by the front (docs/spans.md)."""
+    """Roles volunteers may take (`span`: layers of a rollout served as spans, docs/spans.md)."""
