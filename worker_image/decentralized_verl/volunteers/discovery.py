@@ -201,7 +201,7 @@ class VolunteerHub:
         state = self.peers.get(peer_id)
         if state is not None:
             state.failed_record_expiry = self._last_expiry.get(peer_id, time.time())
-        self._update_status()
+        self.update_status()
 
     def block(self, peer_id: str, reason: str) -> None:
         if peer_id in self.blocked:
@@ -217,7 +217,7 @@ class VolunteerHub:
         if client is not None:
             self.dispatcher.remove(client.worker_id)
         self.span_serving.pop(peer_id, None)
-        self._update_status()
+        self.update_status()
 
     # ------------------------------------------------------------------------------- discovery
     def make_client(self, record: VolunteerRecord):
@@ -278,7 +278,7 @@ class VolunteerHub:
             self.dispatcher.remove(client.worker_id)
             self._event("Removed", peer_id, "record expired")
         self.release_quiet(now)
-        self._update_status()
+        self.update_status()
 
     def release_quiet(self, now: float) -> list[str]:
         """Free the slots of admitted peers with no live record for `release_after_s`; the peer may join
@@ -295,7 +295,7 @@ class VolunteerHub:
             self._event("Released", peer_id, f"no live record for {self.config.release_after_s:.0f}s")
         return quiet
 
-    def _update_status(self) -> None:
+    def update_status(self) -> None:
         if self.status is not None:
             self.status.update(volunteers=self.active())
 

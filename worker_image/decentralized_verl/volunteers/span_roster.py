@@ -172,7 +172,7 @@ class SpanRoster:
                     "span": str(serving.get("span", "")),
                     "hops": int(serving.get("hops", 0)),
                 }
-        self.hub._update_status()
+        self.hub.update_status()
 
 
 def front_peer_ids(job_key: bytes, job: str, fronts: int) -> tuple[str, ...]:

@@ -106,7 +106,7 @@ class FrontVolunteers:
             await connect(self.p2p, peer_id, [str(a) for a in maddrs])
             client = P2PSpanClient(self.p2p, peer_id, self.loop, timeout_s=self.timeout_s)
             index = [str(r.span) for r in self.backend.chain.routes].index(str(parse_span(span_text)))
-            if await asyncio.to_thread(self._attach_now, index, client):
+            if await asyncio.to_thread(self.backend.attach, index, client):
                 self.attached[peer_id] = client
                 log.info("span volunteer %s attached to span %s", peer_id, span_text)
         except (DverlError, ValueError) as exc:
@@ -114,17 +114,6 @@ class FrontVolunteers:
         finally:
             self._pending.discard(peer_id)
             self._tasks = {t for t in self._tasks if not t.done()}
-
-    def _attach_now(self, index: int, client: P2PSpanClient) -> bool:
-        """Between micro-batches: bring the volunteer to the chain's version, then give it the span."""
-        chain = self.backend.chain
-        with self.backend._lock:
-            if int(client.info()["version"]) != chain.version:
-                if chain.parts is None:
-                    return False  # the chain's weights are the spec's own: the volunteer must hold them
-                chain.bring_up_to_date(index, client)
-            chain.attach(index, client)
-            return True
 
 
 async def start_front_volunteers(
