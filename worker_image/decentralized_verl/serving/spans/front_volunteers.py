@@ -5,9 +5,9 @@ of its span.
 A volunteer is attached between micro-batches (under the backend's lock), after it holds the chain's
 weights (brought up to date with the signed manifest of its span when it holds another version), and
 takes its span's hops from then on; the chain spot-checks a fraction of them on the trusted replica and
-drops it on a mismatch (`chain.ChainSession._spot_check`). A drop is reported to the coordinator at once,
-which blocks the volunteer. A volunteer that vanishes fails over to the trusted replica like a dead span
-server; nothing is lost either way.
+drops it on a mismatch (`chain.ChainSession._spot_check`). The front's answer to the coordinator's next
+roster reports the drop, and the coordinator blocks the volunteer. A volunteer that vanishes fails over
+to the trusted replica like a dead span server; nothing is lost either way.
 """
 
 from __future__ import annotations
@@ -59,8 +59,9 @@ class FrontVolunteers:
     def reply(self) -> dict[str, Any]:
         return {
             "attached": {
-                p: {"span": str(self._span_of(c)), "hops": c.hops_served} for p, c in self.attached.items()
-            },
+                p: {"span": str(self._span_of(c)), "hops": c.hops_served}
+                for p, c in list(self.attached.items())
+            },  # copied first: a drop is recorded from the generating thread
             "dropped": dict(self.dropped),
         }
 
