@@ -114,3 +114,36 @@ def test_a_front_reporting_a_dropped_volunteer_gets_it_and_its_token_blocked() -
     again = hub.admit(m.JoinRequest("job", "x", "span", "cpu", 0.0), "cheat")
     assert not again.accepted and "blocked" in again.reason
     assert token in hub.blocked_tokens
+
+
+def _job(spans: dict | None) -> dict:
+    rollout = {"replicas": 2, "batchSize": 4, **({"spans": spans} if spans else {})}
+    return {
+        "model": {"tiny": {"numLayers": 4}},
+        "algorithm": {"name": "grpo", "samplesPerPrompt": 2},
+        "data": {"train": "/data/train.jsonl"},
+        "roles": {"rollout": rollout},
+        "training": {"batchSize": 8},
+        "volunteers": {"enabled": True, "roles": ["span"], "tokenSecretRef": {"name": "j-join"}},
+    }
+
+
+def test_span_volunteers_need_a_rollout_split_into_spans():
+    from decentralized_verl.errors import ManifestError
+    from decentralized_verl.manifest import parse_spec
+
+    with pytest.raises(
+        ManifestError, match=r"volunteers.roles: span volunteers serve layers .* roles.rollout.spans"
+    ):
+        parse_spec(_job(None), "job.yaml")
+
+
+def test_every_front_of_a_job_taking_span_volunteers_is_told_where_the_dht_is():
+    from decentralized_verl.manifest import parse_spec
+    from decentralized_verl.planning.plan import plan_job, worker_env
+
+    plan = plan_job(parse_spec(_job({"count": 2}), "job.yaml"), "j")
+    addresses = {w.name: f"{w.name}:1" for w in plan.workers}
+    for front in plan.by_role("rollout"):
+        assert worker_env(plan, front, addresses)["DVERL_DHT_ADDR"] == "j-dht-0:1"
+    assert "DVERL_DHT_ADDR" not in worker_env(plan, plan.by_role("span")[0], addresses)
