@@ -383,6 +383,11 @@ class VolunteerHub:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        for hook in self.after_poll:  # a last word with the fronts, so the report holds what they saw
+            try:
+                await asyncio.wait_for(hook(list(self._seen.values())), 30.0)
+            except Exception as exc:
+                log.info("volunteer hub: the last exchange before closing failed (%s)", exc)
         if output is not None:
             output.mkdir(parents=True, exist_ok=True)
             (output / "volunteers.json").write_text(json.dumps(self.report(), indent=2) + "\n")
