@@ -136,10 +136,15 @@ def test_span_volunteers_join_a_live_job_and_a_cheater_is_dropped(tmp_path: Path
             [sys.executable, "-m", "decentralized_verl.cli", "run", str(manifest), "--output", str(out)],
             {"DVERL_JOIN_SECRET": SECRET, "DVERL_WAIT_VOLUNTEERS": "2:300", "DVERL_VOLUNTEER_POLL_S": "0.5"},
         )
-        maddr = _bootstrap(procs, out / "logs" / f"{JOB}-dht-0.log")
+        logs = out / "logs"
+        maddr = _line(procs, logs / f"{JOB}-dht-0.log", r"--initial-peers (\S+)").group(1)
+        _line(procs, logs / f"{JOB}-learner-0.log", r"volunteer discovery for job")  # the coordinator is up
         procs.start("stray", _span_volunteer(maddr, "--layers", "0:2"))
         procs.start("honest", _span_volunteer(maddr))  # the coordinator picks: the span no one serves
-        procs.wait_for("honest", r"layers 0:1 ready", 180, also_alive="run")
+        try:
+            procs.wait_for("honest", r"layers 0:1 ready", 180, also_alive="run")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{_tails(logs)}") from None
         # The learner waits for two attached span volunteers: the job is live while strangers are tried.
         _refused_by_everyone(maddr)
         assert procs.procs["stray"].wait(120) == 2, procs.log("stray")
@@ -165,18 +170,23 @@ def test_span_volunteers_join_a_live_job_and_a_cheater_is_dropped(tmp_path: Path
     assert report["spans"][honest_id]["span"] == "0:1"
 
 
-def _bootstrap(procs: ProcessGroup, log: Path) -> str:
-    """The DHT bootstrap's multiaddr, from the line `dverl dht` prints in the run's logs."""
+def _line(procs: ProcessGroup, log: Path, pattern: str) -> re.Match:
+    """The first match of `pattern` in one of the run's worker logs (the run must stay up meanwhile)."""
     import time
 
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
-        found = re.search(r"--initial-peers (\S+)", log.read_text()) if log.exists() else None
+        found = re.search(pattern, log.read_text()) if log.exists() else None
         if found:
-            return found.group(1)
+            return found
         assert procs.procs["run"].poll() is None, procs.log("run")[-3000:]
         time.sleep(0.2)
-    raise AssertionError(f"no --initial-peers line in {log}")
+    raise AssertionError(f"no {pattern!r} in {log}")
+
+
+def _tails(logs: Path) -> str:
+    """The end of every worker log of the run, for a failure message."""
+    return "\n".join(f"=== {p.name}\n{p.read_text()[-2500:]}" for p in sorted(logs.glob("*.log")))
 
 
 def _cheat() -> int:
