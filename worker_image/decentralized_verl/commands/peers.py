@@ -50,6 +50,13 @@ def _worker(parser: argparse.ArgumentParser) -> Command:
         help="volunteer behind NAT: be reachable through public relays",
     )
     parser.add_argument("--job", default=None, help="job name (informational; the config names the job)")
+    parser.add_argument(
+        "--layers",
+        default=None,
+        metavar="START:END",
+        help="span volunteer (--role span): the span of the job's layout to serve "
+        "(default: the coordinator's pick, the span with the fewest volunteers)",
+    )
     # Volunteer learners: exact gradient averaging with hivemind's GradientAverager.
     learner = parser.add_argument_group("volunteer learner (--role learner --initial-peers ...)")
     learner.add_argument(

@@ -58,7 +58,10 @@ async def serve_role(
         from decentralized_verl.serving.spans.backend import SpanBackend, parse_span_addresses
 
         servers = parse_span_addresses(settings.span_addrs or "")
-        backend = SpanBackend.from_spec(spec.model, len(servers), servers, seed=spec.training.seed + index)
+        checks = {"check_fraction": spec.volunteers.verify_fraction}  # of span volunteers' hops
+        backend = SpanBackend.from_spec(
+            spec.model, len(servers), servers, seed=spec.training.seed + index, chain_options=checks
+        )
     elif role == "rollout":
         model, tokenizer = load_model_and_tokenizer(spec.model)
         name = spec.roles.rollout.backend
@@ -71,18 +74,23 @@ async def serve_role(
             **backend_options(name, gpus, vllm_eager=settings.vllm_eager),
         )
     if role == "rollout":
-        return await serve_rollout(
-            RolloutWorker(
-                backend,
-                worker_id,
-                backend_name=spec.roles.rollout.backend,
-                environment=spec.data.environment,
-                partial_every_s=settings.partial_every_s,
-            ),
-            port,
-            learner=settings.learner_addr,
-            host=settings.server_host(),
-        )
+        span_volunteers = await _take_span_volunteers(backend, spec, job, index, settings)
+        try:
+            return await serve_rollout(
+                RolloutWorker(
+                    backend,
+                    worker_id,
+                    backend_name=spec.roles.rollout.backend,
+                    environment=spec.data.environment,
+                    partial_every_s=settings.partial_every_s,
+                ),
+                port,
+                learner=settings.learner_addr,
+                host=settings.server_host(),
+            )
+        finally:
+            if span_volunteers is not None:
+                await span_volunteers()
     if role == "reference":
         handler = servicers.ReferenceServicer(scoring.ReferenceWorker.from_spec(spec, worker_id=worker_id))
     elif role == "critic" and spec.roles.critic is not None and spec.roles.critic.sharding == "fsdp":
@@ -109,6 +117,21 @@ async def serve_role(
         close = getattr(handler.worker, "close", None)
         if close is not None:
             close()  # a critic's last state reaches the disk
+
+
+async def _take_span_volunteers(backend, spec: JobSpec, job: str, index: int, settings: WorkerSettings):
+    """A front whose job lets volunteers serve spans joins the job's DHT to take them; its closer, or None."""
+    if not (
+        spec.roles.rollout.spans is not None
+        and spec.volunteers.enabled
+        and "span" in spec.volunteers.roles
+        and settings.dht_addr
+    ):
+        return None
+    from decentralized_verl.serving.spans.front_volunteers import start_front_volunteers
+
+    started = await start_front_volunteers(backend, job, index, settings.dht_addr, settings)
+    return None if started is None else started[1]
 
 
 async def serve_rollout(worker: RolloutWorker, port: int, *, learner: str | None, host: str) -> int:

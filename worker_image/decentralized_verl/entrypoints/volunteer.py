@@ -34,6 +34,8 @@ class VolunteerOptions(PeerReach):
     join_timeout_s: float = 300.0
     vllm_eager: bool = False
     """A vllm rollout engine starts without torch.compile (`WorkerSettings.vllm_eager`)."""
+    layers: str | None = None
+    """A span volunteer's span (`start:end` of the job's layout); None: the coordinator picks."""
 
 
 async def _join_with_retry(p2p, coordinator: str, request, timeout: float):
@@ -84,20 +86,32 @@ async def run_volunteer(
             "volunteer; reward and reference volunteers serve the open quick start on trusted networks "
             "(`--model PATH` without --token)"
         )
-    if options.role not in ("rollout", "actor"):
-        raise VolunteerError(f"role {options.role!r}: only rollout volunteers can join a job yet")
+    if options.role not in ("rollout", "actor", "span"):
+        raise VolunteerError(f"role {options.role!r}: only rollout and span volunteers can join a job")
+    if options.layers and options.role != "span":
+        raise VolunteerError(
+            f"--layers: only a span volunteer (--role span) serves layers, not {options.role}"
+        )
     began = time.perf_counter()
     async with volunteer_session(options) as session:
         p2p = await session.p2p()
         me = session.me
         hardware = hardware_summary()
-        request = m.JoinRequest(options.job, options.token, "rollout", hardware, 0.0)
+        role = "span" if options.role == "span" else "rollout"
+        request = m.JoinRequest(options.job, options.token, role, hardware, 0.0)
         reply = await _join_with_retry(p2p, claims.coordinator, request, options.join_timeout_s)
         if not reply.accepted:
             # Refused for what this volunteer brought (a bad or expired token, a blocked identity):
             # input a person must fix, as a bad token checked here would be.
             raise VolunteerError(f"the coordinator refused to let this peer join: {reply.reason}")
         spec = JobSpec.model_validate_json(await wire.fetch_spec(p2p, claims.coordinator, options.job))
+        if role == "span":
+            from decentralized_verl.serving.spans.volunteer import serve_for_job
+
+            key = reply.weights_verify_key or None
+            return await serve_for_job(
+                session, claims.coordinator, spec, key, options.layers, stop=stop, configure=configure
+            )
         model_spec = spec.model
         if options.model:
             model_spec = type(spec.model).model_validate({"path": options.model, "dtype": spec.model.dtype})

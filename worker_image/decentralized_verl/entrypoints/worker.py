@@ -44,6 +44,8 @@ class WorkerArgs:
     client_mode: bool = False
     no_relay: bool = False
     use_auto_relay: bool = False
+    layers: str | None = None
+    """A span volunteer's span (`start:end`), one of the job's layout."""
     # volunteer learners
     data: str | None = None
     peers: int = 2
@@ -132,6 +134,7 @@ def main_worker(args: WorkerArgs) -> int:
                 token=args.token,
                 role=args.role,
                 model=args.model,
+                layers=args.layers,
                 vllm_eager=settings.vllm_eager,
                 **reach,
                 **relays,

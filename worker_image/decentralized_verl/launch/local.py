@@ -109,7 +109,9 @@ class LocalCluster:
         command = lw.worker.command(str(self.config_path), lw.port)
         assert command[0] == "dverl"
         args = [sys.executable, "-m", "decentralized_verl.cli", *command[1:]]
-        return [*args, "--output", str(self.output_dir), *self.extra_args.get(lw.worker.role, [])]
+        if lw.worker.role != "dht":  # the DHT bootstrap writes nothing into the run folder
+            args += ["--output", str(self.output_dir)]
+        return [*args, *self.extra_args.get(lw.worker.role, [])]
 
     def start(self, roles: tuple[str, ...] | None = None) -> None:
         for lw in self.workers.values():

@@ -279,7 +279,9 @@ class RayCluster:
     def command_for(self, rw: RayWorker) -> list[str]:
         command = rw.worker.command(str(self.config_path.resolve()), rw.port)
         assert command[0] == "dverl"
-        args = ["-m", "decentralized_verl.cli", *command[1:], "--output", str(self.output_dir)]
+        args = ["-m", "decentralized_verl.cli", *command[1:]]
+        if rw.worker.role != "dht":  # the DHT bootstrap writes nothing into the run folder
+            args += ["--output", str(self.output_dir)]
         return [*args, *self.extra_args.get(rw.worker.role, [])]
 
     def start(self, roles: tuple[str, ...] | None = None) -> None:

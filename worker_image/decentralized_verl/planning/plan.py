@@ -206,6 +206,9 @@ def worker_env(plan: Plan, worker: PlannedWorker, addresses: Mapping[str, str]) 
         env.update(_rendezvous(plan, worker, addresses))
     if worker.role == "rollout" and plan.by_role("span"):
         env[env_name("span_addrs")] = span_addresses(plan, worker.index, addresses)
+    dht = plan.by_role("dht")
+    if worker.role == "rollout" and plan.by_role("span") and dht:  # a front that takes span volunteers
+        env[env_name("dht_addr")] = addresses[dht[0].name]
     if worker.role != "learner":
         if learners:  # where rollout workers pull new weights from (the coordinator's Weights service)
             env[env_name("learner_addr")] = addresses[learners[0].name]
@@ -217,7 +220,6 @@ def worker_env(plan: Plan, worker: PlannedWorker, addresses: Mapping[str, str]) 
         if peers:
             env[env_name(f"{role}_addrs")] = ",".join(addresses[p.name] for p in peers)
             env[env_name(f"{role}_pools")] = ",".join(p.gpu_type or p.pool or "" for p in peers)
-    dht = plan.by_role("dht")
     if dht:
         env[env_name("dht_addr")] = addresses[dht[0].name]
     return env

@@ -15,6 +15,7 @@ class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ROLE_CRITIC: _ClassVar[Role]
     ROLE_REWARD: _ClassVar[Role]
     ROLE_REFERENCE: _ClassVar[Role]
+    ROLE_SPAN: _ClassVar[Role]
 
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -28,6 +29,7 @@ ROLE_LEARNER: Role
 ROLE_CRITIC: Role
 ROLE_REWARD: Role
 ROLE_REFERENCE: Role
+ROLE_SPAN: Role
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason

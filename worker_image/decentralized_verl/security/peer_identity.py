@@ -108,3 +108,10 @@ def bootstrap_maddr(address: str, peer_id: str | None) -> str:
         )
     proto = "ip4" if host.replace(".", "").isdigit() else "dns"
     return f"/{proto}/{host}/tcp/{port}/p2p/{peer_id}"
+
+
+def front_seed(job_key: bytes, job: str, index: int) -> bytes:
+    """The identity of rollout worker `index` on the job's DHT when its spans take volunteers: derived from
+    the job's TLS key, which every process of the job holds and no volunteer does, so the coordinator
+    knows each front's peer id in advance and a stranger cannot take one."""
+    return hmac.new(job_key, f"dverl span front peer\x00{job}\x00{index}".encode(), hashlib.sha256).digest()

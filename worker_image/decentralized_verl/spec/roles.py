@@ -159,6 +159,8 @@ class RolesSpec(SpecModel):
 
     def failure_policy(self, name: str) -> str:
         """The role's failure policy with its default filled in (span servers follow the rollout's)."""
+        if name == "dht":  # the volunteers' DHT bootstrap: one process, restarted alone
+            return "restartPod"
         name = "rollout" if name == "span" else name
         role = getattr(self, name)
         gang = name == "learner" or (name == "critic" and role is not None and role.sharding == "fsdp")

@@ -339,6 +339,11 @@ def volunteer_problems(spec: JobSpec) -> Iterator[Problem]:
             "volunteers.tokenSecretRef",
             "required when volunteers are enabled (join tokens are signed with it)",
         )
+    if "span" in spec.volunteers.roles and spec.roles.rollout.spans is None:
+        yield _problem(
+            "volunteers.roles",
+            "span volunteers serve layers of a rollout split into spans: set roles.rollout.spans",
+        )
 
 
 def scheduling_problems(spec: JobSpec) -> Iterator[Problem]:

@@ -27,7 +27,7 @@ class VolunteersSpec(SpecModel):
     """Fraction of volunteer results re-computed by a trusted worker to catch cheats."""
     max_volunteers: PositiveInt = 64
     """Most volunteers admitted at once."""
-    roles: list[Literal["rollout", "reward", "reference", "critic", "learner"]] = Field(
+    roles: list[Literal["rollout", "reward", "reference", "critic", "learner", "span"]] = Field(
         default_factory=lambda: ["rollout"]
     )
-    """Roles volunteers may take."""
+    """Roles volunteers may take (`span`: layers of a rollout served as spans, docs/spans.md)."""

@@ -18,7 +18,8 @@ from dataclasses import asdict, dataclass
 
 log = logging.getLogger(__name__)
 
-ROLES = ("rollout", "reward", "reference", "critic", "learner", "actor")
+ROLES = ("rollout", "reward", "reference", "critic", "learner", "actor", "span", "front")
+"""`span`: a volunteer serving layers; `front`: a job's own rollout worker whose spans volunteers serve."""
 DEFAULT_TTL = 30.0
 
 

@@ -60,6 +60,7 @@ async def start_volunteer_discovery(
     from decentralized_verl.transport.weights.delta_p2p import DeltaEndpoint
     from decentralized_verl.transport.weights.delta_publish import DeltaPublisher
     from decentralized_verl.volunteers.dht import PeerOptions, start_dht
+    from decentralized_verl.volunteers.span_roster import start_span_roster
     from decentralized_verl.volunteers.verify import episode_check, verifier_for
 
     secret = job_secret(settings)
@@ -108,6 +109,9 @@ async def start_volunteer_discovery(
         publisher=publisher,
         spec_json=spec.model_dump_json(by_alias=True, exclude_none=True),
     )
+    layers = getattr(getattr(model, "config", None), "num_hidden_layers", None)
+    if layers is not None:  # before the join handler: an admitted span volunteer asks for its span at once
+        await start_span_roster(spec, job, hub, p2p, int(layers))
     await endpoints.register()
     if isinstance(publisher, DeltaPublisher):
         await DeltaEndpoint(p2p, publisher, hub.is_admitted).register()

@@ -21,7 +21,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,8 +37,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_ROLES = ("rollout", "actor")
-"""Roles a volunteer can serve to this coordinator today (`actor` is the quick start's name for rollout)."""
+SUPPORTED_ROLES = ("rollout", "actor", "span")
+"""Roles a volunteer can serve to this coordinator today (`actor` is the quick start's name for rollout;
+`span` volunteers serve layers to the job's fronts, `volunteers.span_roster`)."""
 
 
 def hardware_prior(hardware: str) -> float:
@@ -86,6 +87,8 @@ class HubConfig:
     to land while a DHT peer is partitioned, and a record is only a claim where an answer is evidence."""
     release_after_s: float = 60.0
     """An admitted peer with no live record for this long gives its slot back (it may join again)."""
+    spans_refused: str = ""
+    """Why span volunteers cannot join this job although `volunteers.roles` names them ("" when they can)."""
     open: bool = False
     """The quick-start job (open_worker.py): every announced actor is used without a token; trusted
     networks only. Verification and blocking still apply."""
@@ -124,6 +127,10 @@ class VolunteerHub:
         self._seen: dict[str, VolunteerRecord] = {}
         self._task: asyncio.Task | None = None
         self._closers: list[Callable[[], Any]] = []
+        self.span_serving: dict[str, dict[str, Any]] = {}
+        """Span volunteers a front attached: peer id -> {"span", "hops"} as the front last reported."""
+        self.after_poll: list[Callable[[list[VolunteerRecord]], Awaitable[None]]] = []
+        """Called with every poll's live records (the span roster hands span volunteers to fronts)."""
 
     # ------------------------------------------------------------------------------------ trust
     def _event(self, kind: str, peer_id: str, reason: str = "") -> None:
@@ -154,6 +161,8 @@ class VolunteerHub:
         if request.job != self.config.job:
             return refuse(f"this coordinator runs job {self.config.job!r}, not {request.job!r}")
         role = "rollout" if request.role == "actor" else request.role
+        if role == "span" and self.config.spans_refused:
+            return refuse(f"role 'span': {self.config.spans_refused}")
         if role not in self.config.roles or role not in SUPPORTED_ROLES:
             return refuse(
                 f"role {request.role!r} is not open to volunteers here (open: {list(self.config.roles)})"
@@ -192,7 +201,7 @@ class VolunteerHub:
         state = self.peers.get(peer_id)
         if state is not None:
             state.failed_record_expiry = self._last_expiry.get(peer_id, time.time())
-        self._update_status()
+        self.update_status()
 
     def block(self, peer_id: str, reason: str) -> None:
         if peer_id in self.blocked:
@@ -207,7 +216,8 @@ class VolunteerHub:
         client = self.clients.pop(peer_id, None)
         if client is not None:
             self.dispatcher.remove(client.worker_id)
-        self._update_status()
+        self.span_serving.pop(peer_id, None)
+        self.update_status()
 
     # ------------------------------------------------------------------------------- discovery
     def make_client(self, record: VolunteerRecord):
@@ -243,6 +253,10 @@ class VolunteerHub:
             for r in records
             if self.is_admitted(r.peer_id) and ("rollout" if r.role == "actor" else r.role) == "rollout"
         }
+        for record in records:  # a span volunteer keeps its slot while its record lives
+            state = self.peers.get(record.peer_id)
+            if record.role == "span" and state is not None and self.is_admitted(record.peer_id):
+                state.last_seen = now
         for peer_id, record in live.items():
             state = self.peers.setdefault(peer_id, PeerState(now, "rollout"))
             state.last_seen = now
@@ -264,7 +278,7 @@ class VolunteerHub:
             self.dispatcher.remove(client.worker_id)
             self._event("Removed", peer_id, "record expired")
         self.release_quiet(now)
-        self._update_status()
+        self.update_status()
 
     def release_quiet(self, now: float) -> list[str]:
         """Free the slots of admitted peers with no live record for `release_after_s`; the peer may join
@@ -281,9 +295,18 @@ class VolunteerHub:
             self._event("Released", peer_id, f"no live record for {self.config.release_after_s:.0f}s")
         return quiet
 
-    def _update_status(self) -> None:
+    def update_status(self) -> None:
         if self.status is not None:
-            self.status.update(volunteers=len(self.clients))
+            self.status.update(volunteers=self.active())
+
+    def active(self) -> int:
+        """Volunteers doing work: rollout clients in dispatch and span volunteers a front attached."""
+        return len(self.clients) + len(self.span_serving)
+
+    def live_records(self, role: str) -> list[VolunteerRecord]:
+        """Unexpired records of `role` seen by recent polls (any peer: the caller judges who it trusts)."""
+        now = time.time()
+        return [r for r in self._seen.values() if r.role == role and r.expires_at > now]
 
     async def poll_once(self) -> None:
         from decentralized_verl.transport.p2p import connect
@@ -310,6 +333,8 @@ class VolunteerHub:
             ):
                 await connect(self.p2p, record.peer_id, record.maddrs)
         self.apply_records(records, now=began)
+        for hook in self.after_poll:
+            await hook(list(self._seen.values()))
 
     async def _loop(self) -> None:
         while True:
@@ -324,9 +349,9 @@ class VolunteerHub:
 
     async def wait_for(self, count: int, timeout: float) -> int:
         deadline = time.monotonic() + timeout
-        while len(self.clients) < count and time.monotonic() < deadline:
+        while self.active() < count and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
-        return len(self.clients)
+        return self.active()
 
     def wrap_publish(self, publish: Callable[[int], None], model) -> Callable[[int], None]:
         """Make sure every version also reaches the publisher volunteers pull from."""
@@ -347,6 +372,7 @@ class VolunteerHub:
             "samples": {
                 pid: {"accepted": c.accepted, "rejected": c.rejected} for pid, c in self._all_clients.items()
             },
+            "spans": {pid: dict(serving) for pid, serving in self.span_serving.items()},
             "verified_samples": getattr(self.verifier, "checked", 0),
             "rejected_batches": getattr(self.verifier, "rejected_batches", 0),
             "events": [vars(e) for e in self.events],
@@ -357,6 +383,11 @@ class VolunteerHub:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        for hook in self.after_poll:  # a last word with the fronts, so the report holds what they saw
+            try:
+                await asyncio.wait_for(hook(list(self._seen.values())), 30.0)
+            except Exception as exc:
+                log.info("volunteer hub: the last exchange before closing failed (%s)", exc)
         if output is not None:
             output.mkdir(parents=True, exist_ok=True)
             (output / "volunteers.json").write_text(json.dumps(self.report(), indent=2) + "\n")

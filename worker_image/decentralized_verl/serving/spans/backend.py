@@ -97,6 +97,19 @@ class SpanBackend(HFBackend):
                     target.copy_(source)
             self._version = version
 
+    def attach(self, index: int, client: Any) -> bool:
+        """Add a replica (a span volunteer) to span `index` between micro-batches, brought to the chain's
+        version first; False when it holds another version and the chain has no weights to give it yet
+        (before the first refresh the chain computes with the spec's own weights: the replica must too)."""
+        held = int(client.info()["version"])  # asked before the lock: a slow peer holds up no batch
+        with self._lock:
+            if held != self.chain.version:
+                if self.chain.parts is None:
+                    return False
+                self.chain.bring_up_to_date(index, client)
+            self.chain.attach(index, client)
+            return True
+
     def mark_version(self, version: int) -> None:
         raise RuntimeError("a span chain holds no learner's model: its weights arrive through load_weights")
 

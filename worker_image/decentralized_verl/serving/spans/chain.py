@@ -21,7 +21,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -128,6 +128,8 @@ class Chain:
         self.version = version
         self.parts: list[Mapping[str, Tensor]] | None = None
         self.manifests: list[SpanManifest | None] = [None] * len(self.routes)
+        self.on_drop: Callable[[SpanCalls, str], None] | None = None
+        """Told of every untrusted replica dropped for wrong activations (a front reports it on)."""
 
     def session(self, capacity: int) -> ChainSession:
         return ChainSession(self, capacity)
@@ -141,6 +143,16 @@ class Chain:
         if route.client is failed:
             route.current = (route.current + 1) % len(route.clients)
         log.warning("span %s: %s; trying %s", route.span, why, route.client.address)
+
+    def attach(self, index: int, client: SpanCalls) -> None:
+        """Add a replica (a volunteer that joined) to span `index`; it takes the span's hops from the next
+        one on, each session replaying its prefix into it, as after a failover. The caller holds the
+        backend's lock (no hop or refresh in flight) and has brought it to this chain's version."""
+        route = self.routes[index]
+        if not client.trusted and self.check_fraction > 0 and not any(c.trusted for c in route.clients):
+            raise ValueError(f"span {route.span}: no trusted replica to check an untrusted one against")
+        route.clients.append(client)
+        route.current = len(route.clients) - 1
 
     def bring_up_to_date(self, index: int, client: SpanCalls) -> None:
         """Give a replica that holds another version this chain's parts for its span."""
@@ -312,6 +324,8 @@ class ChainSession:
                 time.sleep(0.2 if len(route.clients) > 1 else 1.0)  # a lone server: wait for its restart
                 continue
             route.stats.hops += 1
+            if client in route.clients:  # a dropped one's last hop was the trusted replica's
+                client.hops_served += 1
             route.stats.seconds += time.perf_counter() - began
             return out
 
@@ -352,6 +366,8 @@ class ChainSession:
         with contextlib.suppress(DverlError):
             client.close(self.names[index])
         route.drop(client, trusted)
+        if self.chain.on_drop is not None:
+            self.chain.on_drop(client, f"span {route.span}: activations off by {off:.3g}")
         self.names[index], self.opened[index] = name, trusted
         return reference
 

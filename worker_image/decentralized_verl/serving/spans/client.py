@@ -53,6 +53,8 @@ class SpanCalls:
     address: str
     timeout_s: float
     trusted: bool = True
+    hops_served: int = 0
+    """Hops this replica answered for the front (counted by the chain)."""
 
     def _call(self, method: str, data: bytes, timeout_s: float | None = None) -> bytes:
         raise NotImplementedError

@@ -1,9 +1,14 @@
-"""A volunteer serving one span over P2P: `python -m decentralized_verl.serving.spans.volunteer`.
+"""A volunteer serving one span over P2P.
 
-It joins the swarm through the job's DHT peers (as every volunteer does), loads decoder layers [a, b)
-of the job's model, and answers the span service (`spans.p2p`) for the fronts it is told to serve. It is
-untrusted: the front spot-checks its outputs against a trusted replica and drops it on a mismatch, and it
-loads weights only with the learner's signed manifest of its span (`--weights-key`).
+Joining a job (`dverl worker --role span --initial-peers MADDR --job NAME --token T [--layers a:b]`,
+`serve_for_job`): admitted with its join token like every volunteer, it asks the coordinator which span
+of the job's layout it serves (the one it names, or the one with the fewest volunteers) and for which
+fronts (`volunteers.span_roster`), loads those layers, announces itself, and answers the span service
+(`spans.p2p`) for those fronts only. By hand (`python -m decentralized_verl.serving.spans.volunteer`,
+tests and benchmarks): it is told the layers, the fronts' peer ids and the learner's key.
+
+Either way it is untrusted: the front spot-checks its outputs against a trusted replica and drops it on a
+mismatch, and it loads weights only with the learner's signed manifest of its span.
 """
 
 from __future__ import annotations
@@ -12,9 +17,69 @@ import argparse
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
-from decentralized_verl.errors import DverlError, WireError
+from decentralized_verl.errors import DverlError, VolunteerError, WireError
+
+
+async def serve_for_job(
+    session: Any,
+    coordinator: str,
+    spec: Any,
+    verify_key: bytes | None,
+    layers: str | None,
+    *,
+    stop: asyncio.Event | None = None,
+    configure: Callable[[Any], None] | None = None,
+) -> int:
+    """Serve the span the coordinator assigns until stopped; `session` is the admitted volunteer's
+    (`volunteers.session.VolunteerSession`). `configure(server)` lets tests make a dishonest one."""
+    from decentralized_verl.runtime.lifecycle import serve_until_stopped
+    from decentralized_verl.serving.spans.layout import parse_span
+    from decentralized_verl.serving.spans.p2p import serve_span_p2p
+    from decentralized_verl.serving.spans.server import load_span_server
+    from decentralized_verl.transport.p2p import listen_maddrs
+    from decentralized_verl.volunteers.announce import VolunteerRecord, hardware_summary
+
+    p2p = await session.p2p()
+    me = session.me
+    answer = await ask_assignment(p2p, coordinator, layers)
+    if not answer.get("ok"):
+        raise VolunteerError(f"the coordinator gave this peer no span: {answer.get('error')}")
+    span, fronts = parse_span(str(answer["span"])), [str(f) for f in answer["fronts"]]
+    server = await asyncio.to_thread(
+        load_span_server, spec.model, span, server_id=f"volunteer-span-{me[-8:]}", verify_key=verify_key
+    )
+    if configure is not None:
+        configure(server)
+    await serve_span_p2p(p2p, server, fronts)
+    hardware, maddrs = hardware_summary(), listen_maddrs(session.dht)
+
+    def record(expires_at: float) -> VolunteerRecord:
+        return VolunteerRecord(me, "span", hardware, 0.0, server.version, expires_at, maddrs=maddrs)
+
+    await session.announce(record)
+    return await serve_until_stopped(
+        f"span volunteer {me} joined job {session.options.job}: layers {span} ready for fronts "
+        f"{','.join(fronts)}",
+        served=lambda: f"span volunteer {me} served {server.hops} hops",
+        stop=stop,
+    )
+
+
+async def ask_assignment(p2p: Any, coordinator: str, layers: str | None) -> dict[str, Any]:
+    """The coordinator's answer: {"ok", "span", "fronts"} or {"ok": False, "error"}."""
+    from google.protobuf.wrappers_pb2 import BytesValue
+
+    from decentralized_verl.transport.p2p import peer
+    from decentralized_verl.volunteers.span_roster import ASSIGN
+
+    request = BytesValue(value=json.dumps({"layers": layers or ""}).encode())
+    reply = await asyncio.wait_for(
+        p2p.call_protobuf_handler(peer(coordinator), ASSIGN, request, BytesValue), 30.0
+    )
+    return json.loads(reply.value)
 
 
 async def serve(args: argparse.Namespace, server: Any = None) -> int:

@@ -17,6 +17,7 @@ ROLES: dict[str, int] = {
     "critic": pb.ROLE_CRITIC,
     "reward": pb.ROLE_REWARD,
     "reference": pb.ROLE_REFERENCE,
+    "span": pb.ROLE_SPAN,
 }
 """Role names as the spec spells them -> the wire enum."""
 
