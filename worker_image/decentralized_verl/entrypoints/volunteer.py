@@ -38,7 +38,9 @@ class VolunteerOptions(PeerReach):
     """A span volunteer's span (`start:end` of the job's layout); None: the coordinator picks."""
 
 
-async def _join_with_retry(p2p, coordinator: str, request, timeout: float):
+async def _join_with_retry(p2p, coordinator: str, request, timeout: float, dht=None):
+    """Join, retrying while the coordinator is not up or not reachable; between tries, dial the addresses
+    the coordinator signs into the job's DHT (`dht`), for when libp2p's routing cannot find it."""
     from decentralized_verl.transport import p2p as wire
 
     deadline = time.monotonic() + timeout
@@ -50,7 +52,25 @@ async def _join_with_retry(p2p, coordinator: str, request, timeout: float):
             last = f"{type(exc).__name__}: {exc}"
             log.info("coordinator %s not reachable yet (%s); retrying", coordinator, last)
             await asyncio.sleep(1.0)
+            if dht is not None:
+                await _dial_coordinator(dht, p2p, request.job, coordinator)
     raise PeerUnavailable(f"could not reach the coordinator {coordinator} in {timeout:g}s ({last})")
+
+
+async def _dial_coordinator(dht, p2p, job: str, coordinator: str) -> bool:
+    """Dial the coordinator at the addresses of its own signed record, when the DHT holds one."""
+    from decentralized_verl.transport.p2p import connect
+    from decentralized_verl.volunteers.announce import read_records
+
+    try:
+        records, _ = await asyncio.wait_for(read_records(dht, job), 10.0)
+    except Exception as exc:  # the DHT itself is not reachable yet: the next try reads again
+        log.debug("could not read the job's records: %s", exc)
+        return False
+    for record in records:
+        if record.peer_id == coordinator and record.role == "coordinator":
+            return await connect(p2p, coordinator, record.maddrs)
+    return False
 
 
 async def run_volunteer(
@@ -99,7 +119,9 @@ async def run_volunteer(
         hardware = hardware_summary()
         role = "span" if options.role == "span" else "rollout"
         request = m.JoinRequest(options.job, options.token, role, hardware, 0.0)
-        reply = await _join_with_retry(p2p, claims.coordinator, request, options.join_timeout_s)
+        reply = await _join_with_retry(
+            p2p, claims.coordinator, request, options.join_timeout_s, dht=session.dht
+        )
         if not reply.accepted:
             # Refused for what this volunteer brought (a bad or expired token, a blocked identity):
             # input a person must fix, as a bad token checked here would be.

@@ -18,8 +18,9 @@ from dataclasses import asdict, dataclass
 
 log = logging.getLogger(__name__)
 
-ROLES = ("rollout", "reward", "reference", "critic", "learner", "actor", "span", "front")
-"""`span`: a volunteer serving layers; `front`: a job's own rollout worker whose spans volunteers serve."""
+ROLES = ("rollout", "reward", "reference", "critic", "learner", "actor", "span", "front", "coordinator")
+"""`span`: a volunteer serving layers; `front`: a job's own rollout worker whose spans volunteers serve;
+`coordinator`: the job's learner, announcing where it listens to volunteers that cannot route to it."""
 DEFAULT_TTL = 30.0
 
 

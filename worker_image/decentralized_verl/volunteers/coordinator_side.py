@@ -117,6 +117,7 @@ async def start_volunteer_discovery(
         await DeltaEndpoint(p2p, publisher, hub.is_admitted).register()
         hub._closers.append(publisher.close)
     hub._closers.append(dht.shutdown)
+    hub._closers.insert(0, (await _announce_coordinator(dht, job, settings)).stop)  # before the DHT goes
     hub.start()
     log.info("volunteer discovery for job %s: coordinator peer %s, bootstrap %s", job, dht.peer_id, addr)
     wait = settings.volunteer_wait()
@@ -124,6 +125,24 @@ async def start_volunteer_discovery(
         got = await hub.wait_for(*wait)
         log.info("%d volunteers active before training starts", got)
     return hub
+
+
+async def _announce_coordinator(dht, job: str, settings: WorkerSettings):
+    """Keep a signed record of where the coordinator listens: a volunteer whose libp2p routing cannot find
+    the coordinator's peer id (its routing table lost the bootstrap, or it asked before the coordinator
+    joined) dials these addresses instead. Only the coordinator's key can sign a record under its id."""
+    from decentralized_verl.transport.p2p import listen_maddrs
+    from decentralized_verl.volunteers.announce import Heartbeat, VolunteerRecord
+
+    me, maddrs = dht.peer_id.to_base58(), listen_maddrs(dht)
+
+    def record(expires_at: float) -> VolunteerRecord:
+        return VolunteerRecord(me, "coordinator", "", 0.0, 0, expires_at, maddrs=maddrs)
+
+    heartbeat = Heartbeat(dht, job, record, interval=settings.volunteer_poll_s * 2 + 1.0, ttl=30.0)
+    await heartbeat.beat()
+    heartbeat.start()
+    return heartbeat
 
 
 def join_volunteers(publisher, output: Path, settings: WorkerSettings) -> Attachment:
