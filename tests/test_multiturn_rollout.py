@@ -403,3 +403,84 @@ def test_prompts_of_an_environment_job_carry_its_instructions_and_record(tmp_pat
     doc["spec"]["data"]["systemPrompt"] = "Play."
     (own,) = prepare_prompts(parse_job(doc).spec, build_char_tokenizer(), str(train), None)
     assert "Play." in own.text and "higher or lower" not in own.text
+
+
+def _trusted(model, tok, runner, draw_tol):
+    """A verifier over `model` as the coordinator builds one: episode rebuild, log-probs, seeded draws."""
+    import threading
+
+    from decentralized_verl.environments.verify import episode_problem
+    from decentralized_verl.volunteers.verify import PublishedPolicy, Verifier
+
+    class Policy(PublishedPolicy):  # the published version is `model` itself
+        def __init__(self) -> None:
+            self.model, self.version, self.temperature = model, 0, SAMPLING.temperature
+            self.pad_token_id = tok.pad_token_id
+            self._lock = threading.Lock()
+
+    return Verifier(
+        Policy(),
+        fraction=1.0,
+        episodes=lambda s: episode_problem(runner, s, SAMPLING.max_new_tokens),
+        draw_tol=draw_tol,
+    )
+
+
+def test_every_model_turn_of_an_episode_replays_its_seeded_draws(policy, monkeypatch) -> None:
+    """Honest episodes from the real hf backend replay turn by turn with each turn's seed; a volunteer that
+    draws its second turn with a seed of its own (honest log-probs, honest environment) is caught there, and
+    a forged observation is the episode check's finding, not the sampler's."""
+    from decentralized_verl.environments.rollout import EpisodeRunner
+    from decentralized_verl.serving import rollout
+    from decentralized_verl.volunteers.sampling_check import DEFAULT_TOL
+
+    model, tok = policy
+    items = [(p, k) for p in prompts(tok) for k in range(3)]
+    honest = play(model, tok, items)
+    assert any(len(s.turns) > 2 for s in honest.values())
+    runner = EpisodeRunner(GAME, tok, eos_token_ids=[tok.eos_token_id], context_tokens=TINY.max_positions)
+    replaying = _trusted(model, tok, runner, DEFAULT_TOL["float32"])
+    assert replaying.check(list(honest.values()), 0, SAMPLING).ok
+
+    assigned = rollout.turn_seed
+    monkeypatch.setattr(
+        rollout, "turn_seed", lambda seed, *a: assigned(seed + 1 if a[-1] == 1 else seed, *a)
+    )  # the volunteer's own seed for turn 1 only: turn 0 and turn 2 are drawn as assigned
+    chosen = list(play(model, tok, items).values())
+    monkeypatch.undo()
+    assert _trusted(model, tok, runner, None).check(chosen, 0, SAMPLING).ok  # log-probs and episode pass
+    caught = {m.key: m.what for m in replaying.check(chosen, 0, SAMPLING).mismatches}
+    several = {s.key for s in chosen if len(s.turns) > 1}
+    assert several and set(caught) == several
+    for s in chosen:
+        if s.key in caught:
+            assert caught[s.key].startswith("model turn 1 (response tokens ")
+            assert "not sampled from the policy with its seed" in caught[s.key]
+        else:  # one turn only: the assigned draws, as the honest run made them
+            assert s.response_ids == honest[s.key].response_ids
+
+    long = next(s for s in honest.values() if len(s.turns) > 1)
+    env_at = long.loss_mask.index(0) + 3
+    forged = list(long.response_ids)
+    forged[env_at] = tok.convert_tokens_to_ids("5")
+    (mismatch,) = replaying.check([long.with_(response_ids=tuple(forged))], 0, SAMPLING).mismatches
+    assert mismatch.what.startswith("episode: the environment's tokens differ")
+
+
+def test_a_loss_mask_that_does_not_cover_the_response_is_refused_before_any_replay() -> None:
+    from decentralized_verl.core.samples import Sample
+    from decentralized_verl.volunteers.sampling_check import sample_problem
+
+    episode = Prompt("p0", 0, (3, 4), "")
+    bad = Sample(
+        prompt=episode,
+        sample_index=0,
+        response_ids=(5, 6, 7),
+        logprobs=(0.0,) * 3,
+        finish_reason="stop",
+        text="",
+        policy_version=0,
+        loss_mask=(1, 0),
+    )
+    logits = torch.zeros(3, 64)
+    assert sample_problem(logits, bad, SAMPLING, 1e-3) == "2 loss-mask entries for 3 tokens"

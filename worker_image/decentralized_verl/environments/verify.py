@@ -22,17 +22,24 @@ class _Diverged(Exception):
     """The rebuilt episode asked for something the claimed one does not have."""
 
 
+def model_spans(loss_mask: Sequence[int]) -> list[tuple[int, int]]:
+    """The model's turns as [start, end) positions in the response: each maximal run of mask-1 tokens."""
+    spans: list[tuple[int, int]] = []
+    start = None
+    for i, keep in enumerate((*loss_mask, 0)):
+        if keep and start is None:
+            start = i
+        elif not keep and start is not None:
+            spans.append((start, i))
+            start = None
+    return spans
+
+
 def model_runs(response_ids: Sequence[int], loss_mask: Sequence[int]) -> list[tuple[int, ...]]:
     """The model's turns as token runs: each maximal run of mask-1 tokens."""
-    runs: list[list[int]] = []
-    previous = 0
-    for token, keep in zip(response_ids, loss_mask, strict=True):
-        if keep and not previous:
-            runs.append([])
-        if keep:
-            runs[-1].append(token)
-        previous = keep
-    return [tuple(run) for run in runs]
+    if len(response_ids) != len(loss_mask):
+        raise ValueError(f"{len(loss_mask)} mask entries for {len(response_ids)} tokens")
+    return [tuple(response_ids[a:b]) for a, b in model_spans(loss_mask)]
 
 
 def turn_text(tokenizer: Any, tokens: Sequence[int], stop: Sequence[str]) -> str:

@@ -48,6 +48,12 @@ def item_seed(seed: int, prompt_id: str, sample_index: int) -> int:
     return int.from_bytes(digest[:8], "big") & _SEED_MASK
 
 
+def turn_seed(seed: int, prompt_id: str, sample_index: int, turn: int) -> int:
+    """The seed of model turn `turn` (0-based) of an episode: each turn its own, so a re-dispatched episode
+    plays out the same and the trusted side can replay every turn's draws (`volunteers.sampling_check`)."""
+    return item_seed(seed, f"{prompt_id}\x00turn{turn}", sample_index)
+
+
 def to_requests(items: Sequence[WorkItem], sampling: SamplingParams) -> list[GenerationRequest]:
     """One n=1 request per item; the request's id is the item's position (prompt ids may repeat)."""
     out = []
@@ -250,7 +256,7 @@ class RolloutWorker:
                 prompt, sample_index = items[turn.index]
                 seed = None
                 if sampling.seed is not None:
-                    seed = item_seed(sampling.seed, f"{prompt.prompt_id}\x00turn{turn.turn}", sample_index)
+                    seed = turn_seed(sampling.seed, prompt.prompt_id, sample_index, turn.turn)
                 params = dataclasses.replace(sampling, n=1, seed=seed, max_new_tokens=turn.max_new_tokens)
                 requests.append(GenerationRequest(str(turn.index), turn.context_ids, params))
             for out in self.backend.generate(requests):

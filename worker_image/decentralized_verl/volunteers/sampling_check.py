@@ -8,6 +8,13 @@ every position's distribution, the seed gives every uniform, and each claimed to
 that uniform picks. A volunteer that submits responses it chose (best of several draws, its own seed,
 edited text with honestly recomputed log-probs) passes the log-prob check but not this one.
 
+A multi-turn episode is replayed the same way, turn by turn: each model turn was generated as a request of
+its own, seeded by (episode, turn) (`serving.rollout.turn_seed`), on the context of the prompt and every
+token before it. So the same single forward pass over prompt + whole episode gives the distributions of
+every model token, and the tokens of model turn t (the t-th run of the loss mask) must be the draws of
+turn t's seed. The environment's tokens between turns are not drawn; the episode rebuild
+(`environments.verify`) checks those.
+
 Incremental decoding and one full forward pass differ by rounding, so a uniform that falls within `tol`
 of the edge between two tokens' intervals accepts either (a chosen token almost never lands there).
 """
@@ -27,14 +34,19 @@ DEFAULT_TOL = {"float32": 1e-3, "float16": 2e-2, "bfloat16": 5e-2}
 between decoding and a full forward (about 1e-5 in float32) stay far below it."""
 
 
-def episode_seed(sampling: SamplingParams, prompt_id: str, sample_index: int) -> int | None:
-    """The seed the volunteer's backend drew this episode's tokens with (None: the request had none)."""
+def episode_seed(
+    sampling: SamplingParams, prompt_id: str, sample_index: int, turn: int | None = None
+) -> int | None:
+    """The seed the volunteer's backend drew this episode's tokens with, or those of its model turn `turn`
+    (a multi-turn episode's); None: the request had none."""
     from decentralized_verl.backends.hf import row_seed
-    from decentralized_verl.serving.rollout import item_seed
+    from decentralized_verl.serving.rollout import item_seed, turn_seed
 
     if sampling.seed is None:
         return None
-    return row_seed(item_seed(sampling.seed, prompt_id, sample_index), 0)
+    if turn is None:
+        return row_seed(item_seed(sampling.seed, prompt_id, sample_index), 0)
+    return row_seed(turn_seed(sampling.seed, prompt_id, sample_index, turn), 0)
 
 
 def checkable(sampling: SamplingParams) -> bool:
@@ -83,6 +95,28 @@ def draw_problem(
         f"(u*mass {float(target[where]):.4f}, the claimed token covers [{float(lower[where]):.4f}, "
         f"{float(upper[where]):.4f}]): not sampled from the policy with its seed"
     )
+
+
+def sample_problem(logits: Tensor, sample, sampling: SamplingParams, tol: float) -> str | None:
+    """None when every model token of `sample` is its seed's draw (`logits`: one row per response token,
+    the row predicting it); else which token of which model turn is not. A multi-turn episode (one with a
+    loss mask) is replayed turn by turn, each with its own seed; its environment tokens are not draws."""
+    from decentralized_verl.environments.verify import model_spans
+
+    prompt_id, index = sample.prompt.prompt_id, sample.sample_index
+    if sample.loss_mask is None:
+        seed = episode_seed(sampling, prompt_id, index)
+        return None if seed is None else draw_problem(logits, sample.response_ids, seed, sampling, tol)
+    if len(sample.loss_mask) != len(sample.response_ids):
+        return f"{len(sample.loss_mask)} loss-mask entries for {len(sample.response_ids)} tokens"
+    for turn, (start, end) in enumerate(model_spans(sample.loss_mask)):
+        seed = episode_seed(sampling, prompt_id, index, turn)
+        if seed is None:
+            return None
+        problem = draw_problem(logits[start:end], sample.response_ids[start:end], seed, sampling, tol)
+        if problem is not None:
+            return f"model turn {turn} (response tokens {start}..{end - 1}): {problem}"
+    return None
 
 
 def response_logits(model, samples: Sequence, pad_token_id: int | None, microbatch: int = 8) -> list[Tensor]:

@@ -139,19 +139,15 @@ class PublishedPolicy:
         self, samples: Sequence[Sample], version: int, sampling: SamplingParams, tol: float
     ) -> list[str | None]:
         """For each sample: None when its tokens are the seeded draws from this version's policy."""
-        from decentralized_verl.volunteers.sampling_check import draw_problem, episode_seed, response_logits
+        from decentralized_verl.volunteers.sampling_check import response_logits, sample_problem
 
-        out: list[str | None] = []
         with self._lock:
             if self.version != version:
                 self._load(version)
             every = response_logits(self.model, list(samples), self.pad_token_id)
-            for s, logits in zip(samples, every, strict=True):
-                seed = episode_seed(sampling, s.prompt.prompt_id, s.sample_index)
-                out.append(
-                    None if seed is None else draw_problem(logits, s.response_ids, seed, sampling, tol)
-                )
-        return out
+            return [
+                sample_problem(logits, s, sampling, tol) for s, logits in zip(samples, every, strict=True)
+            ]
 
 
 @dataclass
@@ -178,8 +174,9 @@ class Verifier:
         episodes: Callable[[Sample], str | None] | None = None,
         draw_tol: float | None = None,
     ) -> None:
-        """`draw_tol`: replay each checked single-turn sample's seeded draws within this probability
-        mass (`sampling_check`); None checks log-probs only (a backend whose sampler cannot be replayed)."""
+        """`draw_tol`: replay each checked sample's seeded draws (every model turn of an episode) within
+        this probability mass (`sampling_check`); None checks log-probs only (a backend whose sampler
+        cannot be replayed)."""
         if not 0.0 <= fraction <= 1.0:
             raise ValueError(f"verify fraction must be in [0, 1] (got {fraction})")
         self.policy = policy
@@ -221,10 +218,8 @@ class Verifier:
                 if problem is not None:
                     wrong.append(problem)
         if not wrong and self.draw_tol is not None and sampling is not None and checkable(sampling):
-            single = [s for s in chosen if s.loss_mask is None]  # an episode's turns have seeds of their own
-            if single:
-                draws = self.policy.draw_problems(single, version, sampling, self.draw_tol)
-                wrong.extend(Mismatch(s.key, p) for s, p in zip(single, draws, strict=True) if p is not None)
+            draws = self.policy.draw_problems(chosen, version, sampling, self.draw_tol)
+            wrong.extend(Mismatch(s.key, p) for s, p in zip(chosen, draws, strict=True) if p is not None)
         self.checked += len(chosen)
         if wrong:
             self.rejected_batches += 1
