@@ -116,6 +116,22 @@ def test_a_front_reporting_a_dropped_volunteer_gets_it_and_its_token_blocked() -
     assert token in hub.blocked_tokens
 
 
+def test_a_volunteer_a_front_lost_gives_its_slot_back_without_a_block() -> None:
+    """Stopped answering is not lying: the hub records a failure (its record is ignored until a fresh one
+    comes, and it may serve again), neither the peer nor its token is blocked."""
+    hub = _hub()
+    roster = _roster(hub)
+    assert _join(hub, "gone").accepted
+    roster.assign("gone", None)
+    roster.take_reply("front-a", {"attached": {"gone": {"span": "0:2", "hops": 3}}})
+    assert hub.active() == 1
+    roster.take_reply("front-a", {"attached": {}, "dropped": {}, "failed": {"gone": "span 0:2: UNAVAILABLE"}})
+    assert hub.active() == 0 and hub.span_serving == {}
+    assert "gone" not in hub.blocked and not hub.blocked_tokens
+    assert [e.kind for e in hub.events if e.peer_id == "gone"][-1] == "Failed"
+    assert hub.is_admitted("gone")
+
+
 def _job(spans: dict | None) -> dict:
     rollout = {"replicas": 2, "batchSize": 4, **({"spans": spans} if spans else {})}
     return {

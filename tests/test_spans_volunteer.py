@@ -163,6 +163,30 @@ def test_a_volunteer_returning_wrong_activations_is_caught_and_dropped(swarm, re
     front.close()
 
 
+def test_a_volunteer_that_stops_answering_is_dropped_and_reported_lost(swarm, reference):
+    """A volunteer gone mid-generation (a peer nobody can reach) is not waited for: its span goes on on
+    the trusted replica with the same tokens, and the front is told it was lost, not caught lying."""
+    import os
+
+    from decentralized_verl.security.peer_identity import peer_id_of_seed
+
+    model, tokenizer = reference
+    p2p, loop, _, _ = swarm
+    front = _front(swarm, "honest")
+    _refresh(front, model, 3)
+    ghost = P2PSpanClient(p2p, peer_id_of_seed(os.urandom(32)), loop, timeout_s=5.0)
+    lost: list[tuple[str, str]] = []
+    front.chain.on_lost = lambda client, why: lost.append((client.address, why))
+    front.chain.attach(0, ghost)  # the newest replica takes the span's next hops
+    expected = _tokens(HFBackend(model, tokenizer, max_batch_size=6).generate(_requests(tokenizer)))
+    assert _tokens(front.generate(_requests(tokenizer))) == expected
+    route = front.chain.routes[0]
+    assert ghost not in route.clients and route.client.trusted
+    assert [address for address, _ in lost] == [ghost.address]
+    assert "UNAVAILABLE" in lost[0][1] or "DEADLINE_EXCEEDED" in lost[0][1], lost
+    front.close()
+
+
 def test_a_volunteer_answers_only_the_fronts_it_serves(swarm):
     """Another peer of the swarm (its own libp2p identity) is refused by name; nothing is computed."""
     import hivemind

@@ -166,6 +166,10 @@ class SpanRoster:
         for peer_id, reason in dict(reply.get("dropped", {})).items():
             if peer_id in self.hub.peers and peer_id not in self.hub.blocked:
                 self.hub.block(str(peer_id), f"front {front[-8:]}: {str(reason)[:300]}")
+        for peer_id, reason in dict(reply.get("failed", {})).items():  # stopped answering: not a cheat
+            if peer_id in self.hub.peers and peer_id not in self.hub.blocked:
+                self.hub.span_serving.pop(str(peer_id), None)
+                self.hub.on_failure(str(peer_id), f"front {front[-8:]}: {str(reason)[:300]}", False)
         for peer_id, serving in dict(reply.get("attached", {})).items():
             if peer_id in self.assigned and self.hub.is_admitted(peer_id):
                 self.hub.span_serving[str(peer_id)] = {

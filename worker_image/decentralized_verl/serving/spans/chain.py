@@ -130,6 +130,9 @@ class Chain:
         self.manifests: list[SpanManifest | None] = [None] * len(self.routes)
         self.on_drop: Callable[[SpanCalls, str], None] | None = None
         """Told of every untrusted replica dropped for wrong activations (a front reports it on)."""
+        self.on_lost: Callable[[SpanCalls, str], None] | None = None
+        """Told of every untrusted replica dropped because it stopped answering (not a cheat: it may be
+        attached again when it comes back)."""
 
     def session(self, capacity: int) -> ChainSession:
         return ChainSession(self, capacity)
@@ -140,6 +143,16 @@ class Chain:
         """Move span `index` to its next replica (after `failed`); every session follows on its next hop."""
         route = self.routes[index]
         route.stats.failovers += 1
+        trusted = next((c for c in route.clients if c.trusted and c is not failed), None)
+        if not failed.trusted and failed in route.clients and trusted is not None:
+            # A volunteer that stops answering is not waited for: the span goes on on a trusted replica,
+            # and the front's coordinator hears of it (its slot, not a block).
+            route.drop(failed, trusted)
+            log.warning("span %s: volunteer %s lost (%s); going on with %s", route.span, failed.address, why,
+                        trusted.address)  # fmt: skip
+            if self.on_lost is not None:
+                self.on_lost(failed, f"span {route.span}: {why}")
+            return
         if route.client is failed:
             route.current = (route.current + 1) % len(route.clients)
         log.warning("span %s: %s; trying %s", route.span, why, route.client.address)

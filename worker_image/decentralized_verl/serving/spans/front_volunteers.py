@@ -37,6 +37,8 @@ class FrontVolunteers:
     timeout_s: float = 60.0
     attached: dict[str, P2PSpanClient] = field(default_factory=dict)
     dropped: dict[str, str] = field(default_factory=dict)
+    lost: dict[str, str] = field(default_factory=dict)
+    """Volunteers that stopped answering, not yet reported to the coordinator."""
     _last_seq: float = 0.0
     _pending: set[str] = field(default_factory=set)
     _tasks: set[asyncio.Task] = field(default_factory=set)
@@ -48,6 +50,7 @@ class FrontVolunteers:
 
         await self.p2p.add_protobuf_handler(PUSH, self._push, BytesValue)
         self.backend.chain.on_drop = self._on_drop
+        self.backend.chain.on_lost = self._on_lost
 
     def _on_drop(self, client: Any, reason: str) -> None:
         peer_id = getattr(client, "peer_id", None)
@@ -56,13 +59,23 @@ class FrontVolunteers:
             self.attached.pop(peer_id, None)
             log.warning("span volunteer %s dropped: %s", peer_id, reason)
 
+    def _on_lost(self, client: Any, reason: str) -> None:
+        peer_id = getattr(client, "peer_id", None)
+        if peer_id is not None:
+            self.lost[peer_id] = reason
+            self.attached.pop(peer_id, None)
+
     def reply(self) -> dict[str, Any]:
+        lost = dict(self.lost)  # copied first: a drop or a loss is recorded from the generating thread
+        for peer_id in lost:
+            self.lost.pop(peer_id, None)  # reported once; a volunteer that comes back is attached again
         return {
             "attached": {
                 p: {"span": str(self._span_of(c)), "hops": c.hops_served}
                 for p, c in list(self.attached.items())
-            },  # copied first: a drop is recorded from the generating thread
+            },
             "dropped": dict(self.dropped),
+            "failed": lost,
         }
 
     def _span_of(self, client: Any) -> Any:
