@@ -6,8 +6,9 @@ A volunteer is attached between micro-batches (under the backend's lock), after 
 weights (brought up to date with the signed manifest of its span when it holds another version), and
 takes its span's hops from then on; the chain spot-checks a fraction of them on the trusted replica and
 drops it on a mismatch (`chain.ChainSession._spot_check`). The front's answer to the coordinator's next
-roster reports the drop, and the coordinator blocks the volunteer. A volunteer that vanishes fails over
-to the trusted replica like a dead span server; nothing is lost either way.
+roster reports the drop, and the coordinator blocks the volunteer. A volunteer that stops answering is
+dropped too (`Chain.replace`) and reported as failed, which frees its slot without a block; it is
+attached again if the coordinator offers it once more. Nothing is lost either way.
 """
 
 from __future__ import annotations
