@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from decentralized_verl.cli import _run, build_parser, main
+from decentralized_verl.cli.main import _run, build_parser, main
 from decentralized_verl.core.status import JobStatus
 from decentralized_verl.errors import PeerUnavailable
 from decentralized_verl.launch.run import RunFailed, StepLines

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from decentralized_verl.cli import main
+from decentralized_verl.cli.main import main
 from decentralized_verl.reporting.metrics import MetricsLog
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from decentralized_verl.cli.plotting import _interval_band, plot_run
 from decentralized_verl.launch.run import _eval_ends, format_summary
-from decentralized_verl.plotting import _interval_band, plot_run
 from decentralized_verl.reporting.metrics import MetricsLog, read_evals
 from decentralized_verl.reporting.stats import difference_interval, wilson_interval
 

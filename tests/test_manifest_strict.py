@@ -12,7 +12,7 @@ import pytest
 import yaml
 from job_manifests import TOY
 
-from decentralized_verl.cli import main
+from decentralized_verl.cli.main import main
 from decentralized_verl.errors import ManifestError
 from decentralized_verl.launch.preflight import preflight_problems
 from decentralized_verl.manifest import load_job, warnings_for

@@ -34,14 +34,13 @@ def test_no_module_but_settings_reads_a_dverl_variable() -> None:
     assert offenders == []
 
 
-ENTRY_PACKAGES = ("entrypoints", "commands", "launch")
-"""Where a process starts: `dverl`'s commands and workers, and the launchers that start them."""
+ENTRY_PACKAGES = ("entrypoints", "cli", "launch")
+"""Where a process starts: `dverl` and its commands, the workers, and the launchers that start them."""
 ENTRY_FUNCTIONS = {
-    ("cli.py", "main"),
     ("serving/spans/server.py", "main"),
     ("serving/spans/volunteer.py", "main"),
 }
-"""Entries outside those packages: `dverl` itself, and a span server started with `python -m`."""
+"""Entries outside those packages: a span server or span volunteer started with `python -m`."""
 
 
 def from_env_calls(tree: ast.AST) -> list[tuple[str, int]]:

@@ -23,7 +23,7 @@ import torch
 import yaml
 from processes import console_env
 
-from decentralized_verl.cli import main as dverl
+from decentralized_verl.cli.main import main as dverl
 from decentralized_verl.errors import CheckpointError
 from decentralized_verl.models.loading import load_model_and_tokenizer
 from decentralized_verl.training.checkpoints.folders import latest_checkpoint, save_checkpoint

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from tracker_files import tensorboard_run, wandb_run
 
-from decentralized_verl.plotting import plot_run, smoothed
+from decentralized_verl.cli.plotting import plot_run, smoothed
 from decentralized_verl.reporting.metrics import MetricsLog, read_metrics
 from decentralized_verl.reporting.trackers import RunInfo, TrackerError, flatten, open_trackers
 

@@ -88,7 +88,7 @@ def test_identities_are_deterministic_and_match_hivemind(tmp_path) -> None:
 
 
 def test_token_cli(tmp_path, capsys) -> None:
-    from decentralized_verl.cli import main
+    from decentralized_verl.cli.main import main
 
     secret = tmp_path / "secret"
     secret.write_bytes(SECRET + b"\n")

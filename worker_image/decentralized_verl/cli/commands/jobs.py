@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from decentralized_verl.commands.registry import Command, command
+from decentralized_verl.cli.commands.registry import Command, command
 
 JSON_HELP = "print machine-readable JSON on stdout instead of text"
 

@@ -6,7 +6,7 @@ import argparse
 import json
 import time
 
-from decentralized_verl.commands.registry import Command, command
+from decentralized_verl.cli.commands.registry import Command, command
 
 OUTPUT_HELP = "run folder (default: runs/<job name>)"
 
@@ -83,7 +83,7 @@ def _plot(parser: argparse.ArgumentParser) -> Command:
     )
 
     def run(args: argparse.Namespace) -> int:
-        from decentralized_verl.plotting import plot_run
+        from decentralized_verl.cli.plotting import plot_run
 
         if not 0 <= args.smooth < 1:
             parser.error(f"--smooth must be in [0, 1) (got {args.smooth})")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from decentralized_verl.commands.registry import Command, command
+from decentralized_verl.cli.commands.registry import Command, command
 from decentralized_verl.entrypoints.worker import ROLES
 
 ROLE_HELP = (

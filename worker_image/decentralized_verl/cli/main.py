@@ -1,4 +1,4 @@
-"""The `dverl` command line: parses, runs one subcommand (`decentralized_verl.commands`), maps errors to
+"""The `dverl` command line: parses, runs one subcommand (`decentralized_verl.cli.commands`), maps errors to
 exit codes. No tracebacks for anything a person can act on.
 
 Exit codes: 0 success; 1 a run or operation that failed (`OperationFailed`); 2 usage or invalid input
@@ -39,7 +39,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 def build_parser() -> argparse.ArgumentParser:
     from decentralized_verl import __version__
-    from decentralized_verl.commands import load_all
+    from decentralized_verl.cli.commands import load_all
 
     parser = argparse.ArgumentParser(prog="dverl", description="Decentralized veRL: RL fine-tuning of LLMs")
     parser.add_argument("--version", action="version", version=f"dverl {__version__}")
@@ -133,6 +133,3 @@ def _alias(subcommand: str) -> Callable[[], int]:
 dht_main = _alias("dht")
 worker_main = _alias("worker")
 train_main = _alias("train")
-
-if __name__ == "__main__":
-    sys.exit(main())
