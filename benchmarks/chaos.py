@@ -34,9 +34,11 @@ from pathlib import Path
 
 import yaml
 
-from decentralized_verl.netlab.manifests import example_spec, write_job
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "testing"))  # netlab: test and benchmark tooling, not in the package
+
+from netlab.manifests import example_spec, write_job  # noqa: E402
+
 TOY = ROOT / "examples" / "data" / "toy"
 KINDS = ("kill", "stop", "loop")
 ROLES = ("rollout", "reward", "reference", "learner")
@@ -341,8 +343,7 @@ def network_chaos(args: argparse.Namespace) -> int:
     """Network faults (chaos_network.py); skipped, with the reason, where namespaces are refused."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from chaos_network import run as run_network
-
-    from decentralized_verl.netlab.hosts import namespaces_refused
+    from netlab.hosts import namespaces_refused
 
     if (refused := namespaces_refused()) is not None:
         print(json.dumps({"skipped": refused}))

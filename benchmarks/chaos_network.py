@@ -1,5 +1,5 @@
 """Network faults in a running job (`python benchmarks/chaos.py --network`): every process on its own
-emulated host (decentralized_verl.netlab), and faults that are links, not signals.
+emulated host (testing/netlab), and faults that are links, not signals.
 
 The job: a learner (the coordinator) on one host, 2 rollout workers and a reward worker on hosts of their
 own (gRPC), a DHT host and 3 volunteers, the last third of them on 20 Mbit/s + 150 ms RTT + 1 % loss.
@@ -20,12 +20,14 @@ steps whose rollout was hedged or continued from prefixes.
 from __future__ import annotations
 
 import re
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "testing"))  # netlab: test and benchmark tooling, not in the package
 TOY = ROOT / "examples" / "data" / "toy"
 SECRET = "chaos-network-secret-0123456789abcdef"
 JOB = "netchaos"
@@ -34,7 +36,7 @@ RESUMED = re.compile(r"resuming from chunk|delta stream broke \(.*\); resuming")
 
 def manifest(folder: Path, steps: int, seed: int) -> Path:
     """The volunteer job with cluster rollout and reward workers beside its volunteers."""
-    from decentralized_verl.netlab.manifests import BF16_TINY, volunteer_job
+    from netlab.manifests import BF16_TINY, volunteer_job
 
     return volunteer_job(
         folder,
@@ -61,9 +63,10 @@ def run(
     folder: Path | None = None,
 ) -> dict[str, Any]:
     """Run the job with its network faults; the report (see the module docstring)."""
-    from decentralized_verl.netlab.hosts import Network
-    from decentralized_verl.netlab.jobs import HostJob, step_records
-    from decentralized_verl.netlab.profiles import profile
+    from netlab.hosts import Network
+    from netlab.jobs import HostJob, step_records
+    from netlab.profiles import profile
+
     from decentralized_verl.volunteers.tokens import issue_token
 
     folder = folder or Path(tempfile.mkdtemp(prefix="dverl-netchaos-"))
@@ -139,7 +142,7 @@ def _first_step_with(records: list[dict], worker: str, after: float) -> float | 
 
 
 def summarize(records, events, peers, logs, cut, started, folder, rollout0) -> dict[str, Any]:
-    from decentralized_verl.netlab.jobs import volunteer_worker_id
+    from netlab.jobs import volunteer_worker_id
 
     next_row = [r["time"] for r in records if r["time"] > events["reward_healed"]]
     steps_in = [r["step"] for r in records]

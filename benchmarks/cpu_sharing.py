@@ -28,9 +28,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from decentralized_verl.netlab.manifests import example_spec, write_job
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "testing"))  # netlab: test and benchmark tooling, not in the package
+
+from netlab.manifests import example_spec, write_job  # noqa: E402
+
 EXAMPLE = ROOT / "examples" / "tiny-grpo.yaml"
 
 RUNNER = """

@@ -8,7 +8,7 @@
                                                       # one on lan, then both on lan; samples per step each
     python benchmarks/wan.py --smoke                  # home20 only, 2 volunteers, 3 steps
 
-Every process runs on its own host (decentralized_verl.netlab: a network namespace and address each; tc
+Every process runs on its own host (testing/netlab: a network namespace and address each; tc
 tbf for bandwidth, the userspace link relay for latency, jitter and loss): the DHT bootstrap, the
 coordinator (learner) and each volunteer. The job is a GRPO run of a small model served in bf16, so the
 volunteers pull each new version as a delta. Reported per profile: median step time, useful samples per
@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "testing"))  # netlab: test and benchmark tooling, not in the package
 SECRET = "wan-benchmark-secret-0123456789abcdef"
 TOY = ROOT / "examples" / "data" / "toy"
 SERVED = re.compile(
@@ -47,7 +48,7 @@ SMOLLM2_DATA = {"data.rewardType": "boxed", "data.maxNewTokens": 16, "data.tempe
 def manifest(folder: Path, job: str, steps: int, seed: int, smollm2: bool = False) -> Path:
     """The job: a tiny Llama (6 prompts x 4 samples x 8 tokens, lr 1e-5), or SmolLM2-135M served in bf16
     (4 prompts x 4 samples x 16 tokens of two-number sums, lr 1e-6)."""
-    from decentralized_verl.netlab.manifests import BF16_TINY, volunteer_job
+    from netlab.manifests import BF16_TINY, volunteer_job
 
     training = {"steps": steps, "seed": seed}
     if smollm2:
@@ -62,9 +63,10 @@ def manifest(folder: Path, job: str, steps: int, seed: int, smollm2: bool = Fals
 def run(
     profiles: list[str], steps: int, seed: int, faults: bool = False, smollm2: bool = False
 ) -> dict[str, Any]:
-    from decentralized_verl.netlab.hosts import Network
-    from decentralized_verl.netlab.jobs import HostJob
-    from decentralized_verl.netlab.profiles import profile
+    from netlab.hosts import Network
+    from netlab.jobs import HostJob
+    from netlab.profiles import profile
+
     from decentralized_verl.volunteers.tokens import issue_token
 
     job_name = "wan"
@@ -126,7 +128,7 @@ def _served_times(log: str) -> list[float]:
 
 
 def summarize(records, report, logs, peers, profiles, events, folder) -> dict[str, Any]:
-    from decentralized_verl.netlab.jobs import volunteer_worker_id
+    from netlab.jobs import volunteer_worker_id
 
     training_s = sum(r["step_seconds"] for r in records)
     per_volunteer = {}
@@ -226,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--plot", type=Path, help="write a PNG of the per-link results here")
     args = parser.parse_args(argv)
-    from decentralized_verl.netlab.hosts import namespaces_refused
+    from netlab.hosts import namespaces_refused
 
     refused = namespaces_refused()
     if refused:

@@ -7,8 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from decentralized_verl.netlab.manifests import with_overrides, write_job
+from netlab.manifests import with_overrides, write_job
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
 TOY = EXAMPLES_DIR / "data" / "toy"

@@ -15,7 +15,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from decentralized_verl.netlab.jobs import BIN, process_env, stop_process  # noqa: F401 (BIN: for the tests' own use)
+from netlab.jobs import BIN, process_env, stop_process  # noqa: F401 (BIN: for the tests' own use)
+
 from decentralized_verl.runtime.ports import free_port  # noqa: F401 (the tests' one way to pick a port)
 
 

@@ -9,9 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from netlab.hosts import namespaces_refused
 from processes import console_env
-
-from decentralized_verl.netlab.hosts import namespaces_refused
 
 ROOT = Path(__file__).parents[1]
 

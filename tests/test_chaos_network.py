@@ -10,8 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from decentralized_verl.netlab.hosts import namespaces_refused
+from netlab.hosts import namespaces_refused
 
 REFUSED = namespaces_refused()
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from convert_tables import from_sources, to_sources
 
 from decentralized_verl.cli.main import main
 from decentralized_verl.convert import convert
-from decentralized_verl.convert.table import from_sources, to_sources
 from decentralized_verl.planning.fitting_job import load_fitting_job
 
 ROOT = Path(__file__).parents[1]

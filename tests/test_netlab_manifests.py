@@ -7,15 +7,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from job_manifests import EXAMPLES_DIR, TOY
-
-from decentralized_verl.manifest import load_job
-from decentralized_verl.netlab.manifests import (
+from netlab.manifests import (
     BF16_TINY,
     example_spec,
     volunteer_job,
     with_overrides,
     write_job,
 )
+
+from decentralized_verl.manifest import load_job
 
 
 def test_with_overrides_sets_dotted_paths_and_leaves_the_base_alone() -> None:

@@ -77,9 +77,9 @@ def test_dverl_run_trains_smollm2_with_the_rollout_as_three_span_processes(tmp_p
     """examples/smollm2-spans-grpo.yaml cut to 2 short steps: `dverl run` starts the learner, the front and
     3 span processes on its secured path (TLS, tokens, signed weights and signed per-span manifests)."""
     import yaml
+    from netlab.manifests import write_job
 
     from decentralized_verl.launch.run import run_job
-    from decentralized_verl.netlab.manifests import write_job
     from decentralized_verl.reporting.metrics import read_metrics
 
     root = Path(__file__).resolve().parents[1]

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 from job_manifests import TOY
+from netlab.jobs import dht_argv, learner_argv, volunteer_argv
+from netlab.manifests import volunteer_job
 from processes import ProcessGroup, free_port
 
-from decentralized_verl.netlab.jobs import dht_argv, learner_argv, volunteer_argv
-from decentralized_verl.netlab.manifests import volunteer_job
 from decentralized_verl.security.credentials import issue, write
 
 SECRET = "volunteer-e2e-secret-0123456789"

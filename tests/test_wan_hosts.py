@@ -1,4 +1,4 @@
-"""Hosts on emulated links (decentralized_verl.netlab): each process in its own network namespace with its
+"""Hosts on emulated links (testing/netlab): each process in its own network namespace with its
 own address, links shaped by tc tbf (bandwidth) and the userspace link relay (latency, jitter, loss), and
 partitions that cut a host off and bring it back. Skipped with the reason where namespaces are refused.
 
@@ -16,11 +16,10 @@ from pathlib import Path
 
 import pytest
 from job_manifests import TOY
-
-from decentralized_verl.netlab.hosts import NetlabError, Network, namespaces_refused
-from decentralized_verl.netlab.jobs import HostJob
-from decentralized_verl.netlab.manifests import volunteer_job
-from decentralized_verl.netlab.profiles import PROFILES, LinkProfile, ProfileError, profile, tbf_args
+from netlab.hosts import NetlabError, Network, namespaces_refused
+from netlab.jobs import HostJob
+from netlab.manifests import volunteer_job
+from netlab.profiles import PROFILES, LinkProfile, ProfileError, profile, tbf_args
 
 REFUSED = namespaces_refused()
 needs_netns = pytest.mark.skipif(REFUSED is not None, reason=f"network namespaces refused: {REFUSED}")

@@ -24,10 +24,13 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from decentralized_verl.netlab.profiles import LinkProfile, tbf_args
+from netlab.profiles import LinkProfile, tbf_args
 
 PREFIX = "dvl"
+LINK_RELAY = Path(__file__).with_name("link_relay.py")
+"""Run by its path inside the router namespace (the standard library is all it imports)."""
 ROUTER_ADDRESS = "10.31.0.254"
 _counter = itertools.count()
 _NAME = re.compile(rf"^{PREFIX}(\d+)x\d+[rh]\d*$")
@@ -194,7 +197,7 @@ class Network:
         relay = subprocess.Popen(
             [
                 "ip", "netns", "exec", self.router,
-                sys.executable, "-m", "decentralized_verl.netlab.link_relay",
+                sys.executable, str(LINK_RELAY),
                 "--host-netns", f"/run/netns/{host.netns}", "--router-dev", host.port,
                 "--rtt-ms", str(link.rtt_ms), "--jitter-ms", str(link.jitter_ms), "--loss", str(link.loss),
                 "--seed", str(self.seed * 1000 + n),

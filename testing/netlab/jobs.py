@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from decentralized_verl.netlab.hosts import Network
+from netlab.hosts import Network
 
 BIN = Path(sys.executable).parent
 LEARNER = "learner"

@@ -7,9 +7,10 @@ for half the round trip plus jitter, then written out in order. TCP above sees a
 path (retransmissions, congestion windows), not a slowed socket. Bandwidth stays with the kernel: tc
 `tbf` on the two TUN devices.
 
-Run inside the router namespace (`ip netns exec ROUTER python -m decentralized_verl.netlab.link_relay
-...`); it enters the host's namespace only to create the host's device. The devices belong to this
-process and vanish when it exits, so ending it (or its parent dying) leaves nothing behind.
+Run inside the router namespace (`ip netns exec ROUTER python netlab/link_relay.py ...`, by its path: it
+imports nothing but the standard library); it enters the host's namespace only to create the host's
+device. The devices belong to this process and vanish when it exits, so ending it (or its parent dying)
+leaves nothing behind.
 """
 
 from __future__ import annotations

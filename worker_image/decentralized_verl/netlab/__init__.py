@@ -1,1 +1,0 @@
-"""Hosts on emulated networks: network namespaces with their own addresses, shaped links, partitions."""
