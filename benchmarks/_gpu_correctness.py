@@ -182,7 +182,7 @@ def chunked_logprobs(device: str, tiny: bool, **_: Any) -> dict[str, Any]:
 
 
 def _tiny_spec(sharding: str) -> Any:
-    from decentralized_verl.manifest import parse_spec
+    from decentralized_verl.spec.manifest import parse_spec
 
     return parse_spec(
         {

@@ -53,7 +53,7 @@ class _Timer:
 def ours_spec(settings: GRPOSettings, dtype: str, steps: int, microbatch_tokens: int | None = None) -> Any:
     """The RLHFJob spec of our side: GRPO, every role colocated (replicas 0), no KL, one PPO epoch.
     `microbatch_tokens` packs micro-batches by that token budget instead of `microbatch_prompts` rows."""
-    from decentralized_verl.manifest import parse_spec
+    from decentralized_verl.spec.manifest import parse_spec
 
     return parse_spec(
         {

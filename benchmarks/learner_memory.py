@@ -94,7 +94,7 @@ def held_bytes(trainer: Any) -> dict[str, int]:
 
 
 def job_spec(model: str, sharding: str, learners: int, dtype: str, args: argparse.Namespace) -> Any:
-    from decentralized_verl.manifest import parse_spec
+    from decentralized_verl.spec.manifest import parse_spec
 
     return parse_spec(
         {

@@ -118,7 +118,7 @@ def _peak(reset: bool) -> int:
 
 
 def _spec(case: Case, prompts: int, micro: int):
-    from decentralized_verl.manifest import parse_job
+    from decentralized_verl.spec.manifest import parse_job
 
     doc = {
         "apiVersion": "dverl.io/v1alpha1",

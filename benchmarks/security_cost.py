@@ -139,10 +139,10 @@ def grpo_steps(folder: Path, steps: int, repeats: int) -> dict[str, list[float]]
     """Median step seconds (steps after the first) of the tiny job, per run, per mode."""
     from decentralized_verl.launch.local import LocalCluster
     from decentralized_verl.launch.run import write_config
-    from decentralized_verl.manifest import load_job
     from decentralized_verl.planning.plan import plan_job
     from decentralized_verl.reporting.metrics import read_metrics
     from decentralized_verl.security.credentials import run_folder_credentials
+    from decentralized_verl.spec.manifest import load_job
 
     out: dict[str, list[float]] = {mode: [] for mode in MODES}
     for r in range(repeats):

@@ -43,7 +43,7 @@ def median_seconds(run, repeats: int) -> tuple[float, list[float]]:
 def measure(name: str, model_spec: dict, samples: int, new_tokens: int, repeats: int) -> dict:
     import torch
 
-    from decentralized_verl.backends.base import make_backend
+    from decentralized_verl.backends.factory import make_backend
     from decentralized_verl.core.samples import Prompt
     from decentralized_verl.core.sampling import SamplingParams
     from decentralized_verl.models.loading import load_model_and_tokenizer
@@ -51,6 +51,7 @@ def measure(name: str, model_spec: dict, samples: int, new_tokens: int, repeats:
     from decentralized_verl.serving.rollout import RolloutWorker
     from decentralized_verl.settings import WorkerSettings
     from decentralized_verl.spec import ModelSpec
+    from decentralized_verl.spec.catalogue.backends import HF
     from decentralized_verl.volunteers.sampling_check import DEFAULT_TOL
     from decentralized_verl.volunteers.verify import PublishedPolicy, Verifier
 
@@ -58,7 +59,7 @@ def measure(name: str, model_spec: dict, samples: int, new_tokens: int, repeats:
     torch.manual_seed(0)
     model, tokenizer = load_model_and_tokenizer(ModelSpec.model_validate(model_spec))
     model = model.float()
-    backend = make_backend("hf", model, tokenizer, seed=0, eos_token_ids=[])  # every response full length
+    backend = make_backend(HF, model, tokenizer, seed=0, eos_token_ids=[])  # every response full length
     worker = RolloutWorker(backend, "volunteer")
     items = [(Prompt(f"p{i}", i, tuple(range(3, 19)), ""), 0) for i in range(samples)]
     sampling = SamplingParams(max_new_tokens=new_tokens, temperature=1.0, seed=11)

@@ -82,14 +82,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     import torch
 
-    from decentralized_verl.backends.base import make_backend
+    from decentralized_verl.backends.factory import make_backend
     from decentralized_verl.core.forward import response_logprobs
     from decentralized_verl.core.samples import collate
     from decentralized_verl.core.sampling import SamplingParams
-    from decentralized_verl.manifest import load_job
     from decentralized_verl.models.loading import load_model_and_tokenizer
     from decentralized_verl.orchestration.prompts import prepare_prompts
     from decentralized_verl.serving.rollout import RolloutWorker
+    from decentralized_verl.spec.catalogue.backends import VLLM
+    from decentralized_verl.spec.manifest import load_job
     from decentralized_verl.volunteers.verify import episode_check
 
     torch.manual_seed(args.seed)
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         max_new_tokens=data.max_new_tokens, temperature=temperature, stop=tuple(data.stop), seed=args.seed
     )
     began = time.perf_counter()
-    backend = make_backend("vllm", model, tokenizer, seed=args.seed, enforce_eager=True)
+    backend = make_backend(VLLM, model, tokenizer, seed=args.seed, eager=True)
     started = time.perf_counter() - began
     try:
         recording = Recording(backend)

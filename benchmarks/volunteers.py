@@ -82,17 +82,18 @@ async def join_and_fetch(model) -> dict[str, float]:
 
 
 def verification(model, tokenizer, batch: int, new_tokens: int, repeats: int) -> dict[str, Any]:
-    from decentralized_verl.backends.base import make_backend
+    from decentralized_verl.backends.factory import make_backend
     from decentralized_verl.core.samples import Prompt
     from decentralized_verl.core.sampling import SamplingParams
     from decentralized_verl.serving.rollout import RolloutWorker
+    from decentralized_verl.spec.catalogue.backends import HF
     from decentralized_verl.training.trainer import rollout_state_dict
     from decentralized_verl.transport.weights.publish import WeightPublisher
     from decentralized_verl.volunteers.verify import PublishedPolicy, Verifier
 
     publisher = WeightPublisher(dtype=None)
     publisher.publish(rollout_state_dict(model), 0)
-    worker = RolloutWorker(make_backend("hf", model, tokenizer, seed=0, version=0), "bench")
+    worker = RolloutWorker(make_backend(HF, model, tokenizer, seed=0, version=0), "bench")
     ids = tokenizer("Question: what is 12 + 30? Answer:", add_special_tokens=False)["input_ids"]
     items = [(Prompt(f"p{i}", i, tuple(ids), ""), 0) for i in range(batch)]
     sampling = SamplingParams(max_new_tokens=new_tokens, temperature=1.0, seed=1)

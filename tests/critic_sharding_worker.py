@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from decentralized_verl.core.samples import Prompt, Sample
-from decentralized_verl.manifest import parse_job
+from decentralized_verl.spec.manifest import parse_job
 
 STEPS = 3
 INIT_SEED = 11

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from decentralized_verl.launch.local import LocalCluster
 from decentralized_verl.launch.run import write_config
-from decentralized_verl.manifest import load_job
 from decentralized_verl.planning.plan import plan_job
 from decentralized_verl.security.credentials import JobCredentials, run_folder_credentials
+from decentralized_verl.spec.manifest import load_job
 
 
 def secured_cluster(manifest: Path, output: Path) -> tuple[LocalCluster, JobCredentials]:

@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 
 from decentralized_verl.core.samples import Prompt, Sample, TrainBatch, collate
-from decentralized_verl.manifest import parse_job
 from decentralized_verl.models.tiny import build_tiny, tiny_config
 from decentralized_verl.models.tokenizer import build_char_tokenizer
+from decentralized_verl.spec.manifest import parse_job
 from decentralized_verl.training import microbatches
 from decentralized_verl.training.advantage_step import AlgorithmSettings, attach_advantages
 from decentralized_verl.training.trainer import PolicyTrainer

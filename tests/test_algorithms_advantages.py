@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from decentralized_verl.algorithms import presets, registry
+from decentralized_verl.algorithms import registry
 from decentralized_verl.algorithms.advantages import (
     ADVANTAGE_ESTIMATORS,
     AdvantageInputs,
@@ -17,6 +17,7 @@ from decentralized_verl.algorithms.advantages import (
     reinforce_plus_plus_baseline,
     rloo,
 )
+from decentralized_verl.spec.catalogue import algorithms as catalogue
 
 SHAPES = [(4, 1), (6, 5), (9, 13)]
 
@@ -302,7 +303,7 @@ def junk_like(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return junk.to(x.dtype)
 
 
-@pytest.mark.parametrize("name", sorted(registry.ADVANTAGE_ESTIMATOR_NAMES))
+@pytest.mark.parametrize("name", sorted(catalogue.ADVANTAGE_ESTIMATOR_NAMES))
 @pytest.mark.parametrize("use_tokens", [False, True])
 def test_masked_positions_never_leak(name, use_tokens):
     inp = batch_inputs(7, 9, seed=3)
@@ -334,18 +335,18 @@ def test_bool_and_float_masks_agree():
 
 def test_every_declared_name_has_a_function_and_presets_use_declared_names():
     registry.load()
-    assert set(registry.ADVANTAGE_ESTIMATORS) == set(registry.ADVANTAGE_ESTIMATOR_NAMES)
-    assert set(registry.POLICY_LOSSES) == set(registry.POLICY_LOSS_NAMES)
-    assert set(registry.POLICY_LOSS_AGGREGATIONS) == set(registry.LOSS_AGGREGATION_NAMES)
-    assert set(registry.KL_ESTIMATORS) == set(registry.KL_ESTIMATOR_NAMES)
-    for preset in presets.PRESETS.values():
+    assert set(registry.ADVANTAGE_ESTIMATORS) == set(catalogue.ADVANTAGE_ESTIMATOR_NAMES)
+    assert set(registry.POLICY_LOSSES) == set(catalogue.POLICY_LOSS_NAMES)
+    assert set(registry.POLICY_LOSS_AGGREGATIONS) == set(catalogue.LOSS_AGGREGATION_NAMES)
+    assert set(registry.KL_ESTIMATORS) == set(catalogue.KL_ESTIMATOR_NAMES)
+    for preset in catalogue.PRESETS.values():
         assert preset.advantage_estimator in registry.ADVANTAGE_ESTIMATORS
         assert preset.policy_loss in registry.POLICY_LOSSES
         assert preset.loss_aggregation in registry.POLICY_LOSS_AGGREGATIONS
 
 
 def test_a_function_under_an_undeclared_name_is_refused():
-    with pytest.raises(ValueError, match=r"policy loss 'mystery' is not declared in registry"):
+    with pytest.raises(ValueError, match=r"policy loss 'mystery' is not in the catalogue"):
         registry.policy_loss("mystery")(lambda *a, **k: None)
     registry.load()
     with pytest.raises(ValueError, match="registered twice"):
@@ -434,13 +435,15 @@ def test_gae_needs_values():
         gae(AdvantageInputs(torch.ones(2, 3), token_rewards=torch.zeros(2, 3)))
 
 
-def test_registry_and_presets_import_without_torch():
-    """The spec and the operator read names from these modules, so they must not pull torch in."""
+def test_registry_and_catalogue_import_without_torch():
+    """The spec and the operator read names and presets from the catalogue, and the registry's tables
+    fill only when load() imports the torch modules."""
     import subprocess
     import sys
 
     code = (
-        "import sys; import decentralized_verl.algorithms.registry, decentralized_verl.algorithms.presets; "
+        "import sys; import decentralized_verl.algorithms.registry, "
+        "decentralized_verl.spec.catalogue.algorithms; "
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

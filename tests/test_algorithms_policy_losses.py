@@ -13,6 +13,7 @@ from decentralized_verl.algorithms import registry
 from decentralized_verl.algorithms.gspo import gspo_policy_loss
 from decentralized_verl.algorithms.policy_loss import ppo_policy_loss
 from decentralized_verl.algorithms.weighted_pg import cispo_policy_loss, vanilla_pg_loss
+from decentralized_verl.spec.catalogue.algorithms import POLICY_LOSS_NAMES
 
 
 def batch(shape, seed, per_sample_advantage=False):
@@ -204,7 +205,7 @@ def test_on_policy_every_loss_has_the_policy_gradient():
     logp = (rand(shape, gen) - 2).requires_grad_(True)
     old = logp.detach().clone()
     grads = {}
-    for name in registry.POLICY_LOSS_NAMES:
+    for name in POLICY_LOSS_NAMES:
         fn = registry.lookup(registry.POLICY_LOSSES, "policy loss", name)
         loss, _ = fn(logp, old, adv, mask, aggregation="seq_mean_token_mean")
         grads[name] = torch.autograd.grad(loss, logp)[0]
@@ -231,7 +232,7 @@ def test_ppo_clip_weights_scale_each_tokens_loss():
 def test_blind_call_hands_each_loss_only_its_settings_and_refuses_typos():
     x, one = torch.zeros(2, 3), torch.ones(2, 3)
     settings = {"clip_low": 0.2, "clip_high": 0.28, "dual_clip": 3.0, "skip_threshold": 2.0, "weights": None}
-    for name in registry.POLICY_LOSS_NAMES:
+    for name in POLICY_LOSS_NAMES:
         fn = registry.lookup(registry.POLICY_LOSSES, "policy loss", name)
         aggregation = "seq_mean_token_mean" if name == "gspo" else "token_mean"
         loss, metrics = fn(x, x, one, one, aggregation=aggregation, **settings)

@@ -17,15 +17,15 @@ transformers = pytest.importorskip("transformers")
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
 
 from decentralized_verl.backends.base import (  # noqa: E402
-    BACKENDS,
     GenerationBackend,
     GenerationOutput,
     GenerationRequest,
     SamplingParams,
-    make_backend,
 )
+from decentralized_verl.backends.factory import ENGINES, make_backend  # noqa: E402
 from decentralized_verl.backends.hf import HFBackend, filter_logits, find_stop, sample_tokens  # noqa: E402
 from decentralized_verl.errors import WireError  # noqa: E402
+from decentralized_verl.spec.catalogue.backends import HF, VLLM, backend_kind  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -428,14 +428,14 @@ def test_bad_requests_fail_before_any_work(tokenizer):
 
 
 def test_factory_and_protocol(tokenizer, monkeypatch):
-    backend = make_backend("hf", tiny_llama(0), tokenizer, max_batch_size=2)
+    backend = make_backend(HF, tiny_llama(0), tokenizer, max_batch_size=2)
     assert isinstance(backend, HFBackend) and isinstance(backend, GenerationBackend)
     assert backend.version == 0 and backend.tokenizer is tokenizer
     with pytest.raises(ValueError, match=r"'nope' is unknown.*hf"):
-        make_backend("nope", None, tokenizer)
-    monkeypatch.setitem(BACKENDS, "vllm", "decentralized_verl.backends.not_installed_engine:VLLMBackend")
+        make_backend(backend_kind("nope"), None, tokenizer)
+    monkeypatch.setitem(ENGINES, VLLM, "decentralized_verl.backends.not_installed_engine:VLLMBackend")
     with pytest.raises(ImportError, match="'vllm' is not installed"):
-        make_backend("vllm", None, tokenizer)
+        make_backend(VLLM, None, tokenizer)
 
 
 def test_per_row_generators_sample_the_same_distribution_and_ignore_zero_probability_tokens():

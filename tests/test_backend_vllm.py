@@ -111,7 +111,8 @@ def test_export_of_lora_model_equals_peft_merge_and_unload(tmp_path) -> None:
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     pytest.importorskip("vllm", reason=SKIP_REASON)
-    from decentralized_verl.backends.base import make_backend
+    from decentralized_verl.backends.factory import make_backend
+    from decentralized_verl.spec.catalogue.backends import VLLM
 
     cache = tmp_path_factory.mktemp("vllm-cache")
     os.environ.setdefault("OMP_NUM_THREADS", "2")
@@ -121,7 +122,7 @@ def engine(tmp_path_factory):
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
     torch.set_num_threads(1)
     model, tokenizer = tiny_tied_model()
-    backend = make_backend("vllm", model, tokenizer, version=1, seed=0, enforce_eager=True)
+    backend = make_backend(VLLM, model, tokenizer, version=1, seed=0, eager=True)
     yield SimpleNamespace(backend=backend, model=model, tokenizer=tokenizer)
     backend.close()
 
@@ -376,9 +377,10 @@ def test_episodes_continue_from_the_engines_tokens_and_match_the_learner(engine)
 
 
 def test_vllm_is_registered_and_says_how_to_install_when_missing() -> None:
-    from decentralized_verl.backends.base import BACKENDS, make_backend
+    from decentralized_verl.backends.factory import ENGINES, make_backend
+    from decentralized_verl.spec.catalogue.backends import VLLM
 
-    assert BACKENDS["vllm"] == "decentralized_verl.backends.vllm_backend:VLLMBackend"
+    assert ENGINES[VLLM] == "decentralized_verl.backends.vllm_backend:VLLMBackend"
     try:
         import vllm  # noqa: F401
     except ImportError:
@@ -387,7 +389,7 @@ def test_vllm_is_registered_and_says_how_to_install_when_missing() -> None:
         pytest.skip("vLLM is installed here: the missing-engine message cannot be seen")
     model, tokenizer = tiny_tied_model()
     with pytest.raises(ImportError, match=r"'vllm' is not installed.*install-vllm\.sh"):
-        make_backend("vllm", model, tokenizer)
+        make_backend(VLLM, model, tokenizer)
 
 
 @pytest.mark.timeout(300)

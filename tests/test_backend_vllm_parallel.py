@@ -23,12 +23,13 @@ import torch
 import vllm_fixtures
 
 from decentralized_verl.backends import vllm_engine_args
-from decentralized_verl.backends.base import backend_options
+from decentralized_verl.backends.factory import engine_options
 from decentralized_verl.backends.vllm_backend import VLLMBackend
 from decentralized_verl.backends.vllm_engine_args import parallel_kwargs
 from decentralized_verl.backends.vllm_extension import QUALNAME, WeightRefreshExtension
-from decentralized_verl.manifest import parse_spec
 from decentralized_verl.planning.plan import worker_resources
+from decentralized_verl.spec.catalogue.backends import HF, VLLM
+from decentralized_verl.spec.manifest import parse_spec
 
 
 def tiny_tied_model() -> tuple[torch.nn.Module, Any]:
@@ -190,10 +191,10 @@ def test_each_rollout_worker_sizes_its_engine_by_its_own_pool_gpus() -> None:
     role = spec.roles.rollout
     gpus = [worker_resources(role, index).gpus for index in range(3)]
     assert gpus == [4, 2, 2]  # the pool's resources replace the role's; a pool without them keeps the role's
-    tp = [backend_options("vllm", g)["tensor_parallel_size"] for g in gpus]
+    tp = [engine_options(VLLM, g)["tensor_parallel_size"] for g in gpus]
     assert tp == [4, 2, 2]
-    assert backend_options("vllm", 0) == {"tensor_parallel_size": 1, "enforce_eager": False}
-    assert backend_options("vllm", 1, vllm_eager=True)["enforce_eager"] is True  # DVERL_VLLM_EAGER=1
-    assert backend_options("hf", 4) == {}  # the hf backend runs on one device and takes no such option
+    assert engine_options(VLLM, 0) == {"tensor_parallel_size": 1, "enforce_eager": False}
+    assert engine_options(VLLM, 1, eager=True)["enforce_eager"] is True  # DVERL_VLLM_EAGER=1
+    assert engine_options(HF, 4) == {}  # the hf backend runs on one device and takes no such option
     with pytest.raises(ValueError, match="index: the role has 3 replicas"):
         worker_resources(role, 3)

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from decentralized_verl.launch.local import LocalCluster
-from decentralized_verl.manifest import parse_job
 from decentralized_verl.planning.plan import plan_job
 from decentralized_verl.runtime import cpus
 from decentralized_verl.settings import SettingsError, WorkerSettings
+from decentralized_verl.spec.manifest import parse_job
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from decentralized_verl.crd import crd_yaml, custom_resource_definition
+from decentralized_verl.spec.crd import crd_yaml, custom_resource_definition
 
 ROOT = Path(__file__).parents[1]
 
@@ -80,22 +80,22 @@ def test_crd_validates_against_kubernetes_schema() -> None:
 def test_every_name_valued_field_lists_its_registry_names() -> None:
     import re
 
-    from decentralized_verl.algorithms import registry
-    from decentralized_verl.algorithms.presets import PRESETS
-    from decentralized_verl.backends.base import BACKENDS
-    from decentralized_verl.rewards.names import BUILTIN_REWARD_TYPES
+    from decentralized_verl.spec.catalogue import algorithms as catalogue
+    from decentralized_verl.spec.catalogue.algorithms import PRESETS
+    from decentralized_verl.spec.catalogue.backends import BACKEND_KINDS
+    from decentralized_verl.spec.catalogue.rewards import BUILTIN_REWARD_TYPES
 
     schema = custom_resource_definition()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     spec = schema["properties"]["spec"]
     algorithm = spec["properties"]["algorithm"]["properties"]
     assert algorithm["name"]["enum"] == list(PRESETS)
-    assert algorithm["advantageEstimator"]["enum"] == list(registry.ADVANTAGE_ESTIMATOR_NAMES)
-    assert algorithm["policyLoss"]["enum"] == list(registry.POLICY_LOSS_NAMES)
-    assert algorithm["lossAggregation"]["enum"] == list(registry.LOSS_AGGREGATION_NAMES)
-    assert algorithm["klEstimator"]["enum"] == list(registry.KL_ESTIMATOR_NAMES)
+    assert algorithm["advantageEstimator"]["enum"] == list(catalogue.ADVANTAGE_ESTIMATOR_NAMES)
+    assert algorithm["policyLoss"]["enum"] == list(catalogue.POLICY_LOSS_NAMES)
+    assert algorithm["lossAggregation"]["enum"] == list(catalogue.LOSS_AGGREGATION_NAMES)
+    assert algorithm["klEstimator"]["enum"] == list(catalogue.KL_ESTIMATOR_NAMES)
     for role in ("rollout", "learner", "critic", "reward", "reference"):
         backend = spec["properties"]["roles"]["properties"][role]["properties"]["backend"]
-        assert backend["enum"] == list(BACKENDS)
+        assert backend["enum"] == list(BACKEND_KINDS)
     # A reward type is a built-in name or a user callable: one pattern accepts exactly those.
     reward = spec["properties"]["data"]["properties"]["rewardType"]
     for ok in (*BUILTIN_REWARD_TYPES, "my.module:score", "m:f"):

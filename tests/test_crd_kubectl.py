@@ -21,9 +21,9 @@ import pytest
 import yaml
 from job_manifests import EXAMPLE_JOBS, SMALL_JOB
 
-from decentralized_verl.crd import custom_resource_definition
 from decentralized_verl.errors import ManifestError
-from decentralized_verl.manifest import parse_job
+from decentralized_verl.spec.crd import custom_resource_definition
+from decentralized_verl.spec.manifest import parse_job
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = custom_resource_definition()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
@@ -222,7 +222,7 @@ def test_every_rule_compiles_and_names_only_fields_of_its_node() -> None:
 
 
 def test_duplicate_pool_names_are_refused_by_the_list_map_keys() -> None:
-    from decentralized_verl.crd import LIST_MAP_KEYS
+    from decentralized_verl.spec.crd import LIST_MAP_KEYS
 
     pools = [(p, n) for p, n in _nodes(SCHEMA) if p.endswith(".nodePools")]
     assert len(pools) == 5  # one per role

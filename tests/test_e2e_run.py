@@ -22,9 +22,9 @@ from secured_cluster import secured_cluster
 from decentralized_verl.cli.plotting import plot_run
 from decentralized_verl.launch.local import LocalCluster
 from decentralized_verl.launch.run import coordinator_status, run_job, write_config
-from decentralized_verl.manifest import load_job
 from decentralized_verl.planning.plan import plan_job
 from decentralized_verl.reporting.metrics import read_metrics
+from decentralized_verl.spec.manifest import load_job
 
 ROOT = Path(__file__).parents[1]
 

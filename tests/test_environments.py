@@ -12,10 +12,11 @@ import pytest
 from job_manifests import environment_job
 
 from decentralized_verl.environments.arithmetic import NotArithmetic, evaluate
-from decentralized_verl.environments.base import EnvironmentOptionsError, EpisodeRecord
+from decentralized_verl.environments.base import EpisodeRecord
 from decentralized_verl.environments.registry import environment_class, make_environment
 from decentralized_verl.errors import ManifestError
-from decentralized_verl.manifest import parse_job
+from decentralized_verl.spec.catalogue.environments import EnvironmentOptionsError
+from decentralized_verl.spec.manifest import parse_job
 
 RECORD = EpisodeRecord("p0", "84", seed=7)
 
@@ -222,7 +223,7 @@ def test_an_environment_job_refuses_a_critic() -> None:
 
 
 def test_crd_lists_the_environments() -> None:
-    from decentralized_verl.crd import custom_resource_definition
+    from decentralized_verl.spec.crd import custom_resource_definition
 
     schema = custom_resource_definition()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     env = schema["properties"]["spec"]["properties"]["data"]["properties"]["environment"]

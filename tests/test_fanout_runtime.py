@@ -25,13 +25,13 @@ yaml = pytest.importorskip("yaml")
 
 from decentralized_verl.core.samples import Prompt  # noqa: E402
 from decentralized_verl.core.sampling import SamplingParams  # noqa: E402
-from decentralized_verl.manifest import parse_spec  # noqa: E402
 from decentralized_verl.models.loading import load_model_and_tokenizer  # noqa: E402
 from decentralized_verl.orchestration.wiring import connect_roles  # noqa: E402
 from decentralized_verl.proto import dverl_pb2 as pb  # noqa: E402
 from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc  # noqa: E402
 from decentralized_verl.serving.servicers import serve  # noqa: E402
 from decentralized_verl.spec import with_defaults  # noqa: E402
+from decentralized_verl.spec.manifest import parse_spec  # noqa: E402
 from decentralized_verl.training.trainer import rollout_state_dict  # noqa: E402
 from decentralized_verl.transport.clients import GrpcRolloutClient, wait_ready  # noqa: E402
 from decentralized_verl.transport.weights.publish import WeightPublisher  # noqa: E402

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from decentralized_verl.launch.ray_placement import actor_options
-from decentralized_verl.manifest import parse_job
 from decentralized_verl.planning.plan import plan_job
+from decentralized_verl.spec.manifest import parse_job
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "kuberay-rayjob.yaml"
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from tracker_files import tensorboard_run
 
-from decentralized_verl.manifest import parse_spec
 from decentralized_verl.models.loading import load_model_and_tokenizer
 from decentralized_verl.orchestration.assemble import build_loop
 from decentralized_verl.orchestration.wiring import connect_roles
 from decentralized_verl.reporting.metrics import read_metrics
+from decentralized_verl.spec.manifest import parse_spec
 from decentralized_verl.training.trainer import PolicyTrainer
 
 TOY = Path(__file__).parents[1] / "examples" / "data" / "toy"

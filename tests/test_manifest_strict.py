@@ -15,8 +15,8 @@ from job_manifests import TOY
 from decentralized_verl.cli.main import main
 from decentralized_verl.errors import ManifestError
 from decentralized_verl.launch.preflight import preflight_problems
-from decentralized_verl.manifest import load_job, warnings_for
 from decentralized_verl.planning.fitting_job import load_fitting_job
+from decentralized_verl.spec.manifest import load_job, warnings_for
 
 HEAD = "apiVersion: dverl.io/v1alpha1\nkind: RLHFJob\nmetadata: {name: j}\n"
 

@@ -16,10 +16,9 @@ pytest.importorskip("grpc")
 
 from operator_fixtures import free_port, tiny_spec  # noqa: E402
 
-from decentralized_verl.backends.base import make_backend  # noqa: E402
+from decentralized_verl.backends.factory import make_backend  # noqa: E402
 from decentralized_verl.core.samples import Prompt  # noqa: E402
 from decentralized_verl.core.sampling import SamplingParams  # noqa: E402
-from decentralized_verl.manifest import parse_spec  # noqa: E402
 from decentralized_verl.models.loading import load_model_and_tokenizer  # noqa: E402
 from decentralized_verl.orchestration.dispatch import Dispatcher  # noqa: E402
 from decentralized_verl.orchestration.membership import (  # noqa: E402
@@ -35,6 +34,8 @@ from decentralized_verl.serving.rollout import RolloutWorker  # noqa: E402
 from decentralized_verl.serving.servicers import HealthServicer, RolloutServicer, serve  # noqa: E402
 from decentralized_verl.settings import WorkerSettings  # noqa: E402
 from decentralized_verl.spec import ModelSpec, TinyModelSpec  # noqa: E402
+from decentralized_verl.spec.catalogue.backends import HF  # noqa: E402
+from decentralized_verl.spec.manifest import parse_spec  # noqa: E402
 from decentralized_verl.transport.clients import GrpcRolloutClient  # noqa: E402
 from dverl_operator import children as kids  # noqa: E402
 from dverl_operator import owned  # noqa: E402
@@ -123,7 +124,7 @@ def policy():
 
 
 async def start_rollout(model, tokenizer, worker_id, port=0):
-    worker = RolloutWorker(make_backend("hf", model, tokenizer, max_batch_size=4), worker_id)
+    worker = RolloutWorker(make_backend(HF, model, tokenizer, max_batch_size=4), worker_id)
     server = await serve(port, RolloutServicer(worker), HealthServicer("rollout", worker_id, ready=True))
     return server, f"127.0.0.1:{server.port}"
 

@@ -8,10 +8,10 @@ import urllib.request
 from operator_fixtures import tiny_spec
 from prometheus_client.parser import text_string_to_metric_families
 
-from decentralized_verl.manifest import parse_spec
 from decentralized_verl.planning.plan import METRICS_PORT, plan_job, worker_env
 from decentralized_verl.serving.metrics_exporter import TrainingMetricsExporter, metric_name
 from decentralized_verl.settings import WorkerSettings
+from decentralized_verl.spec.manifest import parse_spec
 from dverl_operator import children as kids
 from dverl_operator import owned
 

@@ -10,7 +10,7 @@ import torch
 
 from decentralized_verl.core.samples import Prompt, Sample, collate
 from decentralized_verl.errors import ManifestError
-from decentralized_verl.manifest import parse_job
+from decentralized_verl.spec.manifest import parse_job
 from decentralized_verl.training import microbatches as mb
 from decentralized_verl.training.advantage_step import AlgorithmSettings, attach_advantages
 from decentralized_verl.training.trainer import PolicyTrainer

@@ -14,18 +14,19 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from decentralized_verl.backends.base import make_backend  # noqa: E402
+from decentralized_verl.backends.factory import make_backend  # noqa: E402
 from decentralized_verl.core.forward import response_logprobs  # noqa: E402
 from decentralized_verl.core.samples import Prompt, collate  # noqa: E402
 from decentralized_verl.core.sampling import SamplingParams  # noqa: E402
 from decentralized_verl.data.prompts import render_prompt  # noqa: E402
 from decentralized_verl.environments.replay import ENVIRONMENT_REWARD, replay  # noqa: E402
 from decentralized_verl.environments.settings import EpisodeSettings  # noqa: E402
-from decentralized_verl.manifest import parse_job  # noqa: E402
 from decentralized_verl.models.loading import load_model_and_tokenizer  # noqa: E402
 from decentralized_verl.serving.rollout import RolloutWorker  # noqa: E402
 from decentralized_verl.serving.scoring import RewardWorker  # noqa: E402
 from decentralized_verl.spec import ModelSpec, TinyModelSpec  # noqa: E402
+from decentralized_verl.spec.catalogue.backends import HF  # noqa: E402
+from decentralized_verl.spec.manifest import parse_job  # noqa: E402
 from decentralized_verl.training.advantage_step import AlgorithmSettings, attach_advantages  # noqa: E402
 from decentralized_verl.training.trainer import PolicyTrainer  # noqa: E402
 
@@ -52,7 +53,7 @@ def prompts(tokenizer, n=2):
 
 def play(model, tokenizer, items, settings=GAME, sampling=SAMPLING, batch=8):
     worker = RolloutWorker(
-        make_backend("hf", model, tokenizer, max_batch_size=batch), "w", environment=settings
+        make_backend(HF, model, tokenizer, max_batch_size=batch), "w", environment=settings
     )
     return {s.key: s for s in worker.generate_sync(items, sampling, 0)}
 
@@ -226,7 +227,7 @@ async def _over_grpc(model, tok, items, environment):
     from decentralized_verl.serving.servicers import HealthServicer, RolloutServicer, serve
     from decentralized_verl.transport.clients import GrpcRolloutClient
 
-    worker = RolloutWorker(make_backend("hf", model, tok, max_batch_size=8), "r0", environment=environment)
+    worker = RolloutWorker(make_backend(HF, model, tok, max_batch_size=8), "r0", environment=environment)
     server = await serve(0, RolloutServicer(worker), HealthServicer("rollout", "r0", ready=True))
     client = GrpcRolloutClient(f"127.0.0.1:{server.port}", "r0")
     try:

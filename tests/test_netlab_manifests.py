@@ -15,7 +15,7 @@ from netlab.manifests import (
     write_job,
 )
 
-from decentralized_verl.manifest import load_job
+from decentralized_verl.spec.manifest import load_job
 
 
 def test_with_overrides_sets_dotted_paths_and_leaves_the_base_alone() -> None:

@@ -708,7 +708,7 @@ async def test_kubectl_get_rlhfjobs_shows_printer_columns(cluster, tmp_path):
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["status"]["workers"] == "3/3"
     # The CRD's printer-column JSONPaths, evaluated by kubectl against what the operator wrote.
-    from decentralized_verl.crd import PRINTER_COLUMNS
+    from decentralized_verl.spec.crd import PRINTER_COLUMNS
 
     columns = ",".join(f"{c['name'].upper()}:{c['jsonPath']}" for c in PRINTER_COLUMNS)
     custom = await asyncio.to_thread(

@@ -6,8 +6,8 @@ import yaml
 from operator_fixtures import tiny_spec
 
 from decentralized_verl.core.status import JobStatus
-from decentralized_verl.manifest import parse_spec
 from decentralized_verl.planning.plan import plan_job
+from decentralized_verl.spec.manifest import parse_spec
 from dverl_operator import children as kids
 from dverl_operator import guard_children as guard
 from dverl_operator import outcome, owned, pod_marks

@@ -16,7 +16,7 @@ from cluster_world import BOTH, World
 from operator_fixtures import tiny_spec
 
 from decentralized_verl.errors import ManifestError
-from decentralized_verl.manifest import parse_spec
+from decentralized_verl.spec.manifest import parse_spec
 from dverl_operator import gang, kueue, quantity, reconcile
 from dverl_operator import status as st
 from dverl_operator.disruption import disruption, event_reason

@@ -12,8 +12,8 @@ import pytest
 from operator_fixtures import tiny_spec
 
 from decentralized_verl.core.status import JobStatus
-from decentralized_verl.manifest import parse_spec
 from decentralized_verl.planning.plan import plan_job
+from decentralized_verl.spec.manifest import parse_spec
 from decentralized_verl.transport.wire.status import job_status_from_proto
 from dverl_operator import children as kids
 from dverl_operator import owned, pod_marks, reconcile
@@ -400,8 +400,8 @@ def test_operator_without_credentials_exits_2(tmp_path):
 
 
 def test_learner_pods_resume_and_mount_the_checkpoint_pvc() -> None:
-    from decentralized_verl.manifest import parse_spec
     from decentralized_verl.planning.plan import plan_job
+    from decentralized_verl.spec.manifest import parse_spec
     from dverl_operator.children import Owner, for_job
 
     spec = parse_spec(
@@ -427,8 +427,8 @@ def test_learner_pods_resume_and_mount_the_checkpoint_pvc() -> None:
 
 
 def test_only_the_learner_gets_the_join_secret_from_the_named_secret() -> None:
-    from decentralized_verl.manifest import parse_spec
     from decentralized_verl.planning.plan import plan_job
+    from decentralized_verl.spec.manifest import parse_spec
     from dverl_operator.children import Owner, for_job
 
     spec = parse_spec(

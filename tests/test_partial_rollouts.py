@@ -20,15 +20,17 @@ torch = pytest.importorskip("torch")
 grpc = pytest.importorskip("grpc")
 yaml = pytest.importorskip("yaml")
 
-from decentralized_verl.backends.base import GenerationRequest, make_backend  # noqa: E402
+from decentralized_verl.backends.base import GenerationRequest  # noqa: E402
+from decentralized_verl.backends.factory import make_backend  # noqa: E402
 from decentralized_verl.core.samples import Prompt, Sample  # noqa: E402
 from decentralized_verl.core.sampling import SamplingParams  # noqa: E402
-from decentralized_verl.manifest import parse_spec  # noqa: E402
 from decentralized_verl.models.loading import load_model_and_tokenizer  # noqa: E402
 from decentralized_verl.orchestration import continuation, hedging  # noqa: E402
 from decentralized_verl.orchestration.dispatch import Dispatcher  # noqa: E402
 from decentralized_verl.proto import dverl_pb2 as pb  # noqa: E402
 from decentralized_verl.spec import ModelSpec, TinyModelSpec, with_defaults  # noqa: E402
+from decentralized_verl.spec.catalogue.backends import HF  # noqa: E402
+from decentralized_verl.spec.manifest import parse_spec  # noqa: E402
 from decentralized_verl.transport import messages as m  # noqa: E402
 from decentralized_verl.transport.clients import GrpcRolloutClient, wait_ready  # noqa: E402
 from decentralized_verl.transport.rollout_stream import BadResult, ResultStream, generate_request  # noqa: E402
@@ -155,7 +157,7 @@ def test_the_backend_sends_growing_prefixes_of_the_final_responses() -> None:
     model, tok = load_model_and_tokenizer(
         ModelSpec(tiny=TinyModelSpec(hidden_size=32, num_layers=1, num_heads=2))
     )
-    backend = make_backend("hf", model, tok, max_batch_size=4)
+    backend = make_backend(HF, model, tok, max_batch_size=4)
     sampling = SamplingParams(max_new_tokens=12, temperature=1.0, seed=2)
     requests = [GenerationRequest(str(i), (5 + i, 6, 7), sampling) for i in range(3)]
     outs = list(backend.generate(requests, partial_every_s=0.0))

@@ -14,11 +14,11 @@ import pytest
 from job_manifests import EXAMPLE_JOBS
 
 from decentralized_verl.errors import ManifestError
-from decentralized_verl.manifest import load_job, parse_job
 from decentralized_verl.planning import KNOWN_SHAPES, known_shape, plan_for, plan_problems, shape_from_config
 from decentralized_verl.planning.devices import GIB, gpu_type_bytes, quantity_bytes
 from decentralized_verl.planning.fitting_job import load_fitting_job
 from decentralized_verl.planning.locate import model_shape
+from decentralized_verl.spec.manifest import load_job, parse_job
 
 ROOT = Path(__file__).parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "qwen7b-config"

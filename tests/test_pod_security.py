@@ -12,9 +12,9 @@ import pytest
 from job_manifests import EXAMPLE_JOBS
 from operator_fixtures import tiny_spec
 
-from decentralized_verl.manifest import load_job, parse_spec
 from decentralized_verl.planning.plan import plan_job
-from decentralized_verl.sources.paths import SHM_DIR
+from decentralized_verl.spec.manifest import load_job, parse_spec
+from decentralized_verl.spec.source_paths import SHM_DIR
 from dverl_operator import children, owned
 from dverl_operator.pod_security import (
     LEARNER_GRACE_UNKNOWN_S,

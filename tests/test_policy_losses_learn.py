@@ -23,12 +23,14 @@ from decentralized_verl import (
     ModelConfig,
     TrainingConfig,
 )
-from decentralized_verl.algorithms.registry import POLICY_LOSS_NAMES
-from decentralized_verl.backends.base import BACKENDS, GenerationOutput, GenerationRequest
+from decentralized_verl.backends.base import GenerationOutput, GenerationRequest
+from decentralized_verl.backends.factory import ENGINES
 from decentralized_verl.backends.hf import HFBackend
-from decentralized_verl.manifest import parse_spec
 from decentralized_verl.models.loading import load_model_and_tokenizer
 from decentralized_verl.spec import TinyModelSpec, with_defaults
+from decentralized_verl.spec.catalogue.algorithms import POLICY_LOSS_NAMES
+from decentralized_verl.spec.catalogue.backends import VLLM
+from decentralized_verl.spec.manifest import parse_spec
 
 ENGINE_NOISE = 0.1
 """Std of the stand-in engine's per-token log-prob error (nats); a bf16 vLLM engine's is of this order."""
@@ -107,12 +109,12 @@ class VllmBackendConfig(DecentralizedConfig):
 
     def job_spec(self, train_file: str, steps: int) -> Any:
         spec = with_defaults(super().job_spec(train_file, steps))
-        spec["roles"]["rollout"]["backend"] = "vllm"
+        spec["roles"]["rollout"]["backend"] = VLLM.name
         return parse_spec(spec)
 
 
 def test_a_vllm_like_engine_gets_tis_by_default_shows_the_mismatch_and_learns(tmp_path, monkeypatch) -> None:
-    monkeypatch.setitem(BACKENDS, "vllm", f"{__name__}:NoisyEngine")
+    monkeypatch.setitem(ENGINES, VLLM, f"{__name__}:NoisyEngine")
     base = config("ppo_clip")
     cfg = VllmBackendConfig(model=base.model, training=base.training, algorithm=base.algorithm)
     history = train(cfg, tmp_path)

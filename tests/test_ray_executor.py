@@ -22,9 +22,9 @@ from decentralized_verl.launch.ray_placement import (
     cpu_count,
     learner_gang,
 )
-from decentralized_verl.manifest import load_job
 from decentralized_verl.planning.plan import plan_job
 from decentralized_verl.reporting.metrics import read_metrics
+from decentralized_verl.spec.manifest import load_job
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import chaos

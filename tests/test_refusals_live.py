@@ -18,11 +18,11 @@ from job_manifests import e2e_manifest
 
 from decentralized_verl.launch.local import LocalCluster
 from decentralized_verl.launch.run import write_config
-from decentralized_verl.manifest import load_job
 from decentralized_verl.planning.plan import plan_job
 from decentralized_verl.proto import dverl_pb2 as pb
 from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc
 from decentralized_verl.security.credentials import run_folder_credentials
+from decentralized_verl.spec.manifest import load_job
 from decentralized_verl.transport import secure
 
 pytestmark = pytest.mark.slow

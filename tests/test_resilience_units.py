@@ -57,7 +57,7 @@ def test_the_checkpoint_clock_takes_every_step_while_cheap_then_spreads_out() ->
 
 @pytest.fixture
 def trainer():
-    from decentralized_verl.manifest import parse_spec
+    from decentralized_verl.spec.manifest import parse_spec
     from decentralized_verl.training.trainer import PolicyTrainer
 
     model, tokenizer = load_model_and_tokenizer(ModelSpec(tiny=TINY))
@@ -250,7 +250,7 @@ def test_a_restarted_critic_continues_from_what_it_had_learned(tmp_path: Path) -
 
 
 def _spec():
-    from decentralized_verl.manifest import parse_spec
+    from decentralized_verl.spec.manifest import parse_spec
 
     return parse_spec(
         {

@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 grpc = pytest.importorskip("grpc")
 
-from decentralized_verl.backends.base import make_backend  # noqa: E402
+from decentralized_verl.backends.factory import make_backend  # noqa: E402
 from decentralized_verl.core.forward import response_logprobs  # noqa: E402
 from decentralized_verl.core.interfaces import RolloutClient, WorkerFailure  # noqa: E402
 from decentralized_verl.core.samples import Prompt, collate  # noqa: E402
@@ -25,6 +25,7 @@ from decentralized_verl.serving.local import LocalRolloutClient, stream_in_threa
 from decentralized_verl.serving.rollout import RolloutWorker, item_seed, to_requests  # noqa: E402
 from decentralized_verl.serving.servicers import HealthServicer, RolloutServicer, serve  # noqa: E402
 from decentralized_verl.spec import ModelSpec, TinyModelSpec  # noqa: E402
+from decentralized_verl.spec.catalogue.backends import HF  # noqa: E402
 from decentralized_verl.transport.clients import GrpcRolloutClient, wait_ready  # noqa: E402
 from decentralized_verl.transport.messages import WireLimits  # noqa: E402
 
@@ -51,7 +52,7 @@ def recompute_logprobs(model, samples, pad_id, temperature):
 
 
 async def start_rollout(model, tokenizer, worker_id="r0", limits=None):
-    worker = RolloutWorker(make_backend("hf", model, tokenizer, max_batch_size=3), worker_id)
+    worker = RolloutWorker(make_backend(HF, model, tokenizer, max_batch_size=3), worker_id)
     server = await serve(0, RolloutServicer(worker, limits), HealthServicer("rollout", worker_id, ready=True))
     return worker, server, f"127.0.0.1:{server.port}"
 
@@ -95,7 +96,7 @@ async def test_seeded_samples_do_not_depend_on_batching_or_transport(policy):
     model, tok = policy
     _, server, address = await start_rollout(model, tok)
     grpc_client = GrpcRolloutClient(address, "r0")
-    local = LocalRolloutClient(RolloutWorker(make_backend("hf", model, tok, max_batch_size=8), "local"))
+    local = LocalRolloutClient(RolloutWorker(make_backend(HF, model, tok, max_batch_size=8), "local"))
     try:
         ps = prompts(tok)
         items = [(p, k) for p in ps for k in range(2)]

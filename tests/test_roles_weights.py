@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 grpc = pytest.importorskip("grpc")
 
-from decentralized_verl.backends.base import make_backend  # noqa: E402
+from decentralized_verl.backends.factory import make_backend  # noqa: E402
 from decentralized_verl.core.forward import response_logprobs  # noqa: E402
 from decentralized_verl.core.interfaces import WorkerFailure  # noqa: E402
 from decentralized_verl.core.samples import Prompt, collate  # noqa: E402
@@ -24,6 +24,7 @@ from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc  # noqa: E402
 from decentralized_verl.serving.rollout import RolloutWorker  # noqa: E402
 from decentralized_verl.serving.servicers import RolloutServicer, serve  # noqa: E402
 from decentralized_verl.spec import ModelSpec, TinyModelSpec  # noqa: E402
+from decentralized_verl.spec.catalogue.backends import HF  # noqa: E402
 from decentralized_verl.transport.clients import GrpcRolloutClient  # noqa: E402
 from decentralized_verl.transport.grpc_options import channel_options  # noqa: E402
 from decentralized_verl.transport.weights.publish import WeightPublisher  # noqa: E402
@@ -71,7 +72,7 @@ async def test_version_bump_pulls_new_weights_and_outputs_follow_them(rollout, l
     publisher = WeightPublisher(dtype=None, chunk_bytes=CHUNK)  # native dtype: bit-exact transfer
     weights_server, weights_address = await start_weights(publisher)
     source = GrpcWeightSource(weights_address, wait_s=2)
-    worker = RolloutWorker(make_backend("hf", model, tok, max_batch_size=4), "r0", source)
+    worker = RolloutWorker(make_backend(HF, model, tok, max_batch_size=4), "r0", source)
     rollout_server = await serve(0, RolloutServicer(worker))
     client = GrpcRolloutClient(f"127.0.0.1:{rollout_server.port}", "r0")
     try:
@@ -125,7 +126,7 @@ async def test_worker_that_missed_versions_jumps_to_the_latest(rollout, learner_
     assert publisher.versions == [2, 3] and publisher.latest_version == 3
     server, address = await start_weights(publisher)
     source = GrpcWeightSource(address, wait_s=1)
-    worker = RolloutWorker(make_backend("hf", model, tok), "r0", source)
+    worker = RolloutWorker(make_backend(HF, model, tok), "r0", source)
     try:
         held = await asyncio.to_thread(worker.ensure_version, 2)
         assert held == 3 and worker.version == 3 and worker.weight_loads == 1
@@ -176,7 +177,7 @@ async def test_corrupted_chunk_is_rejected_and_weights_stay(rollout, learner_sta
     publisher.publish(learner_states[1], 1)
     server, address = await start_weights(publisher, CorruptingWeights)
     source = GrpcWeightSource(address, wait_s=1)
-    worker = RolloutWorker(make_backend("hf", model, tok), "r0", source)
+    worker = RolloutWorker(make_backend(HF, model, tok), "r0", source)
     rollout_server = await serve(0, RolloutServicer(worker))
     client = GrpcRolloutClient(f"127.0.0.1:{rollout_server.port}", "r0")
     try:

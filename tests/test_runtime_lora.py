@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from decentralized_verl.backends.hf import HFBackend
-from decentralized_verl.manifest import parse_spec
 from decentralized_verl.models.loading import load_model_and_tokenizer
 from decentralized_verl.serving.rollout import RolloutWorker
+from decentralized_verl.spec.manifest import parse_spec
 from decentralized_verl.training.trainer import rollout_state_dict
 from decentralized_verl.transport.weights.codec import WeightAssembler, encode_state_dict
 

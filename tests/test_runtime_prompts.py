@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from decentralized_verl.errors import DataError
-from decentralized_verl.manifest import parse_spec
 from decentralized_verl.models.tokenizer import build_char_tokenizer
 from decentralized_verl.orchestration.prompts import prepare_prompts
+from decentralized_verl.spec.manifest import parse_spec
 
 
 def spec_for(train: Path, max_prompt_tokens: int):

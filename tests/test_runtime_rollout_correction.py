@@ -15,8 +15,8 @@ import torch
 from decentralized_verl.algorithms.masking import masked_whiten
 from decentralized_verl.core.forward import response_logprobs
 from decentralized_verl.core.samples import Prompt, Sample, collate
-from decentralized_verl.manifest import parse_job
 from decentralized_verl.models.loading import load_model_and_tokenizer
+from decentralized_verl.spec.manifest import parse_job
 from decentralized_verl.training.advantage_step import AlgorithmSettings, attach_advantages
 from decentralized_verl.training.trainer import PolicyTrainer
 

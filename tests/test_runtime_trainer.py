@@ -11,8 +11,8 @@ from processes import free_port, leave_group
 
 from decentralized_verl.core.forward import response_logprobs
 from decentralized_verl.core.samples import Prompt, Sample, collate
-from decentralized_verl.manifest import parse_job
 from decentralized_verl.models.loading import load_model_and_tokenizer
+from decentralized_verl.spec.manifest import parse_job
 from decentralized_verl.training.advantage_step import AlgorithmSettings, attach_advantages
 from decentralized_verl.training.trainer import PolicyTrainer
 
@@ -104,6 +104,17 @@ def test_update_raises_logprob_of_rewarded_samples(tiny):
     assert torch.all(gain[good] > 0) and torch.all(gain[~good] < 0)
     assert first["grad_norm"] > 0 and trainer.updates == 5
     assert metrics["pg_clip_frac"] > 0  # by the fifth pass PPO's clip is holding the update back
+
+
+def test_dapo_settings_take_the_presets_filters_when_the_spec_names_none() -> None:
+    """A `dapo` job that leaves dynamicFilter and overlong out gets the preset's: both on, with the spec's
+    default band and a quarter of maxNewTokens as the overlong cache."""
+    doc = {**JOB, "spec": {**JOB["spec"], "algorithm": {"name": "dapo", "samplesPerPrompt": 2}}}
+    spec = parse_job(doc).spec
+    settings = AlgorithmSettings.from_spec(spec)
+    quarter = max(1, spec.data.max_new_tokens // 4)
+    assert (settings.dynamic_filter, settings.overlong) == ((0.01, 0.99), (quarter, 1.0))
+    assert settings.mask_truncated and settings.clip_high == 0.28
 
 
 def _ddp_worker(rank: int, world: int, port: int, queue) -> None:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from decentralized_verl.manifest import parse_spec
 from decentralized_verl.planning.plan import plan_job, worker_env
 from decentralized_verl.settings import SettingsError, WorkerSettings, env_name, settings_table
+from decentralized_verl.spec.manifest import parse_spec
 
 ROOT = Path(__file__).parents[1]
 PACKAGE = ROOT / "worker_image" / "decentralized_verl"

@@ -21,9 +21,9 @@ from decentralized_verl.core.sampling import SamplingParams
 from decentralized_verl.entrypoints.learner import STOPPED_EXIT
 from decentralized_verl.launch.local import LocalCluster
 from decentralized_verl.launch.run import coordinator_status, run_job, write_config
-from decentralized_verl.manifest import load_job
 from decentralized_verl.planning.plan import plan_job
 from decentralized_verl.reporting.metrics import read_metrics
+from decentralized_verl.spec.manifest import load_job
 from decentralized_verl.transport.clients import GrpcRolloutClient, wait_ready
 
 pytestmark = pytest.mark.slow

@@ -8,8 +8,8 @@ from typing import Any
 
 from operator_fixtures import tiny_spec
 
-from decentralized_verl.manifest import parse_spec
 from decentralized_verl.planning.plan import plan_job
+from decentralized_verl.spec.manifest import parse_spec
 from dverl_operator import children, owned
 from dverl_operator.pod_sources import FETCH_MODULE
 

@@ -15,10 +15,10 @@ from sources_server import serving
 
 from decentralized_verl.errors import ManifestError
 from decentralized_verl.launch.run import run_job, write_config
-from decentralized_verl.manifest import load_job
 from decentralized_verl.planning.fitting_job import load_fitting_job
 from decentralized_verl.reporting.metrics import read_metrics
 from decentralized_verl.sources.fetch import FetchError
+from decentralized_verl.spec.manifest import load_job
 
 
 def cluster_manifest(folder: Path, sources: list[dict], **overrides) -> Path:

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from decentralized_verl.errors import ManifestError
-from decentralized_verl.manifest import parse_spec
-from decentralized_verl.sources.paths import cluster_warnings, pod_roles_of, source_of
+from decentralized_verl.spec.manifest import parse_spec
+from decentralized_verl.spec.source_paths import cluster_warnings, pod_roles_of, source_of
 
 DIGEST = "ab" * 32
 

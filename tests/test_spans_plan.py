@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from decentralized_verl.errors import ManifestError
-from decentralized_verl.manifest import parse_spec
 from decentralized_verl.planning.plan import plan_job, worker_env
 from decentralized_verl.serving.spans.backend import parse_span_addresses
+from decentralized_verl.spec.manifest import parse_spec
 
 
 def _spec(**rollout):
@@ -188,9 +188,9 @@ def test_dverl_plan_shows_the_chosen_spans_and_run_starts_them(tmp_path, capsys)
     import json
 
     from decentralized_verl.launch.run import write_config
-    from decentralized_verl.manifest import load_job, summary
     from decentralized_verl.planning.fitting_job import load_fitting_job
     from decentralized_verl.planning.run_plan import main_plan
+    from decentralized_verl.spec.manifest import load_job, summary
 
     path = _write_manifest(tmp_path, _seventy_b_job(tmp_path))
     assert main_plan(str(path), as_json=True) == 0

@@ -146,7 +146,7 @@ def _job(spans: dict | None) -> dict:
 
 def test_span_volunteers_need_a_rollout_split_into_spans():
     from decentralized_verl.errors import ManifestError
-    from decentralized_verl.manifest import parse_spec
+    from decentralized_verl.spec.manifest import parse_spec
 
     with pytest.raises(
         ManifestError, match=r"volunteers.roles: span volunteers serve layers .* roles.rollout.spans"
@@ -155,8 +155,8 @@ def test_span_volunteers_need_a_rollout_split_into_spans():
 
 
 def test_every_front_of_a_job_taking_span_volunteers_is_told_where_the_dht_is():
-    from decentralized_verl.manifest import parse_spec
     from decentralized_verl.planning.plan import plan_job, worker_env
+    from decentralized_verl.spec.manifest import parse_spec
 
     plan = plan_job(parse_spec(_job({"count": 2}), "job.yaml"), "j")
     addresses = {w.name: f"{w.name}:1" for w in plan.workers}

@@ -10,8 +10,8 @@ import yaml
 from job_manifests import EXAMPLE_JOBS, SMALL_JOB
 
 from decentralized_verl.errors import ManifestError
-from decentralized_verl.manifest import load_job, parse_job, summary
 from decentralized_verl.spec import JobSpec, with_defaults
+from decentralized_verl.spec.manifest import load_job, parse_job, summary
 
 
 def mutate(path: str, value: object) -> dict:
@@ -292,6 +292,37 @@ def test_rollout_correction_is_on_by_default_with_vllm_only() -> None:
         rolloutCorrection={"importanceSampling": "sequence", "rejection": "token"}
     ).rollout_correction
     assert chosen is not None and (chosen.importance_sampling, chosen.rejection) == ("sequence", "token")
+
+
+def test_dapo_shaping_defaults_come_from_the_preset_unless_set() -> None:
+    """The preset's filters and shaping, resolved in the spec: DAPO's dynamic filter takes the section's
+    default band and its overlong punishment a quarter of maxNewTokens when the spec names neither."""
+    grpo = resolved()
+    assert (grpo.dynamic_filter, grpo.overlong, grpo.mask_truncated, grpo.norm_adv_by_std) == (
+        None,
+        None,
+        False,
+        True,
+    )
+    dapo = resolved(name="dapo")
+    quarter = max(1, dapo.data.max_new_tokens // 4)
+    assert (dapo.dynamic_filter, dapo.overlong, dapo.mask_truncated) == ((0.01, 0.99), (quarter, 1.0), True)
+    chosen = resolved(
+        name="dapo",
+        dynamicFilter={"enabled": True, "low": 0.1, "high": 0.9},
+        overlong={"enabled": True, "cacheLength": 1, "penaltyFactor": 0.5},
+        maskTruncated=False,
+        normAdvByStd=False,
+    )
+    assert (chosen.dynamic_filter, chosen.overlong, chosen.mask_truncated, chosen.norm_adv_by_std) == (
+        (0.1, 0.9),
+        (1, 0.5),
+        False,
+        False,
+    )
+    off = resolved(name="dapo", dynamicFilter={"enabled": False}, overlong={"enabled": False})
+    assert (off.dynamic_filter, off.overlong) == (None, None)
+    assert resolved(overlong={"enabled": True}).overlong == (quarter, 1.0)
 
 
 def test_several_problems_are_reported_together() -> None:

@@ -13,7 +13,7 @@ from decentralized_verl.environments.base import EpisodeRecord
 from decentralized_verl.environments.registry import make_environment, preflight
 from decentralized_verl.environments.settings import EpisodeSettings
 from decentralized_verl.errors import ManifestError
-from decentralized_verl.manifest import load_job, parse_job
+from decentralized_verl.spec.manifest import load_job, parse_job
 
 ROOT = Path(__file__).resolve().parent.parent
 GUESSING = "decentralized_verl.environments.verifiers_guessing:GuessingTaskset"
@@ -59,7 +59,8 @@ def vf():
 
 
 def answer_of(name: str) -> int:
-    from decentralized_verl.environments.verifiers_env import VerifiersOptions, task_index
+    from decentralized_verl.environments.verifiers_env import task_index
+    from decentralized_verl.spec.catalogue.environments import VerifiersOptions
 
     return task_index(VerifiersOptions.model_validate(OPTIONS)).find(name).data.answer
 
@@ -137,7 +138,7 @@ def test_rollout_and_reward_workers_play_verifiers_episodes(vf) -> None:
     """Episodes through the real rollout worker (a tiny model), scored again by the reward worker's replay."""
     import torch
 
-    from decentralized_verl.backends.base import make_backend
+    from decentralized_verl.backends.factory import make_backend
     from decentralized_verl.core.samples import Prompt
     from decentralized_verl.core.sampling import SamplingParams
     from decentralized_verl.data.prompts import render_prompt
@@ -146,6 +147,7 @@ def test_rollout_and_reward_workers_play_verifiers_episodes(vf) -> None:
     from decentralized_verl.serving.rollout import RolloutWorker
     from decentralized_verl.serving.scoring import RewardWorker
     from decentralized_verl.spec import ModelSpec, TinyModelSpec
+    from decentralized_verl.spec.catalogue.backends import HF
 
     torch.set_num_threads(1)
     tiny = TinyModelSpec(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_positions=256)
@@ -156,7 +158,7 @@ def test_rollout_and_reward_workers_play_verifiers_episodes(vf) -> None:
         text = render_prompt("Guess the number.", tok, system_prompt="Guess 1-4.")
         ids = tuple(tok(text, add_special_tokens=False)["input_ids"])
         prompts.append(Prompt(f"p{i}", i, ids, text, f"guess-{i}", environment=True))
-    worker = RolloutWorker(make_backend("hf", model, tok, max_batch_size=8), "w", environment=settings)
+    worker = RolloutWorker(make_backend(HF, model, tok, max_batch_size=8), "w", environment=settings)
     items = [(p, k) for p in prompts for k in range(4)]
     samples = list(worker.generate_sync(items, SamplingParams(max_new_tokens=1, temperature=1.0, seed=3), 0))
     assert len(samples) == len(items)

@@ -78,11 +78,12 @@ def test_recomputed_logprobs_match_the_hf_backend() -> None:
     """Honest log-probs from real generation pass the float32 tolerance: the check has no false alarms."""
     import torch
 
-    from decentralized_verl.backends.base import make_backend
+    from decentralized_verl.backends.factory import make_backend
     from decentralized_verl.core.sampling import SamplingParams
     from decentralized_verl.models.loading import load_model_and_tokenizer
     from decentralized_verl.serving.rollout import RolloutWorker
     from decentralized_verl.spec import ModelSpec
+    from decentralized_verl.spec.catalogue.backends import HF
     from decentralized_verl.volunteers.verify import DEFAULT_ATOL, model_logprobs
 
     torch.manual_seed(0)
@@ -98,7 +99,7 @@ def test_recomputed_logprobs_match_the_hf_backend() -> None:
         }
     )
     model, tokenizer = load_model_and_tokenizer(spec)
-    worker = RolloutWorker(make_backend("hf", model, tokenizer, seed=0), "w")
+    worker = RolloutWorker(make_backend(HF, model, tokenizer, seed=0), "w")
     items = [(Prompt(f"p{i}", i, tuple(range(3, 3 + 2 + i)), ""), 0) for i in range(4)]
     samples = list(worker.generate_sync(items, SamplingParams(max_new_tokens=6, temperature=1.0, seed=7), 0))
     recomputed = model_logprobs(model, samples, 1.0, tokenizer.pad_token_id)
@@ -121,18 +122,19 @@ def test_seeded_draws_replay_and_a_chosen_response_is_caught(
 
     import torch
 
-    from decentralized_verl.backends.base import make_backend
+    from decentralized_verl.backends.factory import make_backend
     from decentralized_verl.core.sampling import SamplingParams
     from decentralized_verl.models.loading import load_model_and_tokenizer
     from decentralized_verl.serving.rollout import RolloutWorker
     from decentralized_verl.spec import ModelSpec
+    from decentralized_verl.spec.catalogue.backends import HF
     from decentralized_verl.volunteers.sampling_check import DEFAULT_TOL
     from decentralized_verl.volunteers.verify import PublishedPolicy
 
     torch.manual_seed(0)
     tiny = {"hiddenSize": 32, "numLayers": 1, "numHeads": 2, "intermediateSize": 64, "maxPositions": 64}
     model, tokenizer = load_model_and_tokenizer(ModelSpec.model_validate({"tiny": tiny}))
-    worker = RolloutWorker(make_backend("hf", model, tokenizer, seed=0), "w")
+    worker = RolloutWorker(make_backend(HF, model, tokenizer, seed=0), "w")
     items = [(Prompt(f"p{i}", i, tuple(range(3, 5 + i)), ""), j) for i in range(3) for j in range(2)]
     assigned = SamplingParams(max_new_tokens=12, temperature=temperature, top_k=top_k, top_p=top_p, seed=7)
     honest = list(worker.generate_sync(items, assigned, 0))

@@ -19,8 +19,8 @@ import yaml
 
 from decentralized_verl.planning.plan import CONFIG_PATH, Plan, PlannedWorker, worker_env
 from decentralized_verl.settings import env_name
-from decentralized_verl.sources.paths import CREDENTIALS_DIR
 from decentralized_verl.spec import API_GROUP, JobSpec, with_defaults
+from decentralized_verl.spec.source_paths import CREDENTIALS_DIR
 from decentralized_verl.spec.sources import PodTemplate
 from dverl_operator.guard_children import (
     PolicyScope,

@@ -14,8 +14,8 @@ from typing import Any
 from decentralized_verl.planning.locate import model_shape
 from decentralized_verl.planning.plan import PlannedWorker
 from decentralized_verl.runtime.lifecycle import CALL_GRACE_S
-from decentralized_verl.sources.paths import HOME_DIR, SHM_DIR, TMP_DIR
 from decentralized_verl.spec import JobSpec
+from decentralized_verl.spec.source_paths import HOME_DIR, SHM_DIR, TMP_DIR
 from dverl_operator import quantity
 
 WORKER_UID = 10001

@@ -12,8 +12,8 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from decentralized_verl.sources.paths import pod_roles_of
 from decentralized_verl.spec import JobSpec
+from decentralized_verl.spec.source_paths import pod_roles_of
 from decentralized_verl.spec.sources import SourceSpec
 
 FETCH_MODULE = "decentralized_verl.sources.fetch"

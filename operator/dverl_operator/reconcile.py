@@ -21,11 +21,11 @@ from typing import Any
 
 from decentralized_verl.core.status import JobStatus
 from decentralized_verl.errors import ManifestError, Problem
-from decentralized_verl.manifest import parse_spec
 from decentralized_verl.planning import plan_for
 from decentralized_verl.planning.fit import planned_spec
 from decentralized_verl.planning.plan import Plan, plan_job
 from decentralized_verl.spec import JobSpec
+from decentralized_verl.spec.manifest import parse_spec
 from dverl_operator import children as kids
 from dverl_operator import gang, kueue, outcome, owned, pod_marks
 from dverl_operator import guard_children as guard

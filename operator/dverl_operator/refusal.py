@@ -10,8 +10,8 @@ from typing import Any
 import yaml
 
 from decentralized_verl.errors import ManifestError
-from decentralized_verl.manifest import parse_spec
 from decentralized_verl.spec import JobSpec
+from decentralized_verl.spec.manifest import parse_spec
 from dverl_operator import children as kids
 from dverl_operator import status as st
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from decentralized_verl.algorithms.presets import PRESETS
-from decentralized_verl.manifest import parse_spec
+from decentralized_verl.spec.catalogue.algorithms import PRESETS
+from decentralized_verl.spec.manifest import parse_spec
 
 Algorithm = enum.StrEnum("Algorithm", {name.upper(): name for name in PRESETS})
 """Every preset name of `spec.algorithm.name` (Algorithm.GRPO == "grpo"), read from the preset registry."""

@@ -1,10 +1,11 @@
 """Name -> function tables for the choices a job spec makes by name: advantage estimator, policy loss,
 loss aggregation, KL estimator.
 
-Each table's names are declared here, torch-free, so the spec (and through it the CRD's `enum` lists and
-the operator) reads the names from the registry itself; registering a function under a name that is not
-declared is an error, and a test checks every declared name has a function. The tables fill up when the
-torch modules that hold the functions are imported; `load()` does that in one call, so a trainer writes::
+The names are the spec's catalogue's (`spec/catalogue/algorithms.py`), so the spec, the CRD's `enum` lists
+and the operator read them without torch: registering a function under a name the catalogue lacks is a
+`CatalogueMismatch` at once, and `load()` raises one when a name the catalogue lists has no function. The
+tables fill up when the torch modules that hold the functions are imported; `load()` does that in one
+call, so a trainer writes::
 
     from decentralized_verl.algorithms import registry
     registry.load()
@@ -14,7 +15,7 @@ Estimators and policy losses are registered through a wrapper that lets the trai
 dict to every function of the table ("call blindly"): each function receives only the keyword
 arguments its own signature names, and a keyword that *no* registered function of the table knows is a
 `TypeError`, so a typo in a config never vanishes silently. (Which settings make sense for which loss is
-the spec's business: `presets.LOSS_DEFAULTS` says, and the spec rules refuse the rest by field.)
+the spec's business: the catalogue's `LOSS_DEFAULTS` says, and the spec rules refuse the rest by field.)
 """
 
 from __future__ import annotations
@@ -24,6 +25,14 @@ import importlib
 import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
+
+from decentralized_verl.spec.catalogue import check_listed, check_registry
+from decentralized_verl.spec.catalogue.algorithms import (
+    ADVANTAGE_ESTIMATOR_NAMES,
+    KL_ESTIMATOR_NAMES,
+    LOSS_AGGREGATION_NAMES,
+    POLICY_LOSS_NAMES,
+)
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -56,17 +65,6 @@ class PolicyLossFn(Protocol):
     ) -> tuple[Tensor, dict[str, float]]: ...
 
 
-ADVANTAGE_ESTIMATOR_NAMES: tuple[str, ...] = (
-    "gae",
-    "grpo",
-    "rloo",
-    "reinforce_plus_plus",
-    "reinforce_plus_plus_baseline",
-)
-POLICY_LOSS_NAMES: tuple[str, ...] = ("ppo_clip", "gspo", "cispo", "vanilla_pg")
-LOSS_AGGREGATION_NAMES: tuple[str, ...] = ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean")
-KL_ESTIMATOR_NAMES: tuple[str, ...] = ("k1", "k2", "k3")
-
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {}
 POLICY_LOSSES: dict[str, PolicyLossFn] = {}
 POLICY_LOSS_AGGREGATIONS: dict[str, AggregationFn] = {}
@@ -86,9 +84,19 @@ _IMPLEMENTATIONS = (
 
 
 def load() -> None:
-    """Import the torch modules whose decorators fill the tables (idempotent)."""
+    """Import the torch modules whose decorators fill the tables (idempotent), then check that every name
+    the catalogue lists has its function."""
     for module in _IMPLEMENTATIONS:
         importlib.import_module(module)
+    check_against_catalogue()
+
+
+def check_against_catalogue() -> None:
+    """`CatalogueMismatch` unless each table holds exactly the names the catalogue lists for it."""
+    check_registry("advantage estimator", ADVANTAGE_ESTIMATORS, ADVANTAGE_ESTIMATOR_NAMES)
+    check_registry("policy loss", POLICY_LOSSES, POLICY_LOSS_NAMES)
+    check_registry("loss aggregation", POLICY_LOSS_AGGREGATIONS, LOSS_AGGREGATION_NAMES)
+    check_registry("KL estimator", KL_ESTIMATORS, KL_ESTIMATOR_NAMES)
 
 
 def known_estimator_hparams() -> frozenset[str]:
@@ -107,8 +115,7 @@ def _keyword_only(fn: Callable[..., Any]) -> frozenset[str]:
 
 
 def _check_new(table: dict[str, Any], declared: tuple[str, ...], kind: str, name: str) -> None:
-    if name not in declared:
-        raise ValueError(f"{kind} {name!r} is not declared in registry ({', '.join(declared)})")
+    check_listed(kind, name, declared)
     if name in table:
         raise ValueError(f"{kind} {name!r} is registered twice")
 

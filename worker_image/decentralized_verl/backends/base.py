@@ -1,13 +1,11 @@
-"""The generation protocol every rollout engine implements, and the factory that picks one by name.
+"""The generation protocol every rollout engine implements (`factory.make_backend` builds one).
 
-Callers (the rollout role, the colocated in-learner rollout, benchmarks) import only this module: it
-needs no torch at import time, so the spec and the operator can name backends without pulling in an
-engine. Engines are registered as lazy ``module:attribute`` paths and imported on first use.
+Callers (the rollout role, the colocated in-learner rollout, benchmarks) depend only on this protocol;
+it needs no torch at import time.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
@@ -84,40 +82,3 @@ class GenerationBackend(Protocol):
     def load_weights(self, state_dict: Mapping[str, Tensor], version: int) -> None:
         """Replace every weight in place and set ``version``; validate everything before changing anything."""
         ...
-
-
-# Backend name -> "module:attribute" of a callable (model, tokenizer, **kw) -> GenerationBackend.
-BACKENDS: dict[str, str] = {
-    "hf": "decentralized_verl.backends.hf:HFBackend",
-    "vllm": "decentralized_verl.backends.vllm_backend:VLLMBackend",
-}
-
-
-def backend_options(name: str, gpus: int = 1, *, vllm_eager: bool = False) -> dict[str, Any]:
-    """Options a worker with ``gpus`` GPUs (its ``resources.gpus``) builds the named backend with.
-
-    A vllm engine is split tensor-parallel over all of them, and with ``vllm_eager``
-    (``WorkerSettings.vllm_eager``) starts without torch.compile; the hf backend runs on one device.
-    """
-    if name != "vllm":
-        return {}
-    return {"tensor_parallel_size": max(1, gpus), "enforce_eager": vllm_eager}
-
-
-def make_backend(name: str, model: Any, tokenizer: Any, **kw: Any) -> GenerationBackend:
-    """Build the generation backend the spec names, importing its engine only now."""
-    try:
-        target = BACKENDS[name]
-    except KeyError:
-        known = ", ".join(sorted(BACKENDS))
-        raise ValueError(f"generation backend {name!r} is unknown (known: {known})") from None
-    module_name, _, attribute = target.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ImportError(
-            f"generation backend {name!r} is not installed ({module_name} failed to import: {exc}); "
-            f"install the extra that provides it, e.g. `pip install 'decentralized-verl[{name}]'`"
-        ) from exc
-    factory = getattr(module, attribute)
-    return factory(model, tokenizer, **kw)

@@ -23,6 +23,7 @@ from decentralized_verl.convert.common import (
     per_learner,
     put,
 )
+from decentralized_verl.spec.catalogue.backends import VLLM
 
 RULES: dict[str, Rule] = {
     "pretrain": ("model.path", str),
@@ -203,7 +204,7 @@ def _roles(options: dict[str, Any], spec: dict[str, Any], estimator: str) -> Non
     put(spec, "roles.learner", learner)
     engines = as_int(options.get("vllm_num_engines", 1))
     tp = as_int(options.get("vllm_tensor_parallel_size", 1))
-    put(spec, "roles.rollout", {"replicas": engines, "backend": "vllm", "resources": {"gpus": tp}})
+    put(spec, "roles.rollout", {"replicas": engines, "backend": VLLM.name, "resources": {"gpus": tp}})
     if estimator == "gae":
         critics = as_int(options.get("critic_num_nodes", 1)) * as_int(
             options.get("critic_num_gpus_per_node", 1)

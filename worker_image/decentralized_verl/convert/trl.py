@@ -28,6 +28,7 @@ from decentralized_verl.convert.common import (
     manifest,
     put,
 )
+from decentralized_verl.spec.catalogue.backends import HF, VLLM
 
 RULES: dict[str, Rule] = {
     "model_name_or_path": ("model.path", str),
@@ -218,7 +219,7 @@ def _choices(config: dict[str, Any], spec: dict[str, Any], result: Conversion) -
             result.unmapped.append(
                 Unmapped("loss_type", loss, "dverl's gspo averages over sequences (seq_mean_token_mean) only")
             )
-    backend = "vllm" if as_bool(config.get("use_vllm", False)) else "hf"
+    backend = (VLLM if as_bool(config.get("use_vllm", False)) else HF).name
     put(spec, "roles.rollout", {"replicas": 1, "backend": backend, "resources": {"gpus": 1}})
     if as_bool(config.get("bf16", False)):
         put(spec, "model.dtype", "bfloat16")

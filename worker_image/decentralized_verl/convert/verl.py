@@ -32,6 +32,7 @@ from decentralized_verl.convert.common import (
     per_learner,
     put,
 )
+from decentralized_verl.spec.catalogue.backends import HF, VLLM
 
 A = "actor_rollout_ref"
 
@@ -57,7 +58,7 @@ RULES: dict[str, Rule] = {
     f"{A}.actor.kl_loss_type": ("algorithm.klEstimator", lambda v: KL_ESTIMATORS[v]),
     f"{A}.actor.fsdp_config.param_offload": ("roles.learner.cpuOffload", as_bool),
     f"{A}.rollout.n": ("algorithm.samplesPerPrompt", as_int),
-    f"{A}.rollout.name": ("roles.rollout.backend", lambda v: {"vllm": "vllm", "hf": "hf"}[v]),
+    f"{A}.rollout.name": ("roles.rollout.backend", lambda v: {"vllm": VLLM.name, "hf": HF.name}[v]),
     f"{A}.rollout.temperature": ("data.temperature", as_float),
     f"{A}.rollout.top_p": ("data.topP", as_float),
     f"{A}.rollout.top_k": ("data.topK", lambda v: max(0, as_int(v))),
@@ -295,7 +296,7 @@ def _roles(flat: dict[str, Any], spec: dict[str, Any], result: Conversion) -> No
     rollout = {"replicas": max(1, gpus // tp), "resources": {"gpus": tp}}
     put(spec, "roles.rollout", {**get(spec, "roles.rollout", {}), **rollout})
     if get(spec, "roles.rollout.backend") is None:
-        put(spec, "roles.rollout.backend", "vllm")
+        put(spec, "roles.rollout.backend", VLLM.name)
     put(spec, "model.dtype", "bfloat16")
     result.notes.append(
         f"veRL time-shares {gpus} GPU(s) between actor and rollout; here {gpus} learner GPU(s) and "

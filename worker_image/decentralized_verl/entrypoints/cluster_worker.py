@@ -15,10 +15,10 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from decentralized_verl.manifest import load_job
 from decentralized_verl.runtime.lifecycle import CALL_GRACE_S, serve_until_stopped
 from decentralized_verl.settings import WorkerSettings
 from decentralized_verl.spec import JobSpec
+from decentralized_verl.spec.manifest import load_job
 
 if TYPE_CHECKING:
     from decentralized_verl.serving.rollout import RolloutWorker
@@ -43,7 +43,7 @@ async def serve_role(
     *,
     settings: WorkerSettings,
 ) -> int:
-    from decentralized_verl.backends.base import backend_options, make_backend
+    from decentralized_verl.backends.factory import make_backend
     from decentralized_verl.models.loading import load_model_and_tokenizer
     from decentralized_verl.planning.plan import worker_resources
     from decentralized_verl.serving import scoring, servicers
@@ -64,14 +64,13 @@ async def serve_role(
         )
     elif role == "rollout":
         model, tokenizer = load_model_and_tokenizer(spec.model)
-        name = spec.roles.rollout.backend
-        gpus = worker_resources(spec.roles.rollout, index).gpus  # what this worker's pod was given
         backend = make_backend(
-            name,
+            spec.roles.rollout.backend_kind,
             model,
             tokenizer,
+            gpus=worker_resources(spec.roles.rollout, index).gpus,  # what this worker's pod was given
+            eager=settings.vllm_eager,
             seed=spec.training.seed + index,
-            **backend_options(name, gpus, vllm_eager=settings.vllm_eager),
         )
     if role == "rollout":
         span_volunteers = await _take_span_volunteers(backend, spec, job, index, settings)
@@ -173,7 +172,7 @@ async def serve_rollout(worker: RolloutWorker, port: int, *, learner: str | None
 def load_worker_config(path: Path, job_name: str | None) -> tuple[JobSpec, str, Path]:
     """A whole RLHFJob manifest (`dverl run`) or the bare spec the operator's ConfigMap holds."""
     from decentralized_verl.errors import ManifestError, Problem
-    from decentralized_verl.manifest import load_yaml_text, parse_spec
+    from decentralized_verl.spec.manifest import load_yaml_text, parse_spec
 
     document = load_yaml_text(path.read_text(encoding="utf-8"), str(path))
     if isinstance(document, dict) and "kind" in document:

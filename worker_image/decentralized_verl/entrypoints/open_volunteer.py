@@ -85,17 +85,18 @@ def _model_spec(path: str):
 
 
 async def _serve_actor(p2p, me: str, options: OpenWorkerOptions):
-    from decentralized_verl.backends.base import make_backend
+    from decentralized_verl.backends.factory import make_backend
     from decentralized_verl.models.loading import load_model_and_tokenizer
     from decentralized_verl.serving.p2p_endpoints import RolloutEndpoint
     from decentralized_verl.serving.rollout import RolloutWorker
+    from decentralized_verl.spec.catalogue.backends import HF
     from decentralized_verl.transport import messages as m
     from decentralized_verl.transport import p2p as wire
 
     model, tokenizer = await asyncio.to_thread(load_model_and_tokenizer, _model_spec(options.model))
-    backend = make_backend("hf", model, tokenizer, seed=0, version=-1)
+    backend = make_backend(HF, model, tokenizer, seed=0, version=-1)
     source = wire.P2PWeightSource(p2p, "", asyncio.get_running_loop())
-    worker = RolloutWorker(backend, f"actor-{me[-8:]}", source, backend_name="hf")
+    worker = RolloutWorker(backend, f"actor-{me[-8:]}", source, backend_name=HF.name)
     binding = CallerBinding(options.rebind_after_s)
 
     async def follow(caller: str) -> None:

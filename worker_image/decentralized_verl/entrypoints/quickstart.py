@@ -95,7 +95,7 @@ def training_file(prompts_file: str, folder: Path) -> tuple[str, int]:
 
 def build_spec(options: QuickstartOptions, model_path: str, train_file: str, n_prompts: int):
     """The RLHFJob spec the flags mean (validated like any manifest)."""
-    from decentralized_verl.manifest import parse_spec
+    from decentralized_verl.spec.manifest import parse_spec
 
     algorithm = options.algorithm
     n = options.samples_per_prompt or (4 if algorithm in GROUP_ALGORITHMS else 1)

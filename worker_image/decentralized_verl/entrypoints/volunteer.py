@@ -80,7 +80,7 @@ async def run_volunteer(
     configure: Callable[[object], None] | None = None,
 ) -> int:
     """Run until `stop` (or a signal). `configure(endpoint)` lets tests make a dishonest volunteer."""
-    from decentralized_verl.backends.base import backend_options, make_backend
+    from decentralized_verl.backends.factory import make_backend
     from decentralized_verl.models.loading import load_model_and_tokenizer
     from decentralized_verl.serving.p2p_endpoints import RolloutEndpoint
     from decentralized_verl.serving.rollout import RolloutWorker
@@ -138,14 +138,13 @@ async def run_volunteer(
         if options.model:
             model_spec = type(spec.model).model_validate({"path": options.model, "dtype": spec.model.dtype})
         model, tokenizer = await asyncio.to_thread(load_model_and_tokenizer, model_spec)
-        name = spec.roles.rollout.backend
         backend = make_backend(
-            name,
+            spec.roles.rollout.backend_kind,
             model,
             tokenizer,
+            eager=options.vllm_eager,
             seed=spec.training.seed,
             version=-1,
-            **backend_options(name, vllm_eager=options.vllm_eager),
         )
         # The key the admitting coordinator gave: weights it did not sign are refused; an unsecured job
         # (no key) publishes unsigned weights.

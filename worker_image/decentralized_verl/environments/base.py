@@ -76,15 +76,6 @@ class Environment(Protocol):
         ...
 
 
-class EnvironmentOptionsError(ValueError):
-    """Options an environment refused; `field` is the option's path below `data.environment.options`."""
-
-    def __init__(self, field: str, message: str) -> None:
-        self.field = field
-        self.message = message
-        super().__init__(f"{field}: {message}" if field else message)
-
-
 def describe(value: Any, limit: int = 80) -> str:
     """A short repr for error messages."""
     text = repr(value)

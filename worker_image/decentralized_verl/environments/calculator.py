@@ -11,21 +11,12 @@ from __future__ import annotations
 import re
 from typing import ClassVar
 
-from pydantic import Field
-
 from decentralized_verl.environments.answers import score_answer
 from decentralized_verl.environments.arithmetic import NotArithmetic, evaluate, format_number
 from decentralized_verl.environments.base import EpisodeRecord, StepInfo, StepResult
-from decentralized_verl.spec.base import SpecModel
+from decentralized_verl.spec.catalogue.environments import CalculatorOptions
 
 _CALL = re.compile(r"<calc>(.*?)</calc>", re.DOTALL)
-
-
-class CalculatorOptions(SpecModel):
-    answer_reward: str | None = Field(
-        default=None, description="Score the final answer with this reward type (default: exact number)"
-    )
-    max_calls_per_turn: int = Field(default=4, ge=1, le=32)
 
 
 class Calculator:

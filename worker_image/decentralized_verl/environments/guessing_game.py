@@ -12,18 +12,10 @@ import random
 import re
 from typing import ClassVar
 
-from pydantic import Field, PositiveInt
-
 from decentralized_verl.environments.base import EpisodeRecord, StepInfo, StepResult
-from decentralized_verl.spec.base import SpecModel
+from decentralized_verl.spec.catalogue.environments import GuessingGameOptions
 
 _WHOLE = re.compile(r"-?\d+")
-
-
-class GuessingGameOptions(SpecModel):
-    max_number: PositiveInt = Field(default=100, description="The number is in 1..maxNumber")
-    turn_penalty: float = Field(default=0.1, ge=0, le=1)
-    min_reward: float = Field(default=0.1, ge=0, le=1)
 
 
 class GuessingGame:

@@ -11,23 +11,11 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import Field
-
 from decentralized_verl.environments.answers import score_answer
 from decentralized_verl.environments.base import EpisodeRecord, StepInfo, StepResult
 from decentralized_verl.rewards.extract import last_python_block
 from decentralized_verl.rewards.sandbox import SandboxLimits, run_python
-from decentralized_verl.spec.base import SpecModel
-
-
-class PythonToolOptions(SpecModel):
-    answer_reward: str | None = Field(
-        default=None, description="Score the final answer with this reward type (default: exact number)"
-    )
-    timeout_s: float = Field(default=5.0, gt=0, le=120, description="Wall-clock limit of one program")
-    cpu_time_s: int = Field(default=3, ge=1, le=120)
-    memory_mb: int = Field(default=512, ge=32, le=16384)
-    max_output_chars: int = Field(default=2000, ge=16, le=100_000)
+from decentralized_verl.spec.catalogue.environments import PythonToolOptions
 
 
 class PythonTool:

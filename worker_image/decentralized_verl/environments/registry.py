@@ -1,4 +1,5 @@
-"""Environments by name: one dict the spec's names and the rollout side's construction both come from.
+"""Environments by name: one dict the rollout side's construction comes from, checked at import against
+the spec's catalogue (`spec/catalogue/environments.py`), names and options models both.
 
 A built-in is registered with `@environment("name")`; a user environment is named `module:Class` and
 imported on first use. Options (`data.environment.options`) are validated against the class's `Options`
@@ -11,21 +12,27 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from decentralized_verl.core.registry import register_as, resolve
-from decentralized_verl.environments.base import Environment, EnvironmentOptionsError
+from decentralized_verl.environments.base import Environment
 from decentralized_verl.environments.calculator import Calculator
 from decentralized_verl.environments.guessing_game import GuessingGame
-from decentralized_verl.environments.names import BUILTIN_ENVIRONMENTS, CLASS_PATTERN
 from decentralized_verl.environments.python_tool import PythonTool
 from decentralized_verl.environments.verifiers_env import VerifiersEnvironment
+from decentralized_verl.spec.catalogue import CatalogueMismatch, check_registry
+from decentralized_verl.spec.catalogue.environments import (
+    BUILTIN_ENVIRONMENTS,
+    CLASS_PATTERN,
+    ENVIRONMENT_OPTIONS,
+    validate_options,
+)
 
 ENVIRONMENTS: dict[str, type] = {}
 
 
 def environment(name: str) -> Callable[[type], type]:
-    """Register a built-in environment class under `name` (also listed in names.BUILTIN_ENVIRONMENTS)."""
+    """Register a built-in environment class under `name` (listed in the catalogue, with its options)."""
     return register_as(ENVIRONMENTS, name)
 
 
@@ -34,7 +41,20 @@ environment("guessing_game")(GuessingGame)
 environment("python_tool")(PythonTool)
 environment("verifiers")(VerifiersEnvironment)
 
-assert set(ENVIRONMENTS) == set(BUILTIN_ENVIRONMENTS), "names.BUILTIN_ENVIRONMENTS is out of date"
+
+def check_against_catalogue(registered: dict[str, type]) -> None:
+    """The registered environments are the catalogue's, each with the catalogue's options model: the spec
+    checks a built-in's options against that model without importing the class."""
+    check_registry("environment", registered, BUILTIN_ENVIRONMENTS)
+    for name, cls in registered.items():
+        if getattr(cls, "Options", None) is not ENVIRONMENT_OPTIONS[name]:
+            raise CatalogueMismatch(
+                f"environment {name!r}: {cls.__name__}.Options is not the catalogue's options model "
+                "(spec/catalogue/environments.py)"
+            )
+
+
+check_against_catalogue(ENVIRONMENTS)
 
 
 @functools.lru_cache(maxsize=32)
@@ -47,17 +67,7 @@ def environment_class(name: str) -> type:
 
 def parse_options(name: str, options: Mapping[str, Any]) -> BaseModel | None:
     """The class's `Options` validated from the spec's mapping; EnvironmentOptionsError naming the option."""
-    model = getattr(environment_class(name), "Options", None)
-    if model is None:
-        if options:
-            raise EnvironmentOptionsError(next(iter(options)), f"environment {name!r} takes no options")
-        return None
-    try:
-        return model.model_validate(dict(options))
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        where = ".".join(str(part) for part in error["loc"])
-        raise EnvironmentOptionsError(where, error["msg"]) from None
+    return validate_options(name, getattr(environment_class(name), "Options", None), options)
 
 
 def preflight(name: str, options: Mapping[str, Any] | None = None) -> None:

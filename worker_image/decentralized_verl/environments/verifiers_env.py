@@ -29,25 +29,16 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from pydantic import Field, ValidationError
+from pydantic import ValidationError
 
 from decentralized_verl.environments.base import EpisodeRecord, StepInfo, StepResult
-from decentralized_verl.spec.base import SpecModel
+from decentralized_verl.spec.catalogue.environments import VerifiersOptions
 
 INSTALL_HINT = "pip install 'decentralized-verl[verifiers]' (or pip install verifiers)"
 
 
 class VerifiersUnavailable(ValueError):
     """The `verifiers` package is not installed where an episode is to be played."""
-
-
-class VerifiersOptions(SpecModel):
-    taskset: str = Field(min_length=1, description="A verifiers taskset id, or a class as module:Class")
-    taskset_config: dict[str, Any] = Field(default_factory=dict, description="The taskset's config fields")
-    env: str = Field(default="", description="A verifiers env id or module:Class; empty: the taskset's own")
-    env_config: dict[str, Any] = Field(default_factory=dict, description="The env's config fields")
-    max_tasks: int = Field(default=100_000, ge=1, description="Tasks indexed (an infinite taskset's first N)")
-    reply_timeout_s: float = Field(default=600.0, gt=0, description="Longest wait for the env's answer")
 
 
 def require_verifiers() -> Any:

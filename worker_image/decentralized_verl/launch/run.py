@@ -26,7 +26,6 @@ from decentralized_verl.errors import ManifestError, OperationFailed, WireError
 from decentralized_verl.launch.local import LocalCluster
 from decentralized_verl.launch.preflight import preflight_problems
 from decentralized_verl.launch.watchdog import ProgressClock
-from decentralized_verl.manifest import load_job
 from decentralized_verl.planning.fitting_job import load_fitting_job
 from decentralized_verl.planning.plan import plan_job
 from decentralized_verl.reporting.progress import eta_seconds, progress_line
@@ -34,6 +33,7 @@ from decentralized_verl.runtime.orphans import guard_descendants
 from decentralized_verl.security.credentials import CallerCredentials, run_folder_credentials
 from decentralized_verl.sources.local import Fetcher, env_cache, localized
 from decentralized_verl.spec import with_defaults
+from decentralized_verl.spec.manifest import load_job
 from decentralized_verl.spec.sources import SourceSpec
 
 log = logging.getLogger(__name__)

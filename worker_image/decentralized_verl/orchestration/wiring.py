@@ -212,18 +212,17 @@ def _colocated_rollout(
 ) -> _RolloutSide:
     """Rollout in this process on the learner's own model: publishing a version only renames what the
     backend already shares, nothing is copied."""
-    from decentralized_verl.backends.base import backend_options, make_backend
+    from decentralized_verl.backends.factory import make_backend
     from decentralized_verl.serving import local
     from decentralized_verl.serving.rollout import RolloutWorker
 
-    name = spec.roles.rollout.backend
     backend = make_backend(
-        name,
+        spec.roles.rollout.backend_kind,
         model,
         tokenizer,
+        eager=vllm_eager,
         version=start_version,
         seed=spec.training.seed,
-        **backend_options(name, vllm_eager=vllm_eager),
     )
     worker = RolloutWorker(backend, f"{job}-learner-0/rollout", environment=spec.data.environment)
 

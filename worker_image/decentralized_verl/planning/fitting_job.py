@@ -7,11 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from decentralized_verl.errors import ManifestError
-from decentralized_verl.manifest import load_job
 from decentralized_verl.planning.fit import MemoryPlan, plan_for, planned_spec
 from decentralized_verl.planning.limits import limit_problems
 from decentralized_verl.sources.local import as_seen_here
 from decentralized_verl.spec import RLHFJob
+from decentralized_verl.spec.manifest import load_job
 
 
 def load_fitting_job(path: str | Path) -> RLHFJob:

@@ -54,7 +54,7 @@ def _role_patch(role: str, **fields: Any) -> dict[str, Any]:
 
 def then_needed(spec: JobSpec, change: Change) -> str:
     """What the spec's rules say once `change` is applied: the first problem, or ''."""
-    from decentralized_verl.manifest import problems_from_validation_error
+    from decentralized_verl.spec.manifest import problems_from_validation_error
 
     document = _merged(spec.model_dump(mode="json", by_alias=True, exclude_none=True), change.patch)
     try:
@@ -275,7 +275,7 @@ def rollout_fixes(job: Job, placement: Placement) -> list[str]:
     """Tensor parallelism over more GPUs (vLLM), else a smaller rollout batch, else bigger GPUs."""
     found = []
     shape = job.shapes["rollout"]
-    if job.spec.roles.rollout.backend == "vllm" and placement.on_gpu:
+    if job.spec.roles.rollout.backend_kind.tensor_parallel and placement.on_gpu:
         for tp in TENSOR_PARALLEL:
             if tp > max(placement.gpus, 1) and shape.heads % tp == 0:
                 e = workers.rollout(job, placement, tensor_parallel=tp)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from decentralized_verl.planning.devices import GIB
 from decentralized_verl.planning.memory import Component, Device, kv_cache_bytes, layer_transient_bytes
 from decentralized_verl.planning.shapes import ModelShape
+from decentralized_verl.spec.catalogue.backends import BackendKind
 
 HF_DECODE_ROWS = 64
 """The HF backend decodes at most this many responses together (backends/hf.py max_batch_size)."""
@@ -36,7 +37,7 @@ class Generation:
     sequences: int
     prompt_tokens: int
     response_tokens: int
-    backend: str
+    backend: BackendKind
     tensor_parallel: int = 1
     max_model_len: int | None = None
     """The vLLM engine's context (the model's max positions): it refuses to start unless one sequence

@@ -52,7 +52,8 @@ def choose_spans(job: Job) -> SpanChoice | None:
     its model's shape or a worker's memory is unknown, or when the whole model fits on every worker."""
     spec = job.spec
     role = spec.roles.rollout
-    if role.spans is not None or role.backend != "hf" or role.replicas == 0 or spec.model.lora is not None:
+    servable = role.backend_kind.layer_spans and role.replicas > 0 and spec.model.lora is None
+    if role.spans is not None or not servable:
         return None
     if "rollout" not in job.shapes:
         return None

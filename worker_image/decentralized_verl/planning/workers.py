@@ -143,7 +143,7 @@ def _colocated_rollout(job: Job, placement: Placement) -> list[Component]:
     beside it, which takes its share of the GPU whatever it needs."""
     shape, b = job.shapes["learner"], job.dtype_bytes("learner")
     gen = generation(job, placement)
-    if job.spec.roles.rollout.backend != "vllm":
+    if job.spec.roles.rollout.backend_kind.shares_learner_weights:
         return rollout_mem.hf_generation_components(shape, b, gen, placement.on_gpu, own_weights=False)
     if placement.gpu is not None and placement.gpu.bytes is not None:
         share = int(rollout_mem.VLLM_UTILIZATION * placement.gpu.bytes)
@@ -160,7 +160,7 @@ def generation(
         sequences=(batch or job.spec.rollout_batch_size) * job.group,
         prompt_tokens=job.prompt_tokens,
         response_tokens=job.response_tokens,
-        backend=job.spec.roles.rollout.backend,
+        backend=job.spec.roles.rollout.backend_kind,
         tensor_parallel=tensor_parallel or max(placement.gpus, 1),
         max_model_len=shape.max_positions,
     )
@@ -177,7 +177,7 @@ def rollout(
     shape, b = job.shapes["rollout"], job.dtype_bytes("rollout")
     gen = generation(job, placement, tensor_parallel, batch)
     on_gpu = placement.on_gpu
-    if gen.backend == "vllm":
+    if gen.backend.reserves_gpu_share:
         parts = rollout_mem.vllm_components(shape, b, gen, on_gpu)
         if (
             on_gpu
@@ -226,7 +226,7 @@ def reference(job: Job, placement: Placement, rows: int | None = None) -> Estima
 def budgets(role: str, job: Job, placement: Placement) -> tuple[int | None, int | None]:
     """(usable GPU memory, host memory) of one worker: a vLLM rollout engine gets its share of the GPU."""
     gpu = placement.gpu.bytes if placement.gpu is not None else None
-    if gpu is not None and role == "rollout" and job.spec.roles.rollout.backend == "vllm":
+    if gpu is not None and role == "rollout" and job.spec.roles.rollout.backend_kind.reserves_gpu_share:
         gpu = int(rollout_mem.VLLM_UTILIZATION * gpu)
     return gpu, placement.host.bytes
 

@@ -1,7 +1,7 @@
-"""Reward types by name: one dict the spec validates against and `score` dispatches through.
+"""Reward types by name: one dict `score` dispatches through, checked at import against the names the
+spec accepts (`spec/catalogue/rewards.py`).
 
-Importing this module imports no torch, transformers or sympy (those load lazily inside the functions),
-so the operator can validate manifests with it.
+Importing this module imports no torch, transformers or sympy (those load lazily inside the functions).
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ from typing import Any
 from decentralized_verl.core.registry import register_as, resolve
 from decentralized_verl.rewards.code_reward import code_reward
 from decentralized_verl.rewards.math_rewards import boxed_reward, think_answer_tags_reward
-from decentralized_verl.rewards.names import BUILTIN_REWARD_TYPES, CALLABLE_PATTERN, is_known_reward_type
 from decentralized_verl.rewards.result import RewardResult
 from decentralized_verl.rewards.reward_model import reward_model_reward
+from decentralized_verl.spec.catalogue import check_registry
+from decentralized_verl.spec.catalogue.rewards import BUILTIN_REWARD_TYPES, CALLABLE_PATTERN
 
 RewardFn = Callable[..., RewardResult]
 """fn(completion: str, reference, *, prompt=None, **options) -> RewardResult"""
@@ -24,7 +25,7 @@ REWARD_TYPES: dict[str, RewardFn] = {}
 
 
 def reward_type(name: str) -> Callable[[RewardFn], RewardFn]:
-    """Register a built-in reward function under `name` (also listed in names.BUILTIN_REWARD_TYPES)."""
+    """Register a built-in reward function under `name` (listed in the catalogue)."""
     return register_as(REWARD_TYPES, name)
 
 
@@ -33,7 +34,7 @@ reward_type("think_answer_tags")(think_answer_tags_reward)
 reward_type("code")(code_reward)
 reward_type("reward_model")(reward_model_reward)
 
-assert set(REWARD_TYPES) == set(BUILTIN_REWARD_TYPES), "names.BUILTIN_REWARD_TYPES is out of date"
+check_registry("reward type", REWARD_TYPES, BUILTIN_REWARD_TYPES)
 
 
 @functools.lru_cache(maxsize=64)
@@ -50,4 +51,4 @@ def reward_function(name: str) -> Callable[..., Any]:
     )
 
 
-__all__ = ["REWARD_TYPES", "RewardFn", "is_known_reward_type", "reward_function", "reward_type"]
+__all__ = ["REWARD_TYPES", "RewardFn", "reward_function", "reward_type"]

@@ -7,10 +7,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from decentralized_verl.rewards.custom import call_custom
-from decentralized_verl.rewards.names import CALLABLE_PATTERN
 from decentralized_verl.rewards.registry import REWARD_TYPES
 from decentralized_verl.rewards.result import RewardResult, zero
 from decentralized_verl.rewards.reward_model import reward_model_batch
+from decentralized_verl.spec.catalogue.rewards import CALLABLE_PATTERN
 
 
 def score(

@@ -22,6 +22,7 @@ from decentralized_verl.core.interfaces import WorkItem
 from decentralized_verl.core.samples import Sample
 from decentralized_verl.core.sampling import SamplingParams
 from decentralized_verl.environments.settings import EpisodeSettings, episode_settings
+from decentralized_verl.spec.catalogue.backends import HF, backend_kind
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -77,7 +78,7 @@ class RolloutWorker:
         worker_id: str,
         weight_source: WeightSource | None = None,
         *,
-        backend_name: str = "hf",
+        backend_name: str = HF.name,
         ema: float = 0.3,
         environment: EpisodeSettings | Any | None = None,
         partial_every_s: float | None = None,
@@ -95,7 +96,7 @@ class RolloutWorker:
         self.weight_loads = 0
         self.environment = episode_settings(environment)
         self._runner: EpisodeRunner | None = None
-        self.partial_every_s = partial_every_s if backend_name == "hf" else None
+        self.partial_every_s = partial_every_s if backend_kind(backend_name).partial_prefixes else None
 
     @property
     def version(self) -> int:

@@ -1,3 +1,4 @@
-"""Model and data sources: the pure path rules (paths.py), the fetcher an init container runs
+"""Model and data sources at run time: the fetcher an init container runs
 (`python -m decentralized_verl.sources.fetch`) and `dverl run`'s mapping of pod paths to local folders
-(local.py)."""
+(local.py). What a source means and where it may mount is the spec's (`spec/source_paths.py`,
+`spec/uri.py`, `spec/source_rules.py`)."""

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from decentralized_verl.errors import DverlError
-from decentralized_verl.sources.uri import Uri, UriProblem, download_url, listing_url, parse_uri
+from decentralized_verl.spec.uri import Uri, UriProblem, download_url, listing_url, parse_uri
 
 MARKER = ".dverl-source.json"
 TERMINATION_LOG = "/dev/termination-log"

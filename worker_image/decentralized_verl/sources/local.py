@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from decentralized_verl.errors import ManifestError, Problem
-from decentralized_verl.sources.paths import model_and_data_paths, source_of
-from decentralized_verl.spec import JobSpec
+from decentralized_verl.spec import JobSpec, with_defaults
+from decentralized_verl.spec.source_paths import model_and_data_paths, source_of
 from decentralized_verl.spec.sources import SourceSpec
 
 Fetcher = Callable[[SourceSpec, Path], Path]
@@ -101,8 +101,6 @@ def localized(
 def as_seen_here(spec: JobSpec, base: Path) -> JobSpec:
     """The spec with every path a source's `local` folder (or an image folder here) stands in for mapped
     to it, the rest left as written: what planning reads model shapes from. Fetches nothing."""
-    from decentralized_verl.spec import with_defaults
-
     return JobSpec.model_validate(localized(spec, with_defaults(spec), base, strict=False))
 
 

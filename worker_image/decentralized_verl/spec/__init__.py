@@ -1,9 +1,12 @@
 """The RLHFJob spec: one pydantic model behind the CRD schema, `dverl validate`, the operator and the workers.
 
 camelCase in YAML (aliases), snake_case in Python. Unknown fields are errors. Name-valued fields take their
-allowed names from the registries (base.registered_name), so the CRD lists them; rules that span fields
-live in rules.py and report every problem at once with its own field path. Torch-free on purpose: the
-operator imports this package.
+allowed names from the catalogue (`catalogue/`: presets, registry names, backend kinds), which the
+registries check themselves against, so the CRD lists them; rules that span fields live in rules.py and
+report every problem at once with its own field path; `sections.py` resolves every default a preset
+implies. `manifest` turns YAML into a validated job, `crd` writes the CRD, `uri` and `source_paths` are
+the pure rules of model and data sources. Torch-free on purpose: the operator imports this package, and
+it imports nothing of the runtime's.
 """
 
 from decentralized_verl.spec.algorithm import AlgorithmSpec, DynamicFilterSpec, OverlongSpec

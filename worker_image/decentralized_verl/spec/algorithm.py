@@ -1,5 +1,5 @@
 """`spec.algorithm`: a preset by name, and every choice it makes overridable, each name-valued choice
-drawn from the algorithm registries."""
+drawn from the catalogue (`catalogue/algorithms.py`)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ from typing import Annotated, Literal
 
 from pydantic import Field, PositiveInt, model_validator
 
-from decentralized_verl.algorithms.presets import PRESETS
-from decentralized_verl.algorithms.registry import (
+from decentralized_verl.spec.base import Fraction, SpecModel, registered_name
+from decentralized_verl.spec.catalogue.algorithms import (
     ADVANTAGE_ESTIMATOR_NAMES,
     KL_ESTIMATOR_NAMES,
     LOSS_AGGREGATION_NAMES,
     POLICY_LOSS_NAMES,
+    PRESETS,
 )
-from decentralized_verl.spec.base import Fraction, SpecModel, registered_name
 
 AlgorithmName = registered_name("algorithm", tuple(PRESETS))
 AdvantageEstimatorName = registered_name("estimator", ADVANTAGE_ESTIMATOR_NAMES)

@@ -1,5 +1,5 @@
 """What every spec section shares: camelCase aliases, unknown fields refused, and name-valued fields whose
-allowed names come from a registry (so the CRD lists them as an `enum` and `dverl validate` checks them)."""
+allowed names come from the catalogue (the CRD lists them as an `enum` and `dverl validate` checks them)."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def one_of(names: Sequence[str]) -> str:
 
 @dataclass(frozen=True)
 class RegisteredName:
-    """Marks a string field whose value must be a name a registry declares (or match `pattern`).
+    """Marks a string field whose value must be a name the catalogue lists (or match `pattern`).
 
     The check is a cross-field rule (`rules.name_problems`), not a type error, so a wrong name is
     reported together with every other problem of the manifest.
@@ -82,6 +82,6 @@ class RegisteredName:
 def registered_name(
     kind: str, names: Sequence[str], pattern: str | None = None, alternative: str = ""
 ) -> Any:
-    """A string type for a name a registry declares; see `RegisteredName`."""
+    """A string type for a name the catalogue lists; see `RegisteredName`."""
     choice = RegisteredName(kind, tuple(names), pattern, alternative)
     return Annotated[str, choice, WithJsonSchema(choice.json_schema())]

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from decentralized_verl.algorithms.presets import PRESETS
+from decentralized_verl.spec.catalogue.algorithms import GROUP_ESTIMATORS, PRESETS
+from decentralized_verl.spec.catalogue.backends import names_where
 from decentralized_verl.spec.roles import ROLE_NAMES, SHARDED_ROLES
-from decentralized_verl.spec.rules import GROUP_ESTIMATORS
 
 
 @dataclass(frozen=True)
@@ -137,9 +137,8 @@ def _role_rules(name: str) -> list[CelRule]:
             CelRule(f"{guard}{role}.replicas >= 1", "learner.replicas: must be >= 1"),
         ]
     if name != "rollout":
-        rules.append(
-            CelRule(f"{guard}{role}.backend != 'vllm'", f"{name}.backend: only the rollout role generates")
-        )
+        generators = " && ".join(f"{role}.backend != '{n}'" for n in names_where(lambda k: k.rollout_only))
+        rules.append(CelRule(f"{guard}{generators}", f"{name}.backend: only the rollout role generates"))
     if name not in SHARDED_ROLES:
         trains = ", ".join(SHARDED_ROLES)
         rules += [

@@ -6,9 +6,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveInt
 
-from decentralized_verl.environments.names import BUILTIN_ENVIRONMENTS, CLASS_PATTERN
-from decentralized_verl.rewards.names import BUILTIN_REWARD_TYPES, CALLABLE_PATTERN
 from decentralized_verl.spec.base import Probability, SpecModel, one_of, registered_name
+from decentralized_verl.spec.catalogue.environments import BUILTIN_ENVIRONMENTS, CLASS_PATTERN
+from decentralized_verl.spec.catalogue.rewards import BUILTIN_REWARD_TYPES, CALLABLE_PATTERN
 from decentralized_verl.spec.model import ModelSpec
 
 RewardType = registered_name(

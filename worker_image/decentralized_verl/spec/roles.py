@@ -7,14 +7,14 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
-from decentralized_verl.backends.base import BACKENDS
 from decentralized_verl.spec.base import SpecModel, registered_name
+from decentralized_verl.spec.catalogue.backends import BACKEND_KINDS, HF, BackendKind
 from decentralized_verl.spec.model import ModelSpec
 from decentralized_verl.spec.sources import PodTemplate
 
 ROLE_NAMES: tuple[str, ...] = ("rollout", "learner", "critic", "reward", "reference")
 
-BackendName = registered_name("backend", tuple(BACKENDS))
+BackendName = registered_name("backend", tuple(BACKEND_KINDS))
 
 
 class Toleration(SpecModel):
@@ -107,7 +107,7 @@ class RoleSpec(SpecModel):
             "or failJob"
         ),
     )
-    backend: BackendName = "hf"
+    backend: BackendName = HF.name
     """Generation engine: hf (transformers) or vllm (rollout only)."""
     batch_size: PositiveInt | None = Field(default=None, description="Prompts per request (rollout)")
     microbatch_size: PositiveInt | None = None
@@ -143,6 +143,11 @@ class RoleSpec(SpecModel):
         default=None,
         description="Merged into this role's pods: env, volumes, placement, init containers, pull secrets",
     )
+
+    @property
+    def backend_kind(self) -> BackendKind:
+        """The backend `backend` names, with what it can do (valid once the spec is: the name is checked)."""
+        return BACKEND_KINDS[self.backend]
 
 
 class RolesSpec(SpecModel):

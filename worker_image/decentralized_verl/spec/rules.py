@@ -11,26 +11,34 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from decentralized_verl.algorithms.presets import CLIP_SETTINGS, LOSS_DEFAULTS, PRESETS
-from decentralized_verl.environments.names import BUILTIN_ENVIRONMENTS
 from decentralized_verl.errors import Problem
-from decentralized_verl.spec.base import RegisteredName
+from decentralized_verl.spec.base import RegisteredName, one_of
+from decentralized_verl.spec.catalogue.algorithms import (
+    CLIP_SETTINGS,
+    GROUP_ESTIMATORS,
+    LOSS_DEFAULTS,
+    PRESETS,
+)
+from decentralized_verl.spec.catalogue.backends import BACKEND_KINDS, names_where
+from decentralized_verl.spec.catalogue.environments import (
+    BUILTIN_ENVIRONMENTS,
+    ENVIRONMENT_OPTIONS,
+    EnvironmentOptionsError,
+    validate_options,
+)
 from decentralized_verl.spec.roles import SHARDED_ROLES
 from decentralized_verl.spec.source_rules import pod_template_problems, source_problems
 
 if TYPE_CHECKING:
-    from decentralized_verl.spec.job import JobSpec
     from decentralized_verl.spec.roles import RoleSpec
-
-GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline")
-"""Estimators that compare samples within a prompt group."""
+    from decentralized_verl.spec.sections import JobSections
 
 
 def _problem(path: str, message: str) -> Problem:
     return Problem(f"spec.{path}", message)
 
 
-def name_problems(spec: JobSpec) -> Iterator[Problem]:
+def name_problems(spec: JobSections) -> Iterator[Problem]:
     """Every name-valued field (a `RegisteredName`) anywhere in the spec holds a name its registry knows."""
     yield from _names_in(spec, "spec")
 
@@ -60,7 +68,7 @@ def _registered(field: FieldInfo) -> RegisteredName | None:
     return next((m for m in metadata if isinstance(m, RegisteredName)), None)
 
 
-def algorithm_problems(spec: JobSpec) -> Iterator[Problem]:
+def algorithm_problems(spec: JobSections) -> Iterator[Problem]:
     algo, roles = spec.algorithm, spec.roles
     preset = PRESETS.get(algo.name)
     if preset is None:
@@ -101,7 +109,7 @@ def _camel(name: str) -> str:
     return head + "".join(part.title() for part in rest)
 
 
-def loss_problems(spec: JobSpec) -> Iterator[Problem]:
+def loss_problems(spec: JobSections) -> Iterator[Problem]:
     """The policy loss, its ratio settings and aggregation, and the rollout correction fit together."""
     algo = spec.algorithm
     if algo.name not in PRESETS or spec.policy_loss not in LOSS_DEFAULTS:
@@ -148,14 +156,14 @@ def loss_problems(spec: JobSpec) -> Iterator[Problem]:
             )
 
 
-def reward_problems(spec: JobSpec) -> Iterator[Problem]:
+def reward_problems(spec: JobSections) -> Iterator[Problem]:
     if spec.data.reward_type == "reward_model" and spec.data.reward_model is None:
         reward_role = spec.roles.reward
         if reward_role is None or reward_role.model is None:
             yield _problem("data.rewardModel", "rewardType 'reward_model' needs data.rewardModel")
 
 
-def environment_problems(spec: JobSpec) -> Iterator[Problem]:
+def environment_problems(spec: JobSections) -> Iterator[Problem]:
     """The environment's options are ones it takes (a user class is imported only by the workers), and no
     critic (its values would be fitted on the environment's tokens)."""
     env = spec.data.environment
@@ -167,16 +175,13 @@ def environment_problems(spec: JobSpec) -> Iterator[Problem]:
         )
     if env is None or env.name not in BUILTIN_ENVIRONMENTS:
         return
-    from decentralized_verl.environments.base import EnvironmentOptionsError
-    from decentralized_verl.environments.registry import parse_options
-
     try:
-        parse_options(env.name, env.options)
+        validate_options(env.name, ENVIRONMENT_OPTIONS[env.name], env.options)
     except EnvironmentOptionsError as exc:
         yield _problem(f"data.environment.options.{exc.field}", exc.message)
 
 
-def role_problems(spec: JobSpec) -> Iterator[Problem]:
+def role_problems(spec: JobSections) -> Iterator[Problem]:
     for name, role in spec.roles.items():
         if role.node_pools:
             total = sum(pool.replicas for pool in role.node_pools)
@@ -195,8 +200,10 @@ def role_problems(spec: JobSpec) -> Iterator[Problem]:
                 "roles.learner.failurePolicy",
                 "learner ranks restart together (restartRole) or fail the job (failJob), not one by one",
             )
-        if role.backend == "vllm" and name != "rollout":
-            yield _problem(f"roles.{name}.backend", "only the rollout role generates; use hf here")
+        kind = BACKEND_KINDS.get(role.backend)  # None: an unknown name, which name_problems reports
+        if kind is not None and kind.rollout_only and name != "rollout":
+            scorers = one_of(names_where(lambda kind: not kind.rollout_only))
+            yield _problem(f"roles.{name}.backend", f"only the rollout role generates; use {scorers} here")
         if role.spans is not None:
             yield from _span_problems(spec, name, role)
         yield from _sharding_problems(name, role)
@@ -204,7 +211,7 @@ def role_problems(spec: JobSpec) -> Iterator[Problem]:
         yield _problem("roles.learner.replicas", "must be >= 1 (got 0): the learner cannot run colocated")
 
 
-def _span_problems(spec: JobSpec, name: str, role: RoleSpec) -> Iterator[Problem]:
+def _span_problems(spec: JobSections, name: str, role: RoleSpec) -> Iterator[Problem]:
     """A policy served as layer spans (docs/spans.md): the rollout role's own hf workers, full weights."""
     if name != "rollout":
         yield _problem(f"roles.{name}.spans", "only the rollout role can be served as spans")
@@ -212,8 +219,9 @@ def _span_problems(spec: JobSpec, name: str, role: RoleSpec) -> Iterator[Problem
         yield _problem(
             "roles.rollout.spans", "needs roles.rollout.replicas >= 1 (a colocated rollout has none)"
         )
-    elif role.backend != "hf":
-        yield _problem("roles.rollout.spans", f"needs the hf backend (got {role.backend!r})")
+    elif role.backend not in BACKEND_KINDS or not BACKEND_KINDS[role.backend].layer_spans:
+        spans = one_of(names_where(lambda kind: kind.layer_spans))
+        yield _problem("roles.rollout.spans", f"needs the {spans} backend (got {role.backend!r})")
     elif spec.model.lora is not None:
         yield _problem("roles.rollout.spans", "cannot serve a model.lora job (spans take whole weights)")
     elif spec.model.tiny is not None and role.spans.count > spec.model.tiny.num_layers:
@@ -247,7 +255,7 @@ def _sharding_problems(name: str, role: RoleSpec) -> Iterator[Problem]:
             )
 
 
-def sharding_problems(spec: JobSpec) -> Iterator[Problem]:
+def sharding_problems(spec: JobSections) -> Iterator[Problem]:
     """A sharded learner holds no whole copy of the policy, so nothing may run on its weights in-process."""
     roles = spec.roles
     if roles.learner.sharding != "fsdp":
@@ -277,7 +285,7 @@ def sharding_problems(spec: JobSpec) -> Iterator[Problem]:
         )
 
 
-def batch_problems(spec: JobSpec) -> Iterator[Problem]:
+def batch_problems(spec: JobSections) -> Iterator[Problem]:
     """Batch sizes must fit together (counted in prompts)."""
     roles, training = spec.roles, spec.training
     rollout_workers = max(roles.rollout.replicas, 1)
@@ -319,7 +327,7 @@ def batch_problems(spec: JobSpec) -> Iterator[Problem]:
         )
 
 
-def training_problems(spec: JobSpec) -> Iterator[Problem]:
+def training_problems(spec: JobSections) -> Iterator[Problem]:
     training = spec.training
     if training.steps is not None and training.epochs is not None:
         yield _problem("training.epochs", "set either training.steps or training.epochs, not both")
@@ -333,7 +341,7 @@ def training_problems(spec: JobSpec) -> Iterator[Problem]:
         yield _problem("data.eval", "required when training.evalEvery > 0")
 
 
-def volunteer_problems(spec: JobSpec) -> Iterator[Problem]:
+def volunteer_problems(spec: JobSections) -> Iterator[Problem]:
     if spec.volunteers.enabled and spec.volunteers.token_secret_ref is None:
         yield _problem(
             "volunteers.tokenSecretRef",
@@ -346,7 +354,7 @@ def volunteer_problems(spec: JobSpec) -> Iterator[Problem]:
         )
 
 
-def scheduling_problems(spec: JobSpec) -> Iterator[Problem]:
+def scheduling_problems(spec: JobSections) -> Iterator[Problem]:
     gang = spec.scheduling.gang
     if gang is None:
         return
@@ -367,7 +375,7 @@ def scheduling_problems(spec: JobSpec) -> Iterator[Problem]:
         )
 
 
-RULES: tuple[Callable[[JobSpec], Iterator[Problem]], ...] = (
+RULES: tuple[Callable[[JobSections], Iterator[Problem]], ...] = (
     name_problems,
     algorithm_problems,
     loss_problems,
@@ -384,6 +392,6 @@ RULES: tuple[Callable[[JobSpec], Iterator[Problem]], ...] = (
 )
 
 
-def cross_field_problems(spec: JobSpec) -> list[Problem]:
+def cross_field_problems(spec: JobSections) -> list[Problem]:
     """Every rule group's problems, in a fixed order."""
     return [problem for rule in RULES for problem in rule(spec)]

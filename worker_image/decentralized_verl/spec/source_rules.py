@@ -8,11 +8,11 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from decentralized_verl.errors import Problem
-from decentralized_verl.sources.paths import RESERVED_MOUNT_PATHS, normal, overlaps
-from decentralized_verl.sources.uri import SHA256, UriProblem, parse_uri
+from decentralized_verl.spec.source_paths import RESERVED_MOUNT_PATHS, normal, overlaps
+from decentralized_verl.spec.uri import SHA256, UriProblem, parse_uri
 
 if TYPE_CHECKING:
-    from decentralized_verl.spec.job import JobSpec
+    from decentralized_verl.spec.sections import JobSections
     from decentralized_verl.spec.sources import PodOverrides
 
 RESERVED_ENV = re.compile(r"^(DVERL_.*|MASTER_ADDR|MASTER_PORT|WORLD_SIZE|RANK)$")
@@ -38,7 +38,7 @@ def _reserved_problem(path: str) -> str | None:
     return None
 
 
-def source_problems(spec: JobSpec) -> Iterator[Problem]:
+def source_problems(spec: JobSections) -> Iterator[Problem]:
     role_names = {name for name, _ in spec.roles.items()}
     seen: dict[str, int] = {}
     mounted: list[tuple[int, str]] = []
@@ -107,7 +107,7 @@ def _kind_problems(where: str, source: Any) -> Iterator[Problem]:
             )
 
 
-def pod_template_problems(spec: JobSpec) -> Iterator[Problem]:
+def pod_template_problems(spec: JobSections) -> Iterator[Problem]:
     for name, role in spec.roles.items():
         if role.pod_template is not None:
             yield from _override_problems(f"spec.roles.{name}.podTemplate.spec", role.pod_template.spec)

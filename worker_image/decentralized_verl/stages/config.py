@@ -12,8 +12,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, NonNegativeInt, PositiveInt, PrivateAttr, ValidationError, model_validator
 
 from decentralized_verl.errors import ManifestError, Problem
-from decentralized_verl.manifest import load_yaml_text, problems_from_validation_error
 from decentralized_verl.spec import CrossFieldProblems, ModelSpec, SpecModel
+from decentralized_verl.spec.manifest import load_yaml_text, problems_from_validation_error
 
 STAGES = ("sft", "reward", "rlhf")
 

@@ -27,7 +27,8 @@ from decentralized_verl.spec import JobSpec
 
 @dataclass(frozen=True)
 class AlgorithmSettings:
-    """The spec's algorithm section with the preset's defaults filled in."""
+    """The spec's algorithm section with the preset's defaults filled in (by the spec's derived settings,
+    `spec.sections.JobSections`: the one place they are resolved)."""
 
     estimator: str
     policy_loss: str
@@ -56,16 +57,7 @@ class AlgorithmSettings:
 
     @classmethod
     def from_spec(cls, spec: JobSpec) -> AlgorithmSettings:
-        algo, preset = spec.algorithm, spec.preset
-        dyn = algo.dynamic_filter
-        dynamic = (dyn.low, dyn.high) if (dyn.enabled if dyn else preset.dynamic_filter) else None
-        if dynamic is None and dyn is None and preset.dynamic_filter:
-            dynamic = (0.01, 0.99)
-        over = algo.overlong
-        overlong = None
-        if over.enabled if over else preset.overlong_penalty:
-            cache = (over.cache_length if over else None) or max(1, spec.data.max_new_tokens // 4)
-            overlong = (cache, over.penalty_factor if over else 1.0)
+        algo = spec.algorithm
         clip_low, clip_high = spec.clip_range
         correction = spec.rollout_correction
         return cls(
@@ -76,7 +68,7 @@ class AlgorithmSettings:
             dual_clip=algo.dual_clip,
             skip_threshold=algo.skip_threshold,
             aggregation=spec.loss_aggregation,
-            norm_by_std=algo.norm_adv_by_std if algo.norm_adv_by_std is not None else preset.norm_adv_by_std,
+            norm_by_std=spec.norm_adv_by_std,
             whiten_advantages=spec.whiten_advantages,
             rollout_correction=None
             if correction is None
@@ -94,9 +86,9 @@ class AlgorithmSettings:
             gamma=algo.gamma,
             lam=algo.lam,
             value_clip=algo.value_clip,
-            dynamic_filter=dynamic,
-            overlong=overlong,
-            mask_truncated=algo.mask_truncated if algo.mask_truncated is not None else preset.mask_truncated,
+            dynamic_filter=spec.dynamic_filter,
+            overlong=spec.overlong,
+            mask_truncated=spec.mask_truncated,
             top_k=algo.top_k,
             ppo_epochs=algo.ppo_epochs,
             temperature=spec.data.temperature if spec.data.temperature > 0 else 1.0,

@@ -33,7 +33,7 @@ def run_checkpoints(run_dir: Path) -> RunCheckpoints:
     job_file = run_dir / JOB_FILE
     if not job_file.is_file():
         return RunCheckpoints(run_dir / "checkpoints", None)
-    from decentralized_verl.manifest import load_job
+    from decentralized_verl.spec.manifest import load_job
     from decentralized_verl.training.checkpoints.learner import checkpoint_root
 
     spec = load_job(job_file).spec

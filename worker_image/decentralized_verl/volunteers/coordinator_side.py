@@ -88,7 +88,7 @@ async def start_volunteer_discovery(
         seed=spec.training.seed,
         atol=settings.verify_atol,
         episodes=episode_check(spec, tokenizer, model) if tokenizer is not None else None,
-        replay_draws=spec.roles.rollout.backend == "hf",  # the sampler whose draws can be replayed
+        replay_draws=spec.roles.rollout.backend_kind.replayable_draws,
     )
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
     config = HubConfig(

@@ -20,9 +20,9 @@ def _validate(parser: argparse.ArgumentParser) -> Command:
 
     def run(args: argparse.Namespace) -> int:
         from decentralized_verl.errors import ManifestError
-        from decentralized_verl.manifest import summary, warnings_for
         from decentralized_verl.planning.fitting_job import load_fitting_job
-        from decentralized_verl.sources.paths import cluster_warnings
+        from decentralized_verl.spec.manifest import summary, warnings_for
+        from decentralized_verl.spec.source_paths import cluster_warnings
 
         status, results = 0, []
         for file in args.files:
@@ -52,7 +52,7 @@ def _validate(parser: argparse.ArgumentParser) -> Command:
 @command("crd", "print the RLHFJob CustomResourceDefinition (generated from the spec)")
 def _crd(parser: argparse.ArgumentParser) -> Command:
     def run(args: argparse.Namespace) -> int:
-        from decentralized_verl.crd import crd_yaml
+        from decentralized_verl.spec.crd import crd_yaml
 
         sys.stdout.write(crd_yaml())
         return 0
@@ -106,7 +106,7 @@ def _convert(parser: argparse.ArgumentParser) -> Command:
 
         from decentralized_verl.convert import convert
         from decentralized_verl.errors import ManifestError
-        from decentralized_verl.manifest import parse_job
+        from decentralized_verl.spec.manifest import parse_job
 
         try:
             text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text(encoding="utf-8")

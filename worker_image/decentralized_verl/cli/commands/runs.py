@@ -127,7 +127,7 @@ def _train(parser: argparse.ArgumentParser) -> Command:
         "--config", default=None, metavar="FILE.yaml", help="the stages config (examples/stages.yaml)"
     )
     # The DHT quick start: train with the open actor/critic workers found through the DHT.
-    from decentralized_verl.algorithms.presets import PRESETS
+    from decentralized_verl.spec.catalogue.algorithms import PRESETS
 
     quick = parser.add_argument_group("quick start over the DHT (--initial-peers ...)")
     quick.add_argument(

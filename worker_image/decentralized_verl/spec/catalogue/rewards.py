@@ -1,4 +1,5 @@
-"""Reward type names the spec accepts (torch-free so the operator can validate manifests)."""
+"""The reward types a spec can name (`data.rewardType`): a built-in, which `rewards/registry.py` serves
+and checks against this list, or a user callable written `module:function`."""
 
 from __future__ import annotations
 

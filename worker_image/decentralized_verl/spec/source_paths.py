@@ -10,7 +10,7 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from decentralized_verl.spec import JobSpec
+    from decentralized_verl.spec.sections import JobSections
     from decentralized_verl.spec.sources import SourceSpec
 
 CONFIG_DIR = "/etc/dverl"
@@ -23,7 +23,7 @@ RESERVED_MOUNT_PATHS = (CONFIG_DIR, CREDENTIALS_DIR, SHM_DIR, TMP_DIR, HOME_DIR)
 """Where the operator mounts its own volumes: no source or pod template may mount at, above or under them."""
 
 
-def model_and_data_paths(spec: JobSpec) -> Iterator[tuple[str, str]]:
+def model_and_data_paths(spec: JobSections) -> Iterator[tuple[str, str]]:
     """(field path, value) of every file or folder the workers read from the spec."""
     if spec.model.path:
         yield "spec.model.path", spec.model.path
@@ -58,14 +58,14 @@ def source_of(path: str, sources: list[SourceSpec]) -> SourceSpec | None:
     return next((s for s in sources if s.mount_path and is_under(path, s.mount_path)), None)
 
 
-def source_roles(source: SourceSpec, spec: JobSpec) -> tuple[str, ...]:
+def source_roles(source: SourceSpec, spec: JobSections) -> tuple[str, ...]:
     """The roles whose pods mount the source: those it names, else every role of the job."""
     if source.roles is not None:
         return tuple(source.roles)
     return tuple(name for name, _ in spec.roles.items())
 
 
-def pod_roles_of(source: SourceSpec, spec: JobSpec) -> set[str]:
+def pod_roles_of(source: SourceSpec, spec: JobSections) -> set[str]:
     """The roles whose *pods* mount it: a role run inside the learner (replicas 0) reads it there."""
     roles = set(source_roles(source, spec))
     colocated = {name for name, role in spec.roles.items() if role.replicas == 0}
@@ -74,7 +74,7 @@ def pod_roles_of(source: SourceSpec, spec: JobSpec) -> set[str]:
     return roles - colocated
 
 
-def cluster_warnings(spec: JobSpec) -> list[str]:
+def cluster_warnings(spec: JobSections) -> list[str]:
     """Model and data paths a cluster's pods would not find: under no source's mountPath."""
     warnings = []
     for field, path in model_and_data_paths(spec):

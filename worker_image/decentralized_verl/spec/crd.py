@@ -17,8 +17,9 @@ from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema
 from pydantic_core import core_schema
 
-from decentralized_verl.spec import API_GROUP, API_VERSION, KIND, PLURAL, SHORT_NAME, JobSpec, RLHFJobStatus
 from decentralized_verl.spec.cel import CEL_RULES
+from decentralized_verl.spec.job import API_GROUP, API_VERSION, KIND, PLURAL, SHORT_NAME, JobSpec
+from decentralized_verl.spec.status import RLHFJobStatus
 
 _DROP = {"title", "examples"}
 

@@ -13,7 +13,9 @@ import yaml
 from pydantic import ValidationError
 
 from decentralized_verl.errors import ManifestError, Problem
-from decentralized_verl.spec import API_GROUP, API_VERSION, KIND, CrossFieldProblems, JobSpec, RLHFJob
+from decentralized_verl.spec.base import CrossFieldProblems
+from decentralized_verl.spec.catalogue.algorithms import GROUP_ESTIMATORS
+from decentralized_verl.spec.job import API_GROUP, API_VERSION, KIND, JobSpec, RLHFJob
 
 
 def _path(loc: tuple[Any, ...]) -> str:
@@ -212,8 +214,6 @@ def load_job(path: str | Path) -> RLHFJob:
 
 def warnings_for(spec: JobSpec) -> list[Problem]:
     """Settings that validate but teach the model nothing; said, not refused (a person may mean them)."""
-    from decentralized_verl.spec.rules import GROUP_ESTIMATORS
-
     warnings: list[Problem] = []
     estimator = spec.advantage_estimator
     if spec.data.temperature == 0 and estimator in GROUP_ESTIMATORS:

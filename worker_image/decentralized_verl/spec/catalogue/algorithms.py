@@ -1,13 +1,31 @@
-"""Algorithm presets: what each name in `spec.algorithm.name` means, without importing torch.
+"""The algorithms a spec can name: the names the algorithm registries serve, the presets (what each name
+in `spec.algorithm.name` means) and what each policy loss implies for the settings around it.
 
-The spec validates names against this table and the trainer reads its defaults from it, so an
-algorithm is one entry here plus (if new) one registered estimator in `advantages.py` or policy loss in
-`policy_loss.py` (their names are declared in `registry.py`).
+The spec validates names against these tables and resolves its defaults from them (`spec.sections`);
+`algorithms/registry.py` checks its tables against the names here. So an algorithm is one entry here
+plus (if new) one registered estimator in `algorithms/advantages.py` or policy loss in
+`algorithms/policy_loss.py`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from decentralized_verl.spec.catalogue import check_listed, check_registry
+
+ADVANTAGE_ESTIMATOR_NAMES: tuple[str, ...] = (
+    "gae",
+    "grpo",
+    "rloo",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
+)
+POLICY_LOSS_NAMES: tuple[str, ...] = ("ppo_clip", "gspo", "cispo", "vanilla_pg")
+LOSS_AGGREGATION_NAMES: tuple[str, ...] = ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean")
+KL_ESTIMATOR_NAMES: tuple[str, ...] = ("k1", "k2", "k3")
+
+GROUP_ESTIMATORS: tuple[str, ...] = ("grpo", "rloo", "reinforce_plus_plus_baseline")
+"""Estimators that compare samples within a prompt group."""
 
 
 @dataclass(frozen=True)
@@ -88,4 +106,15 @@ LOSS_DEFAULTS: dict[str, LossDefaults] = {
     "cispo": LossDefaults(settings=frozenset({"clip_low", "clip_high"}), lower_bound=False),
     "vanilla_pg": LossDefaults(settings=frozenset()),
 }
-"""Per policy loss (every name `registry.POLICY_LOSS_NAMES` declares)."""
+"""Per policy loss (every name of `POLICY_LOSS_NAMES`)."""
+
+check_registry("policy loss defaults", LOSS_DEFAULTS, POLICY_LOSS_NAMES)
+for _name in GROUP_ESTIMATORS:
+    check_listed("group estimator", _name, ADVANTAGE_ESTIMATOR_NAMES)
+for _preset in PRESETS.values():
+    check_listed("preset's advantage estimator", _preset.advantage_estimator, ADVANTAGE_ESTIMATOR_NAMES)
+    check_listed("preset's policy loss", _preset.policy_loss, POLICY_LOSS_NAMES)
+    check_listed("preset's loss aggregation", _preset.loss_aggregation, LOSS_AGGREGATION_NAMES)
+for _loss in LOSS_DEFAULTS.values():
+    for _aggregation in _loss.aggregations or ():
+        check_listed("policy loss's aggregation", _aggregation, LOSS_AGGREGATION_NAMES)
