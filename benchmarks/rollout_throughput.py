@@ -224,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace, folder: str) -> int:
     from _common import machine_info, markdown_table, set_threads, write_json
 
+    from decentralized_verl.spec.catalogue.backends import HF, VLLM, backend_kind
+
     vllm_env(folder)
     threads = set_threads(args.threads)
     model, tokenizer, prompts = load(args)
@@ -242,10 +244,10 @@ def run(args: argparse.Namespace, folder: str) -> int:
         },
         "results": {},
     }
-    if args.backend in ("hf", "both"):
-        report["results"]["hf"] = run_hf(model, tokenizer, requests, args)
-    if args.backend in ("vllm", "both"):
-        report["results"]["vllm"] = run_vllm(model, tokenizer, requests, args)
+    runners = {HF: run_hf, VLLM: run_vllm}
+    kinds = list(runners) if args.backend == "both" else [backend_kind(args.backend)]
+    for kind in kinds:
+        report["results"][kind.name] = runners[kind](model, tokenizer, requests, args)
 
     rows = []
     for name, res in report["results"].items():
@@ -262,9 +264,10 @@ def run(args: argparse.Namespace, folder: str) -> int:
                 agree.get("max_abs_diff", "-"),
             ]
         )
-    if {"hf", "vllm"} <= set(report["results"]):
+    results = report["results"]
+    if all(kind.name in results for kind in runners):
         report["vllm_over_hf"] = (
-            report["results"]["vllm"]["median_tokens_per_s"] / report["results"]["hf"]["median_tokens_per_s"]
+            results[VLLM.name]["median_tokens_per_s"] / results[HF.name]["median_tokens_per_s"]
         )
     headers = ["backend", "completions", "tokens", "wall s", "tokens/s", "refresh s", "max abs dlogp"]
     print(markdown_table(headers, rows))

@@ -5,9 +5,11 @@ registry module is imported, and that import must fail naming the name on each s
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +18,8 @@ from decentralized_verl.spec.catalogue import algorithms as algorithm_names
 from decentralized_verl.spec.catalogue.backends import BACKEND_KINDS, HF, VLLM, backend_kind, names_where
 from decentralized_verl.spec.catalogue.environments import BUILTIN_ENVIRONMENTS, ENVIRONMENT_OPTIONS
 from decentralized_verl.spec.catalogue.rewards import BUILTIN_REWARD_TYPES
+
+ROOT = Path(__file__).parents[1]
 
 
 def test_check_registry_names_both_sides() -> None:
@@ -180,3 +184,32 @@ def test_backend_kinds_by_name_and_capability() -> None:
     assert names_where(lambda kind: kind.layer_spans) == ("hf",)
     assert names_where(lambda kind: kind.rollout_only) == ("vllm",)
     assert names_where(lambda kind: kind.tensor_parallel) == ("vllm",)
+
+
+def _compares_a_backend_name(node: ast.Compare) -> bool:
+    """`x == "vllm"`, `"hf" != x`, `x in ("hf", "both")`: a comparison with a backend's name in it (a URI's
+    `scheme == "hf"` is another "hf")."""
+    names = set(BACKEND_KINDS)
+    for part in (node.left, *node.comparators):
+        values = part.elts if isinstance(part, ast.Tuple | ast.List | ast.Set) else [part]
+        if any(isinstance(v, ast.Constant) and v.value in names for v in values):
+            return "scheme" not in ast.unparse(node)
+    return False
+
+
+def test_no_code_compares_backend_names() -> None:
+    """Code that behaves differently per backend asks its `BackendKind` for the capability it needs; a name
+    compared as a string would silently go wrong for the next backend."""
+    catalogue = ROOT / "worker_image" / "decentralized_verl" / "spec" / "catalogue" / "backends.py"
+    offenders = []
+    for folder in ("worker_image", "operator", "benchmarks", "testing"):
+        for path in (ROOT / folder).rglob("*.py"):
+            if path == catalogue or "_pb2" in path.name:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Compare) and _compares_a_backend_name(node):
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    assert offenders == []
+    seen = ast.parse('backend == "vllm"\nrole.backend != "hf"\nname in ("hf", "both")\nuri.scheme == "hf"')
+    found = [n for n in ast.walk(seen) if isinstance(n, ast.Compare) and _compares_a_backend_name(n)]
+    assert len(found) == 3
