@@ -123,7 +123,8 @@ class JobSections(SpecModel):
         the preset's choice with the section's default band."""
         chosen = self.algorithm.dynamic_filter
         if chosen is None:
-            return (DynamicFilterSpec().low, DynamicFilterSpec().high) if self.preset.dynamic_filter else None
+            default = DynamicFilterSpec()
+            return (default.low, default.high) if self.preset.dynamic_filter else None
         return (chosen.low, chosen.high) if chosen.enabled else None
 
     @property
