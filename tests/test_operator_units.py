@@ -390,6 +390,38 @@ def test_operator_import_path_stays_free_of_torch():
     assert out.strip() == "[]"
 
 
+def test_the_operator_extra_installs_what_the_operator_imports():
+    """Every third-party package a dverl_operator module imports is in the `operator` extra or the core
+    dependencies, and the extra lists nothing the operator does not import."""
+    import ast
+    import importlib.metadata
+    import tomllib
+    from pathlib import Path
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    root = Path(__file__).resolve().parents[1]
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    extra = {canonicalize_name(Requirement(r).name) for r in project["optional-dependencies"]["operator"]}
+    core = {canonicalize_name(Requirement(r).name) for r in project["dependencies"]}
+    modules: set[str] = set()
+    for path in (root / "operator" / "dverl_operator").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                modules |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules.add(node.module.split(".")[0])
+    third_party = modules - set(sys.stdlib_module_names) - {"decentralized_verl", "dverl_operator"}
+    # A module may come from several distributions (lightkube-models installs into lightkube.models).
+    found = importlib.metadata.packages_distributions()
+    providers = {m: {canonicalize_name(d) for d in found[m]} for m in third_party}
+    missing = sorted(m for m, names in providers.items() if not names & (core | extra))
+    assert missing == [], "the operator imports these but the operator extra lacks them"
+    unused = extra - set().union(*providers.values())
+    assert unused == set(), "the operator extra installs these but the operator never imports them"
+
+
 def test_operator_without_credentials_exits_2(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     argv = [
