@@ -601,3 +601,15 @@ def test_the_reconcile_settings_come_from_the_flags_once():
         reconcile_settings(parser().parse_args(["-A", "--gang-schedulers", "kube-batch"]), "ops")
     with pytest.raises(SystemExit, match="--operator-pod-labels"):
         reconcile_settings(parser().parse_args(["-A", "--operator-pod-labels", "nolabel"]), "ops")
+
+
+def test_a_failed_pass_is_retried_soon_when_the_cluster_failed_and_at_resync_when_it_was_a_bug():
+    from dverl_operator.jobs.retry import classify
+    from dverl_operator.kube.errors import ApiError, ApiUnreachable
+
+    refused = classify(ApiError(403, "POST", "api/v1/pods", "Forbidden", "no"), resync_seconds=10.0)
+    assert (refused.kind, refused.from_cluster, refused.retry_after) == ("ApiError", True, 2.0)
+    assert classify(ApiUnreachable("refused"), 10.0).from_cluster
+    assert classify(TimeoutError(), 1.0).retry_after == 1.0  # never later than the resync
+    bug = classify(KeyError("metadata"), resync_seconds=10.0)
+    assert (bug.kind, bug.from_cluster, bug.retry_after) == ("KeyError", False, 10.0)
