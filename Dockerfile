@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # One Dockerfile, two images; the entry point of both is the `dverl` CLI.
 #
-#   docker build --target operator -t dverl-operator .   # slim: kopf + kubernetes client, no torch
+#   docker build --target operator -t dverl-operator .   # slim: kopf + lightkube, no torch
 #   docker build --target worker   -t dverl-worker .     # torch (CPU wheels) + transformers + hivemind
 #
 # GPU workers: pass a CUDA wheel index for torch, for example

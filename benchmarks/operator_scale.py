@@ -21,7 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "testing"))  # netlab, which the test helpers import
 
 import kmock
 from operator_fixtures import Emulator, Operator, tiny_spec

@@ -1,4 +1,4 @@
-"""An in-memory Kubernetes API for one RLHFJob: each pass of the real `reconcile.decide` is applied as the
+"""An in-memory Kubernetes API for one RLHFJob: each pass of the real `decide` is applied as the
 API server would (create, merge-patch, delete), and tests play the kubelet, gang schedulers and Kueue."""
 
 from __future__ import annotations
@@ -7,11 +7,15 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from dverl_operator import gang, reconcile
+from dverl_operator.children import gang
+from dverl_operator.reconcile.actions import Actions
+from dverl_operator.reconcile.decide import decide
+from dverl_operator.reconcile.observed import Observed
+from dverl_operator.reconcile.settings import Settings
 
 NOW = 1_800_000_000.0
 BOTH = frozenset({"coscheduling", "volcano"})
-SETTINGS = reconcile.Settings(
+SETTINGS = Settings(
     default_image="img:1", backoff_base_seconds=10, backoff_max_seconds=60, gang_schedulers=BOTH
 )
 
@@ -35,14 +39,14 @@ class World:
 
     spec: dict[str, Any]
     labels: dict[str, str] = field(default_factory=dict)
-    settings: reconcile.Settings = SETTINGS
+    settings: Settings = SETTINGS
     pods: dict[str, dict[str, Any]] = field(default_factory=dict)
     pod_groups: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     status: dict[str, Any] = field(default_factory=dict)
     events: list[tuple[str, str, str]] = field(default_factory=list)
     now: float = NOW
 
-    def observed(self) -> reconcile.Observed:
+    def observed(self) -> Observed:
         job = {
             "apiVersion": "dverl.io/v1alpha1",
             "kind": "RLHFJob",
@@ -51,7 +55,7 @@ class World:
             "status": self.status,
         }
         groups = {name: self.pod_groups.get(name) for name in sorted(self.settings.gang_schedulers)}
-        return reconcile.Observed(
+        return Observed(
             job=job,
             pods=copy.deepcopy(self.pods),
             config_map=None,
@@ -62,8 +66,8 @@ class World:
             pod_groups=groups,
         )
 
-    def step(self) -> reconcile.Actions:
-        actions = reconcile.decide(self.observed(), self.settings)
+    def step(self) -> Actions:
+        actions = decide(self.observed(), self.settings)
         by_key = {gang.KIND_KEYS[name]: name for name in gang.KIND_KEYS}
         for kind, name, patch in actions.patch:
             if kind == "Pod" and name in self.pods:
@@ -85,7 +89,7 @@ class World:
         self.events.extend(actions.events)
         return actions
 
-    def settle(self, passes: int = 4) -> reconcile.Actions:
+    def settle(self, passes: int = 4) -> Actions:
         actions = self.step()
         for _ in range(passes - 1):
             actions = self.step()

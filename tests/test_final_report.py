@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from decentralized_verl.core.final_report import final_fields, read_final, write_final
-from dverl_operator.outcome import with_final_report
+from dverl_operator.status.outcome import with_final_report
 
 SUMMARY = {"steps": 3, "policy_version": 3, "reward_last": 0.25, "seconds": 1.0}
 

@@ -10,9 +10,13 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
-PACKAGE = ROOT / "worker_image" / "decentralized_verl"
-BESIDE_THE_LAYERS: set[str] = set()
-"""Modules standing outside every layer: none (docs/architecture.md)."""
+PACKAGES = {
+    "decentralized_verl": ROOT / "worker_image" / "decentralized_verl",
+    "dverl_operator": ROOT / "operator" / "dverl_operator",
+}
+"""Each package with its own layers contract (its `containers`), and where it lives."""
+BESIDE_THE_LAYERS: dict[str, set[str]] = {"decentralized_verl": set(), "dverl_operator": {"__main__"}}
+"""Modules standing outside every layer: the operator's `python -m` entry only (docs/architecture.md)."""
 
 
 def test_contracts_are_kept() -> None:
@@ -28,13 +32,16 @@ def test_contracts_are_kept() -> None:
 
 def test_every_package_and_module_has_a_place() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
-    (layers,) = [c["layers"] for c in config["contracts"] if c["type"] == "layers"]
-    placed = {name.strip() for layer in layers for name in layer.replace("|", ":").split(":")}
-    found = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
-    found |= {p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
-    assert not placed & BESIDE_THE_LAYERS
-    assert found - placed - BESIDE_THE_LAYERS == set(), "place these in a layer of pyproject.toml"
-    assert placed - found == set(), "layers name packages that no longer exist"
+    contracts = {c["containers"][0]: c["layers"] for c in config["contracts"] if c["type"] == "layers"}
+    assert set(contracts) == set(PACKAGES), "one layers contract per package"
+    for container, layers in contracts.items():
+        package, beside = PACKAGES[container], BESIDE_THE_LAYERS[container]
+        placed = {name.strip() for layer in layers for name in layer.replace("|", ":").split(":")}
+        found = {p.name for p in package.iterdir() if (p / "__init__.py").exists()}
+        found |= {p.stem for p in package.glob("*.py") if p.stem != "__init__"}
+        assert not placed & beside
+        assert found - placed - beside == set(), f"place these in a layer of {container}'s contract"
+        assert placed - found == set(), f"{container}'s layers name packages that no longer exist"
 
 
 def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -83,11 +90,11 @@ def test_no_module_imports_itself_round_a_circle() -> None:
     """Imports inside functions count too; only TYPE_CHECKING imports may close a circle."""
     import grimp
 
-    sys.path[:0] = [str(ROOT / "worker_image")]
+    sys.path[:0] = [str(ROOT / "worker_image"), str(ROOT / "operator")]
     try:
-        graph = grimp.build_graph("decentralized_verl", exclude_type_checking_imports=True)
+        graph = grimp.build_graph(*PACKAGES, exclude_type_checking_imports=True)
     finally:
-        del sys.path[0]
+        del sys.path[:2]
     edges = {m: set(graph.find_modules_directly_imported_by(m)) for m in graph.modules}
     assert _cycles(edges) == []
 

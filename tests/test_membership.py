@@ -37,8 +37,8 @@ from decentralized_verl.spec import ModelSpec, TinyModelSpec  # noqa: E402
 from decentralized_verl.spec.catalogue.backends import HF  # noqa: E402
 from decentralized_verl.spec.manifest import parse_spec  # noqa: E402
 from decentralized_verl.transport.clients import GrpcRolloutClient  # noqa: E402
-from dverl_operator import children as kids  # noqa: E402
-from dverl_operator import owned  # noqa: E402
+from dverl_operator.children.config_map import WORKERS_KEY, config_map  # noqa: E402
+from dverl_operator.objects import owned  # noqa: E402
 
 torch.set_num_threads(1)
 TINY = TinyModelSpec(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, max_positions=96)
@@ -67,8 +67,8 @@ def test_operator_workers_file_lists_every_rollout_pod_with_its_address_and_gpu_
         )
     )
     owner = owned.Owner("job", "ns", "u-1")
-    cm = kids.config_map(owner, spec, plan_job(spec, "job"))
-    members = rollout_members(cm["data"][kids.WORKERS_KEY])
+    cm = config_map(owner, spec, plan_job(spec, "job"))
+    members = rollout_members(cm["data"][WORKERS_KEY])
     assert sorted(members) == ["job-rollout-0", "job-rollout-1", "job-rollout-2"]
     assert (
         members["job-rollout-0"].address

@@ -12,8 +12,8 @@ from decentralized_verl.planning.plan import METRICS_PORT, plan_job, worker_env
 from decentralized_verl.serving.metrics_exporter import TrainingMetricsExporter, metric_name
 from decentralized_verl.settings import WorkerSettings
 from decentralized_verl.spec.manifest import parse_spec
-from dverl_operator import children as kids
-from dverl_operator import owned
+from dverl_operator.objects import owned
+from dverl_operator.reconcile.desired import for_job
 
 
 def _scrape(port: int) -> dict[str, float]:
@@ -61,7 +61,7 @@ def test_learner_rank_0_gets_a_metrics_port_in_a_cluster_and_none_locally() -> N
 def test_the_learner_pod_exposes_and_announces_the_port() -> None:
     spec = parse_spec(tiny_spec())
     plan = plan_job(spec, "j")
-    want = kids.for_job(owned.Owner("j", "ns", "u-1"), spec, plan, "img:1")
+    want = for_job(owned.Owner("j", "ns", "u-1"), spec, plan, "img:1")
     learner = want.pods["j-learner-0"]
     ports = {p["name"]: p["containerPort"] for p in learner["spec"]["containers"][0]["ports"]}
     assert ports["metrics"] == METRICS_PORT

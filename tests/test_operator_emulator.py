@@ -24,7 +24,7 @@ from processes import free_port
 from decentralized_verl.proto import dverl_pb2, dverl_pb2_grpc
 from decentralized_verl.security.credentials import issue
 from decentralized_verl.transport import secure
-from dverl_operator.identity import OperatorIdentity
+from dverl_operator.jobs.identity import OperatorIdentity
 
 IDENTITY = "dverl-operator-identity"
 

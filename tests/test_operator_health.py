@@ -16,7 +16,7 @@ import yaml
 from operator_fixtures import Emulator, Operator, tiny_spec, wait_for
 from processes import free_port
 
-from dverl_operator.health import Health, verdict
+from dverl_operator.process.health import Health, verdict
 
 
 class Relay:

@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 from operator_fixtures import Emulator, Operator, tiny_spec, wait_for
 
-from dverl_operator.leader import LEASE_NAME, micro_time
+from dverl_operator.process.leader import LEASE_NAME, micro_time
 
 pytestmark = [pytest.mark.timeout(180)]
 LEASES = "apis/coordination.k8s.io/v1/namespaces/default/leases"

@@ -8,19 +8,24 @@ from operator_fixtures import tiny_spec
 from decentralized_verl.core.status import JobStatus
 from decentralized_verl.planning.plan import plan_job
 from decentralized_verl.spec.manifest import parse_spec
-from dverl_operator import children as kids
-from dverl_operator import guard_children as guard
-from dverl_operator import outcome, owned, pod_marks
-from dverl_operator import status as st
-from dverl_operator.pod_decisions import (
+from dverl_operator.children import guard
+from dverl_operator.children.config_map import CONFIG_KEY
+from dverl_operator.children.shared import sync_shared
+from dverl_operator.objects import owned
+from dverl_operator.objects.times import parse_time, timestamp
+from dverl_operator.pods import marks as pod_marks
+from dverl_operator.pods.build import CREDENTIALS_PATH
+from dverl_operator.pods.decisions import (
     ANNOTATION_FAILED_AT,
     ANNOTATION_FAILURE_COUNTED,
     backoff_delay,
     decide_pods,
 )
-from dverl_operator.pod_security import WORKER_GID
-from dverl_operator.refusal import refuse_restart_changes, refused_changes
-from dverl_operator.shared_children import sync_shared
+from dverl_operator.pods.security import WORKER_GID
+from dverl_operator.reconcile.desired import for_job
+from dverl_operator.reconcile.refusal import refuse_restart_changes, refused_changes
+from dverl_operator.status import conditions as cond
+from dverl_operator.status import outcome
 
 NOW = 1_800_000_000.0
 BACKOFF = (10.0, 60.0)
@@ -32,7 +37,7 @@ SCOPE = guard.PolicyScope("dverl-system", {"app.kubernetes.io/name": "dverl"})
 def children_of(spec_dict, name="j", gateway_type=None, policy=None):
     spec = parse_spec(spec_dict)
     plan = plan_job(spec, name)
-    return spec, kids.for_job(
+    return spec, for_job(
         owned.Owner(name, "ns", "u-1"),
         spec,
         plan,
@@ -56,17 +61,15 @@ def exited(pod, phase="Failed", **annotations):
 def test_a_model_change_is_refused_only_while_pods_run_and_not_when_suspending() -> None:
     old, _ = children_of(tiny_spec())
     applied = {
-        "data": {
-            kids.CONFIG_KEY: yaml.safe_dump(old.model_dump(mode="json", by_alias=True, exclude_none=True))
-        }
+        "data": {CONFIG_KEY: yaml.safe_dump(old.model_dump(mode="json", by_alias=True, exclude_none=True))}
     }
     changed = parse_spec(
         {**tiny_spec(), "model": {"tiny": {"hiddenSize": 32, "numLayers": 1, "numHeads": 2}}}
     )
     refusal = refuse_restart_changes(changed, applied, True, [], NOW)
     assert refusal.refused == ["spec.model"] and refusal.effective == old
-    assert st.condition(refusal.conditions, st.SPEC_CHANGE_REFUSED)["status"] == "True"
-    assert [e[1] for e in refusal.events] == [st.SPEC_CHANGE_REFUSED]
+    assert cond.condition(refusal.conditions, cond.SPEC_CHANGE_REFUSED)["status"] == "True"
+    assert [e[1] for e in refusal.events] == [cond.SPEC_CHANGE_REFUSED]
     again = refuse_restart_changes(changed, applied, True, refusal.conditions, NOW + 5)
     assert again.events == []  # the same refusal is announced once
     assert refuse_restart_changes(changed, applied, False, refusal.conditions, NOW).refused == []
@@ -74,7 +77,7 @@ def test_a_model_change_is_refused_only_while_pods_run_and_not_when_suspending()
         {**changed.model_dump(mode="json", by_alias=True, exclude_none=True), "suspend": True}
     )
     cleared = refuse_restart_changes(suspending, applied, True, refusal.conditions, NOW)
-    assert cleared.refused == [] and st.condition(cleared.conditions, st.SPEC_CHANGE_REFUSED) is None
+    assert cleared.refused == [] and cond.condition(cleared.conditions, cond.SPEC_CHANGE_REFUSED) is None
     assert refused_changes(None, changed) == []
 
 
@@ -160,8 +163,8 @@ def test_credentials_go_to_every_serving_pod_and_the_signing_key_to_learners_onl
         container = pod["spec"]["containers"][0]
         env = {e["name"]: e.get("value") for e in container["env"]}
         volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
-        assert env["DVERL_TLS_DIR"] == kids.CREDENTIALS_PATH
-        assert {"name": "credentials", "mountPath": kids.CREDENTIALS_PATH, "readOnly": True} in container[
+        assert env["DVERL_TLS_DIR"] == CREDENTIALS_PATH
+        assert {"name": "credentials", "mountPath": CREDENTIALS_PATH, "readOnly": True} in container[
             "volumeMounts"
         ]
         items = {i["key"]: i["path"] for i in volumes["credentials"]["secret"]["items"]}
@@ -309,18 +312,18 @@ def test_the_learner_cannot_restart_rank_by_rank() -> None:
 
 # ------------------------------------------------------------------------------------------ stalls
 def test_a_learner_whose_step_stops_advancing_is_restarted_once_its_allowance_is_spent() -> None:
-    from dverl_operator.pod_decisions import PodDecision, restart_stalled, stalled_learner
+    from dverl_operator.pods.decisions import PodDecision, restart_stalled, stalled_learner
 
     _, want = children_of(tiny_spec())
     learner = running(want.pods["j-learner-0"])
-    learner["status"]["startTime"] = st.timestamp(NOW - 2000)
+    learner["status"]["startTime"] = timestamp(NOW - 2000)
     pods = {"j-learner-0": learner}
-    fresh = {"lastProgressTime": st.timestamp(NOW - 2000)}
+    fresh = {"lastProgressTime": timestamp(NOW - 2000)}
     assert stalled_learner(fresh, pods, ["j-learner-0"], 10.0, NOW - 2000 + 800) is None  # still loading
     assert "has not advanced" in stalled_learner(fresh, pods, ["j-learner-0"], 10.0, NOW)
-    stepping = {"lastProgressTime": st.timestamp(NOW - 50), "stepSeconds": 3.0}
+    stepping = {"lastProgressTime": timestamp(NOW - 50), "stepSeconds": 3.0}
     assert stalled_learner(stepping, pods, ["j-learner-0"], 10.0, NOW) is None  # 50 s < max(60, 30)
-    late = {"lastProgressTime": st.timestamp(NOW - 400), "stepSeconds": 30.0}
+    late = {"lastProgressTime": timestamp(NOW - 400), "stepSeconds": 30.0}
     why = stalled_learner(late, pods, ["j-learner-0"], 10.0, NOW)
     assert why is not None and "allowed 300s" in why
     deleting = {**learner, "metadata": {**learner["metadata"], "deletionTimestamp": "x"}}
@@ -336,7 +339,7 @@ def test_progress_time_moves_only_when_the_step_does() -> None:
         step=3, total_steps=9, state="Running", phase_seconds=(("rollout", 1.0), ("update", 2.0))
     )
     new, _ = outcome.progress_status({"step": 2}, {}, progress, None, 9, NOW)
-    assert new["lastProgressTime"] == st.timestamp(NOW) and new["stepSeconds"] == 3.0
+    assert new["lastProgressTime"] == timestamp(NOW) and new["stepSeconds"] == 3.0
     same, _ = outcome.progress_status(new, dict(new), progress, None, 9, NOW + 30)
-    assert same["lastProgressTime"] == st.timestamp(NOW)
-    assert st.parse_time(st.timestamp(NOW)) == NOW and st.parse_time(None) is None
+    assert same["lastProgressTime"] == timestamp(NOW)
+    assert parse_time(timestamp(NOW)) == NOW and parse_time(None) is None

@@ -2,7 +2,7 @@
 admission, priority classes, preemption that spends no backoffLimit, and the Queued phase.
 
 The in-memory world of cluster_world.py applies each pass's actions the way the API server would, so every
-test runs the real `reconcile.decide` pass after pass, as the operator does.
+test runs the real `decide` pass after pass, as the operator does.
 """
 
 from __future__ import annotations
@@ -17,11 +17,13 @@ from operator_fixtures import tiny_spec
 
 from decentralized_verl.errors import ManifestError
 from decentralized_verl.spec.manifest import parse_spec
-from dverl_operator import gang, kueue, quantity, reconcile
-from dverl_operator import status as st
-from dverl_operator.disruption import disruption, event_reason
-from dverl_operator.main import gang_schedulers
-from dverl_operator.pod_decisions import ANNOTATION_FAILURE_COUNTED
+from dverl_operator.children import gang, kueue
+from dverl_operator.flags import gang_schedulers
+from dverl_operator.objects import quantity
+from dverl_operator.pods.decisions import ANNOTATION_FAILURE_COUNTED
+from dverl_operator.pods.disruption import disruption, event_reason
+from dverl_operator.reconcile.settings import Settings
+from dverl_operator.status import conditions as cond
 
 QUEUE = {kueue.QUEUE_LABEL: "team-a"}
 
@@ -161,9 +163,7 @@ def test_a_gang_edited_by_hand_is_restored_and_a_scheduler_change_moves_it() -> 
 
 
 def test_a_gang_scheduler_the_chart_did_not_enable_is_refused_by_field() -> None:
-    world = World(
-        gang_spec("volcano"), settings=reconcile.Settings(gang_schedulers=frozenset({"coscheduling"}))
-    )
+    world = World(gang_spec("volcano"), settings=Settings(gang_schedulers=frozenset({"coscheduling"})))
     actions = world.step()
     assert world.status["phase"] == "Failed" and world.pods == {} and not actions.create
     assert world.status["message"].startswith(
@@ -176,12 +176,14 @@ def test_a_gang_holds_the_job_queued_until_enough_of_it_is_placed() -> None:
     world = World(gang_spec(minRollout=1))
     world.settle()
     assert world.status["phase"] == "Queued"
-    queued = st.condition(world.status["conditions"], st.QUEUED)
+    queued = cond.condition(world.status["conditions"], cond.QUEUED)
     assert queued["reason"] == "WaitingForGang" and "0/2 of the gang placed" in queued["message"]
     assert [e for e in world.events if e[1] == "Queued"] == [("Normal", "Queued", queued["message"])]
     world.run_pods("j-learner-0", "j-rollout-0")  # minMember placed: no longer held by the gang
     world.step()
-    assert world.status["phase"] == "Pending" and st.condition(world.status["conditions"], st.QUEUED) is None
+    assert (
+        world.status["phase"] == "Pending" and cond.condition(world.status["conditions"], cond.QUEUED) is None
+    )
     world.run_pods()
     world.step()
     assert world.status["phase"] == "Running"
@@ -219,13 +221,15 @@ def test_pods_held_by_kueues_gate_make_the_job_queued_then_running_once_admitted
     world.gate_pods()
     world.settle()
     assert world.status["phase"] == "Queued"
-    queued = st.condition(world.status["conditions"], st.QUEUED)
+    queued = cond.condition(world.status["conditions"], cond.QUEUED)
     assert queued["reason"] == "WaitingForAdmission" and "kueue.x-k8s.io/admission" in queued["message"]
-    assert st.condition(world.status["conditions"], st.FAILED) is None
+    assert cond.condition(world.status["conditions"], cond.FAILED) is None
     assert sum(1 for e in world.events if e[1] == "Queued") == 1
     world.run_pods()  # admitted: Kueue lifts the gates, the pods start
     world.step()
-    assert world.status["phase"] == "Running" and st.condition(world.status["conditions"], st.QUEUED) is None
+    assert (
+        world.status["phase"] == "Running" and cond.condition(world.status["conditions"], cond.QUEUED) is None
+    )
 
 
 def test_suspend_finishes_the_kueue_group_and_resume_queues_a_new_one() -> None:

@@ -15,14 +15,24 @@ from decentralized_verl.core.status import JobStatus
 from decentralized_verl.planning.plan import plan_job
 from decentralized_verl.spec.manifest import parse_spec
 from decentralized_verl.transport.wire.status import job_status_from_proto
-from dverl_operator import children as kids
-from dverl_operator import owned, pod_marks, reconcile
-from dverl_operator import status as st
-from dverl_operator.coordinator import DEFAULT_TEMPLATE, CoordinatorClient
-from dverl_operator.leader import may_acquire, micro_time
-from dverl_operator.main import JsonFormatter, parser, reconcile_settings
+from dverl_operator.children.services import gateway_address, gateway_service
+from dverl_operator.flags import parser, reconcile_settings
+from dverl_operator.jobs.coordinator import DEFAULT_TEMPLATE, CoordinatorClient
+from dverl_operator.logs import JsonFormatter
+from dverl_operator.objects import owned
+from dverl_operator.objects.times import timestamp
+from dverl_operator.pods import marks as pod_marks
+from dverl_operator.pods.decisions import ANNOTATION_FAILED_AT, ANNOTATION_FAILURE_COUNTED, backoff_delay
+from dverl_operator.process.leader import may_acquire, micro_time
+from dverl_operator.reconcile.decide import decide
+from dverl_operator.reconcile.desired import for_job
+from dverl_operator.reconcile.observed import Observed
+from dverl_operator.reconcile.settings import Settings
+from dverl_operator.status import conditions as cond
+from dverl_operator.status.fields import role_counts, workers_column
+from dverl_operator.status.merge import merge_patch
 
-SETTINGS = reconcile.Settings(default_image="img:1", backoff_base_seconds=10, backoff_max_seconds=60)
+SETTINGS = Settings(default_image="img:1", backoff_base_seconds=10, backoff_max_seconds=60)
 NOW = 1_800_000_000.0
 
 
@@ -40,13 +50,13 @@ def desired(spec_dict, name="j"):
     spec = parse_spec(spec_dict)
     plan = plan_job(spec, name)
     marks = pod_marks.for_job(spec, {"metadata": {"name": name}}, plan, None)
-    return kids.for_job(owned.Owner(name, "ns", "u-1"), spec, plan, "img:1", marks=marks)
+    return for_job(owned.Owner(name, "ns", "u-1"), spec, plan, "img:1", marks=marks)
 
 
 def observed(
     spec_dict, pods=None, status=None, config_map=None, service=None, progress=None, now=NOW, **meta
 ):
-    return reconcile.Observed(
+    return Observed(
         job=job(spec_dict, status=status, **meta),
         pods=pods or {},
         config_map=config_map,
@@ -141,13 +151,13 @@ def test_scheduler_name_and_gang_annotations_pass_through():
 
 # ------------------------------------------------------------------------------------------ decide
 def test_fresh_job_creates_everything_once():
-    actions = reconcile.decide(observed(tiny_spec()), SETTINGS)
+    actions = decide(observed(tiny_spec()), SETTINGS)
     assert created_names(actions) == ["j-config", "j-learner-0", "j-rollout-0", "j-rollout-1", "j-workers"]
     assert actions.issue_credentials  # the Secret is issued where actions are applied, before the pods
     assert actions.status["phase"] == "Pending" and actions.status["workers"] == "0/3"
     # Applying it and deciding again: nothing to do (idempotent).
     want = desired(tiny_spec())
-    again = reconcile.decide(
+    again = decide(
         observed(
             tiny_spec(),
             pods=want.pods,
@@ -158,9 +168,9 @@ def test_fresh_job_creates_everything_once():
         SETTINGS,
     )
     assert (again.create, again.delete, again.patch) == ([], [], [])
-    assert st.merge_patch(actions.status, again.status) == {}
-    known = reconcile.Observed(**{**again_observed(want, actions).__dict__, "credentials_ready": True})
-    assert not reconcile.decide(known, SETTINGS).issue_credentials
+    assert merge_patch(actions.status, again.status) == {}
+    known = Observed(**{**again_observed(want, actions).__dict__, "credentials_ready": True})
+    assert not decide(known, SETTINGS).issue_credentials
 
 
 def again_observed(want, actions):
@@ -171,18 +181,20 @@ def again_observed(want, actions):
 
 def test_invalid_spec_creates_nothing_and_reports_paths():
     bad = tiny_spec(roles={"rollout": {"replicas": -1}, "learner": {"replicas": 1}})
-    actions = reconcile.decide(observed(bad), SETTINGS)
+    actions = decide(observed(bad), SETTINGS)
     assert actions.create == [] and actions.delete == []
     assert actions.status["phase"] == "Failed"
     (cond,) = [c for c in actions.status["conditions"] if c["type"] == "ValidationFailed"]
     assert "spec.roles.rollout.replicas: must be >= 0 (got -1)" in cond["message"]
     assert [e[1] for e in actions.events] == ["ValidationFailed"]
     # Same problem next pass: no second Event.
-    assert reconcile.decide(observed(bad, status=actions.status), SETTINGS).events == []
+    assert decide(observed(bad, status=actions.status), SETTINGS).events == []
 
 
 def test_backoff_delays_double_and_cap():
-    assert [reconcile.backoff_delay(n, SETTINGS) for n in range(6)] == [0, 10, 20, 40, 60, 60]
+    assert [
+        backoff_delay(n, SETTINGS.backoff_base_seconds, SETTINGS.backoff_max_seconds) for n in range(6)
+    ] == [0, 10, 20, 40, 60, 60]
 
 
 def test_failed_pod_counted_once_then_restarted_after_backoff():
@@ -190,21 +202,17 @@ def test_failed_pod_counted_once_then_restarted_after_backoff():
     pods = {n: running(p) for n, p in want.pods.items()}
     pods["j-rollout-0"] = failed(pods["j-rollout-0"])
     base = dict(config_map=want.config_map, service=want.service)
-    first = reconcile.decide(observed(tiny_spec(), pods=pods, **base), SETTINGS)
+    first = decide(observed(tiny_spec(), pods=pods, **base), SETTINGS)
     assert first.status["roles"]["rollout"]["restarts"] == 1
-    marks = {reconcile.ANNOTATION_FAILURE_COUNTED: "true", reconcile.ANNOTATION_FAILED_AT: f"{NOW:.3f}"}
+    marks = {ANNOTATION_FAILURE_COUNTED: "true", ANNOTATION_FAILED_AT: f"{NOW:.3f}"}
     assert first.patch == [("Pod", "j-rollout-0", {"metadata": {"annotations": marks}})]
     assert first.delete == [] and first.requeue_after == pytest.approx(10)
-    counted = failed(pods["j-rollout-0"], **{reconcile.ANNOTATION_FAILURE_COUNTED: "true",
-                                             reconcile.ANNOTATION_FAILED_AT: f"{NOW:.3f}"})  # fmt: skip
+    counted = failed(pods["j-rollout-0"], **{ANNOTATION_FAILURE_COUNTED: "true",
+                                             ANNOTATION_FAILED_AT: f"{NOW:.3f}"})  # fmt: skip
     pods["j-rollout-0"] = counted
-    during = reconcile.decide(
-        observed(tiny_spec(), pods=pods, status=first.status, now=NOW + 5, **base), SETTINGS
-    )
+    during = decide(observed(tiny_spec(), pods=pods, status=first.status, now=NOW + 5, **base), SETTINGS)
     assert during.delete == [] and during.patch == [] and during.status["roles"]["rollout"]["restarts"] == 1
-    after = reconcile.decide(
-        observed(tiny_spec(), pods=pods, status=first.status, now=NOW + 10.5, **base), SETTINGS
-    )
+    after = decide(observed(tiny_spec(), pods=pods, status=first.status, now=NOW + 10.5, **base), SETTINGS)
     assert after.delete == [("Pod", "j-rollout-0")] and after.status["roles"]["rollout"]["restarts"] == 1
 
 
@@ -214,7 +222,7 @@ def test_past_backoff_limit_fails_the_job_and_removes_pods():
     pods = {n: running(p) for n, p in want.pods.items()}
     pods["j-rollout-1"] = failed(pods["j-rollout-1"])
     status = {"roles": {"rollout": {"ready": 1, "desired": 2, "restarts": 1}}}
-    actions = reconcile.decide(
+    actions = decide(
         observed(spec, pods=pods, status=status, config_map=want.config_map, service=want.service), SETTINGS
     )
     assert actions.status["phase"] == "Failed"
@@ -222,7 +230,7 @@ def test_past_backoff_limit_fails_the_job_and_removes_pods():
     (cond,) = [c for c in actions.status["conditions"] if c["type"] == "Failed"]
     assert cond["reason"] == "BackoffLimitExceeded" and "rollout=2" in cond["message"]
     # Terminal: the next pass changes nothing but keeps pods away.
-    later = reconcile.decide(observed(spec, status=actions.status, config_map=want.config_map), SETTINGS)
+    later = decide(observed(spec, status=actions.status, config_map=want.config_map), SETTINGS)
     assert later.create == [] and later.status["phase"] == "Failed"
 
 
@@ -234,11 +242,11 @@ def test_missing_learner_restarts_whole_gang():
     want = desired(spec)
     pods = {n: running(p) for n, p in want.pods.items() if n != "j-learner-2"}
     base = dict(config_map=want.config_map, service=want.service)
-    actions = reconcile.decide(observed(spec, pods=pods, **base), SETTINGS)
+    actions = decide(observed(spec, pods=pods, **base), SETTINGS)
     assert sorted(n for _, n in actions.delete) == ["j-learner-0", "j-learner-1"]
     assert actions.create == []  # the new gang starts only once every old rank is gone
     rest = {n: p for n, p in pods.items() if "learner" not in n}
-    actions = reconcile.decide(observed(spec, pods=rest, **base), SETTINGS)
+    actions = decide(observed(spec, pods=rest, **base), SETTINGS)
     assert created_names(actions) == ["j-learner-0", "j-learner-1", "j-learner-2"]
 
 
@@ -248,11 +256,11 @@ def test_model_change_refused_while_pods_run_but_allowed_when_suspending():
     pods = {n: running(p) for n, p in want.pods.items()}
     new = tiny_spec(model={"tiny": {"hiddenSize": 128}})
     base = dict(pods=pods, config_map=want.config_map, service=want.service)
-    actions = reconcile.decide(observed(new, **base), SETTINGS)
+    actions = decide(observed(new, **base), SETTINGS)
     assert actions.delete == [] and actions.create == [] and actions.patch == []
     (cond,) = [c for c in actions.status["conditions"] if c["type"] == "SpecChangeRefused"]
     assert "spec.model" in cond["message"]
-    suspending = reconcile.decide(observed({**new, "suspend": True}, **base), SETTINGS)
+    suspending = decide(observed({**new, "suspend": True}, **base), SETTINGS)
     assert sorted(n for _, n in suspending.delete) == sorted(want.pods)
     assert [p[0] for p in suspending.patch] == ["ConfigMap"]
     assert suspending.status["phase"] == "Suspended"
@@ -261,7 +269,7 @@ def test_model_change_refused_while_pods_run_but_allowed_when_suspending():
 def test_coordinator_success_completes_the_job():
     want = desired(tiny_spec())
     pods = {n: running(p) for n, p in want.pods.items()}
-    actions = reconcile.decide(
+    actions = decide(
         observed(tiny_spec(), pods=pods, config_map=want.config_map, service=want.service,
                  progress=JobStatus(step=10, total_steps=10, state="Succeeded", reward_mean=0.9)),
         SETTINGS,
@@ -272,17 +280,17 @@ def test_coordinator_success_completes_the_job():
 
 # ------------------------------------------------------------------------------------------ status
 def test_condition_transition_time_moves_only_on_flip():
-    conds = st.set_condition([], "Ready", "False", "A", "m", NOW)
-    same = st.set_condition(conds, "Ready", "False", "B", "m2", NOW + 60)
+    conds = cond.set_condition([], "Ready", "False", "A", "m", NOW)
+    same = cond.set_condition(conds, "Ready", "False", "B", "m2", NOW + 60)
     assert same[0]["lastTransitionTime"] == conds[0]["lastTransitionTime"] and same[0]["reason"] == "B"
-    flipped = st.set_condition(same, "Ready", "True", "C", "", NOW + 120)
-    assert flipped[0]["lastTransitionTime"] == st.timestamp(NOW + 120)
+    flipped = cond.set_condition(same, "Ready", "True", "C", "", NOW + 120)
+    assert flipped[0]["lastTransitionTime"] == timestamp(NOW + 120)
 
 
 def test_merge_patch_against_reference():
     old = {"a": 1, "b": {"c": 2, "d": 3}, "e": [1], "gone": 1}
     new = {"a": 1, "b": {"c": 2, "d": 4}, "e": [1, 2], "f": {"g": 1}}
-    patch = st.merge_patch(old, new)
+    patch = merge_patch(old, new)
     assert patch == {"gone": None, "b": {"d": 4}, "e": [1, 2], "f": {"g": 1}}
 
     def apply(doc, p):  # RFC 7386, written out independently
@@ -297,7 +305,7 @@ def test_merge_patch_against_reference():
         return out
 
     assert apply(old, patch) == new
-    assert st.merge_patch(new, new) == {}
+    assert merge_patch(new, new) == {}
 
 
 def test_role_counts_need_running_and_ready():
@@ -309,12 +317,12 @@ def test_role_counts_need_running_and_ready():
         }
 
     pods = [pod("Running", "True"), pod("Running", "False"), pod("Pending")]
-    roles = st.role_counts({"rollout": 3, "learner": 1}, pods, {"rollout": 2})
+    roles = role_counts({"rollout": 3, "learner": 1}, pods, {"rollout": 2})
     assert roles == {
         "rollout": {"ready": 1, "desired": 3, "restarts": 2},
         "learner": {"ready": 0, "desired": 1, "restarts": 0},
     }
-    assert st.workers_column(roles) == "1/4"
+    assert workers_column(roles) == "1/4"
 
 
 # ------------------------------------------------------------------------------------------ leader
@@ -382,6 +390,38 @@ def test_operator_import_path_stays_free_of_torch():
     assert out.strip() == "[]"
 
 
+def test_the_operator_extra_installs_what_the_operator_imports():
+    """Every third-party package a dverl_operator module imports is in the `operator` extra or the core
+    dependencies, and the extra lists nothing the operator does not import."""
+    import ast
+    import importlib.metadata
+    import tomllib
+    from pathlib import Path
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    root = Path(__file__).resolve().parents[1]
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    extra = {canonicalize_name(Requirement(r).name) for r in project["optional-dependencies"]["operator"]}
+    core = {canonicalize_name(Requirement(r).name) for r in project["dependencies"]}
+    modules: set[str] = set()
+    for path in (root / "operator" / "dverl_operator").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                modules |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules.add(node.module.split(".")[0])
+    third_party = modules - set(sys.stdlib_module_names) - {"decentralized_verl", "dverl_operator"}
+    # A module may come from several distributions (lightkube-models installs into lightkube.models).
+    found = importlib.metadata.packages_distributions()
+    providers = {m: {canonicalize_name(d) for d in found[m]} for m in third_party}
+    missing = sorted(m for m, names in providers.items() if not names & (core | extra))
+    assert missing == [], "the operator imports these but the operator extra lacks them"
+    unused = extra - set().union(*providers.values())
+    assert unused == set(), "the operator extra installs these but the operator never imports them"
+
+
 def test_operator_without_credentials_exits_2(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     argv = [
@@ -402,7 +442,8 @@ def test_operator_without_credentials_exits_2(tmp_path):
 def test_learner_pods_resume_and_mount_the_checkpoint_pvc() -> None:
     from decentralized_verl.planning.plan import plan_job
     from decentralized_verl.spec.manifest import parse_spec
-    from dverl_operator.children import Owner, for_job
+    from dverl_operator.objects.owned import Owner
+    from dverl_operator.reconcile.desired import for_job
 
     spec = parse_spec(
         {
@@ -429,7 +470,8 @@ def test_learner_pods_resume_and_mount_the_checkpoint_pvc() -> None:
 def test_only_the_learner_gets_the_join_secret_from_the_named_secret() -> None:
     from decentralized_verl.planning.plan import plan_job
     from decentralized_verl.spec.manifest import parse_spec
-    from dverl_operator.children import Owner, for_job
+    from dverl_operator.objects.owned import Owner
+    from dverl_operator.reconcile.desired import for_job
 
     spec = parse_spec(
         {
@@ -453,33 +495,27 @@ def test_only_the_learner_gets_the_join_secret_from_the_named_secret() -> None:
 
 # ------------------------------------------------------------------------------ volunteer gateway
 VOLUNTEERS = {"enabled": True, "tokenSecretRef": {"name": "join", "key": "secret"}}
-GATEWAY = reconcile.Settings(
-    default_image="img:1", volunteer_gateway=True, volunteer_service_type="LoadBalancer"
-)
+GATEWAY = Settings(default_image="img:1", volunteer_gateway=True, volunteer_service_type="LoadBalancer")
 
 
 def test_gateway_only_for_volunteer_jobs_and_only_when_the_chart_enables_it():
     vol = tiny_spec(volunteers=VOLUNTEERS)
-    created = {o["metadata"]["name"]: o for o in reconcile.decide(observed(vol), GATEWAY).create}
+    created = {o["metadata"]["name"]: o for o in decide(observed(vol), GATEWAY).create}
     gateway = created["j-volunteers"]
     assert gateway["spec"]["type"] == "LoadBalancer"
     assert gateway["spec"]["selector"] == {"dverl.io/job": "j", "dverl.io/role": "dht"}
-    assert "j-volunteers" not in {
-        o["metadata"]["name"] for o in reconcile.decide(observed(vol), SETTINGS).create
-    }
-    plain = reconcile.decide(observed(tiny_spec()), GATEWAY)
+    assert "j-volunteers" not in {o["metadata"]["name"] for o in decide(observed(vol), SETTINGS).create}
+    plain = decide(observed(tiny_spec()), GATEWAY)
     assert "j-volunteers" not in {o["metadata"]["name"] for o in plain.create}
 
 
 def test_gateway_type_change_is_patched_and_a_gateway_without_volunteers_is_deleted():
     vol = tiny_spec(volunteers=VOLUNTEERS)
-    have = kids.gateway_service(owned.Owner("j", "ns", "u-1"), plan_job(parse_spec(vol), "j"), "ClusterIP")
-    actions = reconcile.decide(reconcile.Observed(**{**vars(observed(vol)), "gateway": have}), GATEWAY)
+    have = gateway_service(owned.Owner("j", "ns", "u-1"), plan_job(parse_spec(vol), "j"), "ClusterIP")
+    actions = decide(Observed(**{**vars(observed(vol)), "gateway": have}), GATEWAY)
     patches = [p for p in actions.patch if p[1] == "j-volunteers"]
     assert patches and patches[0][2]["spec"]["type"] == "LoadBalancer"
-    actions = reconcile.decide(
-        reconcile.Observed(**{**vars(observed(tiny_spec())), "gateway": have}), GATEWAY
-    )
+    actions = decide(Observed(**{**vars(observed(tiny_spec())), "gateway": have}), GATEWAY)
     assert ("Service", "j-volunteers") in actions.delete
 
 
@@ -510,19 +546,19 @@ def test_gateway_type_change_is_patched_and_a_gateway_without_volunteers_is_dele
     ],
 )
 def test_gateway_address_reported_where_volunteers_dial(service, address):
-    assert reconcile.gateway_address(service) == address
+    assert gateway_address(service) == address
 
 
 def test_each_blocked_peer_gets_one_event_and_the_counter_never_drops():
     vol = tiny_spec(volunteers=VOLUNTEERS)
     two = JobStatus(step=2, state="Running", blocked_peers=(("p1", "bad log-probs"), ("p2", "NaN")))
-    actions = reconcile.decide(observed(vol, progress=two, status={"blockedPeers": 1}), SETTINGS)
+    actions = decide(observed(vol, progress=two, status={"blockedPeers": 1}), SETTINGS)
     assert actions.status["blockedPeers"] == 2
     assert [e for e in actions.events if e[1] == "VolunteerBlocked"] == [
         ("Warning", "VolunteerBlocked", "peer p2 blocked: NaN")
     ]
     restarted = JobStatus(step=3, state="Running")
-    actions = reconcile.decide(observed(vol, progress=restarted, status={"blockedPeers": 2}), SETTINGS)
+    actions = decide(observed(vol, progress=restarted, status={"blockedPeers": 2}), SETTINGS)
     assert actions.status["blockedPeers"] == 2 and not [
         e for e in actions.events if e[1] == "VolunteerBlocked"
     ]
@@ -565,3 +601,15 @@ def test_the_reconcile_settings_come_from_the_flags_once():
         reconcile_settings(parser().parse_args(["-A", "--gang-schedulers", "kube-batch"]), "ops")
     with pytest.raises(SystemExit, match="--operator-pod-labels"):
         reconcile_settings(parser().parse_args(["-A", "--operator-pod-labels", "nolabel"]), "ops")
+
+
+def test_a_failed_pass_is_retried_soon_when_the_cluster_failed_and_at_resync_when_it_was_a_bug():
+    from dverl_operator.jobs.retry import classify
+    from dverl_operator.kube.errors import ApiError, ApiUnreachable
+
+    refused = classify(ApiError(403, "POST", "api/v1/pods", "Forbidden", "no"), resync_seconds=10.0)
+    assert (refused.kind, refused.from_cluster, refused.retry_after) == ("ApiError", True, 2.0)
+    assert classify(ApiUnreachable("refused"), 10.0).from_cluster
+    assert classify(TimeoutError(), 1.0).retry_after == 1.0  # never later than the resync
+    bug = classify(KeyError("metadata"), resync_seconds=10.0)
+    assert (bug.kind, bug.from_cluster, bug.retry_after) == ("KeyError", False, 10.0)

@@ -307,10 +307,12 @@ def test_validate_refuses_what_does_not_fit(tmp_path: Path) -> None:
 
 
 def test_operator_refuses_a_job_that_cannot_fit() -> None:
-    from dverl_operator import reconcile
+    from dverl_operator.reconcile.decide import decide
+    from dverl_operator.reconcile.observed import Observed
+    from dverl_operator.reconcile.settings import Settings
 
     spec = qwen7b(model={"path": "/models/Qwen2.5-7B-Instruct"})["spec"]  # known by name: no files read
-    observed = reconcile.Observed(
+    observed = Observed(
         job={"metadata": {"name": "q7", "namespace": "ns", "uid": "u"}, "spec": spec, "status": {}},
         pods={},
         config_map=None,
@@ -318,7 +320,7 @@ def test_operator_refuses_a_job_that_cannot_fit() -> None:
         progress=None,
         now=1.0,
     )
-    actions = reconcile.decide(observed, reconcile.Settings())
+    actions = decide(observed, Settings())
     assert actions.create == [] and actions.status["phase"] == "Failed"
     (condition,) = [c for c in actions.status["conditions"] if c["type"] == "ValidationFailed"]
     assert "spec.roles.learner.resources.gpuMemory: learner needs" in condition["message"]

@@ -15,21 +15,22 @@ from operator_fixtures import tiny_spec
 from decentralized_verl.planning.plan import plan_job
 from decentralized_verl.spec.manifest import load_job, parse_spec
 from decentralized_verl.spec.source_paths import SHM_DIR
-from dverl_operator import children, owned
-from dverl_operator.pod_security import (
+from dverl_operator.objects import owned
+from dverl_operator.pods.security import (
     LEARNER_GRACE_UNKNOWN_S,
     SERVING_GRACE_S,
     WORKER_GID,
     WORKER_UID,
 )
-from dverl_operator.pod_standards import violations
+from dverl_operator.pods.standards import violations
+from dverl_operator.reconcile.desired import for_job
 
 ROOT = Path(__file__).parents[1]
 
 
 def build(spec: Any, name: str = "j") -> dict[str, dict[str, Any]]:
     plan = plan_job(spec, name)
-    return children.for_job(owned.Owner(name, "ns", "uid"), spec, plan, "img:1", gateway_type="NodePort").pods
+    return for_job(owned.Owner(name, "ns", "uid"), spec, plan, "img:1", gateway_type="NodePort").pods
 
 
 @pytest.mark.parametrize("example", EXAMPLE_JOBS, ids=lambda p: p.stem)

@@ -10,8 +10,9 @@ from operator_fixtures import tiny_spec
 
 from decentralized_verl.planning.plan import plan_job
 from decentralized_verl.spec.manifest import parse_spec
-from dverl_operator import children, owned
-from dverl_operator.pod_sources import FETCH_MODULE
+from dverl_operator.objects import owned
+from dverl_operator.pods.sources import FETCH_MODULE
+from dverl_operator.reconcile.desired import for_job
 
 DIGEST = "cd" * 32
 OWNER = owned.Owner("j", "ns", "uid-1")
@@ -26,7 +27,7 @@ SOURCES = [
 
 def pods(**overrides: Any) -> dict[str, dict[str, Any]]:
     spec = parse_spec(tiny_spec(**overrides))
-    return children.for_job(OWNER, spec, plan_job(spec, "j"), "img:1").pods
+    return for_job(OWNER, spec, plan_job(spec, "j"), "img:1").pods
 
 
 def with_sources(**roles: Any) -> dict[str, Any]:
@@ -147,11 +148,11 @@ def test_changing_sources_or_template_replaces_pods_and_plain_jobs_keep_their_ha
 
 
 def test_a_failed_fetch_is_named_in_the_jobs_event() -> None:
-    from dverl_operator.pod_decisions import decide_pods
-    from dverl_operator.pod_failure import failure_reason
+    from dverl_operator.pods.decisions import decide_pods
+    from dverl_operator.pods.failure import failure_reason
 
     spec = parse_spec(tiny_spec(**with_sources()))
-    want = children.for_job(OWNER, spec, plan_job(spec, "j"), "img:1").pods
+    want = for_job(OWNER, spec, plan_job(spec, "j"), "img:1").pods
     message = "hf://org/tiny/m.tar.gz: SHA-256 is 00ff, expected cdcd: refusing the download"
     failed = {
         **want["j-rollout-0"],

@@ -38,7 +38,8 @@ def test_each_rollout_worker_gets_its_own_chain_of_span_workers():
 
 
 def test_the_operator_makes_span_pods_and_wires_the_front_to_them():
-    from dverl_operator.children import Owner, for_job
+    from dverl_operator.objects.owned import Owner
+    from dverl_operator.reconcile.desired import for_job
 
     spec = parse_spec(_spec(spans={"count": 2}))
     children = for_job(Owner("j", "ns", "uid-1"), spec, plan_job(spec, "j"), "img")
@@ -216,7 +217,9 @@ def test_dverl_plan_shows_the_chosen_spans_and_run_starts_them(tmp_path, capsys)
 def test_the_operator_makes_the_span_pods_of_a_job_it_places_as_spans():
     import yaml
 
-    from dverl_operator import reconcile
+    from dverl_operator.reconcile.decide import decide
+    from dverl_operator.reconcile.observed import Observed
+    from dverl_operator.reconcile.settings import Settings
 
     gpu = {"gpus": 1, "gpuMemory": "24Gi"}
     spec = {
@@ -229,7 +232,7 @@ def test_the_operator_makes_the_span_pods_of_a_job_it_places_as_spans():
         },
         "training": {"batchSize": 2},
     }
-    observed = reconcile.Observed(
+    observed = Observed(
         job={"metadata": {"name": "q14", "namespace": "ns", "uid": "u"}, "spec": spec, "status": {}},
         pods={},
         config_map=None,
@@ -237,7 +240,7 @@ def test_the_operator_makes_the_span_pods_of_a_job_it_places_as_spans():
         progress=None,
         now=1.0,
     )
-    actions = reconcile.decide(observed, reconcile.Settings())
+    actions = decide(observed, Settings())
     assert actions.status.get("phase") != "Failed", actions.status
     created = {body["metadata"]["name"]: body for body in actions.create}
     spans = sorted(n for n in created if n.startswith("q14-span-"))

@@ -14,8 +14,8 @@ from decentralized_verl.launch.run import coordinator_status
 from decentralized_verl.orchestration.status_service import CoordinatorServicer
 from decentralized_verl.proto import dverl_pb2, dverl_pb2_grpc
 from decentralized_verl.serving.servicers import serve
-from dverl_operator.coordinator import CoordinatorClient
-from dverl_operator.status import progress_fields
+from dverl_operator.jobs.coordinator import CoordinatorClient
+from dverl_operator.status.fields import progress_fields
 
 
 def test_the_board_replaces_the_status_whole_and_keeps_blocked_peers_in_order() -> None:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
-import json
 import logging
 import os
 import signal
@@ -21,184 +19,35 @@ from typing import TYPE_CHECKING
 import kopf
 
 from decentralized_verl.spec import API_GROUP, API_VERSION, PLURAL
-from dverl_operator import coordinator, gang, handlers, metrics, reconcile
-from dverl_operator import guard_children as guard
-from dverl_operator.cluster import Cluster, load_connection
-from dverl_operator.health import Health
-from dverl_operator.identity import load_or_create
-from dverl_operator.leader import LeaderElector, identity_from_env
+from dverl_operator import handlers
+from dverl_operator.flags import parser, reconcile_settings
+from dverl_operator.jobs.coordinator import CoordinatorClient
+from dverl_operator.jobs.identity import load_or_create
+from dverl_operator.jobs.runtime import Runtime
+from dverl_operator.kube.client import Cluster
+from dverl_operator.kube.connection import client_config, kopf_login
+from dverl_operator.kube.discovery import Discovery
+from dverl_operator.logs import configure_logging
+from dverl_operator.process import metrics
+from dverl_operator.process.health import Health
+from dverl_operator.process.leader import LeaderElector, identity_from_env
 
 if TYPE_CHECKING:
     from aiohttp import web
 
 log = logging.getLogger("dverl_operator")
-_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "settings", "k8s_skip"}
 
 
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message, plus any `extra=` fields."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "time": datetime.datetime.fromtimestamp(record.created, tz=datetime.UTC).isoformat(),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        for key, value in vars(record).items():
-            if key not in _STANDARD and not key.startswith("_"):
-                entry[key] = value if isinstance(value, str | int | float | bool | type(None)) else str(value)
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry)
-
-
-def configure_logging(level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    if root.level > logging.DEBUG:
-        logging.getLogger("kopf").setLevel(logging.WARNING)  # kopf logs every handled event at info
-
-
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dverl operator", description="Run the RLHFJob operator.")
-    scope = p.add_mutually_exclusive_group()
-    scope.add_argument(
-        "--all-namespaces", "-A", action="store_true", help="watch RLHFJobs in every namespace"
-    )
-    scope.add_argument(
-        "--namespace",
-        "-n",
-        action="append",
-        default=[],
-        metavar="NS",
-        help="watch this namespace (repeatable)",
-    )
-    p.add_argument(
-        "--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG/~/.kube/config)"
-    )
-    p.add_argument("--metrics-port", type=int, default=8080, help="Prometheus /metrics port; 0 turns it off")
-    p.add_argument("--liveness-port", type=int, default=8081, help="/healthz port; 0 turns it off")
-    p.add_argument(
-        "--stall-seconds",
-        type=float,
-        default=None,
-        help="/healthz fails when jobs are known but no reconcile pass finished for this long "
-        "(default: 10 resync intervals, at least 120)",
-    )
-    p.add_argument(
-        "--worker-image", default=os.environ.get("DVERL_WORKER_IMAGE", reconcile.Settings.default_image)
-    )
-    p.add_argument(
-        "--resync-seconds", type=float, default=10.0, help="reconcile every job at least this often"
-    )
-    p.add_argument("--max-concurrent-reconciles", type=int, default=16, help="passes running at once")
-    p.add_argument("--status-interval", type=float, default=5.0, help="poll each coordinator this often")
-    p.add_argument("--backoff-base-seconds", type=float, default=10.0)
-    p.add_argument("--backoff-max-seconds", type=float, default=300.0)
-    p.add_argument(
-        "--coordinator-address-template",
-        default=os.environ.get(coordinator.ENV_TEMPLATE, coordinator.DEFAULT_TEMPLATE),
-        help="where a job's coordinator listens; {job} and {namespace} are filled in",
-    )
-    p.add_argument(
-        "--volunteer-gateway",
-        choices=("true", "false"),
-        default=os.environ.get("DVERL_VOLUNTEER_GATEWAY", "false").lower(),
-        help="give each job with volunteers enabled a Service for its DHT bootstrap peer",
-    )
-    p.add_argument(
-        "--volunteer-service-type",
-        choices=reconcile.GATEWAY_TYPES,
-        default=os.environ.get("DVERL_VOLUNTEER_SERVICE_TYPE", "LoadBalancer"),
-        help="Service type of that gateway (the chart's volunteers.gateway.serviceType)",
-    )
-    p.add_argument(
-        "--network-policy",
-        choices=("true", "false"),
-        default=os.environ.get("DVERL_NETWORK_POLICY", "true").lower(),
-        help="give each job a NetworkPolicy: ingress from its own pods and the operator only",
-    )
-    p.add_argument(
-        "--operator-pod-labels",
-        default=os.environ.get("DVERL_OPERATOR_POD_LABELS", "app.kubernetes.io/name=dverl"),
-        help="k=v,... labels of the operator's pods, which the NetworkPolicy lets call Status",
-    )
-    p.add_argument(
-        "--identity-secret",
-        default=os.environ.get("DVERL_IDENTITY_SECRET", "dverl-operator-identity"),
-        help="Secret (in the operator's namespace) holding the CA and key that job credentials come from",
-    )
-    p.add_argument(
-        "--gang-schedulers",
-        default=os.environ.get("DVERL_GANG_SCHEDULERS", ""),
-        help="comma-separated gang schedulers whose PodGroups to manage: coscheduling, volcano",
-    )
-    p.add_argument("--identity", default=None, help="Lease holder identity (default: $POD_NAME)")
-    p.add_argument(
-        "--lease-namespace",
-        default=None,
-        help="namespace of the leader Lease (default: $POD_NAMESPACE or default)",
-    )
-    p.add_argument("--lease-seconds", type=float, default=15.0)
-    p.add_argument("--renew-seconds", type=float, default=5.0)
-    p.add_argument("--no-leader-election", action="store_true", help="act without a Lease (one replica only)")
-    p.add_argument("--log-level", default=os.environ.get("DVERL_LOG_LEVEL", "info"))
-    return p
-
-
-def pod_labels(text: str) -> dict[str, str]:
-    labels = dict(part.split("=", 1) for part in text.split(",") if "=" in part)
-    if not labels:
-        raise SystemExit(f"--operator-pod-labels: expected k=v[,k=v...] (got {text!r})")
-    return labels
-
-
-def gang_schedulers(text: str) -> frozenset[str]:
-    """`coscheduling,volcano` -> the set; an unknown name stops the operator with the names it knows."""
-    names = frozenset(n.strip() for n in text.split(",") if n.strip())
-    unknown = sorted(names - set(gang.KIND_KEYS))
-    if unknown:
-        raise SystemExit(f"--gang-schedulers: unknown {', '.join(unknown)}; expected coscheduling or volcano")
-    return names
-
-
-async def served_api(cluster: Cluster) -> None:
+async def served_api(discovery: Discovery) -> None:
     """Raises unless the API server answers discovery for the RLHFJob API and lists rlhfjobs in it
     (discovery is readable by every authenticated client, so this needs no RBAC of its own)."""
-    found = await cluster.request("GET", f"apis/{API_GROUP}/{API_VERSION}")
-    served = {r.get("name") for r in found.get("resources", [])}
-    if PLURAL not in served:
+    if PLURAL not in await discovery.resources(API_GROUP, API_VERSION):
         raise RuntimeError(f"{API_GROUP}/{API_VERSION} does not serve {PLURAL}")
 
 
-def reconcile_settings(args: argparse.Namespace, own_namespace: str) -> reconcile.Settings:
-    """The reconcile policy from the command line, read once here and passed down: nothing below the
-    entry reads flags or the environment."""
-    policy = (
-        guard.PolicyScope(own_namespace, pod_labels(args.operator_pod_labels))
-        if args.network_policy == "true"
-        else None
-    )
-    return reconcile.Settings(
-        default_image=args.worker_image,
-        backoff_base_seconds=args.backoff_base_seconds,
-        backoff_max_seconds=args.backoff_max_seconds,
-        resync_seconds=args.resync_seconds,
-        volunteer_gateway=args.volunteer_gateway == "true",
-        volunteer_service_type=args.volunteer_service_type,
-        network_policy=policy,
-        gang_schedulers=gang_schedulers(args.gang_schedulers),
-    )
-
-
 def kopf_settings() -> kopf.OperatorSettings:
-    """kopf as this operator uses it: the Lease, not kopf's peering, decides who acts; deletion waits on
-    the operator's finalizer; only warnings become Kubernetes Events."""
+    """kopf as this operator uses it: the Lease, not kopf's peering, decides who acts (docs/operator.md
+    says why); deletion waits on the operator's finalizer; only warnings become Kubernetes Events."""
     settings = kopf.OperatorSettings()
     settings.peering.standalone = True
     settings.persistence.finalizer = "dverl.io/operator"
@@ -208,7 +57,7 @@ def kopf_settings() -> kopf.OperatorSettings:
 
 
 async def serve_probes(
-    args: argparse.Namespace, runtime: handlers.Runtime, health_cluster: Cluster
+    args: argparse.Namespace, runtime: Runtime, discovery: Discovery
 ) -> list[web.AppRunner]:
     """/metrics and /healthz, served before leadership so that a follower is live and scrapeable too;
     returns the servers to clean up. /healthz asks the API on a connection of its own, so a busy
@@ -220,7 +69,7 @@ async def serve_probes(
         )
     if args.liveness_port:
         health = Health(
-            api_probe=lambda: served_api(health_cluster),
+            api_probe=lambda: served_api(discovery),
             jobs=runtime.metrics.jobs_known,
             last_pass=lambda: runtime.metrics.last_pass,
             stall_after=args.stall_seconds or max(120.0, 10 * args.resync_seconds),
@@ -230,7 +79,11 @@ async def serve_probes(
 
 
 async def lead_and_operate(
-    args: argparse.Namespace, runtime: handlers.Runtime, elector: LeaderElector | None, stop: asyncio.Event
+    args: argparse.Namespace,
+    runtime: Runtime,
+    login: kopf.ConnectionInfo,
+    elector: LeaderElector | None,
+    stop: asyncio.Event,
 ) -> int:
     """Wait to lead (or for a stop), then run kopf until a stop, kopf's own end, or lost leadership;
     returns the exit code: 1 when leadership was lost, so Kubernetes restarts the replica as a follower
@@ -248,7 +101,7 @@ async def lead_and_operate(
     stop_flag = asyncio.Event()
     operator = asyncio.ensure_future(
         kopf.operator(
-            registry=handlers.build_registry(),
+            registry=handlers.build_registry(login),
             settings=kopf_settings(),
             standalone=True,
             clusterwide=args.all_namespaces or not args.namespace,
@@ -281,16 +134,17 @@ async def lead_and_operate(
 async def run(args: argparse.Namespace) -> int:
     identity = args.identity or identity_from_env()
     own_namespace = args.lease_namespace or os.environ.get("POD_NAMESPACE") or "default"
-    connection = load_connection(args.kubeconfig)
-    cluster = Cluster(connection, user_agent=f"dverl-operator/{identity}")
+    login = kopf_login(args.kubeconfig)
+    config = client_config(args.kubeconfig)
+    cluster = Cluster(config)
     credentials_from = await load_or_create(cluster, own_namespace, args.identity_secret)
     settings = reconcile_settings(args, own_namespace)
     # The Lease gets its own connections, so renewals never queue behind reconcile traffic.
-    lease_cluster = Cluster(connection, user_agent=f"dverl-operator/{identity}/leader-election")
-    runtime = handlers.Runtime(
+    lease_cluster = Cluster(config)
+    runtime = Runtime(
         cluster=cluster,
         settings=settings,
-        coordinator=coordinator.CoordinatorClient(args.coordinator_address_template),
+        coordinator=CoordinatorClient(args.coordinator_address_template),
         identity=credentials_from,
         metrics=metrics.Metrics(),
         status_interval=args.status_interval,
@@ -301,8 +155,8 @@ async def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
 
-    health_cluster = Cluster(connection, user_agent=f"dverl-operator/{identity}/health")
-    servers = await serve_probes(args, runtime, health_cluster)
+    discovery = Discovery(config)
+    servers = await serve_probes(args, runtime, discovery)
     elector = None
     if not args.no_leader_election:
         elector = LeaderElector(
@@ -322,7 +176,7 @@ async def run(args: argparse.Namespace) -> int:
         },
     )
     try:
-        return await lead_and_operate(args, runtime, elector, stop)
+        return await lead_and_operate(args, runtime, login, elector, stop)
     finally:
         if elector is not None:
             await elector.release()
@@ -331,7 +185,7 @@ async def run(args: argparse.Namespace) -> int:
         await runtime.coordinator.close()
         await cluster.close()
         await lease_cluster.close()
-        await health_cluster.close()
+        await discovery.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

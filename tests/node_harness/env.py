@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dverl_operator.quantity import parse as quantity
+from dverl_operator.objects.quantity import parse as quantity
 
 Lookup = Callable[[str, str], Mapping[str, Any] | None]
 """(kind "Secret"|"ConfigMap", name) -> the object in the pod's namespace, or None."""

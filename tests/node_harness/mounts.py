@@ -161,7 +161,7 @@ def prepare(
 
 
 def _tmpfs_size(quantity: str) -> str:
-    from dverl_operator.quantity import parse
+    from dverl_operator.objects.quantity import parse
 
     return str(int(parse(quantity)))
 

@@ -16,8 +16,8 @@ from typing import Any
 from decentralized_verl.planning.plan import Plan, PlannedWorker
 from decentralized_verl.spec import JobSpec
 from decentralized_verl.spec.scheduling import GangSpec
-from dverl_operator import owned, quantity
-from dverl_operator import status as st
+from dverl_operator.objects import owned, quantity
+from dverl_operator.objects.pod_state import pod_deleting, pod_phase
 
 COSCHEDULING = "coscheduling"
 VOLCANO = "volcano"
@@ -113,7 +113,7 @@ def sync(
     patch: list[Patch] = []
     delete: list[tuple[str, str]] = []
     for name, existing in observed.items():
-        if existing is None or st.pod_deleting(existing):
+        if existing is None or pod_deleting(existing):
             continue
         if want is None or name != scheduler:
             delete.append((KIND_KEYS[name], existing["metadata"]["name"]))
@@ -137,7 +137,7 @@ def _drifted(have: Mapping[str, Any], want: Mapping[str, Any]) -> bool:
 
 def placed(pod: Mapping[str, Any]) -> bool:
     """Bound to a node (or already past it)."""
-    if (pod.get("spec") or {}).get("nodeName") or st.pod_phase(pod) != "Pending":
+    if (pod.get("spec") or {}).get("nodeName") or pod_phase(pod) != "Pending":
         return True
     conditions = (pod.get("status") or {}).get("conditions") or []
     return any(c.get("type") == "PodScheduled" and c.get("status") == "True" for c in conditions)
@@ -149,7 +149,7 @@ def held(pods: Mapping[str, Mapping[str, Any]], spec: JobSpec, plan: Plan) -> tu
     if gang is None:
         return None
     need = len(members(plan, gang))
-    have = sum(1 for pod in pods.values() if not st.pod_deleting(pod) and placed(pod))
+    have = sum(1 for pod in pods.values() if not pod_deleting(pod) and placed(pod))
     if have >= need:
         return None
     return "WaitingForGang", f"{have}/{need} of the gang placed by the {gang.scheduler} scheduler"

@@ -8,14 +8,24 @@ from typing import Any
 
 from decentralized_verl.core.final_report import read_final
 from decentralized_verl.core.status import JobStatus
-from dverl_operator import status as st
+from dverl_operator.objects.times import timestamp
+from dverl_operator.status.conditions import (
+    FAILED,
+    QUEUED,
+    READY,
+    SUCCEEDED,
+    SUSPENDED,
+    drop_condition,
+    set_condition,
+)
+from dverl_operator.status.fields import newly_blocked, progress_fields, role_counts, workers_column
 
 Status = dict[str, Any]
 Events = list[tuple[str, str, str]]
 
 
 def with_roles(status: Mapping[str, Any], roles: dict[str, dict[str, int]], **fields: Any) -> Status:
-    return {**status, "roles": roles, "workers": st.workers_column(roles), **fields}
+    return {**status, "roles": roles, "workers": workers_column(roles), **fields}
 
 
 def suspended(
@@ -26,15 +36,15 @@ def suspended(
     now: float,
 ) -> tuple[Status, Events]:
     """Pods removed, config and service kept; as a suspended Kubernetes Job the clock restarts on resume."""
-    conditions = st.set_condition(conditions, st.SUSPENDED, "True", "Suspended", "spec.suspend is true", now)
-    conditions = st.set_condition(conditions, st.READY, "False", "Suspended", "pods removed", now)
+    conditions = set_condition(conditions, SUSPENDED, "True", "Suspended", "spec.suspend is true", now)
+    conditions = set_condition(conditions, READY, "False", "Suspended", "pods removed", now)
     events = (
         []
         if status.get("phase") == "Suspended"
         else [("Normal", "Suspended", "pods removed; config and service kept")]
     )
     kept = {k: v for k, v in status.items() if k != "startTime"}
-    roles = st.role_counts(desired, [], restarts)
+    roles = role_counts(desired, [], restarts)
     return with_roles(kept, roles, phase="Suspended", message="suspended", conditions=conditions), events
 
 
@@ -46,11 +56,11 @@ def backoff_exhausted(
     why: str,
     now: float,
 ) -> tuple[Status, Events]:
-    conditions = st.set_condition(conditions, st.FAILED, "True", "BackoffLimitExceeded", why, now)
-    conditions = st.set_condition(conditions, st.READY, "False", "BackoffLimitExceeded", why, now)
-    roles = st.role_counts(desired, [], restarts)
+    conditions = set_condition(conditions, FAILED, "True", "BackoffLimitExceeded", why, now)
+    conditions = set_condition(conditions, READY, "False", "BackoffLimitExceeded", why, now)
+    roles = role_counts(desired, [], restarts)
     new = with_roles(
-        status, roles, phase="Failed", message=why, conditions=conditions, completionTime=st.timestamp(now)
+        status, roles, phase="Failed", message=why, conditions=conditions, completionTime=timestamp(now)
     )
     return new, [("Warning", "BackoffLimitExceeded", why)]
 
@@ -72,14 +82,14 @@ def progress_status(
     else:
         new.pop("volunteerGateway", None)
     if progress is not None:
-        new.update(st.progress_fields(progress))
+        new.update(progress_fields(progress))
         if progress.step != status.get("step") or not status.get("lastProgressTime"):
-            new["lastProgressTime"] = st.timestamp(now)
+            new["lastProgressTime"] = timestamp(now)
         step_seconds = sum(seconds for _, seconds in progress.phase_seconds)
         if step_seconds > 0:
             new["stepSeconds"] = round(step_seconds, 3)
         already = int(status.get("blockedPeers") or 0)
-        for peer_id, reason in st.newly_blocked(already, progress):
+        for peer_id, reason in newly_blocked(already, progress):
             events.append(("Warning", "VolunteerBlocked", f"peer {peer_id} blocked: {reason}"))
         new["blockedPeers"] = max(already, len(progress.blocked_peers))
     if total_steps and not new.get("totalSteps"):
@@ -100,29 +110,27 @@ def with_final_report(status: Mapping[str, Any], learner: Mapping[str, Any] | No
 
 
 def succeeded(new: Status, conditions: list, now: float) -> tuple[Status, Events]:
-    conditions = st.set_condition(
-        conditions, st.SUCCEEDED, "True", "TrainingComplete", "training finished", now
-    )
-    conditions = st.set_condition(conditions, st.READY, "False", "Completed", "training finished", now)
+    conditions = set_condition(conditions, SUCCEEDED, "True", "TrainingComplete", "training finished", now)
+    conditions = set_condition(conditions, READY, "False", "Completed", "training finished", now)
     new = {
         **new,
         "phase": "Succeeded",
         "message": "training finished",
         "conditions": conditions,
-        "completionTime": st.timestamp(now),
+        "completionTime": timestamp(now),
     }
     return new, [("Normal", "Succeeded", "training finished")]
 
 
 def coordinator_failed(new: Status, conditions: list, now: float) -> tuple[Status, Events]:
     message = "the coordinator reports the training failed"
-    conditions = st.set_condition(conditions, st.FAILED, "True", "CoordinatorFailed", message, now)
+    conditions = set_condition(conditions, FAILED, "True", "CoordinatorFailed", message, now)
     new = {
         **new,
         "phase": "Failed",
         "message": message,
         "conditions": conditions,
-        "completionTime": st.timestamp(now),
+        "completionTime": timestamp(now),
     }
     return new, [("Warning", "CoordinatorFailed", message)]
 
@@ -138,13 +146,13 @@ def running(
     new = dict(new)
     all_ready = bool(total) and ready == total
     if all_ready:
-        conditions = st.set_condition(
-            conditions, st.READY, "True", "AllWorkersReady", f"{ready}/{total} ready", now
+        conditions = set_condition(
+            conditions, READY, "True", "AllWorkersReady", f"{ready}/{total} ready", now
         )
-        new.setdefault("startTime", st.timestamp(now))
+        new.setdefault("startTime", timestamp(now))
     else:
-        conditions = st.set_condition(
-            conditions, st.READY, "False", "WorkersNotReady", f"{ready}/{total} workers ready", now
+        conditions = set_condition(
+            conditions, READY, "False", "WorkersNotReady", f"{ready}/{total} workers ready", now
         )
     phase = "Running" if new.get("startTime") else "Pending"
     message = "spec change refused" if refused else ""
@@ -154,8 +162,8 @@ def running(
         if new.get("phase") != "Queued":
             events.append(("Normal", "Queued", why))
         phase, message = "Queued", why
-        conditions = st.set_condition(conditions, st.QUEUED, "True", reason, why, now)
+        conditions = set_condition(conditions, QUEUED, "True", reason, why, now)
     else:
-        conditions = st.drop_condition(conditions, st.QUEUED)
+        conditions = drop_condition(conditions, QUEUED)
     new.update(phase=phase, message=message, conditions=conditions)
     return new, events

@@ -4,12 +4,22 @@ and pod group, the scheduler and the priority class. Pure; put together once per
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from decentralized_verl.planning.plan import Plan
 from decentralized_verl.spec import JobSpec
-from dverl_operator import gang, kueue
-from dverl_operator.children import PodMarks
+from dverl_operator.children import gang, kueue
+
+
+@dataclass(frozen=True)
+class PodMarks:
+    """What the cluster's shared schedulers read on a pod."""
+
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    scheduler_name: str | None = None
+    priority_class_name: str | None = None
 
 
 def for_job(spec: JobSpec, job: Mapping[str, Any], plan: Plan, group: kueue.PodGroup | None) -> PodMarks:

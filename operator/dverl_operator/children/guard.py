@@ -20,7 +20,7 @@ from decentralized_verl.security.credentials import (
     token_key,
 )
 from decentralized_verl.security.rights import TOKEN_ROLES
-from dverl_operator.owned import LABEL_JOB, LABEL_ROLE, Owner, job_labels, metadata
+from dverl_operator.objects.owned import LABEL_JOB, LABEL_ROLE, Owner, job_labels, metadata
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dverl_operator import children as kids
-from dverl_operator import guard_children as guard
-from dverl_operator import owned
+from dverl_operator.children import guard, services
+from dverl_operator.children.job_children import Children
+from dverl_operator.objects import owned
 
 Patch = tuple[str, str, dict[str, Any]]
 
@@ -41,7 +41,7 @@ def sync_shared(
     observed_config_map: Mapping[str, Any] | None,
     observed_service: Mapping[str, Any] | None,
     observed_gateway: Mapping[str, Any] | None,
-    desired: kids.Children,
+    desired: Children,
     job: str,
     observed_policies: tuple[Mapping[str, Any] | None, Mapping[str, Any] | None] = (None, None),
 ) -> tuple[list[dict[str, Any]], list[Patch], list[tuple[str, str]]]:
@@ -49,7 +49,7 @@ def sync_shared(
     create: list[dict[str, Any]] = []
     patch: list[Patch] = []
     delete: list[tuple[str, str]] = []
-    gateway_name = kids.gateway_name(job)
+    gateway_name = services.gateway_name(job)
     _sync_spec(
         "NetworkPolicy", guard.network_policy_name(job), observed_policies[0], desired.network_policy,
         create, patch, delete,
@@ -94,20 +94,3 @@ def sync_shared(
                 ("Service", gateway_name, {"spec": {"type": want_spec["type"], "ports": want_spec["ports"]}})
             )
     return create, patch, delete
-
-
-def gateway_address(gateway: Mapping[str, Any] | None) -> str | None:
-    """Where volunteers dial the job's DHT peer: the load balancer's address, else the node port."""
-    if gateway is None:
-        return None
-    spec = gateway.get("spec") or {}
-    ports = spec.get("ports") or [{}]
-    ingress = ((gateway.get("status") or {}).get("loadBalancer") or {}).get("ingress") or []
-    if spec.get("type") == "LoadBalancer" and ingress:
-        host = ingress[0].get("ip") or ingress[0].get("hostname")
-        return f"{host}:{ports[0].get('port')}"
-    if spec.get("type") == "NodePort" and ports[0].get("nodePort"):
-        return f"<any node>:{ports[0]['nodePort']}"
-    if spec.get("type") == "ClusterIP" and spec.get("clusterIP") not in (None, "", "None"):
-        return f"{spec['clusterIP']}:{ports[0].get('port')}"
-    return None

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dverl_operator import status as st
+from dverl_operator.objects.pod_state import pod_deleting
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
@@ -94,7 +94,7 @@ def held(pods: Mapping[str, Mapping[str, Any]]) -> tuple[str, str] | None:
     count = 0
     for pod in pods.values():
         names = [g.get("name", "") for g in (pod.get("spec") or {}).get("schedulingGates") or []]
-        if names and not st.pod_deleting(pod):
+        if names and not pod_deleting(pod):
             count += 1
             gates.update(names)
     if not count:

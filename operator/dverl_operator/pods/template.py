@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from decentralized_verl.spec.sources import PodTemplate
-from dverl_operator.pod_security import hardened
+from dverl_operator.pods.security import hardened
 
 
 def by_name(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> list[dict[str, Any]]:

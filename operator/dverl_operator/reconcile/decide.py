@@ -4,11 +4,11 @@ The handler gathers what is observed, calls `decide`, and applies the returned `
 pure and reachable by tests; `decide` runs it in named phases, each its own function: settled
 (`_settled`), validate (`_validated`: the spec, and that its workers fit their GPUs: planning) or
 refuse (`_invalid`), refusal of restart-forcing changes (refusal.py), the wanted children
-(`_wanted`), shared children (`_sync_shared_children`: shared_children.py, the gang's PodGroup from
-gang.py), suspend (`_suspend`), the Kueue group (`_record_group`, kueue.py), pods (`_decide_pods`,
-pod_decisions.py: scale, backoff, preemption, learner gang; `_fail_job` when a role is out of
-restarts), then status (`_finish`, outcome.py: Queued while a gang or an admission queue holds the
-pods).
+(`_wanted`, desired.py), shared children (`_sync_shared_children`: children/shared.py, the gang's PodGroup
+from children/gang.py), suspend (`_suspend`), the Kueue group (`_record_group`, children/kueue.py), pods
+(`_decide_pods`, pods/decisions.py: scale, backoff, preemption, learner gang; `_fail_job` when a role is
+out of restarts), then status (`_finish`, status/outcome.py: Queued while a gang or an admission queue
+holds the pods).
 Every decision is a function of the observed state (level-based), so running it twice, or after an
 operator restart, converges to the same cluster without duplicates.
 """
@@ -16,118 +16,37 @@ operator restart, converges to the same cluster without duplicates.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from decentralized_verl.core.status import JobStatus
 from decentralized_verl.errors import ManifestError, Problem
 from decentralized_verl.planning import plan_for
 from decentralized_verl.planning.fit import planned_spec
 from decentralized_verl.planning.plan import Plan, plan_job
 from decentralized_verl.spec import JobSpec
 from decentralized_verl.spec.manifest import parse_spec
-from dverl_operator import children as kids
-from dverl_operator import gang, kueue, outcome, owned, pod_marks
-from dverl_operator import guard_children as guard
-from dverl_operator import status as st
-from dverl_operator.pod_decisions import (
-    ANNOTATION_FAILED_AT,
-    ANNOTATION_FAILURE_COUNTED,
+from dverl_operator.children import gang, kueue
+from dverl_operator.children.job_children import Children
+from dverl_operator.children.services import gateway_address
+from dverl_operator.children.shared import sync_shared
+from dverl_operator.objects import owned
+from dverl_operator.objects.pod_state import pod_deleting
+from dverl_operator.pods import marks as pod_marks
+from dverl_operator.pods.decisions import (
     PodDecision,
     decide_pods,
     learner_names,
     restart_stalled,
     stalled_learner,
 )
-from dverl_operator.pod_decisions import backoff_delay as _backoff_delay
-from dverl_operator.refusal import refuse_restart_changes
-from dverl_operator.shared_children import gateway_address, sync_shared
-
-__all__ = [
-    "ANNOTATION_FAILED_AT",
-    "ANNOTATION_FAILURE_COUNTED",
-    "GATEWAY_TYPES",
-    "Actions",
-    "Observed",
-    "Settings",
-    "backoff_delay",
-    "decide",
-    "gateway_address",
-]
-
-
-@dataclass(frozen=True)
-class Settings:
-    default_image: str = "ghcr.io/dverl/worker:latest"
-    backoff_base_seconds: float = 10.0
-    backoff_max_seconds: float = 300.0
-    resync_seconds: float = 10.0
-    volunteer_gateway: bool = False
-    """Expose each volunteer job's DHT bootstrap peer outside the cluster (chart: volunteers.gateway)."""
-    volunteer_service_type: str = "LoadBalancer"
-    network_policy: guard.PolicyScope | None = None
-    """Who may reach a job's pods besides its own (the operator); None: no NetworkPolicies (chart:
-    networkPolicy.enabled=false, for clusters without a policy engine)."""
-    gang_schedulers: frozenset[str] = frozenset()
-    """Gang schedulers whose PodGroups this operator may manage (chart: gangScheduling.<name>, which
-    grants the RBAC); a job asking for another is refused by field."""
-
-
-GATEWAY_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
-
-
-@dataclass(frozen=True)
-class Observed:
-    job: Mapping[str, Any]
-    """The RLHFJob as read from the API (metadata, spec, status)."""
-    pods: Mapping[str, Mapping[str, Any]]
-    config_map: Mapping[str, Any] | None
-    service: Mapping[str, Any] | None
-    progress: JobStatus | None
-    now: float
-    gateway: Mapping[str, Any] | None = None
-    """The volunteer gateway Service, when one exists."""
-    policies: tuple[Mapping[str, Any] | None, Mapping[str, Any] | None] = (None, None)
-    """The job's NetworkPolicy and its gateway NetworkPolicy, when they exist."""
-    credentials_ready: bool = False
-    """The job's credentials Secret is known to exist (this operator made or met it recently)."""
-    pod_groups: Mapping[str, Mapping[str, Any] | None] = field(default_factory=dict)
-    """The job's PodGroup under each gang scheduler this operator may manage (None where absent)."""
-
-
-@dataclass
-class Actions:
-    create: list[dict[str, Any]] = field(default_factory=list)
-    patch: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
-    """(kind, name, merge patch) for ConfigMap / Service / Pod."""
-    delete: list[tuple[str, str]] = field(default_factory=list)
-    """(kind, name)."""
-    status: dict[str, Any] = field(default_factory=dict)
-    """The complete desired `.status`."""
-    events: list[tuple[str, str, str]] = field(default_factory=list)
-    """(type Normal|Warning, reason, message)."""
-    requeue_after: float | None = None
-    """Come back sooner than the resync interval (a backoff that ends, pods that terminate)."""
-    issue_credentials: bool = False
-    """Create the job's credentials Secret (before any pod): issued where it is applied, since it is
-    random; an existing one is kept."""
-
-    @property
-    def changes_children(self) -> bool:
-        """More than status and events: something in the cluster is made, changed or removed."""
-        return bool(self.create or self.delete or self.patch or self.issue_credentials)
-
-    def summary(self) -> str:
-        return (
-            f"{'credentials ' if self.issue_credentials else ''}"
-            f"create={[o['metadata']['name'] for o in self.create]} "
-            f"delete={[name for _, name in self.delete]} patch={[name for _, name, _ in self.patch]}"
-        )
-
-
-def backoff_delay(restarts: int, settings: Settings) -> float:
-    """Exponential backoff before the n-th restart of a role: base, 2*base, 4*base, ... capped."""
-    return _backoff_delay(restarts, settings.backoff_base_seconds, settings.backoff_max_seconds)
+from dverl_operator.reconcile.actions import Actions
+from dverl_operator.reconcile.desired import for_job
+from dverl_operator.reconcile.observed import Observed
+from dverl_operator.reconcile.refusal import refuse_restart_changes
+from dverl_operator.reconcile.settings import Settings
+from dverl_operator.status import conditions as cond
+from dverl_operator.status import outcome
+from dverl_operator.status.fields import role_counts
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -137,14 +56,14 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
 def _invalid(observed: Observed, problems: list[Problem], status: dict[str, Any]) -> Actions:
     """No children for a spec `dverl validate` would reject; say why, once, as a condition and Event."""
     message = "; ".join(str(p) for p in problems)
-    previous = st.condition(status.get("conditions") or [], st.VALIDATION_FAILED)
+    previous = cond.condition(status.get("conditions") or [], cond.VALIDATION_FAILED)
     actions = Actions()
     if previous is None or previous.get("message") != message or previous.get("status") != "True":
-        actions.events.append(("Warning", st.VALIDATION_FAILED, message))
-    conditions = st.set_condition(
-        status.get("conditions") or [], st.VALIDATION_FAILED, "True", "InvalidSpec", message, observed.now
+        actions.events.append(("Warning", cond.VALIDATION_FAILED, message))
+    conditions = cond.set_condition(
+        status.get("conditions") or [], cond.VALIDATION_FAILED, "True", "InvalidSpec", message, observed.now
     )
-    conditions = st.drop_condition(conditions, st.READY)
+    conditions = cond.drop_condition(conditions, cond.READY)
     actions.status = {**status, "phase": "Failed", "message": message, "conditions": conditions}
     return actions
 
@@ -155,14 +74,14 @@ def _settled(observed: Observed, status: dict[str, Any]) -> Actions | None:
     if _meta(observed.job).get("deletionTimestamp"):
         return Actions(status=status)  # the garbage collector removes the children
     if (
-        status.get("phase") in st.TERMINAL_PHASES
-        and st.condition(status.get("conditions") or [], st.VALIDATION_FAILED) is None
+        status.get("phase") in cond.TERMINAL_PHASES
+        and cond.condition(status.get("conditions") or [], cond.VALIDATION_FAILED) is None
     ):
         actions = Actions(status=_group_finished(status))
         actions.patch = kueue.finish(observed.pods, keep=None)
         actions.delete = gang.sync(observed.pod_groups, None)[2]
         if status.get("phase") == "Failed":
-            actions.delete += [("Pod", n) for n, p in observed.pods.items() if not st.pod_deleting(p)]
+            actions.delete += [("Pod", n) for n, p in observed.pods.items() if not pod_deleting(p)]
         return actions
     return None
 
@@ -189,7 +108,7 @@ def _gang_refused(spec: Any, settings: Settings) -> list[Problem]:
 
 
 def _all_pods_go(observed: Observed) -> list[tuple[str, str]]:
-    return [("Pod", n) for n, p in observed.pods.items() if not st.pod_deleting(p)]
+    return [("Pod", n) for n, p in observed.pods.items() if not pod_deleting(p)]
 
 
 def decide(observed: Observed, settings: Settings) -> Actions:
@@ -207,8 +126,8 @@ def decide(observed: Observed, settings: Settings) -> Actions:
 
     # Validated; refuse changes that would restart a running learner.
     actions = Actions()
-    running_pods = any(not st.pod_deleting(p) for p in observed.pods.values())
-    conditions = st.drop_condition(status.get("conditions") or [], st.VALIDATION_FAILED)
+    running_pods = any(not pod_deleting(p) for p in observed.pods.values())
+    conditions = cond.drop_condition(status.get("conditions") or [], cond.VALIDATION_FAILED)
     refusal = refuse_restart_changes(spec, observed.config_map, running_pods, conditions, observed.now)
     actions.events.extend(refusal.events)
     conditions = refusal.conditions
@@ -220,7 +139,7 @@ def decide(observed: Observed, settings: Settings) -> Actions:
 
     if spec.suspend:
         return _suspend(observed, actions, status, conditions, plan_desired, restarts)
-    conditions = st.drop_condition(conditions, st.SUSPENDED)
+    conditions = cond.drop_condition(conditions, cond.SUSPENDED)
     _record_group(observed, actions, status, wanted.group)
 
     pods = _decide_pods(observed, settings, status, spec, wanted.desired.pods, restarts)
@@ -276,7 +195,7 @@ class _Wanted:
     """The effective spec: the one after refused changes were put back."""
     plan: Plan
     owner: owned.Owner
-    desired: kids.Children
+    desired: Children
     group: kueue.PodGroup | None
     """The Kueue pod group the pods belong to (None: the job is not queued)."""
 
@@ -295,7 +214,7 @@ def _wanted(observed: Observed, settings: Settings, status: dict[str, Any], effe
     queue = kueue.queue_name(observed.job)
     group = kueue.current_group(status, name, owner.uid, len(plan.workers)) if queue else None
     marks = pod_marks.for_job(effective, observed.job, plan, group)
-    desired = kids.for_job(
+    desired = for_job(
         owner,
         effective,
         plan,
@@ -363,7 +282,7 @@ def _decide_pods(
     desired_pods: Mapping[str, dict[str, Any]],
     restarts: dict[str, int],
 ) -> PodDecision:
-    """Pods: scale, failures and backoff (pod_decisions.py), then a learner that stopped making
+    """Pods: scale, failures and backoff (pods/decisions.py), then a learner that stopped making
     progress restarts the learner gang as if it had failed."""
     pods = decide_pods(
         observed.pods,
@@ -415,14 +334,14 @@ def _finish(
     pods: PodDecision,
     plan_desired: Mapping[str, int],
     spec: Any,
-    desired: kids.Children,
+    desired: Children,
     refused: list[str],
     queued: tuple[str, str] | None = None,
 ) -> Actions:
     """Status: roles, progress, restarts; then the phase (succeeded, failed, running or pending)."""
     now = observed.now
     alive = [p for n, p in observed.pods.items() if n not in pods.to_delete]
-    roles = st.role_counts(plan_desired, alive, pods.restarts)
+    roles = role_counts(plan_desired, alive, pods.restarts)
     gateway = gateway_address(observed.gateway) if desired.gateway is not None else None
     new_status, events = outcome.progress_status(
         status, outcome.with_roles(status, roles), observed.progress, gateway, spec.training.steps, now
@@ -431,9 +350,11 @@ def _finish(
     if pods.restart_messages:
         counts = ", ".join(f"{r}={n}" for r, n in sorted(pods.restarts.items()) if n)
         message = "; ".join(pods.restart_messages) + (f" (restarts so far: {counts})" if counts else "")
-        conditions = st.set_condition(conditions, st.RESTARTING, "True", pods.restart_reason, message, now)
+        conditions = cond.set_condition(
+            conditions, cond.RESTARTING, "True", pods.restart_reason, message, now
+        )
     else:
-        conditions = st.drop_condition(conditions, st.RESTARTING)
+        conditions = cond.drop_condition(conditions, cond.RESTARTING)
     coordinator_state = observed.progress.state if observed.progress is not None else ""
     if pods.succeeded or coordinator_state == "Succeeded":
         first_learner = learner_names(desired.pods)[:1]
@@ -441,7 +362,7 @@ def _finish(
         new_status = outcome.with_final_report(new_status, learner)
         actions.create = [o for o in actions.create if o["kind"] != "Pod"]
         actions.delete = [
-            ("Pod", n) for n, p in observed.pods.items() if n not in first_learner and not st.pod_deleting(p)
+            ("Pod", n) for n, p in observed.pods.items() if n not in first_learner and not pod_deleting(p)
         ]
         ending = kueue.finish(observed.pods, keep=None)  # every group ends: no pod patched twice
         actions.patch = [p for p in actions.patch if p not in ending] + ending

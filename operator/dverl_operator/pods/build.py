@@ -1,177 +1,49 @@
-"""Pure: a job's plan -> the Kubernetes objects it needs (ConfigMap, headless Service, one Pod per worker;
-the NetworkPolicies and the credentials Secret come from guard_children, labels from owned).
+"""Pure: one worker pod of a job: its command and environment from the plan, the volumes the operator
+provides (the job's ConfigMap, its credentials, the learner's checkpoint claim), the role's sources and
+scratch space, placement from its node pool, the restricted security settings, and the role's podTemplate
+merged in.
 
-Nothing here talks to an API server. Every object carries the job's labels and an ownerReference to the
-RLHFJob, so deleting the job cascades to its children through the garbage collector. Each pod carries a
-hash of the fields that cannot change in place (image, command, resources, placement, learner rendezvous);
-a pod whose hash differs from the desired one is replaced, anything else is left alone.
+Each pod carries a hash of the fields that cannot change in place (image, command, resources, placement,
+learner rendezvous); a pod whose hash differs from the desired one is replaced, anything else is left alone.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
-
-import yaml
 
 from decentralized_verl.planning.plan import CONFIG_PATH, Plan, PlannedWorker, worker_env
 from decentralized_verl.settings import env_name
-from decentralized_verl.spec import API_GROUP, JobSpec, with_defaults
+from decentralized_verl.spec import API_GROUP, JobSpec
 from decentralized_verl.spec.source_paths import CREDENTIALS_DIR
 from decentralized_verl.spec.sources import PodTemplate
-from dverl_operator.guard_children import (
-    PolicyScope,
-    credentials_volume,
-    gateway_policy,
-    network_policy,
-)
-from dverl_operator.owned import (
-    ANNOTATION_CONFIG_HASH,
+from dverl_operator.children.config_map import config_map_name
+from dverl_operator.children.guard import credentials_volume
+from dverl_operator.children.services import service_name
+from dverl_operator.objects.owned import (
     ANNOTATION_TEMPLATE_HASH,
+    DEFAULT_POOL,
     LABEL_INDEX,
-    LABEL_JOB,
     LABEL_POOL,
     LABEL_ROLE,
     Owner,
+    content_hash,
     job_labels,
     metadata,
 )
-from dverl_operator.pod_security import (
+from dverl_operator.pods.marks import PodMarks
+from dverl_operator.pods.security import (
     container_security_context,
     grace_seconds,
     pod_security_context,
     scratch,
 )
-from dverl_operator.pod_sources import Mounted, mount_sources
-from dverl_operator.pod_template import apply_template
+from dverl_operator.pods.sources import Mounted, mount_sources
+from dverl_operator.pods.template import apply_template
 
-CONFIG_KEY = "job.yaml"
-WORKERS_KEY = "workers.yaml"
-DEFAULT_POOL = "default"
 GPU_RESOURCE = "nvidia.com/gpu"
 CONTAINER_NAME = "worker"
 CREDENTIALS_PATH = CREDENTIALS_DIR
-
-
-@dataclass(frozen=True)
-class PodMarks:
-    """What the cluster's shared schedulers read on a pod (pod_marks.py puts it together)."""
-
-    labels: Mapping[str, str] = field(default_factory=dict)
-    annotations: Mapping[str, str] = field(default_factory=dict)
-    scheduler_name: str | None = None
-    priority_class_name: str | None = None
-
-
-@dataclass(frozen=True)
-class Children:
-    config_map: dict[str, Any]
-    service: dict[str, Any]
-    pods: dict[str, dict[str, Any]]
-    """Keyed by pod name, in plan order (learners first)."""
-    gateway: dict[str, Any] | None = None
-    """The volunteer gateway Service (only for jobs with volunteers, when the chart enables gateways)."""
-    network_policy: dict[str, Any] | None = None
-    """Ingress to the job's pods from its own pods and the operator only (None: policies turned off)."""
-    gateway_policy: dict[str, Any] | None = None
-    """Ingress to the DHT bootstrap pod's port from anywhere (only beside a gateway and a policy)."""
-
-
-def service_name(job: str) -> str:
-    return f"{job}-workers"
-
-
-def gateway_name(job: str) -> str:
-    return f"{job}-volunteers"
-
-
-def config_map_name(job: str) -> str:
-    return f"{job}-config"
-
-
-def worker_address(owner: Owner, worker: PlannedWorker) -> str:
-    """`<pod>.<job>-workers.<ns>.svc:<port>`: stable DNS through the headless Service."""
-    port = worker.ports.get("grpc")
-    return f"{worker.name}.{service_name(owner.name)}.{owner.namespace}.svc:{port}"
-
-
-def addresses(owner: Owner, plan: Plan) -> dict[str, str]:
-    return {worker.name: worker_address(owner, worker) for worker in plan.workers}
-
-
-def content_hash(value: Any) -> str:
-    """A short stable hash of JSON-able data (sorted keys), for change detection."""
-    blob = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
-
-
-def config_map(owner: Owner, spec: JobSpec, plan: Plan) -> dict[str, Any]:
-    """The rendered job config the workers mount at CONFIG_PATH, plus every worker's address."""
-    data = {
-        CONFIG_KEY: yaml.safe_dump(with_defaults(spec), sort_keys=False),
-        WORKERS_KEY: yaml.safe_dump(
-            {
-                w.name: {
-                    "role": w.role,
-                    "index": w.index,
-                    "address": worker_address(owner, w),
-                    "pool": w.pool or DEFAULT_POOL,
-                    "gpuType": w.gpu_type or "",
-                }
-                for w in plan.workers
-            },
-            sort_keys=False,
-        ),
-    }
-    meta = metadata(owner, config_map_name(owner.name), job_labels(owner.name))
-    meta["annotations"] = {ANNOTATION_CONFIG_HASH: content_hash(data)}
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
-
-
-def service(owner: Owner, plan: Plan) -> dict[str, Any]:
-    """Headless Service: gives each pod the DNS name `<pod>.<job>-workers.<ns>.svc`."""
-    ports: dict[str, int] = {}
-    for worker in plan.workers:
-        for port_name, number in worker.ports.items():
-            name = "dht" if worker.role == "dht" else port_name
-            ports.setdefault(name, number)
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": metadata(owner, service_name(owner.name), job_labels(owner.name)),
-        "spec": {
-            "clusterIP": "None",
-            # Rendezvous (torch.distributed, gRPC dial) happens before readiness: publish early.
-            "publishNotReadyAddresses": True,
-            "selector": {LABEL_JOB: owner.name},
-            "ports": [
-                {"name": name, "port": number, "targetPort": number, "protocol": "TCP"}
-                for name, number in sorted(ports.items())
-            ],
-        },
-    }
-
-
-def gateway_service(owner: Owner, plan: Plan, service_type: str) -> dict[str, Any] | None:
-    """A Service of the chart's type in front of the job's DHT bootstrap peer, so volunteers outside the
-    cluster can reach it. Only that pod is selected: a volunteer never gets a route to any other worker."""
-    dht = plan.by_role("dht")
-    if not dht:
-        return None
-    port = dht[0].ports["grpc"]
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": metadata(owner, gateway_name(owner.name), {**job_labels(owner.name), LABEL_ROLE: "dht"}),
-        "spec": {
-            "type": service_type,
-            "selector": {LABEL_JOB: owner.name, LABEL_ROLE: "dht"},
-            "ports": [{"name": "dht", "port": port, "targetPort": port, "protocol": "TCP"}],
-        },
-    }
 
 
 def _resources(worker: PlannedWorker) -> dict[str, dict[str, str]]:
@@ -282,7 +154,7 @@ def _job_volumes(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, str]]:
     """The volumes the operator itself provides (the job's ConfigMap, the worker's credentials and, for a
     learner, the checkpoint claim), as (mounts, volumes, env that points the worker at them): the user's
-    sources and scratch space come after, from pod_sources and pod_security."""
+    sources and scratch space come after, from pods.sources and pods.security."""
     mounts = [{"name": "config", "mountPath": CONFIG_PATH.rsplit("/", 1)[0], "readOnly": True}]
     volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": config_map_name(owner.name)}}]
     # Every pod holds credentials, the DHT bootstrap too, for its identity (it holds no token).
@@ -372,30 +244,3 @@ def _scrape_annotations(worker: PlannedWorker) -> dict[str, str]:
         "prometheus.io/port": str(worker.ports["metrics"]),
         "prometheus.io/path": "/metrics",
     }
-
-
-def for_job(
-    owner: Owner,
-    spec: JobSpec,
-    plan: Plan,
-    image: str,
-    *,
-    gateway_type: str | None = None,
-    policy: PolicyScope | None = None,
-    marks: PodMarks = PodMarks(),
-) -> Children:
-    """Everything the job should have in the cluster, given its (valid) spec and plan; `gateway_type` is
-    the volunteer gateway's Service type, None when the chart does not expose gateways; `policy` None
-    when the chart turns NetworkPolicies off. (The credentials Secret is random, so it is issued where
-    it is applied, not here.)"""
-    addrs = addresses(owner, plan)
-    pods = {w.name: pod(owner, spec, plan, w, image, addrs, marks) for w in plan.workers}
-    gateway = gateway_service(owner, plan, gateway_type) if gateway_type else None
-    return Children(
-        config_map=config_map(owner, spec, plan),
-        service=service(owner, plan),
-        pods=pods,
-        gateway=gateway,
-        network_policy=network_policy(owner, plan, policy) if policy is not None else None,
-        gateway_policy=gateway_policy(owner, plan) if policy is not None and gateway is not None else None,
-    )

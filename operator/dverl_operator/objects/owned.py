@@ -1,8 +1,10 @@
-"""What every child of a job carries: its labels and an ownerReference to the RLHFJob (so deleting the
-job cascades to its children through the garbage collector)."""
+"""What every child of a job carries: its labels, an ownerReference to the RLHFJob (so deleting the job
+cascades to its children through the garbage collector), and the hashes that tell when it drifted."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +15,8 @@ LABEL_JOB = f"{API_GROUP}/job"
 LABEL_ROLE = f"{API_GROUP}/role"
 LABEL_POOL = f"{API_GROUP}/pool"
 LABEL_INDEX = f"{API_GROUP}/index"
+DEFAULT_POOL = "default"
+"""LABEL_POOL's value (and the pool a worker's address lists) for a worker of no named node pool."""
 ANNOTATION_TEMPLATE_HASH = f"{API_GROUP}/template-hash"
 ANNOTATION_CONFIG_HASH = f"{API_GROUP}/config-hash"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "dverl-operator"}
@@ -48,3 +52,9 @@ def metadata(owner: Owner, name: str, labels: Mapping[str, str]) -> dict[str, An
         "labels": dict(labels),
         "ownerReferences": [owner.reference()],
     }
+
+
+def content_hash(value: Any) -> str:
+    """A short stable hash of JSON-able data (sorted keys), for change detection."""
+    blob = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]

@@ -17,9 +17,8 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
-import aiohttp
-
-from dverl_operator.cluster import ApiError, Cluster
+from dverl_operator.kube.client import Cluster
+from dverl_operator.kube.errors import ApiError
 
 log = logging.getLogger(__name__)
 LEASE_NAME = "dverl-operator"
@@ -109,7 +108,7 @@ class LeaderElector:
                 # when someone else wrote the Lease since we read it.
                 await self.cluster.patch("Lease", self.namespace, self.name, body)
             check = await self.cluster.get("Lease", self.namespace, self.name)
-        except (TimeoutError, ApiError, OSError, aiohttp.ClientError) as exc:
+        except (TimeoutError, ApiError, OSError) as exc:
             log.warning("lease %s/%s: %s", self.namespace, self.name, exc)
             return False
         return ((check or {}).get("spec") or {}).get("holderIdentity") == self.identity
@@ -144,5 +143,5 @@ class LeaderElector:
                 await self.cluster.patch(
                     "Lease", self.namespace, self.name, {"spec": {"holderIdentity": None, "renewTime": None}}
                 )
-        except (TimeoutError, ApiError, OSError, aiohttp.ClientError) as exc:
+        except (TimeoutError, ApiError, OSError) as exc:
             log.warning("releasing lease: %s", exc)

@@ -11,10 +11,11 @@ from typing import Any
 from decentralized_verl.launch.watchdog import STARTUP_S, allowance
 from decentralized_verl.planning.plan import is_gang
 from decentralized_verl.spec import JobSpec
-from dverl_operator import owned
-from dverl_operator import status as st
-from dverl_operator.disruption import disruption, event_reason
-from dverl_operator.pod_failure import failure_reason
+from dverl_operator.objects import owned
+from dverl_operator.objects.pod_state import pod_deleting, pod_phase
+from dverl_operator.objects.times import parse_time
+from dverl_operator.pods.disruption import disruption, event_reason
+from dverl_operator.pods.failure import failure_reason
 
 ANNOTATION_FAILURE_COUNTED = "dverl.io/failure-counted"
 ANNOTATION_FAILED_AT = "dverl.io/failed-at"
@@ -69,7 +70,7 @@ def decide_pods(
     by_role: dict[str, list[str]] = {}
     for name, pod in desired_pods.items():
         by_role.setdefault(pod["metadata"]["labels"][owned.LABEL_ROLE], []).append(name)
-    out.scaled_away = [n for n, p in pods.items() if n not in desired_pods and not st.pod_deleting(p)]
+    out.scaled_away = [n for n, p in pods.items() if n not in desired_pods and not pod_deleting(p)]
     learners = learner_names(desired_pods)
     gangs = {r for r in by_role if (spec_role := getattr(spec.roles, r, None)) and is_gang(r, spec_role)}
     gang_restart: set[str] = set()
@@ -79,10 +80,10 @@ def decide_pods(
         if have is None:
             out.to_create.append(pod_name)
             continue
-        if st.pod_deleting(have):
+        if pod_deleting(have):
             _announce_disruption(out, pod_name, role, have)
             continue
-        phase = st.pod_phase(have)
+        phase = pod_phase(have)
         if phase == "Succeeded" and role == LEARNER and pod_name == learners[0]:
             out.succeeded = True
             continue
@@ -91,7 +92,7 @@ def decide_pods(
             if role in gangs:
                 gang_restart.add(role)
             elif spec.roles.failure_policy(role) == "restartRole":
-                out.to_delete.update(n for n in by_role[role] if n in pods and not st.pod_deleting(pods[n]))
+                out.to_delete.update(n for n in by_role[role] if n in pods and not pod_deleting(pods[n]))
             continue
         if phase in ("Failed", "Succeeded"):
             replace = _exited(out, pod_name, role, have, phase, spec, now, backoff)
@@ -101,7 +102,7 @@ def decide_pods(
                     f"pod {pod_name} ({role}) {phase.lower()} and roles.{role}.failurePolicy is failJob"
                 )
             elif replace and policy == "restartRole" and role not in gangs:
-                out.to_delete.update(n for n in by_role[role] if n in pods and not st.pod_deleting(pods[n]))
+                out.to_delete.update(n for n in by_role[role] if n in pods and not pod_deleting(pods[n]))
                 out.restart_messages.append(f"restarting every {role} worker (failurePolicy restartRole)")
             if replace and role in gangs:
                 gang_restart.add(role)
@@ -195,12 +196,12 @@ def stalled_learner(
     """Why the learner counts as stalled (its step has not advanced within its allowance while its pod
     runs), or None. The clock starts again with each learner pod, so a new one has time to load."""
     first = pods.get(learners[0]) if learners else None
-    if first is None or st.pod_deleting(first) or st.pod_phase(first) != "Running":
+    if first is None or pod_deleting(first) or pod_phase(first) != "Running":
         return None
-    started = st.parse_time(
+    started = parse_time(
         ((first.get("status") or {}).get("startTime")) or first["metadata"].get("creationTimestamp")
     )
-    progressed = st.parse_time(status.get("lastProgressTime"))
+    progressed = parse_time(status.get("lastProgressTime"))
     if started is None:
         return None
     since = max(started, progressed or started)
@@ -216,7 +217,7 @@ def restart_stalled(
     out: PodDecision, pods: Mapping[str, Mapping[str, Any]], learners: list[str], why: str
 ) -> None:
     """Take the whole learner gang down (it comes back from its newest checkpoint), counted as a restart."""
-    out.to_delete.update(n for n in learners if n in pods and not st.pod_deleting(pods[n]))
+    out.to_delete.update(n for n in learners if n in pods and not pod_deleting(pods[n]))
     out.restarts[LEARNER] = out.restarts.get(LEARNER, 0) + 1
     out.events.append(("Warning", "LearnerStalled", f"{why}; restarting the learner gang"))
     out.restart_messages.append(f"learner stalled: {why}")
@@ -232,11 +233,11 @@ def _gang(
 ) -> None:
     """torch.distributed needs every rank restarted together, from the last checkpoint: the learners, and
     the ranks of a sharded critic."""
-    present = [n for n in ranks if n in pods and not st.pod_deleting(pods[n])]
+    present = [n for n in ranks if n in pods and not pod_deleting(pods[n])]
     missing = [n for n in ranks if n not in pods]
     if present and (missing or gang_restart):
         failed_unfinished = [
-            n for n in present if st.pod_phase(pods[n]) in ("Failed", "Succeeded") and n not in out.to_delete
+            n for n in present if pod_phase(pods[n]) in ("Failed", "Succeeded") and n not in out.to_delete
         ]
         if not failed_unfinished:  # a failed rank still in backoff holds the gang until it ends
             out.to_delete.update(present)

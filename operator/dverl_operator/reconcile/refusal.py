@@ -12,8 +12,8 @@ import yaml
 from decentralized_verl.errors import ManifestError
 from decentralized_verl.spec import JobSpec
 from decentralized_verl.spec.manifest import parse_spec
-from dverl_operator import children as kids
-from dverl_operator import status as st
+from dverl_operator.children.config_map import CONFIG_KEY
+from dverl_operator.status import conditions as cond
 
 RESTART_FIELDS = ("model", "algorithm")
 """Changing these restarts the learner (new weights, new loss): refused while pods run."""
@@ -32,7 +32,7 @@ def applied_spec(config_map: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """The spec the running pods were started with (rendered into the ConfigMap)."""
     if not config_map:
         return None
-    text = (config_map.get("data") or {}).get(kids.CONFIG_KEY)
+    text = (config_map.get("data") or {}).get(CONFIG_KEY)
     if not text:
         return None
     try:
@@ -60,7 +60,7 @@ def refuse_restart_changes(
     old = applied_spec(config_map)
     refused = refused_changes(old, spec) if pods_running and not spec.suspend else []
     if not refused:
-        return Refusal(spec, st.drop_condition(conditions, st.SPEC_CHANGE_REFUSED))
+        return Refusal(spec, cond.drop_condition(conditions, cond.SPEC_CHANGE_REFUSED))
     try:
         effective = parse_spec(old)  # keep running what was applied; the change waits
     except ManifestError:
@@ -70,8 +70,10 @@ def refuse_restart_changes(
         "set spec.suspend: true first, then change it and resume"
     )
     events = []
-    previous = st.condition(conditions, st.SPEC_CHANGE_REFUSED)
+    previous = cond.condition(conditions, cond.SPEC_CHANGE_REFUSED)
     if previous is None or previous.get("message") != message:
-        events.append(("Warning", st.SPEC_CHANGE_REFUSED, message))
-    conditions = st.set_condition(conditions, st.SPEC_CHANGE_REFUSED, "True", "RestartRequired", message, now)
+        events.append(("Warning", cond.SPEC_CHANGE_REFUSED, message))
+    conditions = cond.set_condition(
+        conditions, cond.SPEC_CHANGE_REFUSED, "True", "RestartRequired", message, now
+    )
     return Refusal(effective, conditions, refused, events)

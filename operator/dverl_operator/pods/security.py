@@ -16,7 +16,7 @@ from decentralized_verl.planning.plan import PlannedWorker
 from decentralized_verl.runtime.lifecycle import CALL_GRACE_S
 from decentralized_verl.spec import JobSpec
 from decentralized_verl.spec.source_paths import HOME_DIR, SHM_DIR, TMP_DIR
-from dverl_operator import quantity
+from dverl_operator.objects import quantity
 
 WORKER_UID = 10001
 WORKER_GID = 10001

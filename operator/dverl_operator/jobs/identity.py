@@ -26,7 +26,8 @@ from decentralized_verl.security.credentials import (
     issue,
     new_authority,
 )
-from dverl_operator.cluster import ApiError, Cluster
+from dverl_operator.kube.client import Cluster
+from dverl_operator.kube.errors import ApiError
 
 log = logging.getLogger(__name__)
 KEY_FIELD = "key"

@@ -1,0 +1,28 @@
+"""The reconcile policy, read once from the command line at the entry and passed down (nothing below the
+entry reads flags or the environment)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dverl_operator.children.guard import PolicyScope
+
+
+@dataclass(frozen=True)
+class Settings:
+    default_image: str = "ghcr.io/dverl/worker:latest"
+    backoff_base_seconds: float = 10.0
+    backoff_max_seconds: float = 300.0
+    resync_seconds: float = 10.0
+    volunteer_gateway: bool = False
+    """Expose each volunteer job's DHT bootstrap peer outside the cluster (chart: volunteers.gateway)."""
+    volunteer_service_type: str = "LoadBalancer"
+    network_policy: PolicyScope | None = None
+    """Who may reach a job's pods besides its own (the operator); None: no NetworkPolicies (chart:
+    networkPolicy.enabled=false, for clusters without a policy engine)."""
+    gang_schedulers: frozenset[str] = frozenset()
+    """Gang schedulers whose PodGroups this operator may manage (chart: gangScheduling.<name>, which
+    grants the RBAC); a job asking for another is refused by field."""
+
+
+GATEWAY_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
