@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from decentralized_verl.algorithms.advantages import AdvantageInputs
+    from decentralized_verl.algorithms.advantage_inputs import AdvantageInputs
 
 
 class AdvantageFn(Protocol):
