@@ -14,11 +14,11 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from decentralized_verl.proto import dverl_pb2 as pb
+from decentralized_verl.rewards.servable import servable_reward
 from decentralized_verl.serving import handlers
 from decentralized_verl.transport import messages as m
 from decentralized_verl.transport.carriers import GENERATE, LOGPROBS, SCORE, TRAIN, VALUES
 from decentralized_verl.transport.p2p import Unauthorized
-from decentralized_verl.volunteers.reward_policy import servable_reward
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ class ReferenceEndpoint(_Endpoint):
 
 class RewardEndpoint(_Endpoint):
     """Score around a `serving.scoring.RewardWorker`; serves any caller (open mode), but runs only rewards
-    shipped with the package (`volunteers.reward_policy`)."""
+    shipped with the package (`rewards.servable`)."""
 
     def __init__(
         self, p2p: Any, worker: Any, *, has_reward_model: bool, limits: m.WireLimits | None = None
