@@ -79,17 +79,45 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_no_module_imports_itself_round_a_circle() -> None:
-    """Imports inside functions count too; only TYPE_CHECKING imports may close a circle."""
+TYPE_ONLY_CIRCLES_LEFT: list[set[str]] = [
+    # The spec's source rules and the source parsers name each other's types; the pure source parsing
+    # moving into spec/ ends it. Remove the entry then (the test below says so).
+    {
+        "decentralized_verl.sources.paths",
+        "decentralized_verl.spec",
+        "decentralized_verl.spec.job",
+        "decentralized_verl.spec.rules",
+        "decentralized_verl.spec.source_rules",
+    },
+]
+"""Circles closed only by imports under TYPE_CHECKING, still to be broken."""
+
+
+def _import_graph(*, type_checking: bool) -> dict[str, set[str]]:
+    """Module -> the modules it imports, imports inside functions included (grimp)."""
     import grimp
 
     sys.path[:0] = [str(ROOT / "worker_image")]
     try:
-        graph = grimp.build_graph("decentralized_verl", exclude_type_checking_imports=True)
+        graph = grimp.build_graph(
+            "decentralized_verl", exclude_type_checking_imports=not type_checking, cache_dir=None
+        )
     finally:
         del sys.path[0]
-    edges = {m: set(graph.find_modules_directly_imported_by(m)) for m in graph.modules}
-    assert _cycles(edges) == []
+    return {m: set(graph.find_modules_directly_imported_by(m)) for m in graph.modules}
+
+
+def test_no_module_imports_itself_round_a_circle() -> None:
+    """Imports inside functions count too."""
+    assert _cycles(_import_graph(type_checking=False)) == []
+
+
+def test_no_circle_closes_through_imports_for_type_checkers() -> None:
+    """Imports under TYPE_CHECKING count too: a type-only circle ties modules together for a reader."""
+    found = [set(c) for c in _cycles(_import_graph(type_checking=True))]
+    assert [sorted(c) for c in found if c not in TYPE_ONLY_CIRCLES_LEFT] == []
+    gone = [sorted(c) for c in TYPE_ONLY_CIRCLES_LEFT if c not in found]
+    assert gone == [], "broken at last: remove these from TYPE_ONLY_CIRCLES_LEFT"
 
 
 def test_the_circle_finder_finds_circles() -> None:

@@ -38,8 +38,8 @@ ENTRY_PACKAGES = ("entrypoints", "commands", "launch")
 """Where a process starts: `dverl`'s commands and workers, and the launchers that start them."""
 ENTRY_FUNCTIONS = {
     ("cli.py", "main"),
-    ("serving/spans/server.py", "main"),
-    ("serving/spans/volunteer.py", "main"),
+    ("spans/server.py", "main"),
+    ("spans/volunteer.py", "main"),
 }
 """Entries outside those packages: `dverl` itself, and a span server started with `python -m`."""
 

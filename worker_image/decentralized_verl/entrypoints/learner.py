@@ -239,9 +239,9 @@ def _span_manifests(spec: Any):
     """When the rollout is served as layer spans, each span's share is signed on publish."""
     if spec.roles.rollout.spans is None:
         return None
-    from decentralized_verl.serving.spans.blocks import spec_parts
-    from decentralized_verl.serving.spans.layout import even_layout
-    from decentralized_verl.serving.spans.signed import bundle_metadata
+    from decentralized_verl.spans.blocks import spec_parts
+    from decentralized_verl.spans.layout import even_layout
+    from decentralized_verl.spans.signed import bundle_metadata
 
     layers = int(spec_parts(spec.model)[0].num_hidden_layers)
     return bundle_metadata(even_layout(layers, spec.roles.rollout.spans.count))

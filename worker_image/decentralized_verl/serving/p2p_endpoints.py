@@ -57,10 +57,6 @@ class RolloutEndpoint(_Endpoint):
         self.on_caller = on_caller
         self.requests = 0
         self.samples = 0
-        self.transform: Callable[[m.Completion], m.Completion] | None = None
-        """Test hook: rewrite outgoing completions (a dishonest volunteer in the trust tests)."""
-        self.delay_s = 0.0
-        """Test hook: sleep before each result (a slow volunteer, to be killed mid-task)."""
 
     async def register(self) -> None:
         await self.p2p.add_protobuf_handler(
@@ -82,10 +78,6 @@ class RolloutEndpoint(_Endpoint):
             batch.policy_version,
         )
         async for completion in handlers.completions(self.worker, batch):
-            if self.transform is not None:
-                completion = self.transform(completion)
-            if self.delay_s:
-                await asyncio.sleep(self.delay_s)
             self.samples += 1
             yield m.completion_to_proto(completion)
 
