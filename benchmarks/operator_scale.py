@@ -21,9 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "testing"))  # netlab, which the test helpers import
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testing"))  # netlab, which test helpers import
 
 import kmock
 from operator_fixtures import Emulator, Operator, tiny_spec

@@ -4,7 +4,7 @@
     python benchmarks/spans.py --spans 1 3 --tokens 16 --prompts 4
     python benchmarks/spans.py --model tiny --tokens 8  # the tiny model: what the smoke run uses
 
-For each span count k: k span server processes (`python -m decentralized_verl.serving.spans.server`, the
+For each span count k: k span server processes (`python -m decentralized_verl.spans.server`, the
 model's layers split evenly) on this machine over loopback gRPC, the front in this process. Reported per
 k: greedy tokens/s (the front's wall time of one `generate` over every prompt, after one warm-up call),
 the mean latency of one hop per span (prefill and decode steps together; a hop is the front's call to one
@@ -58,7 +58,7 @@ def start_spans(model: dict, spans, threads: int, folder: Path):
                 [
                     sys.executable,
                     "-m",
-                    "decentralized_verl.serving.spans.server",
+                    "decentralized_verl.spans.server",
                     "--model",
                     json.dumps(model),
                     "--layers",
@@ -98,9 +98,9 @@ def main() -> int:
     from decentralized_verl.backends.base import GenerationRequest, SamplingParams
     from decentralized_verl.backends.hf import HFBackend
     from decentralized_verl.models.loading import load_model_and_tokenizer
-    from decentralized_verl.serving.spans.backend import SpanBackend
-    from decentralized_verl.serving.spans.client import SpanClient
-    from decentralized_verl.serving.spans.layout import even_layout
+    from decentralized_verl.spans.backend import SpanBackend
+    from decentralized_verl.spans.client import SpanClient
+    from decentralized_verl.spans.layout import even_layout
     from decentralized_verl.spec.model import ModelSpec
 
     torch.set_num_threads(args.threads)

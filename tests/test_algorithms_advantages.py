@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from decentralized_verl.algorithms import registry
+from decentralized_verl.algorithms.advantage_inputs import AdvantageInputs
 from decentralized_verl.algorithms.advantages import (
     ADVANTAGE_ESTIMATORS,
-    AdvantageInputs,
     gae,
     grpo,
     reinforce_plus_plus,

@@ -1,4 +1,4 @@
-"""Policy loss, value loss, KL and entropy against per-token loop references and hand-worked numbers."""
+"""Policy loss, value loss and KL against per-token loop references and hand-worked numbers."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import pytest
 import torch
 from loss_references import AGGREGATIONS, SHAPES, holey_mask, rand, ref_aggregate, valid
 
-from decentralized_verl.algorithms.entropy import entropy_from_logits, masked_entropy
 from decentralized_verl.algorithms.kl import KL_ESTIMATORS, kl_in_loss, kl_in_reward, token_kl
 from decentralized_verl.algorithms.policy_loss import POLICY_LOSS_AGGREGATIONS, aggregate, ppo_policy_loss
 from decentralized_verl.algorithms.value_loss import clipped_value_loss
@@ -274,37 +273,6 @@ def test_kl_in_reward_and_in_loss():
     assert lp.grad is not None and torch.equal(lp.grad[mask == 0], torch.zeros_like(lp.grad[mask == 0]))
 
 
-# ---------------------------------------------------------------- entropy
-
-
-def ref_entropy(row):
-    probs = [math.exp(z) for z in row]
-    total = sum(probs)
-    return -sum(p / total * math.log(p / total) for p in probs)
-
-
-@pytest.mark.parametrize("shape", SHAPES)
-def test_entropy_matches_loop(shape):
-    gen = torch.Generator().manual_seed(16)
-    mask = holey_mask(*shape, gen)
-    logits = rand((*shape, 5), gen, 3.0)
-    per_token, mean = masked_entropy(logits, mask)
-    expected = torch.zeros(shape, dtype=torch.float64)
-    values = []
-    for b in range(shape[0]):
-        for t in valid(mask, b):
-            expected[b, t] = ref_entropy(logits[b, t].tolist())
-            values.append(float(expected[b, t]))
-    torch.testing.assert_close(per_token, expected)
-    assert mean.item() == pytest.approx(sum(values) / len(values))
-
-
-def test_entropy_hand_worked():
-    assert entropy_from_logits(torch.zeros(8)).item() == pytest.approx(math.log(8))
-    peaked = entropy_from_logits(torch.tensor([1000.0, 0.0, 0.0]))
-    assert torch.isfinite(peaked) and peaked.item() == pytest.approx(0.0, abs=1e-6)
-
-
 # ---------------------------------------------------------------- masked positions never leak
 
 
@@ -329,14 +297,12 @@ def test_masked_positions_never_leak_into_losses_or_gradients():
         "values": rand(shape, gen),
         "returns": rand(shape, gen),
         "ref": rand(shape, gen) - 2,
-        "logits": rand((*shape, 4), gen),
     }
     noisy = {k: dirty(v, mask, gen) for k, v in tensors.items()}
 
     def run(t):
         logp = t["logp"].clone().requires_grad_(True)
         values = t["values"].clone().requires_grad_(True)
-        logits = t["logits"].clone().requires_grad_(True)
         out = {}
         for mode in AGGREGATIONS:
             loss, metrics = ppo_policy_loss(
@@ -356,9 +322,8 @@ def test_masked_positions_never_leak_into_losses_or_gradients():
             out[f"kl_{name}"] = token_kl(logp, t["ref"], mask, name)
             out[f"kl_loss_{name}"], _ = kl_in_loss(logp, t["ref"], mask, kl_coef=0.1, estimator=name)
         out["kl_reward"], _ = kl_in_reward(t["returns"], logp, t["ref"], mask, kl_coef=0.1)
-        out["entropy"], out["entropy_mean"] = masked_entropy(logits, mask)
         total = sum(v.sum() for v in out.values() if v.requires_grad)
-        grads = torch.autograd.grad(total, (logp, values, logits))
+        grads = torch.autograd.grad(total, (logp, values))
         return out, grads
 
     clean_out, clean_grads = run(tensors)
@@ -370,7 +335,7 @@ def test_masked_positions_never_leak_into_losses_or_gradients():
         assert torch.isfinite(noisy_grad).all()
         torch.testing.assert_close(noisy_grad, clean)
     m = mask.bool()
-    for key in ("kl_k1", "kl_k2", "kl_k3", "kl_reward", "entropy"):
+    for key in ("kl_k1", "kl_k2", "kl_k3", "kl_reward"):
         assert torch.equal(noisy_out[key][~m], torch.zeros_like(noisy_out[key][~m])), key
     assert torch.equal(noisy_grads[0][~m], torch.zeros_like(noisy_grads[0][~m]))
 
@@ -392,5 +357,3 @@ def test_bad_inputs_are_rejected_with_a_reason():
         token_kl(x, x, torch.ones(2, 3), "k4")
     with pytest.raises(ValueError, match="clip_range"):
         clipped_value_loss(x, x, x, torch.ones(2, 3), clip_range=-1.0)
-    with pytest.raises(ValueError, match="logits"):
-        masked_entropy(torch.zeros(2, 4, 5), torch.ones(2, 3))

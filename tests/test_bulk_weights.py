@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from decentralized_verl.security import credentials as cr
 from decentralized_verl.security import trust
 from decentralized_verl.transport import messages as m
 from decentralized_verl.transport.weights import bulk_wire as bw
+from decentralized_verl.transport.weights.bulk_plane import BulkPlane
 from decentralized_verl.transport.weights.fanout import WeightFanout
 from decentralized_verl.transport.weights.publish import WeightPublisher
 from decentralized_verl.transport.weights.push import OK
@@ -74,24 +76,80 @@ def test_a_chain_of_three_gets_the_version_through_the_bulk_plane(nodes) -> None
     assert late.call(late.relay.catch_up(receivers[-1].address, 1)) == 1 and same_weights(late, learner, 1)
 
 
+class CorruptingLink:
+    """A TCP link in user space to one child's bulk port that flips one payload byte on its way, after the
+    sending relay verified it (bad RAM on the way out, a faulty NIC): one connection, both directions
+    pumped, the child's verdict carried back."""
+
+    def __init__(self, target_port: int, flip_at: int) -> None:
+        self.target_port = target_port
+        self.flip_at = bw.HEADER_BYTES + flip_at  # the connection opens with the magic and the ticket
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.flipped = False
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        with self.listener:
+            sender, _ = self.listener.accept()
+        child = socket.create_connection(("127.0.0.1", self.target_port))
+        back = threading.Thread(target=self._pump, args=(child, sender, False), daemon=True)
+        back.start()
+        self._pump(sender, child, True)
+        back.join(30)
+        sender.close()
+        child.close()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, corrupt: bool) -> None:
+        offset = 0
+        try:
+            while data := source.recv(65536):
+                if corrupt and offset <= self.flip_at < offset + len(data):
+                    data = bytearray(data)
+                    data[self.flip_at - offset] ^= 0xFF
+                    self.flipped = True
+                offset += len(data)
+                sink.sendall(data)
+            sink.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+
+class LinkedPlane(BulkPlane):
+    """A bulk plane whose data connections to ``child`` go through a `CorruptingLink`."""
+
+    def __init__(self, relay: WeightRelay, child: str, flip_at: int) -> None:
+        super().__init__(relay)
+        self.child, self.flip_at = child, flip_at
+        self.links: list[CorruptingLink] = []
+
+    def offer(self, hop: Hop, manifest_bytes: bytes) -> tuple[int, bytes]:
+        port, ticket = super().offer(hop, manifest_bytes)
+        if hop.address != self.child:
+            return port, ticket
+        self.links.append(CorruptingLink(port, self.flip_at))
+        return self.links[-1].port, ticket
+
+
+class CorruptingRelay(WeightRelay):
+    """A relay whose bulk link to ``child`` flips the payload byte at ``flip_at``."""
+
+    def __init__(self, child: str, flip_at: int) -> None:
+        super().__init__(WeightPublisher(chunk_bytes=CHUNK))
+        self.bulk = LinkedPlane(self, child, flip_at)
+
+
 def test_a_chunk_corrupted_at_a_relay_is_refused_by_its_child_naming_the_peer(nodes) -> None:
     learner = nodes()
-    r1, r2, r3 = (nodes() for _ in range(3))
-
-    def corrupt(hop: Hop, offset: int, piece: memoryview) -> bytes | memoryview:
-        if hop.address != r2.address or offset > 2 * CHUNK:
-            return piece
-        bad = bytearray(piece)
-        bad[-1] ^= 0xFF
-        return bytes(bad)
-
-    r1.relay.bulk.forward = corrupt
+    r2, r3 = nodes(), nodes()
+    r1 = nodes(CorruptingRelay(r2.address, flip_at=CHUNK + CHUNK // 2))
     learner.relay.publish(model_state(), 1)
     results = learner.call(learner.relay.fan_out_bulk(1, plan_chain([r1.address, r2.address, r3.address])))
+    assert [link.flipped for link in r1.relay.bulk.links] == [True]
     assert results[r1.address] == OK and results[r3.address] == OK  # r1 adopted r3
     assert "digest mismatch in the bytes from 127.0.0.1:" in results[r2.address]
-    assert r2.relay.publisher.get(1) is None and "chunk[" in r2.relay.bulk.refused[-1]
-    assert same_weights(r3, learner, 1)
+    assert r2.relay.publisher.get(1) is None and "chunk[1]" in r2.relay.bulk.refused[-1]
+    assert same_weights(r3, learner, 1) and same_weights(r1, learner, 1)
     wait_idle(r2)
 
 

@@ -13,8 +13,8 @@ import pytest
 pytest.importorskip("hivemind")
 
 from decentralized_verl.entrypoints.volunteer import _dial_coordinator
+from decentralized_verl.orchestration.volunteering import _announce_coordinator
 from decentralized_verl.volunteers.announce import VolunteerRecord, store_record
-from decentralized_verl.volunteers.coordinator_side import _announce_coordinator
 from decentralized_verl.volunteers.dht import PeerOptions, start_dht
 
 JOB = "coord-record"

@@ -21,6 +21,7 @@ grpc = pytest.importorskip("grpc")
 
 from decentralized_verl.errors import WireError  # noqa: E402
 from decentralized_verl.proto import dverl_pb2 as pb  # noqa: E402
+from decentralized_verl.transport.grpc_options import channel_options  # noqa: E402
 from decentralized_verl.transport.weights.fanout import (  # noqa: E402
     PUSH_FLOOR_S,
     RelayWeightSource,
@@ -227,15 +228,50 @@ def test_lora_adapter_only_bundle_in_bf16(nodes):
         assert_same(state, bf16(adapter))
 
 
-class TamperingRelay(WeightRelay):
-    """A relay whose link to one child flips a byte of one chunk after verifying it (bad RAM, a bug)."""
+class Tap(grpc.aio.StreamUnaryClientInterceptor):
+    """gRPC's own client interceptor on a Push stream: every message goes out as `tap(index, raw)`."""
 
-    def __init__(self, victim: str) -> None:
-        super().__init__(WeightPublisher(chunk_bytes=CHUNK))
-        self.victim = victim
+    def __init__(self, tap) -> None:
+        self.tap = tap
 
-    def forward(self, hop: Hop, index: int, raw: bytes) -> bytes:
-        if hop.address != self.victim or index != 2:
+    async def intercept_stream_unary(self, continuation, details, requests):
+        async def tapped():
+            index = 0
+            async for raw in requests:
+                yield self.tap(index, raw)
+                index += 1
+
+        return await continuation(details, tapped())
+
+
+class TappedRelay(WeightRelay):
+    """A relay whose links to its children carry every pushed message through `tap(child, index, raw)`:
+    a link that changes what it carries after the relay verified it (bad RAM, a bug), or one a test
+    watches. The links are the node's own channels, opened with an interceptor; the relay knows nothing."""
+
+    def __init__(self, tap, **options) -> None:
+        super().__init__(WeightPublisher(chunk_bytes=CHUNK), **options)
+        self.tap = tap
+        self.links: dict[str, grpc.aio.Channel] = {}
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        if address not in self.links:
+            tap = Tap(lambda index, raw: self.tap(address, index, raw))
+            options = [*channel_options(), *self.grpc_options]
+            self.links[address] = grpc.aio.insecure_channel(address, options=options, interceptors=[tap])
+        return self.links[address]
+
+    async def close(self) -> None:
+        for link in self.links.values():
+            await link.close()
+        await super().close()
+
+
+def tampering(victim: str):
+    """The tap of a link to ``victim`` that flips a byte of the third chunk (its digest field unchanged)."""
+
+    def tap(child: str, index: int, raw: bytes) -> bytes:
+        if child != victim or index != 2:
             return raw
         msg = pb.WeightChunk.FromString(raw)
         data = bytearray(msg.data)
@@ -243,11 +279,13 @@ class TamperingRelay(WeightRelay):
         msg.data = bytes(data)  # the digest field still claims the original bytes
         return msg.SerializeToString()
 
+    return tap
+
 
 def test_corrupted_chunk_at_a_relay_is_rejected_by_its_child_and_the_rest_are_served(nodes):
     source = learner(nodes)
     r2_port = free_port()
-    r1 = nodes(TamperingRelay(victim=f"127.0.0.1:{r2_port}"))
+    r1 = nodes(TappedRelay(tampering(f"127.0.0.1:{r2_port}")))
     r2 = nodes(port=r2_port)
     r3 = nodes()
     results = source.call(source.relay.fan_out(1, plan_chain([r1.address, r2.address, r3.address])))
@@ -367,17 +405,15 @@ def test_parallel_verification_still_stops_at_a_corrupted_chunk(nodes):
     it and the receiver holds nothing."""
     source = learner(nodes)
     r2_port = free_port()
-    r1 = nodes(TamperingRelay(victim=f"127.0.0.1:{r2_port}"))
-    r2 = nodes(WeightRelay(WeightPublisher(chunk_bytes=CHUNK), verify_threads=4), port=r2_port)
-    r3 = nodes()
-    forwarded: list[int] = []
-    forward = r2.relay.forward
+    r1 = nodes(TappedRelay(tampering(f"127.0.0.1:{r2_port}")))
+    forwarded: list[int] = []  # what r2 passed on to its children
 
-    def spy(hop, index, raw):
+    def spy(child: str, index: int, raw: bytes) -> bytes:
         forwarded.append(index)
-        return forward(hop, index, raw)
+        return raw
 
-    r2.relay.forward = spy
+    r2 = nodes(TappedRelay(spy, verify_threads=4), port=r2_port)
+    r3 = nodes()
     results = source.call(source.relay.fan_out(1, plan_chain([r1.address, r2.address, r3.address])))
     assert results[r2.address].startswith("failed") and "chunk[2].digest" in results[r2.address]
     assert max(forwarded, default=-1) < 2  # chunks 0 and 1 at most went on to r3 before the failure

@@ -34,6 +34,7 @@ from decentralized_verl.spec import with_defaults  # noqa: E402
 from decentralized_verl.spec.manifest import parse_spec  # noqa: E402
 from decentralized_verl.training.trainer import rollout_state_dict  # noqa: E402
 from decentralized_verl.transport.clients import GrpcRolloutClient, wait_ready  # noqa: E402
+from decentralized_verl.transport.weights.bulk_plane import BulkPlane  # noqa: E402
 from decentralized_verl.transport.weights.publish import WeightPublisher  # noqa: E402
 from decentralized_verl.transport.weights.push import OK  # noqa: E402
 from decentralized_verl.transport.weights.receive import GrpcWeightSource  # noqa: E402
@@ -63,6 +64,18 @@ class CountingWeights(WeightsServicer):
         self.fetches.append(request.version)
         async for msg in super().Fetch(request, context):
             yield msg
+
+
+class CountingPlane(BulkPlane):
+    """The learner's bulk plane, counting the transfers it opens per worker: each carries one whole copy."""
+
+    def __init__(self, relay) -> None:
+        super().__init__(relay)
+        self.offers: dict[str, int] = {}
+
+    def offer(self, hop: Hop, manifest_bytes: bytes) -> tuple[int, bytes]:
+        self.offers[hop.address] = self.offers.get(hop.address, 0) + 1
+        return super().offer(hop, manifest_bytes)
 
 
 class Worker:
@@ -153,14 +166,9 @@ async def test_publish_reaches_every_worker_through_the_chain_and_a_dead_worker_
         assert fanout.route() == (Hop(addresses[0], (Hop(addresses[1], (Hop(addresses[2]),)),)),)
         assert fanout.last_results == {a: OK for a in addresses}  # version 0 went out at connect
 
-        sent: dict[str, int] = {}  # payload bytes the learner wrote, per worker (the bulk plane's)
-        forward = fanout.relay.bulk.forward
-
-        def counting(hop, offset, piece):
-            sent[hop.address] = sent.get(hop.address, 0) + len(piece)
-            return forward(hop, offset, piece)
-
-        fanout.relay.bulk.forward = counting
+        previous, fanout.relay.bulk = fanout.relay.bulk, CountingPlane(fanout.relay)
+        previous.close()  # the learner's relay serves nothing: only its sending side is replaced
+        sent = fanout.relay.bulk.offers
 
         # ---- version 1: one copy from the learner, the chain delivers it everywhere
         perturb(model, 0.5)
@@ -168,7 +176,7 @@ async def test_publish_reaches_every_worker_through_the_chain_and_a_dead_worker_
         await asyncio.to_thread(roles.publish, 1)
         assert fanout.last_results == {a: OK for a in addresses}
         # the learner fed only the chain's head, once
-        assert sent == {addresses[0]: publisher.get(1).manifest.total_bytes}
+        assert sent == {addresses[0]: 1}
         learner_manifest = publisher.get(1).manifest
         for address in addresses:
             held = await held_manifest(address)
@@ -195,7 +203,7 @@ async def test_publish_reaches_every_worker_through_the_chain_and_a_dead_worker_
         assert results[addresses[0]] == OK and results[addresses[2]] == OK
         assert results[addresses[1]].startswith("failed")
         # still one copy from the learner: worker 0 adopted worker 2 when worker 1 did not answer
-        assert sent == {addresses[0]: publisher.get(2).manifest.total_bytes}
+        assert sent == {addresses[0]: 1}
         sha2 = publisher.get(2).manifest.digest
         assert (await held_manifest(addresses[2])).digest == sha2
         v2_outputs = await generate(addresses[0], tok, 2)

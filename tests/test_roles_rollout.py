@@ -18,11 +18,12 @@ from decentralized_verl.core.forward import response_logprobs  # noqa: E402
 from decentralized_verl.core.interfaces import RolloutClient, WorkerFailure  # noqa: E402
 from decentralized_verl.core.samples import Prompt, collate  # noqa: E402
 from decentralized_verl.core.sampling import SamplingParams  # noqa: E402
+from decentralized_verl.core.seeds import item_seed  # noqa: E402
 from decentralized_verl.models.loading import load_model_and_tokenizer  # noqa: E402
 from decentralized_verl.proto import dverl_pb2 as pb  # noqa: E402
 from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc  # noqa: E402
 from decentralized_verl.serving.local import LocalRolloutClient, stream_in_thread  # noqa: E402
-from decentralized_verl.serving.rollout import RolloutWorker, item_seed, to_requests  # noqa: E402
+from decentralized_verl.serving.rollout import RolloutWorker, to_requests  # noqa: E402
 from decentralized_verl.serving.servicers import HealthServicer, RolloutServicer, serve  # noqa: E402
 from decentralized_verl.spec import ModelSpec, TinyModelSpec  # noqa: E402
 from decentralized_verl.spec.catalogue.backends import HF  # noqa: E402

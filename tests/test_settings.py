@@ -37,8 +37,8 @@ def test_no_module_but_settings_reads_a_dverl_variable() -> None:
 ENTRY_PACKAGES = ("entrypoints", "cli", "launch")
 """Where a process starts: `dverl` and its commands, the workers, and the launchers that start them."""
 ENTRY_FUNCTIONS = {
-    ("serving/spans/server.py", "main"),
-    ("serving/spans/volunteer.py", "main"),
+    ("spans/server.py", "main"),
+    ("spans/volunteer.py", "main"),
 }
 """Entries outside those packages: a span server or span volunteer started with `python -m`."""
 

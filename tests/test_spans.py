@@ -13,9 +13,9 @@ torch = pytest.importorskip("torch")
 from decentralized_verl.backends.base import GenerationRequest, SamplingParams  # noqa: E402
 from decentralized_verl.errors import ModelError, WireError  # noqa: E402
 from decentralized_verl.models.loading import load_model_and_tokenizer  # noqa: E402
-from decentralized_verl.serving.spans import codec  # noqa: E402
-from decentralized_verl.serving.spans.blocks import build_front, build_span, spec_parts  # noqa: E402
-from decentralized_verl.serving.spans.layout import (  # noqa: E402
+from decentralized_verl.spans import codec  # noqa: E402
+from decentralized_verl.spans.blocks import build_front, build_span, spec_parts  # noqa: E402
+from decentralized_verl.spans.layout import (  # noqa: E402
     LayoutError,
     Span,
     check_layout,
@@ -24,7 +24,7 @@ from decentralized_verl.serving.spans.layout import (  # noqa: E402
     split_state,
     to_span_name,
 )
-from decentralized_verl.serving.spans.server import Busy, SpanServer, UnknownSession, WrongVersion  # noqa: E402
+from decentralized_verl.spans.server import Busy, SpanServer, UnknownSession, WrongVersion  # noqa: E402
 from decentralized_verl.spec.model import ModelSpec  # noqa: E402
 
 torch.set_num_threads(1)
@@ -254,7 +254,7 @@ def test_a_hop_with_another_policy_version_is_refused(parts):
 
 
 def test_weights_load_only_the_spans_layers_and_a_bad_refresh_changes_nothing(whole, parts):
-    from decentralized_verl.serving.spans.chain import _blob
+    from decentralized_verl.spans.chain import _blob
 
     model, _ = whole
     span = Span(2, 4)

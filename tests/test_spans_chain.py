@@ -22,11 +22,11 @@ from decentralized_verl.backends.hf import HFBackend  # noqa: E402
 from decentralized_verl.errors import WireError  # noqa: E402
 from decentralized_verl.models.loading import load_model_and_tokenizer  # noqa: E402
 from decentralized_verl.serving.rollout import RolloutWorker  # noqa: E402
-from decentralized_verl.serving.spans.backend import SpanBackend  # noqa: E402
-from decentralized_verl.serving.spans.chain import ChainSession  # noqa: E402
-from decentralized_verl.serving.spans.client import SpanClient  # noqa: E402
-from decentralized_verl.serving.spans.codec import HopRequest  # noqa: E402
-from decentralized_verl.serving.spans.layout import Span  # noqa: E402
+from decentralized_verl.spans.backend import SpanBackend  # noqa: E402
+from decentralized_verl.spans.chain import ChainSession  # noqa: E402
+from decentralized_verl.spans.client import SpanClient  # noqa: E402
+from decentralized_verl.spans.codec import HopRequest  # noqa: E402
+from decentralized_verl.spans.layout import Span  # noqa: E402
 from decentralized_verl.spec.model import ModelSpec  # noqa: E402
 
 torch.set_num_threads(1)
@@ -58,7 +58,7 @@ PROMPTS = ["hello there", "abc", "what is 2+2?", "x"]
 
 def _command(span: Span, port: int) -> list[str]:
     return [
-        sys.executable, "-m", "decentralized_verl.serving.spans.server",
+        sys.executable, "-m", "decentralized_verl.spans.server",
         "--model", json.dumps(MODEL), "--layers", str(span), "--port", str(port),
     ]  # fmt: skip
 

@@ -7,7 +7,7 @@ import pytest
 
 from decentralized_verl.errors import ManifestError
 from decentralized_verl.planning.plan import plan_job, worker_env
-from decentralized_verl.serving.spans.backend import parse_span_addresses
+from decentralized_verl.spans.backend import parse_span_addresses
 from decentralized_verl.spec.manifest import parse_spec
 
 

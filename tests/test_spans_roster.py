@@ -10,10 +10,10 @@ import json
 import pytest
 
 from decentralized_verl.errors import WireError
-from decentralized_verl.serving.spans.layout import Span
+from decentralized_verl.spans.layout import Span
+from decentralized_verl.spans.roster import SpanRoster, open_push, pick_span, sign_push
 from decentralized_verl.transport import messages as m
 from decentralized_verl.volunteers.discovery import HubConfig, VolunteerHub
-from decentralized_verl.volunteers.span_roster import SpanRoster, open_push, pick_span, sign_push
 from decentralized_verl.volunteers.tokens import issue_token
 
 SECRET = b"span-roster-secret-0123456789abcdef"

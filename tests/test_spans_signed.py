@@ -19,13 +19,13 @@ from decentralized_verl.backends.hf import HFBackend  # noqa: E402
 from decentralized_verl.errors import WireError  # noqa: E402
 from decentralized_verl.models.loading import load_model_and_tokenizer  # noqa: E402
 from decentralized_verl.serving.rollout import RolloutWorker  # noqa: E402
-from decentralized_verl.serving.spans import signed  # noqa: E402
-from decentralized_verl.serving.spans.backend import SpanBackend  # noqa: E402
-from decentralized_verl.serving.spans.blocks import build_span, spec_parts  # noqa: E402
-from decentralized_verl.serving.spans.chain import _blob  # noqa: E402
-from decentralized_verl.serving.spans.client import SpanClient  # noqa: E402
-from decentralized_verl.serving.spans.layout import Span, split_state  # noqa: E402
-from decentralized_verl.serving.spans.server import SpanServer, decode_commit  # noqa: E402
+from decentralized_verl.spans import signed  # noqa: E402
+from decentralized_verl.spans.backend import SpanBackend  # noqa: E402
+from decentralized_verl.spans.blocks import build_span, spec_parts  # noqa: E402
+from decentralized_verl.spans.chain import _blob  # noqa: E402
+from decentralized_verl.spans.client import SpanClient  # noqa: E402
+from decentralized_verl.spans.layout import Span, split_state  # noqa: E402
+from decentralized_verl.spans.server import SpanServer, decode_commit  # noqa: E402
 from decentralized_verl.spec.model import ModelSpec  # noqa: E402
 from decentralized_verl.transport.weights.publish import WeightPublisher  # noqa: E402
 from decentralized_verl.transport.weights.receive import LocalWeightSource  # noqa: E402
@@ -182,8 +182,8 @@ def test_the_learners_bundle_carries_one_signed_manifest_per_span_and_another_la
         signed.check(manifest, span, 3, part, PUBLIC)
     three = (Span(0, 1), Span(1, 3), Span(3, 4))
     config, tokenizer, source, dtype = spec_parts(SPEC)
-    from decentralized_verl.serving.spans.blocks import build_front
-    from decentralized_verl.serving.spans.chain import Chain
+    from decentralized_verl.spans.blocks import build_front
+    from decentralized_verl.spans.chain import Chain
 
     front = SpanBackend(
         build_front(config, source, dtype),
@@ -202,7 +202,7 @@ def test_the_learners_bundle_carries_one_signed_manifest_per_span_and_another_la
 
 def _command(span: Span, port: int) -> list[str]:
     return [
-        sys.executable, "-m", "decentralized_verl.serving.spans.server", "--model", json.dumps(MODEL),
+        sys.executable, "-m", "decentralized_verl.spans.server", "--model", json.dumps(MODEL),
         "--layers", str(span), "--port", str(port), "--weights-key", PUBLIC.hex(),
     ]  # fmt: skip
 

@@ -17,8 +17,8 @@ from processes import ProcessGroup, free_port  # noqa: E402
 from decentralized_verl.backends.base import GenerationRequest, SamplingParams  # noqa: E402
 from decentralized_verl.backends.hf import HFBackend  # noqa: E402
 from decentralized_verl.models.loading import load_model_and_tokenizer  # noqa: E402
-from decentralized_verl.serving.spans.backend import SpanBackend  # noqa: E402
-from decentralized_verl.serving.spans.layout import even_layout  # noqa: E402
+from decentralized_verl.spans.backend import SpanBackend  # noqa: E402
+from decentralized_verl.spans.layout import even_layout  # noqa: E402
 from decentralized_verl.spec.model import ModelSpec  # noqa: E402
 
 
@@ -48,7 +48,7 @@ def test_smollm2_through_three_spans_gives_the_single_process_tokens(tmp_path):
         for span, port in zip(spans, ports, strict=True):
             group.start(
                 f"span-{span.start}",
-                [sys.executable, "-m", "decentralized_verl.serving.spans.server",
+                [sys.executable, "-m", "decentralized_verl.spans.server",
                  "--model", json.dumps(model_spec), "--layers", str(span), "--port", str(port)],
             )  # fmt: skip
         for span in spans:

@@ -23,10 +23,10 @@ from processes import ProcessGroup, free_port  # noqa: E402
 from decentralized_verl.backends.base import GenerationRequest, SamplingParams  # noqa: E402
 from decentralized_verl.backends.hf import HFBackend  # noqa: E402
 from decentralized_verl.models.loading import load_model_and_tokenizer  # noqa: E402
-from decentralized_verl.serving.spans import signed  # noqa: E402
-from decentralized_verl.serving.spans.backend import SpanBackend  # noqa: E402
-from decentralized_verl.serving.spans.layout import Span  # noqa: E402
-from decentralized_verl.serving.spans.p2p import P2PSpanClient  # noqa: E402
+from decentralized_verl.spans import signed  # noqa: E402
+from decentralized_verl.spans.backend import SpanBackend  # noqa: E402
+from decentralized_verl.spans.layout import Span  # noqa: E402
+from decentralized_verl.spans.p2p import P2PSpanClient  # noqa: E402
 from decentralized_verl.spec.model import ModelSpec  # noqa: E402
 
 MODEL = {
@@ -72,15 +72,13 @@ def swarm(tmp_path_factory):
         port = free_port()
         group.start(
             "trusted",
-            [sys.executable, "-m", "decentralized_verl.serving.spans.server",
+            [sys.executable, "-m", "decentralized_verl.spans.server",
              "--model", json.dumps(MODEL), "--layers", "0:4", "--port", str(port)],
         )  # fmt: skip
         volunteer = ["--model", json.dumps(MODEL), "--layers", "0:4", "--front", me,
                      "--weights-key", PUBLIC.hex(), "--host-maddr", "/ip4/127.0.0.1/tcp/0",
                      "--initial-peers", *maddrs]  # fmt: skip
-        group.start(
-            "honest", [sys.executable, "-m", "decentralized_verl.serving.spans.volunteer", *volunteer]
-        )
+        group.start("honest", [sys.executable, "-m", "decentralized_verl.spans.volunteer", *volunteer])
         group.start("cheat", [sys.executable, __file__, *volunteer])
         group.wait_for("trusted", "ready on port")
         ready = {
@@ -208,29 +206,18 @@ def test_a_volunteer_answers_only_the_fronts_it_serves(swarm):
 
 
 def _cheat() -> int:
-    """A volunteer that adds noise to every activation it returns."""
-    from decentralized_verl.serving.spans import volunteer
-    from decentralized_verl.serving.spans.codec import encode_hidden
-    from decentralized_verl.serving.spans.layout import parse_span
-    from decentralized_verl.serving.spans.server import load_span_server
+    """A volunteer that adds noise to every activation it returns: this process's span server is made to
+    lie before the volunteer starts."""
+    from decentralized_verl.spans import volunteer
+    from decentralized_verl.spans.codec import decode_request, encode_hidden
+    from decentralized_verl.spans.server import SpanServer
 
-    args = volunteer.parser().parse_args(sys.argv[1:])
-    server = load_span_server(
-        ModelSpec.model_validate(json.loads(args.model)),
-        parse_span(args.layers),
-        server_id="cheat",
-        verify_key=bytes.fromhex(args.weights_key),
-    )
-    honest_run = server.run
-
-    def forward(data: bytes) -> bytes:
-        from decentralized_verl.serving.spans.codec import decode_request
-
-        out = honest_run(decode_request(data, server.hidden_size, server.dtype))
+    def noisy(server: SpanServer, data: bytes) -> bytes:
+        out = server.run(decode_request(data, server.hidden_size, server.dtype))
         return encode_hidden(out + 0.05 * torch.randn_like(out))
 
-    server.forward = forward
-    return volunteer.main(sys.argv[1:], server)
+    SpanServer.forward = noisy
+    return volunteer.main(sys.argv[1:])
 
 
 if __name__ == "__main__":

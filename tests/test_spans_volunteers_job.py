@@ -88,10 +88,10 @@ def _refused_by_everyone(maddr: str) -> None:
 
     from decentralized_verl.errors import WireError
     from decentralized_verl.security.peer_identity import coordinator_peer_id
-    from decentralized_verl.serving.spans.p2p import P2PSpanClient
-    from decentralized_verl.serving.spans.volunteer import ask_assignment
+    from decentralized_verl.spans.p2p import P2PSpanClient
+    from decentralized_verl.spans.roster import PUSH, sign_push
+    from decentralized_verl.spans.volunteer import ask_assignment
     from decentralized_verl.transport.p2p import peer
-    from decentralized_verl.volunteers.span_roster import PUSH, sign_push
 
     stranger = Stranger(maddr)
     try:
@@ -190,25 +190,22 @@ def _tails(logs: Path) -> str:
 
 
 def _cheat() -> int:
-    """A span volunteer (`dverl worker --role span ...`) that adds noise to every activation it returns."""
+    """A span volunteer (`dverl worker --role span ...`) that adds noise to every activation it returns:
+    this process's span server is made to lie before the volunteer starts."""
     from decentralized_verl.entrypoints.volunteer import VolunteerOptions, run_volunteer
+    from decentralized_verl.spans.codec import decode_request, encode_hidden
+    from decentralized_verl.spans.server import SpanServer
 
     argv = sys.argv[2:]
 
     def value(flag: str) -> str:
         return argv[argv.index(flag) + 1]
 
-    def noisy(server) -> None:
-        from decentralized_verl.serving.spans.codec import decode_request, encode_hidden
+    def noisy(server: SpanServer, data: bytes) -> bytes:
+        out = server.run(decode_request(data, server.hidden_size, server.dtype))
+        return encode_hidden(out + 0.05 * torch.randn_like(out))
 
-        honest_run = server.run
-
-        def forward(data: bytes) -> bytes:
-            out = honest_run(decode_request(data, server.hidden_size, server.dtype))
-            return encode_hidden(out + 0.05 * torch.randn_like(out))
-
-        server.forward = forward
-
+    SpanServer.forward = noisy
     options = VolunteerOptions(
         (value("--initial-peers"),),
         job=value("--job"),
@@ -220,7 +217,7 @@ def _cheat() -> int:
     import logging
 
     logging.basicConfig(level=logging.INFO)
-    return asyncio.run(run_volunteer(options, configure=noisy))
+    return asyncio.run(run_volunteer(options))
 
 
 if __name__ == "__main__":

@@ -201,30 +201,39 @@ def _misbehave(mode: str, maddr: str, job: str, tok: str, *args: str) -> int:
 
     logging.basicConfig(level=logging.INFO)
 
-    def configure(endpoint) -> None:
-        if mode == "slow":
-            endpoint.delay_s = 2.0
-        elif mode == "cheat":
-            what, fraction = args[0], float(args[1])
-            counter = {"n": 0}
+    from decentralized_verl.serving import handlers
 
-            def transform(c):
-                counter["n"] += 1
-                if (counter["n"] * fraction) % 1.0 >= fraction and fraction < 1.0:
-                    return c
-                if what == "logprobs":
-                    return dataclasses.replace(c, logprobs=tuple(x * 0.5 for x in c.logprobs))
-                ids = tuple((t + 1) % 64 for t in c.response_token_ids)
-                return dataclasses.replace(c, response_token_ids=ids)
-
-            endpoint.transform = transform
-
+    # This process is the misbehaving volunteer: its rollout role's answers are changed before it starts.
+    honest = handlers.completions
     if mode == "rogue":
         return asyncio.run(_rogue(maddr, job))
-    if mode == "chosen":  # samples with a seed of its own choosing; its log-probs stay honest
-        from decentralized_verl.serving import handlers
+    if mode == "slow":  # each result 2 s late
 
-        honest = handlers.completions
+        async def slow(worker, batch):
+            async for completion in honest(worker, batch):
+                await asyncio.sleep(2.0)
+                yield completion
+
+        handlers.completions = slow
+    elif mode == "cheat":
+        what, fraction = args[0], float(args[1])
+        counter = {"n": 0}
+
+        def transform(c):
+            counter["n"] += 1
+            if (counter["n"] * fraction) % 1.0 >= fraction and fraction < 1.0:
+                return c
+            if what == "logprobs":
+                return dataclasses.replace(c, logprobs=tuple(x * 0.5 for x in c.logprobs))
+            ids = tuple((t + 1) % 64 for t in c.response_token_ids)
+            return dataclasses.replace(c, response_token_ids=ids)
+
+        async def cheating(worker, batch):
+            async for completion in honest(worker, batch):
+                yield transform(completion)
+
+        handlers.completions = cheating
+    elif mode == "chosen":  # samples with a seed of its own choosing; its log-probs stay honest
 
         def choosing(worker, batch):
             own = dataclasses.replace(batch.sampling, seed=(batch.sampling.seed or 0) + 1)
@@ -232,7 +241,7 @@ def _misbehave(mode: str, maddr: str, job: str, tok: str, *args: str) -> int:
 
         handlers.completions = choosing
     options = VolunteerOptions((maddr,), job, tok, host_maddrs=("/ip4/127.0.0.1/tcp/0",))
-    return asyncio.run(run_volunteer(options, configure=configure))
+    return asyncio.run(run_volunteer(options))
 
 
 async def _rogue(maddr: str, job: str) -> int:

@@ -144,9 +144,9 @@ def _local_reward():
 
 
 def test_trainer_picks_only_scoring_peers_it_can_trust_to_match(tmp_path: Path) -> None:
+    from decentralized_verl.rewards.servable import servable_reward
     from decentralized_verl.volunteers.announce import VolunteerRecord
     from decentralized_verl.volunteers.open_peers import pick_reference_peer, pick_reward_peer
-    from decentralized_verl.volunteers.reward_policy import servable_reward
 
     mine, other = tmp_path / "policy", tmp_path / "other"
     mine.mkdir()

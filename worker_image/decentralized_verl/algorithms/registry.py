@@ -37,7 +37,7 @@ from decentralized_verl.spec.catalogue.algorithms import (
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from decentralized_verl.algorithms.advantages import AdvantageInputs
+    from decentralized_verl.algorithms.advantage_inputs import AdvantageInputs
 
 
 class AdvantageFn(Protocol):

@@ -37,7 +37,7 @@ _SEED_MASK = (1 << 63) - 1
 
 def row_seed(seed: int, sample_index: int) -> int:
     """The generator seed for sample ``sample_index`` of a request seeded with ``seed`` (the rollout worker
-    gives each (prompt, sample) item its own request seed, `serving.rollout.item_seed`)."""
+    gives each (prompt, sample) item its own request seed, `core.seeds.item_seed`)."""
     return (seed * _SEED_MIX + sample_index * 0x632BE59BD9B4E019 + 1) & _SEED_MASK
 
 

@@ -20,7 +20,7 @@ class SamplingParams:
     token always ends it too). ``n`` responses are drawn per prompt. With a ``seed`` a response depends
     only on (seed, sample index, weights), not on which other requests share its batch. In a rollout
     request `seed` is the step's base seed; the worker derives each sample's own seed from it and the
-    sample's identity (`serving.rollout.item_seed`), so a re-dispatched sample comes out the same.
+    sample's identity (`core.seeds.item_seed`), so a re-dispatched sample comes out the same.
     """
 
     max_new_tokens: int = 64

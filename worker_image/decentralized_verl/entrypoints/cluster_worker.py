@@ -51,11 +51,11 @@ async def serve_role(
 
     worker_id = f"{job}-{role}-{index}"
     if role == "span":
-        from decentralized_verl.serving.spans.server import serve_span_role
+        from decentralized_verl.spans.server import serve_span_role
 
         return await serve_span_role(spec, job, index, port, settings.server_host())
     if role == "rollout" and spec.roles.rollout.spans is not None:
-        from decentralized_verl.serving.spans.backend import SpanBackend, parse_span_addresses
+        from decentralized_verl.spans.backend import SpanBackend, parse_span_addresses
 
         servers = parse_span_addresses(settings.span_addrs or "")
         checks = {"check_fraction": spec.volunteers.verify_fraction}  # of span volunteers' hops
@@ -127,7 +127,7 @@ async def _take_span_volunteers(backend, spec: JobSpec, job: str, index: int, se
         and settings.dht_addr
     ):
         return None
-    from decentralized_verl.serving.spans.front_volunteers import start_front_volunteers
+    from decentralized_verl.spans.front_volunteers import start_front_volunteers
 
     started = await start_front_volunteers(backend, job, index, settings.dht_addr, settings)
     return None if started is None else started[1]

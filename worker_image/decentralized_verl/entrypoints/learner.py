@@ -93,13 +93,13 @@ async def _coordinate(
     from decentralized_verl.orchestration.assemble import build_loop
     from decentralized_verl.orchestration.membership import follow_scaling
     from decentralized_verl.orchestration.status_service import CoordinatorServicer
+    from decentralized_verl.orchestration.volunteering import join_volunteers
     from decentralized_verl.orchestration.wiring import connect_roles
     from decentralized_verl.serving.servicers import HealthServicer, serve
     from decentralized_verl.training.checkpoints.learner import checkpoint_root
     from decentralized_verl.transport.weights.delta_publish import DeltaPublisher
     from decentralized_verl.transport.weights.publish import WeightPublisher
     from decentralized_verl.transport.weights.service import WeightsServicer
-    from decentralized_verl.volunteers.coordinator_side import join_volunteers
 
     trainer = group.trainer
     model = trainer.model
@@ -239,9 +239,9 @@ def _span_manifests(spec: Any):
     """When the rollout is served as layer spans, each span's share is signed on publish."""
     if spec.roles.rollout.spans is None:
         return None
-    from decentralized_verl.serving.spans.blocks import spec_parts
-    from decentralized_verl.serving.spans.layout import even_layout
-    from decentralized_verl.serving.spans.signed import bundle_metadata
+    from decentralized_verl.spans.blocks import spec_parts
+    from decentralized_verl.spans.layout import even_layout
+    from decentralized_verl.spans.signed import bundle_metadata
 
     layers = int(spec_parts(spec.model)[0].num_hidden_layers)
     return bundle_metadata(even_layout(layers, spec.roles.rollout.spans.count))

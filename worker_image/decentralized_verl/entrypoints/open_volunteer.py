@@ -14,7 +14,7 @@ versions, NaNs) and re-checks a fraction of an actor's log-probs (`dverl-train -
   a time and re-binds to another one only after `rebind_after_s` without requests.
 - critic: a value model built from PATH, trained in place by the trainer's Train calls.
 - reward: scores (prompt, completion) pairs with the reward each request names (only rewards
-  shipped with the package, see volunteers/reward_policy.py; `reward_model` when PATH is a reward
+  shipped with the package, see rewards/servable.py; `reward_model` when PATH is a reward
   model). Open mode only: the token-checked RLHFJob flow never takes rewards from a volunteer.
 - reference: log-probs of response tokens under PATH (the initial policy) at temperature 1.0, for the
   trainer's KL term; the trainer uses it only when PATH is its own model.
@@ -147,9 +147,9 @@ async def _serve_critic(p2p, me: str, options: OpenWorkerOptions):
 
 
 async def _serve_reward(p2p, me: str, options: OpenWorkerOptions):
+    from decentralized_verl.rewards.servable import is_reward_model_folder
     from decentralized_verl.serving.p2p_endpoints import RewardEndpoint
     from decentralized_verl.serving.scoring import RewardWorker
-    from decentralized_verl.volunteers.reward_policy import is_reward_model_folder
 
     folder = _model_spec(options.model).path
     scorer = None

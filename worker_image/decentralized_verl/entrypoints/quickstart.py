@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from decentralized_verl.entrypoints.open_volunteer import OPEN_JOB
+from decentralized_verl.entrypoints.quickstart_scoring import scoring_roles
 from decentralized_verl.errors import VolunteerError
-from decentralized_verl.volunteers.open_peers import find_workers, scoring_roles
+from decentralized_verl.volunteers.open_peers import find_workers
 from decentralized_verl.volunteers.rewards import QUICKSTART_REWARD
 from decentralized_verl.volunteers.session import PeerReach
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from decentralized_verl.errors import PeerUnavailable, VolunteerError
@@ -77,9 +76,8 @@ async def run_volunteer(
     options: VolunteerOptions,
     *,
     stop: asyncio.Event | None = None,
-    configure: Callable[[object], None] | None = None,
 ) -> int:
-    """Run until `stop` (or a signal). `configure(endpoint)` lets tests make a dishonest volunteer."""
+    """Run until `stop` (or a signal)."""
     from decentralized_verl.backends.factory import make_backend
     from decentralized_verl.models.loading import load_model_and_tokenizer
     from decentralized_verl.serving.p2p_endpoints import RolloutEndpoint
@@ -128,12 +126,10 @@ async def run_volunteer(
             raise VolunteerError(f"the coordinator refused to let this peer join: {reply.reason}")
         spec = JobSpec.model_validate_json(await wire.fetch_spec(p2p, claims.coordinator, options.job))
         if role == "span":
-            from decentralized_verl.serving.spans.volunteer import serve_for_job
+            from decentralized_verl.spans.volunteer import serve_for_job
 
             key = reply.weights_verify_key or None
-            return await serve_for_job(
-                session, claims.coordinator, spec, key, options.layers, stop=stop, configure=configure
-            )
+            return await serve_for_job(session, claims.coordinator, spec, key, options.layers, stop=stop)
         model_spec = spec.model
         if options.model:
             model_spec = type(spec.model).model_validate({"path": options.model, "dtype": spec.model.dtype})
@@ -167,8 +163,6 @@ async def run_volunteer(
         endpoint = RolloutEndpoint(
             p2p, worker, coordinator=claims.coordinator, limits=m.WireLimits(vocab_size=vocab)
         )
-        if configure is not None:
-            configure(endpoint)
         await endpoint.register()
         started = time.time()
 

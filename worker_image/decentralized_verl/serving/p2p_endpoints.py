@@ -14,11 +14,11 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from decentralized_verl.proto import dverl_pb2 as pb
+from decentralized_verl.rewards.servable import servable_reward
 from decentralized_verl.serving import handlers
 from decentralized_verl.transport import messages as m
 from decentralized_verl.transport.carriers import GENERATE, LOGPROBS, SCORE, TRAIN, VALUES
 from decentralized_verl.transport.p2p import Unauthorized
-from decentralized_verl.volunteers.reward_policy import servable_reward
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +57,6 @@ class RolloutEndpoint(_Endpoint):
         self.on_caller = on_caller
         self.requests = 0
         self.samples = 0
-        self.transform: Callable[[m.Completion], m.Completion] | None = None
-        """Test hook: rewrite outgoing completions (a dishonest volunteer in the trust tests)."""
-        self.delay_s = 0.0
-        """Test hook: sleep before each result (a slow volunteer, to be killed mid-task)."""
 
     async def register(self) -> None:
         await self.p2p.add_protobuf_handler(
@@ -82,10 +78,6 @@ class RolloutEndpoint(_Endpoint):
             batch.policy_version,
         )
         async for completion in handlers.completions(self.worker, batch):
-            if self.transform is not None:
-                completion = self.transform(completion)
-            if self.delay_s:
-                await asyncio.sleep(self.delay_s)
             self.samples += 1
             yield m.completion_to_proto(completion)
 
@@ -140,7 +132,7 @@ class ReferenceEndpoint(_Endpoint):
 
 class RewardEndpoint(_Endpoint):
     """Score around a `serving.scoring.RewardWorker`; serves any caller (open mode), but runs only rewards
-    shipped with the package (`volunteers.reward_policy`)."""
+    shipped with the package (`rewards.servable`)."""
 
     def __init__(
         self, p2p: Any, worker: Any, *, has_reward_model: bool, limits: m.WireLimits | None = None

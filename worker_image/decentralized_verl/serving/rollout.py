@@ -11,7 +11,6 @@ re-dispatch and exactly-once accounting treat it like a single completion.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -21,6 +20,7 @@ from decentralized_verl.backends.base import GenerationBackend, GenerationReques
 from decentralized_verl.core.interfaces import WorkItem
 from decentralized_verl.core.samples import Sample
 from decentralized_verl.core.sampling import SamplingParams
+from decentralized_verl.core.seeds import item_seed, turn_seed
 from decentralized_verl.environments.settings import EpisodeSettings, episode_settings
 from decentralized_verl.spec.catalogue.backends import HF, backend_kind
 
@@ -29,8 +29,6 @@ if TYPE_CHECKING:
 
     from decentralized_verl.environments.rollout import EpisodeRunner
 
-_SEED_MASK = (1 << 63) - 1
-
 
 class WeightSource(Protocol):
     """Where a rollout worker pulls policy weights from (the learner's publisher, over gRPC or in-process)."""
@@ -38,21 +36,6 @@ class WeightSource(Protocol):
     def fetch_latest(self, min_version: int) -> tuple[int, Mapping[str, Tensor]]:
         """The newest version >= min_version and its state dict (wire dtype); raises if none arrives."""
         ...
-
-
-def item_seed(seed: int, prompt_id: str, sample_index: int) -> int:
-    """A 63-bit seed that depends only on (seed, prompt, sample index).
-
-    So a sample is the same whichever worker draws it, in whichever batch, after a re-dispatch.
-    """
-    digest = hashlib.sha256(f"{seed}\x00{prompt_id}\x00{sample_index}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") & _SEED_MASK
-
-
-def turn_seed(seed: int, prompt_id: str, sample_index: int, turn: int) -> int:
-    """The seed of model turn `turn` (0-based) of an episode: each turn its own, so a re-dispatched episode
-    plays out the same and the trusted side can replay every turn's draws (`volunteers.sampling_check`)."""
-    return item_seed(seed, f"{prompt_id}\x00turn{turn}", sample_index)
 
 
 def to_requests(items: Sequence[WorkItem], sampling: SamplingParams) -> list[GenerationRequest]:

@@ -21,11 +21,11 @@ from decentralized_verl.core.forward import ForwardChooser, response_logprobs
 from decentralized_verl.core.samples import Prompt, Sample, TrainBatch, collate
 from decentralized_verl.environments.replay import ENVIRONMENT_REWARD
 from decentralized_verl.environments.settings import episode_settings
+from decentralized_verl.rewards.servable import servable_reward
 from decentralized_verl.training.optimizer_step import optimizer_step
 from decentralized_verl.training.rank_group import collective_device, split_rounds, world_of
 from decentralized_verl.training.sharding import is_sharded, shard_model
 from decentralized_verl.transport.messages import Score, ScoreItem, SequencePair
-from decentralized_verl.volunteers.reward_policy import servable_reward
 
 
 def samples_from_pairs(pairs: Sequence[SequencePair]) -> list[Sample]:

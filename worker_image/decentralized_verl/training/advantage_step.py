@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from decentralized_verl.algorithms import registry
-from decentralized_verl.algorithms.advantages import AdvantageInputs
+from decentralized_verl.algorithms.advantage_inputs import AdvantageInputs
 from decentralized_verl.algorithms.filters import (
     dynamic_sampling_keep_mask,
     mask_truncated,

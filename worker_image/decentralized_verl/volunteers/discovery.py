@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 SUPPORTED_ROLES = ("rollout", "actor", "span")
 """Roles a volunteer can serve to this coordinator today (`actor` is the quick start's name for rollout;
-`span` volunteers serve layers to the job's fronts, `volunteers.span_roster`)."""
+`span` volunteers serve layers to the job's fronts, `spans.roster`)."""
 
 
 def hardware_prior(hardware: str) -> float:

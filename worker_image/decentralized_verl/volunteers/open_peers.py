@@ -4,7 +4,7 @@ Actors and a critic are required (the critic for PPO); reward and reference volu
 used only when they can be trusted to match: rewards from the first reward peer (for `reward_model`,
 only one serving the same reward-model folder), reference log-probs only from a peer serving this
 trainer's own model folder at its temperature. Anything else, or a call that fails, is computed by the
-trainer itself (fallback.py).
+trainer itself (fallback.py; the trainer's clients are put together in `entrypoints.quickstart_scoring`).
 """
 
 from __future__ import annotations
@@ -72,41 +72,3 @@ def pick_reference_peer(records, model_path: str, temperature: float) -> tuple[A
             f"reference volunteers compute at temperature {same[0].temperature:g}, not {temperature:g}",
         )
     return matching[0], f"reference volunteer {matching[0].peer_id}"
-
-
-async def scoring_roles(p2p, dht, spec, *, job: str, model_path: str, temperature: float, pad_token_id):
-    """(reward client, reference client or None, description lines): volunteers when usable, else local."""
-    from decentralized_verl.models.loading import load_model_and_tokenizer
-    from decentralized_verl.serving import local, scoring
-    from decentralized_verl.transport.clients import P2PReferenceClient, P2PRewardClient
-    from decentralized_verl.transport.p2p import connect
-    from decentralized_verl.volunteers.announce import read_records
-    from decentralized_verl.volunteers.fallback import FallbackReference, FallbackReward
-
-    records, _ = await read_records(dht, job)
-    lines = []
-    chosen, why = pick_reward_peer(records, spec)
-    remote = None
-    if chosen is not None:
-        await connect(p2p, chosen.peer_id, chosen.maddrs)
-        remote = P2PRewardClient(p2p, chosen.peer_id)
-    lines.append(f"rewards: {why}" + ("" if chosen else "; computed by the trainer"))
-    reward = FallbackReward(remote, lambda: local.LocalRewardClient(scoring.RewardWorker.from_spec(spec)))
-    reference = None
-    if spec.roles.reference is not None:
-        chosen, why = pick_reference_peer(records, model_path, temperature)
-        remote = None
-        if chosen is not None:
-            await connect(p2p, chosen.peer_id, chosen.maddrs)
-            remote = P2PReferenceClient(p2p, chosen.peer_id)
-        lines.append(f"reference log-probs: {why}" + ("" if chosen else "; computed by the trainer"))
-
-        def make_local():
-            # The initial policy from disk (the trainer's own model has moved on by the time this runs).
-            model, _ = load_model_and_tokenizer(spec.model)
-            return local.LocalReferenceClient(
-                scoring.ReferenceWorker(model, temperature, pad_token_id=pad_token_id)
-            )
-
-        reference = FallbackReference(remote, make_local)
-    return reward, reference, lines

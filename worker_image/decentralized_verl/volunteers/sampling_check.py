@@ -1,7 +1,7 @@
 """Was a volunteer's response *sampled*, or chosen? A replay of its seeded draws on the trusted side.
 
 The coordinator gives every rollout request a seed, and each episode's own seed follows from it and the
-episode's identity (`serving.rollout.item_seed`); the hf backend draws each token by inverse-CDF from one
+episode's identity (`core.seeds.item_seed`); the hf backend draws each token by inverse-CDF from one
 uniform of a CPU generator seeded with it (`backends.hf.sample_tokens`). So the trusted side, holding
 the policy of the claimed version, can redo the draws: one forward pass over prompt + response gives
 every position's distribution, the seed gives every uniform, and each claimed token must be the one
@@ -9,7 +9,7 @@ that uniform picks. A volunteer that submits responses it chose (best of several
 edited text with honestly recomputed log-probs) passes the log-prob check but not this one.
 
 A multi-turn episode is replayed the same way, turn by turn: each model turn was generated as a request of
-its own, seeded by (episode, turn) (`serving.rollout.turn_seed`), on the context of the prompt and every
+its own, seeded by (episode, turn) (`core.seeds.turn_seed`), on the context of the prompt and every
 token before it. So the same single forward pass over prompt + whole episode gives the distributions of
 every model token, and the tokens of model turn t (the t-th run of the loss mask) must be the draws of
 turn t's seed. The environment's tokens between turns are not drawn; the episode rebuild
@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from decentralized_verl.core.sampling import SamplingParams
+from decentralized_verl.core.seeds import item_seed, turn_seed
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -40,7 +41,6 @@ def episode_seed(
     """The seed the volunteer's backend drew this episode's tokens with, or those of its model turn `turn`
     (a multi-turn episode's); None: the request had none."""
     from decentralized_verl.backends.hf import row_seed
-    from decentralized_verl.serving.rollout import item_seed, turn_seed
 
     if sampling.seed is None:
         return None

@@ -4,6 +4,7 @@
 gathered tensors), `signing` (manifests signed by the learner), `publish` (the learner's publisher and the
 Weights service) and `receive` (chunks checked as they arrive, the pullers), `delta`, `delta_publish` and
 `delta_p2p` (versions as differences), the fan-out (`route`: who forwards to whom; `relay`: a rollout
-worker's relay; `push`: one version down a route; `fanout`: the learner's and a worker's ends), and the
-bulk plane (`bulk_plane`, `bulk_send`, `bulk_wire`: the bytes over plain TCP or TLS).
+worker's relay, with `node` what its parts see of it; `push`: one version down a route; `fanout`: the
+learner's and a worker's ends), and the bulk plane (`bulk_plane`, `bulk_send`, `bulk_wire`: the bytes
+over plain TCP or TLS).
 """

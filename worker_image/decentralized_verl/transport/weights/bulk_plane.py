@@ -56,7 +56,7 @@ from decentralized_verl.transport.weights.receive import BundleBuilder
 from decentralized_verl.transport.weights.route import ROUTE_KEY, Hop, route_from_json, route_to_json
 
 if TYPE_CHECKING:
-    from decentralized_verl.transport.weights.relay import WeightRelay
+    from decentralized_verl.transport.weights.node import RelayNode
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +77,9 @@ class Incoming:
 
 
 class BulkPlane:
-    """A `WeightRelay`'s bulk plane: its listener (for versions pushed to it) and its senders."""
+    """A fan-out node's bulk plane: its listener (for versions pushed to it) and its senders."""
 
-    def __init__(self, relay: WeightRelay) -> None:
+    def __init__(self, relay: RelayNode) -> None:
         self.relay = relay
         self.port = 0
         self.refused: list[str] = []
@@ -289,10 +289,6 @@ class BulkPlane:
                     future.exception()  # settled before the buffer is given up
 
     # ----------------------------------------------------------------- sending
-
-    def forward(self, hop: Hop, offset: int, piece: memoryview) -> bytes | memoryview:
-        """The bytes sent to ``hop`` for the piece at ``offset`` (a hook: tests corrupt here)."""
-        return piece
 
     def offer(self, hop: Hop, manifest_bytes: bytes) -> tuple[int, bytes]:
         """``BulkOpen`` on ``hop``: its bulk port and ticket (grpc.RpcError when it refuses)."""

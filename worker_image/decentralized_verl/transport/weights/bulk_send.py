@@ -9,7 +9,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 
@@ -20,13 +20,28 @@ from decentralized_verl.transport.weights.push import OK, REASON_CHARS
 from decentralized_verl.transport.weights.route import Hop
 
 if TYPE_CHECKING:
-    from decentralized_verl.transport.weights.bulk_plane import BulkPlane
+    from decentralized_verl.transport.weights.node import RelayNode
 
 log = logging.getLogger(__name__)
 
 BULK_UNAVAILABLE = "bulk unavailable"
 """The start of a child's outcome when it has no bulk plane: the caller may push to it over gRPC instead."""
 NO_LISTENER = "this relay has no bulk listener"
+
+
+class SendingPlane(Protocol):
+    """What the sending threads use of their node's bulk plane (`bulk_plane.BulkPlane`)."""
+
+    relay: RelayNode
+
+    @property
+    def client_tls(self) -> Any:
+        """The TLS context a data connection opens with; None in a job without credentials."""
+        ...
+
+    def offer(self, hop: Hop, manifest_bytes: bytes) -> tuple[int, bytes]:
+        """``BulkOpen`` on ``hop``: its bulk port and a ticket."""
+        ...
 
 
 class Aborted(Exception):
@@ -37,7 +52,9 @@ class BulkSession:
     """One version flowing out of this node over the bulk plane: a byte prefix verified so far (all of it
     on the learner) and a sending thread per child, adopting the children of one that fails."""
 
-    def __init__(self, plane: BulkPlane, manifest: m.WeightManifest, payload: bw.Payload, ready: int) -> None:
+    def __init__(
+        self, plane: SendingPlane, manifest: m.WeightManifest, payload: bw.Payload, ready: int
+    ) -> None:
         self.plane = plane
         self.payload = payload
         self.manifest_bytes = m.manifest_to_proto(manifest).SerializeToString()
@@ -156,7 +173,7 @@ class BulkDownstream(threading.Thread):
             while sent < total:
                 upto = session.wait_ready(sent)
                 for piece in session.payload.views(sent, upto):
-                    sock.sendall(plane.forward(hop, sent, piece))
+                    sock.sendall(piece)
                     sent += len(piece)
             ok, reason, results = bw.read_reply(sock, hop.address)
         except Aborted as exc:

@@ -84,7 +84,7 @@ class WeightPublisher:
     own dtype, bit-exact). `is_adapter` marks LoRA-only state dicts in the manifest. `signing_key` signs
     every manifest it publishes (default: this process's, which only the job's learner holds).
     `bundle_metadata` adds entries to each bundle from its tensors (a rollout served as layer spans gets
-    one signed manifest per span, so a span server can check its own share: `serving.spans.signed`).
+    one signed manifest per span, so a span server can check its own share: `spans.signed`).
     Thread-safe: `publish` runs on the learner's thread while the gRPC service reads from the event loop.
     """
 

@@ -22,7 +22,7 @@ from decentralized_verl.transport.weights.route import ROUTE_KEY, Hop, route_to_
 from decentralized_verl.transport.weights.service import WeightsServicer
 
 if TYPE_CHECKING:
-    from decentralized_verl.transport.weights.relay import WeightRelay
+    from decentralized_verl.transport.weights.node import RelayNode
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +72,8 @@ class Downstream:
         self.task = asyncio.ensure_future(self._run())
 
     async def _requests(self) -> AsyncIterator[bytes]:
-        index = 0
         while (raw := await self.queue.get()) is not None:
-            yield self.session.relay.forward(self.hop, index, raw)
-            index += 1
+            yield raw
 
     async def _run(self) -> dict[str, str]:
         relay = self.session.relay
@@ -119,7 +117,7 @@ class Downstream:
 class Session:
     """One version flowing through this node: the chunks verified so far and the children fed with them."""
 
-    relay: WeightRelay
+    relay: RelayNode
     backlog: list[bytes] = field(default_factory=list)
     downstreams: list[Downstream] = field(default_factory=list)
     sealed: bool = False

@@ -27,7 +27,7 @@ Each concern has its module: the Weights service a relay answers (Push received,
 Fetch of held versions) is `transport.weights.relay_service`, the hashing threads every receive path shares
 are `transport.weights.chunk_verify`, the pull from a parent is `transport.weights.catch_up` and the
 sending half is `transport.weights.push`; `WeightRelay` itself is the node: what it holds and how it
-reaches its peers.
+reaches its peers. Those parts see it as a `transport.weights.node.RelayNode`, so none imports this module.
 
 Routes are planned in `transport.weights.route`. In the runtime (`transport.weights.fanout`) the learner's
 `WeightFanout` pushes each version down `plan_route` of its remote rollout workers; each serves a
@@ -122,10 +122,6 @@ class WeightRelay:
         follows_held(manifest, self.publisher.latest_version, held.manifest.digest if held else None)
         if self.learner is not None and held is None:
             await confirm_with_learner(manifest, self.channel(self.learner), self.learner)
-
-    def forward(self, hop: Hop, index: int, raw: bytes) -> bytes:
-        """The bytes sent to ``hop`` for the index-th message of a push (a hook: tests corrupt here)."""
-        return raw
 
     # ----------------------------------------------------------------- holding
 

@@ -13,14 +13,15 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import grpc
 
 from decentralized_verl.errors import WireError
 from decentralized_verl.proto import dverl_pb2 as pb
 from decentralized_verl.transport import messages as m
-from decentralized_verl.transport.weights.bulk_plane import BULK_OPEN
+from decentralized_verl.transport.weights.bulk_plane import BULK_OPEN, BulkPlane
+from decentralized_verl.transport.weights.node import RelayNode
 from decentralized_verl.transport.weights.push import (
     RESULT_KEY,
     SERVICE,
@@ -32,16 +33,19 @@ from decentralized_verl.transport.weights.receive import BundleBuilder
 from decentralized_verl.transport.weights.route import ROUTE_KEY, Hop, route_from_json
 from decentralized_verl.transport.weights.service import WeightsServicer
 
-if TYPE_CHECKING:
-    from decentralized_verl.transport.weights.relay import WeightRelay
-
 log = logging.getLogger(__name__)
+
+
+class ServedNode(RelayNode, Protocol):
+    """A node whose Weights service also opens bulk transfers (`relay.WeightRelay`)."""
+
+    bulk: BulkPlane
 
 
 class RelayServicer:
     """The handlers of one relay's Weights service; `add_to_server` registers them."""
 
-    def __init__(self, relay: WeightRelay) -> None:
+    def __init__(self, relay: ServedNode) -> None:
         self.relay = relay
         self._manifests = WeightsServicer(relay.publisher)
 

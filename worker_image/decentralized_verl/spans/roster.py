@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from decentralized_verl.errors import WireError
-from decentralized_verl.serving.spans.layout import Span, parse_span
+from decentralized_verl.spans.layout import Span, parse_span
 from decentralized_verl.volunteers.announce import VolunteerRecord
 
 log = logging.getLogger(__name__)
@@ -190,7 +190,7 @@ async def start_span_roster(spec: Any, job: str, hub: Any, p2p: Any, num_layers:
     reason) when the job's rollout has no spans or the job runs without credentials."""
     from decentralized_verl.planning.plan import plan_job
     from decentralized_verl.security.trust import process_credentials
-    from decentralized_verl.serving.spans.layout import even_layout
+    from decentralized_verl.spans.layout import even_layout
 
     if "span" not in spec.volunteers.roles:
         return None

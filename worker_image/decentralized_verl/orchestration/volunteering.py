@@ -55,12 +55,12 @@ async def start_volunteer_discovery(
     """
     from decentralized_verl.security.peer_identity import bootstrap_maddr, coordinator_seed
     from decentralized_verl.security.trust import process_credentials
+    from decentralized_verl.spans.roster import start_span_roster
     from decentralized_verl.training.trainer import rollout_state_dict
     from decentralized_verl.transport.p2p import CoordinatorEndpoints
     from decentralized_verl.transport.weights.delta_p2p import DeltaEndpoint
     from decentralized_verl.transport.weights.delta_publish import DeltaPublisher
     from decentralized_verl.volunteers.dht import PeerOptions, start_dht
-    from decentralized_verl.volunteers.span_roster import start_span_roster
     from decentralized_verl.volunteers.verify import episode_check, verifier_for
 
     secret = job_secret(settings)

@@ -3,8 +3,8 @@
 Joining a job (`dverl worker --role span --initial-peers MADDR --job NAME --token T [--layers a:b]`,
 `serve_for_job`): admitted with its join token like every volunteer, it asks the coordinator which span
 of the job's layout it serves (the one it names, or the one with the fewest volunteers) and for which
-fronts (`volunteers.span_roster`), loads those layers, announces itself, and answers the span service
-(`spans.p2p`) for those fronts only. By hand (`python -m decentralized_verl.serving.spans.volunteer`,
+fronts (`spans.roster`), loads those layers, announces itself, and answers the span service
+(`spans.p2p`) for those fronts only. By hand (`python -m decentralized_verl.spans.volunteer`,
 tests and benchmarks): it is told the layers, the fronts' peer ids and the learner's key.
 
 Either way it is untrusted: the front spot-checks its outputs against a trusted replica and drops it on a
@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import json
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from decentralized_verl.errors import DverlError, VolunteerError, WireError
@@ -31,14 +30,13 @@ async def serve_for_job(
     layers: str | None,
     *,
     stop: asyncio.Event | None = None,
-    configure: Callable[[Any], None] | None = None,
 ) -> int:
     """Serve the span the coordinator assigns until stopped; `session` is the admitted volunteer's
-    (`volunteers.session.VolunteerSession`). `configure(server)` lets tests make a dishonest one."""
+    (`volunteers.session.VolunteerSession`)."""
     from decentralized_verl.runtime.lifecycle import serve_until_stopped
-    from decentralized_verl.serving.spans.layout import parse_span
-    from decentralized_verl.serving.spans.p2p import serve_span_p2p
-    from decentralized_verl.serving.spans.server import load_span_server
+    from decentralized_verl.spans.layout import parse_span
+    from decentralized_verl.spans.p2p import serve_span_p2p
+    from decentralized_verl.spans.server import load_span_server
     from decentralized_verl.transport.p2p import listen_maddrs
     from decentralized_verl.volunteers.announce import VolunteerRecord, hardware_summary
 
@@ -51,8 +49,6 @@ async def serve_for_job(
     server = await asyncio.to_thread(
         load_span_server, spec.model, span, server_id=f"volunteer-span-{me[-8:]}", verify_key=verify_key
     )
-    if configure is not None:
-        configure(server)
     await serve_span_p2p(p2p, server, fronts)
     hardware, maddrs = hardware_summary(), listen_maddrs(session.dht)
 
@@ -72,8 +68,8 @@ async def ask_assignment(p2p: Any, coordinator: str, layers: str | None) -> dict
     """The coordinator's answer: {"ok", "span", "fronts"} or {"ok": False, "error"}."""
     from google.protobuf.wrappers_pb2 import BytesValue
 
+    from decentralized_verl.spans.roster import ASSIGN
     from decentralized_verl.transport.p2p import peer
-    from decentralized_verl.volunteers.span_roster import ASSIGN
 
     request = BytesValue(value=json.dumps({"layers": layers or ""}).encode())
     reply = await asyncio.wait_for(
@@ -82,12 +78,12 @@ async def ask_assignment(p2p: Any, coordinator: str, layers: str | None) -> dict
     return json.loads(reply.value)
 
 
-async def serve(args: argparse.Namespace, server: Any = None) -> int:
-    """Serve until stopped; `server` (a `SpanServer`) is built from the arguments when not given."""
+async def serve(args: argparse.Namespace) -> int:
+    """Serve the span the arguments name until stopped."""
     from decentralized_verl.runtime.lifecycle import serve_until_stopped
-    from decentralized_verl.serving.spans.layout import parse_span
-    from decentralized_verl.serving.spans.p2p import serve_span_p2p
-    from decentralized_verl.serving.spans.server import load_span_server
+    from decentralized_verl.spans.layout import parse_span
+    from decentralized_verl.spans.p2p import serve_span_p2p
+    from decentralized_verl.spans.server import load_span_server
     from decentralized_verl.spec.model import ModelSpec
     from decentralized_verl.volunteers.dht import PeerOptions, start_dht
 
@@ -99,9 +95,8 @@ async def serve(args: argparse.Namespace, server: Any = None) -> int:
         verify_key = bytes.fromhex(args.weights_key) if args.weights_key else None
     except ValueError:
         raise WireError("--weights-key", "must be the learner's public key in hex") from None
-    if server is None:
-        spec = ModelSpec.model_validate(json.loads(args.model))
-        server = load_span_server(spec, span, server_id=f"volunteer-span-{span}", verify_key=verify_key)
+    spec = ModelSpec.model_validate(json.loads(args.model))
+    server = load_span_server(spec, span, server_id=f"volunteer-span-{span}", verify_key=verify_key)
     options = PeerOptions(initial_peers=tuple(args.initial_peers), host_maddrs=(args.host_maddr,))
     dht = await asyncio.to_thread(start_dht, options)
     try:
@@ -128,7 +123,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None, server: Any = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     from decentralized_verl.runtime.cpus import configure_from_environment
     from decentralized_verl.settings import WorkerSettings
 
@@ -137,7 +132,7 @@ def main(argv: list[str] | None = None, server: Any = None) -> int:
     settings = WorkerSettings.from_env()  # this process's entry: `python -m` starts a span volunteer here
     configure_from_environment(settings)
     try:
-        return asyncio.run(serve(args, server))
+        return asyncio.run(serve(args))
     except DverlError as exc:
         print(f"error: {exc}", flush=True)
         return 2

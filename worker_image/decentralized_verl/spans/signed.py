@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from decentralized_verl.errors import WireError
-from decentralized_verl.serving.spans.layout import LayoutError, Span, parse_span, split_state
+from decentralized_verl.spans.layout import LayoutError, Span, parse_span, split_state
 
 DOMAIN = b"dverl-span-weights-v1\x00"
 METADATA_KEY = "dverl.span_manifests"

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from decentralized_verl.errors import ModelError
-from decentralized_verl.serving.spans.layout import FRONT_PREFIXES, Span, is_front, to_span_name
+from decentralized_verl.spans.layout import FRONT_PREFIXES, Span, is_front, to_span_name
 
 SUPPORTED = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 """Model types whose forward is embed -> decoder layers -> final norm -> LM head, with nothing between."""

@@ -1,5 +1,5 @@
 """A front taking span volunteers: it joins the job's DHT under its front identity, announces itself, and
-attaches each span volunteer the coordinator hands it (`volunteers.span_roster`) as an untrusted replica
+attaches each span volunteer the coordinator hands it (`spans.roster`) as an untrusted replica
 of its span.
 
 A volunteer is attached between micro-batches (under the backend's lock), after it holds the chain's
@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from decentralized_verl.errors import DverlError
-from decentralized_verl.serving.spans.backend import SpanBackend
-from decentralized_verl.serving.spans.layout import parse_span
-from decentralized_verl.serving.spans.p2p import P2PSpanClient
+from decentralized_verl.spans.backend import SpanBackend
+from decentralized_verl.spans.layout import parse_span
+from decentralized_verl.spans.p2p import P2PSpanClient
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class FrontVolunteers:
     async def register(self) -> None:
         from google.protobuf.wrappers_pb2 import BytesValue
 
-        from decentralized_verl.volunteers.span_roster import PUSH
+        from decentralized_verl.spans.roster import PUSH
 
         await self.p2p.add_protobuf_handler(PUSH, self._push, BytesValue)
         self.backend.chain.on_drop = self._on_drop
@@ -88,7 +88,7 @@ class FrontVolunteers:
     async def _push(self, request: Any, context: Any) -> Any:
         from google.protobuf.wrappers_pb2 import BytesValue
 
-        from decentralized_verl.volunteers.span_roster import open_push
+        from decentralized_verl.spans.roster import open_push
 
         try:
             payload = open_push(request.value, self.verify_key)

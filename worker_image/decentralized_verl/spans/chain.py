@@ -29,10 +29,10 @@ import torch
 from torch import Tensor
 
 from decentralized_verl.errors import DverlError, WireError
-from decentralized_verl.serving.spans.client import SpanCalls, SpanClient, SpanFailure
-from decentralized_verl.serving.spans.codec import HopRequest
-from decentralized_verl.serving.spans.layout import Span
-from decentralized_verl.serving.spans.signed import SpanManifest
+from decentralized_verl.spans.client import SpanCalls, SpanClient, SpanFailure
+from decentralized_verl.spans.codec import HopRequest
+from decentralized_verl.spans.layout import Span
+from decentralized_verl.spans.signed import SpanManifest
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import grpc
 
-from decentralized_verl.serving.spans.client import SpanCalls, SpanFailure, failure
-from decentralized_verl.serving.spans.server import SERVICE, SpanServer, span_methods, status_of
+from decentralized_verl.spans.client import SpanCalls, SpanFailure, failure
+from decentralized_verl.spans.server import SERVICE, SpanServer, span_methods, status_of
 
 log = logging.getLogger(__name__)
 

@@ -30,10 +30,10 @@ import torch
 from torch import Tensor
 
 from decentralized_verl.errors import DverlError, WireError
-from decentralized_verl.serving.spans import signed
-from decentralized_verl.serving.spans.codec import HopRequest, decode_request, encode_hidden
-from decentralized_verl.serving.spans.layout import Span
-from decentralized_verl.serving.spans.signed import SpanManifest
+from decentralized_verl.spans import signed
+from decentralized_verl.spans.codec import HopRequest, decode_request, encode_hidden
+from decentralized_verl.spans.layout import Span
+from decentralized_verl.spans.signed import SpanManifest
 
 log = logging.getLogger(__name__)
 
@@ -371,7 +371,7 @@ async def _serve_until_stopped(server: SpanServer, port: int, host: str, what: s
 def load_span_server(spec: Any, span: Span, **kw: Any) -> SpanServer:
     """Build the span's module from a model spec (reading only its layers) and wrap it."""
     from decentralized_verl.runtime import compute_thread
-    from decentralized_verl.serving.spans.blocks import build_span, spec_parts
+    from decentralized_verl.spans.blocks import build_span, spec_parts
 
     def build() -> torch.nn.Module:
         config, _, source, dtype = spec_parts(spec)
@@ -383,8 +383,8 @@ def load_span_server(spec: Any, span: Span, **kw: Any) -> SpanServer:
 async def serve_span_role(spec: Any, job: str, index: int, port: int, host: str) -> int:
     """`dverl worker --role span --index I`: the span the job's plan gives span worker I, until stopped."""
     from decentralized_verl.planning.plan import plan_job
-    from decentralized_verl.serving.spans.blocks import spec_parts
-    from decentralized_verl.serving.spans.layout import even_layout
+    from decentralized_verl.spans.blocks import spec_parts
+    from decentralized_verl.spans.layout import even_layout
 
     planned = plan_job(spec, job).by_role("span")
     if not 0 <= index < len(planned) or planned[index].span is None:
@@ -402,7 +402,7 @@ async def serve_span_role(spec: Any, job: str, index: int, port: int, host: str)
 
 async def _main(args: argparse.Namespace) -> int:
     from decentralized_verl.security.trust import weights_verify_key
-    from decentralized_verl.serving.spans.layout import parse_span
+    from decentralized_verl.spans.layout import parse_span
     from decentralized_verl.spec.model import ModelSpec
 
     spec = ModelSpec.model_validate(json.loads(args.model))
@@ -424,7 +424,7 @@ async def _main(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m decentralized_verl.serving.spans.server --model JSON --layers a:b --port N`."""
+    """`python -m decentralized_verl.spans.server --model JSON --layers a:b --port N`."""
     from decentralized_verl.models import loading
     from decentralized_verl.runtime.cpus import configure_from_environment
     from decentralized_verl.security import trust

@@ -11,8 +11,8 @@ import grpc
 from torch import Tensor
 
 from decentralized_verl.errors import DverlError, WireError
-from decentralized_verl.serving.spans.codec import HopRequest, decode_hidden, encode_request
-from decentralized_verl.serving.spans.server import SERVICE
+from decentralized_verl.spans.codec import HopRequest, decode_hidden, encode_request
+from decentralized_verl.spans.server import SERVICE
 
 REPLACEABLE = frozenset(
     {
@@ -75,7 +75,7 @@ class SpanCalls:
 
     def commit(self, version: int, manifest: Any = None) -> None:
         """Load the staged version; `manifest` is the learner's signed `SpanManifest` of this span."""
-        from decentralized_verl.serving.spans.server import encode_commit
+        from decentralized_verl.spans.server import encode_commit
 
         self._call("Commit", encode_commit(version, manifest))
 

@@ -21,11 +21,11 @@ from decentralized_verl.backends.hf import HFBackend, _Row
 from decentralized_verl.backends.weight_copy import plan_weight_copy
 from decentralized_verl.errors import WireError
 from decentralized_verl.security.trust import PROCESS_KEY, weights_verify_key
-from decentralized_verl.serving.spans import signed
-from decentralized_verl.serving.spans.blocks import FrontModel, build_front, spec_parts
-from decentralized_verl.serving.spans.chain import Chain, ChainSession
-from decentralized_verl.serving.spans.layout import Span, check_layout, even_layout, split_state
-from decentralized_verl.serving.spans.signed import METADATA_KEY, from_metadata
+from decentralized_verl.spans import signed
+from decentralized_verl.spans.blocks import FrontModel, build_front, spec_parts
+from decentralized_verl.spans.chain import Chain, ChainSession
+from decentralized_verl.spans.layout import Span, check_layout, even_layout, split_state
+from decentralized_verl.spans.signed import METADATA_KEY, from_metadata
 
 
 class SpanBackend(HFBackend):
