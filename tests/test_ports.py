@@ -1,5 +1,6 @@
-"""Ports handed to workers come from below the kernel's ephemeral range, so no port-0 listener or outgoing
-connection elsewhere can take one between the pick and the worker's bind."""
+"""Ports handed to workers come from below the kernel's ephemeral range and outside the ranges Ray takes by
+number, so no port-0 listener, outgoing connection or Ray process can take one between the pick and the
+worker's bind, and a Ray head accepts one as its port."""
 
 from __future__ import annotations
 
@@ -7,29 +8,50 @@ import random
 import socket
 from pathlib import Path
 
-from decentralized_verl.runtime.ports import LOWEST, ephemeral_floor, free_port
+from decentralized_verl.runtime.ports import (
+    CLAIMED,
+    LOWEST,
+    ephemeral_floor,
+    free_port,
+    nth_port,
+    open_ranges,
+)
+
+
+def _claimed(port: int) -> bool:
+    return any(port in taken for taken in CLAIMED)
 
 
 def test_ports_are_free_distinct_and_below_the_ephemeral_range() -> None:
     floor = ephemeral_floor()
     ports = [free_port() for _ in range(50)]
     assert len(set(ports)) == 50
-    if floor - LOWEST >= 1000:
-        assert all(LOWEST <= p < floor for p in ports)
+    if sum(len(span) for span in open_ranges(floor)) >= 1000:
+        assert all(LOWEST <= p < floor and not _claimed(p) for p in ports)
     for port in ports[:5]:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", port))  # still free to the worker that was handed it
 
 
 def test_a_port_in_use_is_skipped() -> None:
-    floor = ephemeral_floor()
-    if floor - LOWEST < 1000:
+    spans = open_ranges(ephemeral_floor())
+    total = sum(len(span) for span in spans)
+    if total < 1000:
         return
-    first = random.Random(1234).randrange(LOWEST, floor)  # what the same seed would pick first
+    first = nth_port(spans, random.Random(1234).randrange(total))  # what the same seed would pick first
     with socket.socket() as held:
         held.bind(("127.0.0.1", first))
         held.listen()
         assert free_port(rng=random.Random(1234)) != first
+
+
+def test_the_open_ranges_leave_out_every_claimed_range() -> None:
+    assert open_ranges(32768) == [range(10000, 10001), range(20000, 32768)]
+    assert open_ranges(15000) == [range(10000, 10001)]  # room for one: free_port asks the kernel instead
+    assert open_ranges(60000) == [range(10000, 10001), range(20000, 52365), range(52366, 60000)]
+    spans = open_ranges(32768)
+    assert [nth_port(spans, i) for i in (0, 1, 2)] == [10000, 20000, 20001]
+    assert nth_port(spans, sum(len(s) for s in spans) - 1) == 32767
 
 
 def test_the_floor_falls_back_when_the_range_cannot_be_read(tmp_path: Path) -> None:
