@@ -6,11 +6,11 @@ import math
 
 import pytest
 import torch
-from loss_references import AGGREGATIONS, SHAPES, holey_mask, rand, ref_aggregate, valid
 
 from decentralized_verl.algorithms.kl import KL_ESTIMATORS, kl_in_loss, kl_in_reward, token_kl
 from decentralized_verl.algorithms.policy_loss import POLICY_LOSS_AGGREGATIONS, aggregate, ppo_policy_loss
 from decentralized_verl.algorithms.value_loss import clipped_value_loss
+from tests.support.loss_references import AGGREGATIONS, SHAPES, holey_mask, rand, ref_aggregate, valid
 
 
 def ref_policy_loss(logp, old, adv, mask, clip_low, clip_high, dual_clip, mode, skip_threshold):

@@ -7,13 +7,13 @@ import math
 
 import pytest
 import torch
-from loss_references import AGGREGATIONS, SHAPES, holey_mask, rand, ref_aggregate, valid
 
 from decentralized_verl.algorithms import registry
 from decentralized_verl.algorithms.gspo import gspo_policy_loss
 from decentralized_verl.algorithms.policy_loss import ppo_policy_loss
 from decentralized_verl.algorithms.weighted_pg import cispo_policy_loss, vanilla_pg_loss
 from decentralized_verl.spec.catalogue.algorithms import POLICY_LOSS_NAMES
+from tests.support.loss_references import AGGREGATIONS, SHAPES, holey_mask, rand, ref_aggregate, valid
 
 
 def batch(shape, seed, per_sample_advantage=False):

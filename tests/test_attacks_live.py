@@ -15,7 +15,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-from job_manifests import e2e_manifest
 
 from decentralized_verl.launch.local import LocalCluster
 from decentralized_verl.launch.run import coordinator_status, write_config
@@ -26,6 +25,7 @@ from decentralized_verl.reporting.metrics import read_metrics
 from decentralized_verl.security.credentials import JobCredentials, LocalCredentials, run_folder_credentials
 from decentralized_verl.spec.manifest import load_job
 from decentralized_verl.transport import secure
+from tests.support.job_manifests import e2e_manifest
 
 pytestmark = pytest.mark.slow
 

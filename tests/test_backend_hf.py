@@ -10,22 +10,20 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
+import transformers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
-
-from decentralized_verl.backends.base import (  # noqa: E402
+from decentralized_verl.backends.base import (
     GenerationBackend,
     GenerationOutput,
     GenerationRequest,
     SamplingParams,
 )
-from decentralized_verl.backends.factory import ENGINES, make_backend  # noqa: E402
-from decentralized_verl.backends.hf import HFBackend, filter_logits, find_stop, sample_tokens  # noqa: E402
-from decentralized_verl.errors import WireError  # noqa: E402
-from decentralized_verl.spec.catalogue.backends import HF, VLLM, backend_kind  # noqa: E402
+from decentralized_verl.backends.factory import ENGINES, make_backend
+from decentralized_verl.backends.hf import HFBackend, filter_logits, find_stop, sample_tokens
+from decentralized_verl.errors import WireError
+from decentralized_verl.spec.catalogue.backends import HF, VLLM, backend_kind
 
 torch.set_num_threads(1)
 

@@ -14,11 +14,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import vllm_fixtures
 
 from decentralized_verl.backends.base import GenerationRequest, SamplingParams
 from decentralized_verl.backends.vllm_weights import export_state_dict, write_weights_file
 from decentralized_verl.errors import WireError
+from tests.support import vllm_fixtures
+from tests.support.paths import ROOT, TOY
 
 SKIP_REASON = (
     "vLLM is not installed in this venv (the main CI venv has none); run scripts/install-vllm.sh and "
@@ -80,7 +81,8 @@ def test_export_drops_tied_alias_and_keeps_everything_else() -> None:
 
 
 def test_export_of_lora_model_equals_peft_merge_and_unload(tmp_path) -> None:
-    peft = pytest.importorskip("peft", reason="LoRA export needs the peft package")
+    import peft
+
     model, _ = tiny_tied_model()
     lora = peft.get_peft_model(
         copy.deepcopy(model), peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
@@ -272,7 +274,8 @@ def test_bad_requests_are_refused_before_generation(engine) -> None:
 @pytest.mark.timeout(900)
 def test_lora_adapter_update_is_merged_and_mark_version_pushes_a_shared_model(engine) -> None:
     """A LoRA job ships adapters only (partial); the backend merges them into the base weights."""
-    peft = pytest.importorskip("peft", reason="LoRA needs the peft package")
+    import peft
+
     backend, tok = engine.backend, engine.tokenizer
     lora_model = peft.get_peft_model(
         copy.deepcopy(engine.model), peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
@@ -398,14 +401,12 @@ def test_rollout_throughput_benchmark_smoke_hf() -> None:
     import json
     import subprocess
     import sys
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
         [
             sys.executable,
-            str(root / "benchmarks" / "rollout_throughput.py"),
+            str(ROOT / "benchmarks" / "rollout_throughput.py"),
             "--tiny",
             "--backend",
             "hf",
@@ -416,7 +417,7 @@ def test_rollout_throughput_benchmark_smoke_hf() -> None:
         text=True,
         timeout=280,
         env=env,
-        cwd=root,
+        cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     table, _, rest = done.stdout.partition("\n{")
@@ -441,7 +442,7 @@ def test_dverl_run_with_a_vllm_rollout_worker(tmp_path) -> None:
     from decentralized_verl.launch.run import run_job
     from decentralized_verl.reporting.metrics import read_metrics
 
-    toy = os.path.join(os.path.dirname(__file__), "..", "examples", "data", "toy")
+    toy = str(TOY)
     spec = {
         "model": {
             "tiny": {

@@ -20,7 +20,6 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
-import vllm_fixtures
 
 from decentralized_verl.backends import vllm_engine_args
 from decentralized_verl.backends.factory import engine_options
@@ -30,6 +29,7 @@ from decentralized_verl.backends.vllm_extension import QUALNAME, WeightRefreshEx
 from decentralized_verl.planning.plan import worker_resources
 from decentralized_verl.spec.catalogue.backends import HF, VLLM
 from decentralized_verl.spec.manifest import parse_spec
+from tests.support import vllm_fixtures
 
 
 def tiny_tied_model() -> tuple[torch.nn.Module, Any]:

@@ -7,11 +7,10 @@ import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parents[1]
+from tests.support.paths import ROOT
 
 
 @pytest.mark.timeout(900)

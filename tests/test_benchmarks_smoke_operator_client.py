@@ -8,7 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "operator_client_cost.py"
+from tests.support.paths import ROOT
+
+SCRIPT = ROOT / "benchmarks" / "operator_client_cost.py"
 
 
 def _load():

@@ -6,9 +6,8 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).parents[1]
+from tests.support.paths import ROOT
 
 
 def test_volunteers_benchmark_smoke() -> None:

@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from netlab.hosts import namespaces_refused
-from processes import console_env
 
-ROOT = Path(__file__).parents[1]
+from tests.support.paths import ROOT
+from tests.support.processes import console_env
 
 
 def test_wan_deltas_smoke() -> None:

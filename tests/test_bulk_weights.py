@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from test_fanout import CHUNK, RelayThread, model_state
 
 from decentralized_verl.security import credentials as cr
@@ -27,8 +28,6 @@ from decentralized_verl.transport.weights.receive import LocalWeightSource
 from decentralized_verl.transport.weights.relay import WeightRelay
 from decentralized_verl.transport.weights.route import Hop, plan_chain
 from decentralized_verl.transport.weights.service import WeightsServicer
-
-torch = pytest.importorskip("torch")
 
 
 @pytest.fixture()

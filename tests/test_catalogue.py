@@ -9,7 +9,6 @@ import ast
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
@@ -18,8 +17,7 @@ from decentralized_verl.spec.catalogue import algorithms as algorithm_names
 from decentralized_verl.spec.catalogue.backends import BACKEND_KINDS, HF, VLLM, backend_kind, names_where
 from decentralized_verl.spec.catalogue.environments import BUILTIN_ENVIRONMENTS, ENVIRONMENT_OPTIONS
 from decentralized_verl.spec.catalogue.rewards import BUILTIN_REWARD_TYPES
-
-ROOT = Path(__file__).parents[1]
+from tests.support.paths import ROOT
 
 
 def test_check_registry_names_both_sides() -> None:

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from tests.support.paths import BENCHMARKS
 
-import chaos  # noqa: E402
+sys.path.insert(0, str(BENCHMARKS))
+
+import chaos
 
 pytestmark = pytest.mark.slow
 

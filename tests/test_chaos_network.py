@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 from netlab.hosts import namespaces_refused
 
+from tests.support.paths import ROOT
+
 REFUSED = namespaces_refused()
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCHMARKS = ROOT / "benchmarks"
 
 
 @pytest.mark.skipif(REFUSED is not None, reason=f"network namespaces refused: {REFUSED}")

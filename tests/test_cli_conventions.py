@@ -17,8 +17,8 @@ from decentralized_verl.core.status import JobStatus
 from decentralized_verl.errors import PeerUnavailable
 from decentralized_verl.launch.run import RunFailed, StepLines
 from decentralized_verl.reporting.progress import eta_seconds, format_duration, progress_line
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).parents[1]
 TINY = str(ROOT / "examples" / "tiny-grpo.yaml")
 
 

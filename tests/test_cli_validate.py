@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parents[1]
+from tests.support.paths import ROOT
 
 
 def dverl(*args: str) -> subprocess.CompletedProcess[str]:

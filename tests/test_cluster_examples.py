@@ -8,11 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cluster_node import claims, cluster, cluster_spec
-from node_harness import refused
-from operator_fixtures import wait_for
 
 from decentralized_verl.reporting.metrics import read_metrics
+from tests.support.cluster_node import claims, cluster, cluster_spec
+from tests.support.node_harness import refused
+from tests.support.operator_fixtures import wait_for
 
 REASON = refused()
 pytestmark = [

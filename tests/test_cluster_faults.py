@@ -4,15 +4,17 @@ Evicted). The learner resumes from its checkpoint on the claim and every step is
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_node import claims, cluster, cluster_spec
-from node_harness import refused
-from operator_fixtures import wait_for
 
 from decentralized_verl.reporting.metrics import read_metrics
+from tests.support.cluster_node import claims, cluster, cluster_spec
+from tests.support.node_harness import refused
+from tests.support.operator_fixtures import wait_for
+from tests.support.processes import learner_step
 
 REASON = refused()
 pytestmark = [
@@ -40,28 +42,40 @@ async def test_training_survives_a_deleted_rollout_pod_and_an_evicted_learner(tm
     async with cluster(tmp_path, folders) as (emu, node, op):
         await emu.create_job("faulty", faulted_spec())
 
-        async def step_at_least(n: int) -> Any:
+        def learner_log() -> str:
+            return node.logs("faulty-learner-0")
+
+        async def stepped(n: int) -> int:
+            """The learner's own progress line at step `n` or later (the job's status lags behind it)."""
             job = await emu.job("faulty")
             status = (job or {}).get("status") or {}
             assert status.get("phase") != "Failed", (status, node.all_logs()[-6000:])
-            return status if int(status.get("step") or 0) >= n else None
+            reached = learner_step(learner_log())
+            return reached if reached >= n else 0
 
         def explain(what: str) -> str:
             return f"{what}\n{node.all_logs()[-8000:]}\n{op.log()[-3000:]}"
 
         try:
-            await wait_for(lambda: step_at_least(2), timeout=300, interval=0.5, what="step 2")
+            await wait_for(lambda: stepped(2), timeout=300, interval=0.05, what="step 2")
+            # Each fault is dealt while the learner is held at a step it has just logged, so it lands
+            # mid-run however fast the job trains. Once the rollout pod (the only one) is gone, the learner
+            # cannot step on until the new one serves.
             first_rollout = node.running("faulty-rollout-0")
-            await emu.delete_pod("faulty-rollout-0")
+            with node.paused("faulty-learner-0"):
+                await emu.delete_pod("faulty-rollout-0")
+                await wait_for(lambda: _signalled(first_rollout), timeout=60, what="the deletion's SIGTERM")
             await wait_for(
                 lambda: _replaced(node, "faulty-rollout-0", first_rollout.uid),
-                timeout=120,
+                timeout=240,
                 what="a new rollout pod",
             )
-            reached = int((await step_at_least(0))["step"])
-            await wait_for(lambda: step_at_least(reached + 1), timeout=240, interval=0.5, what="a step after")
-            evicted = node.running("faulty-learner-0")
-            await node.evict("faulty-learner-0")
+            reached = learner_step(learner_log())
+            await wait_for(lambda: stepped(reached + 1), timeout=240, interval=0.05, what="a step after")
+            with node.paused("faulty-learner-0") as evicted:
+                eviction = asyncio.create_task(node.evict("faulty-learner-0"))
+                await wait_for(lambda: _signalled(evicted), timeout=60, what="the eviction's SIGTERM")
+            await eviction
             done = await wait_for(lambda: _finished(emu), timeout=400, interval=0.5, what="the job to finish")
         except AssertionError as exc:
             raise AssertionError(explain(str(exc))) from None
@@ -76,6 +90,10 @@ async def test_training_survives_a_deleted_rollout_pod_and_an_evicted_learner(tm
     assert "Evicted" in events
     steps = [row["step"] for row in read_metrics(ckpt / "metrics.jsonl")]
     assert steps == list(range(1, STEPS + 1)), steps
+
+
+async def _signalled(pod: Any) -> bool:
+    return pod.runner.stopping
 
 
 async def _replaced(node: Any, name: str, old_uid: str) -> bool:

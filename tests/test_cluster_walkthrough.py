@@ -7,7 +7,6 @@ pod name the walk-through names exists. (Running it needs a real cluster; the pa
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import kubernetes_validate
 import pytest
@@ -15,8 +14,8 @@ import yaml
 
 from decentralized_verl.planning.plan import plan_job
 from decentralized_verl.spec import JobSpec
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 DOC = (ROOT / "docs" / "cluster.md").read_text()
 CLUSTER = ROOT / "examples" / "cluster"
 JOB = yaml.safe_load((ROOT / "examples" / "tiny-grpo-cluster.yaml").read_text())

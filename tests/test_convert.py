@@ -13,8 +13,8 @@ from convert_tables import from_sources, to_sources
 from decentralized_verl.cli.main import main
 from decentralized_verl.convert import convert
 from decentralized_verl.planning.fitting_job import load_fitting_job
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "convert"
 
 

@@ -8,10 +8,6 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-import pytest
-
-pytest.importorskip("hivemind")
-
 from decentralized_verl.entrypoints.volunteer import _dial_coordinator
 from decentralized_verl.orchestration.volunteering import _announce_coordinator
 from decentralized_verl.volunteers.announce import VolunteerRecord, store_record

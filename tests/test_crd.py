@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import yaml
 
 from decentralized_verl.spec.crd import crd_yaml, custom_resource_definition
-
-ROOT = Path(__file__).parents[1]
+from tests.support.paths import ROOT
 
 
 def test_checked_in_crd_matches_generator() -> None:

@@ -19,13 +19,12 @@ from typing import Any
 import celpy
 import pytest
 import yaml
-from job_manifests import EXAMPLE_JOBS, SMALL_JOB
 
 from decentralized_verl.errors import ManifestError
 from decentralized_verl.spec.crd import custom_resource_definition
 from decentralized_verl.spec.manifest import parse_job
+from tests.support.job_manifests import EXAMPLE_JOBS, SMALL_JOB
 
-ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = custom_resource_definition()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 CEL_KEYWORDS = {"true", "false", "null", "in", "as", "break", "const", "continue", "else", "for", "function"}
 CEL_KEYWORDS |= {"if", "import", "let", "loop", "package", "namespace", "return", "var", "void", "while"}

@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from critic_sharding_worker import STEPS, critic_worker, probe, requests, spec_with
 
 from decentralized_verl.serving.sharded_critic import restore_critic
+from tests.support.critic_sharding_worker import STEPS, critic_worker, probe, requests, spec_with
+from tests.support.paths import SUPPORT
 
-WORKER = Path(__file__).with_name("critic_sharding_worker.py")
+WORKER = SUPPORT / "critic_sharding_worker.py"
 ATOL = 1e-5
 VARIANTS = ("fsdp", "fsdp_checkpointed_offload")
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from decentralized_verl.data import load_preferences, load_prompts, load_sft
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "examples" / "data"
 QUESTION = re.compile(r"^What is (\d+) ([+*]) (\d+)\?$")
 

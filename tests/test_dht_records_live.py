@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 import pytest
-from processes import ProcessGroup, free_port
 
 from decentralized_verl.security.credentials import issue, write
+from tests.support.processes import ProcessGroup, free_port, script_argv
 
 JOB = "dht-attack"
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("collected_before_fork")]
@@ -75,7 +75,7 @@ def test_a_stranger_cannot_write_evict_or_impersonate_on_the_jobs_dht(tmp_path: 
     assert other_peer == second.dht_peer
     procs.stop("dht-other")
 
-    procs.start("volunteer", [sys.executable, __file__, "volunteer", maddr, JOB])
+    procs.start("volunteer", script_argv(__file__, "volunteer", maddr, JOB))
     announced = procs.wait_for("volunteer", r"announced (\S+) expires (\S+)", timeout=90)
     victim, expiry = announced.group(1), float(announced.group(2))
 

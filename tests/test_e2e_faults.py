@@ -8,15 +8,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from job_manifests import e2e_manifest
 
 from decentralized_verl.launch.run import run_job
 from decentralized_verl.reporting.metrics import read_metrics
+from tests.support.job_manifests import e2e_manifest
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import chaos  # noqa: E402
+import chaos
 
 pytestmark = pytest.mark.slow
 

@@ -9,10 +9,10 @@ import statistics
 from pathlib import Path
 
 import pytest
-from job_manifests import e2e_manifest
 
 from decentralized_verl.launch.run import run_job
 from decentralized_verl.reporting.metrics import read_metrics
+from tests.support.job_manifests import e2e_manifest
 
 pytestmark = pytest.mark.slow
 

@@ -10,8 +10,8 @@ import yaml
 
 from decentralized_verl.launch.run import run_job
 from decentralized_verl.reporting.metrics import read_metrics
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).parents[1]
 pytestmark = pytest.mark.slow
 
 

@@ -8,6 +8,7 @@ call, signed weights), as `dverl run` does.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import statistics
@@ -16,8 +17,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from job_manifests import e2e_manifest
-from secured_cluster import secured_cluster
 
 from decentralized_verl.cli.plotting import plot_run
 from decentralized_verl.launch.local import LocalCluster
@@ -25,8 +24,11 @@ from decentralized_verl.launch.run import coordinator_status, run_job, write_con
 from decentralized_verl.planning.plan import plan_job
 from decentralized_verl.reporting.metrics import read_metrics
 from decentralized_verl.spec.manifest import load_job
-
-ROOT = Path(__file__).parents[1]
+from decentralized_verl.transport.clients import wait_ready
+from tests.support.job_manifests import e2e_manifest
+from tests.support.paths import ROOT
+from tests.support.processes import held, learner_step, wait_for_step
+from tests.support.secured_cluster import secured_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -207,6 +209,8 @@ def test_running_learner_follows_rollout_workers_added_and_removed(tmp_path: Pat
 
     The learner starts with one rollout worker; a second joins mid-run and later the first goes away
     (killed as a deleted pod, then dropped from the file). No learner restart, no sample lost or doubled.
+    The learner is held (SIGSTOP) from its own progress line while each change is made, so however fast
+    it trains, both changes land mid-run: the second worker is up and listed before the learner goes on.
     """
     path = e2e_manifest(
         tmp_path, "scale-e2e", **{"training.steps": 30, "training.evalEvery": 0, "data.maxNewTokens": 24}
@@ -234,29 +238,28 @@ def test_running_learner_follows_rollout_workers_added_and_removed(tmp_path: Pat
 
     write(first)
     cluster.extra_env["DVERL_ROLLOUT_ADDRS"] = first.address  # the learner starts knowing one worker
-    added_at = removed_at = None
     with cluster:
         cluster.restart(first.worker.name)
         cluster.restart(learner.worker.name)
+        wait_for_step(learner.log_path, 3, timeout=600, alive=learner.alive)
+        with held(learner.process.pid):
+            added_at = learner_step(learner.log_path)
+            cluster.restart(second.worker.name)  # the operator created the pod ...
+            asyncio.run(wait_ready(second.address, timeout=300))  # ... it passed its readiness probe ...
+            write(first, second)  # ... and the operator rewrote the ConfigMap
+        # Scale down once the new worker has served a step (as an operator's rollout waits for ready).
         deadline = time.monotonic() + 600
-        while learner.alive() and time.monotonic() < deadline:
-            status = coordinator_status(learner.address)
-            step = status.step if status is not None else 0
-            if added_at is None and step >= 3:
-                cluster.restart(second.worker.name)  # the operator created the pod ...
-                write(first, second)  # ... and rewrote the ConfigMap
-                added_at = step
-            # Scale down once the new worker has served a step (as an operator's rollout waits for ready).
-            served = added_at is not None and step >= added_at + 2 and _served_by_two(output)
-            if served and removed_at is None:
-                cluster.kill(first.worker.name, signal.SIGKILL)  # scaled down: pod deleted ...
-                write(second)  # ... and dropped from the file
-                removed_at = step
+        while not _served_by_two(output):
+            assert learner.alive() and time.monotonic() < deadline, learner.log_tail()
             time.sleep(0.05)
-        assert learner.process.wait(timeout=60) == 0, learner.log_tail()
-    assert added_at is not None and removed_at is not None
+        with held(learner.process.pid):
+            removed_at = learner_step(learner.log_path)
+            cluster.kill(first.worker.name, signal.SIGKILL)  # scaled down: pod deleted ...
+            write(second)  # ... and dropped from the file
+        assert learner.process.wait(timeout=600) == 0, learner.log_tail()
     records = read_metrics(output / "metrics.jsonl")
     assert len(records) == 30
+    assert added_at < removed_at < 30, (added_at, removed_at)
     assert all(r["rollout_workers"] == 1 for r in records[:added_at])
     assert any(r["rollout_workers"] == 2 for r in records[added_at : removed_at + 1]), [
         r["rollout_workers"] for r in records

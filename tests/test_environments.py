@@ -9,7 +9,6 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
-from job_manifests import environment_job
 
 from decentralized_verl.environments.arithmetic import NotArithmetic, evaluate
 from decentralized_verl.environments.base import EpisodeRecord
@@ -17,6 +16,7 @@ from decentralized_verl.environments.registry import environment_class, make_env
 from decentralized_verl.errors import ManifestError
 from decentralized_verl.spec.catalogue.environments import EnvironmentOptionsError
 from decentralized_verl.spec.manifest import parse_job
+from tests.support.job_manifests import environment_job
 
 RECORD = EpisodeRecord("p0", "84", seed=7)
 

@@ -9,15 +9,14 @@ import time
 from collections.abc import Sequence
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from decentralized_verl.environments.base import EpisodeRecord, StepResult  # noqa: E402
-from decentralized_verl.environments.episode import TurnOutput  # noqa: E402
-from decentralized_verl.environments.rollout import EpisodeRunner, TurnRequest  # noqa: E402
-from decentralized_verl.environments.settings import EpisodeSettings  # noqa: E402
-from decentralized_verl.environments.turns import turn_format  # noqa: E402
-from decentralized_verl.models.tokenizer import build_char_tokenizer  # noqa: E402
+from decentralized_verl.environments.base import EpisodeRecord, StepResult
+from decentralized_verl.environments.episode import TurnOutput
+from decentralized_verl.environments.rollout import EpisodeRunner, TurnRequest
+from decentralized_verl.environments.settings import EpisodeSettings
+from decentralized_verl.environments.turns import turn_format
+from decentralized_verl.models.tokenizer import build_char_tokenizer
 
 torch.set_num_threads(1)
 TOK = build_char_tokenizer()

@@ -12,8 +12,7 @@ from decentralized_verl.orchestration.assemble import build_loop
 from decentralized_verl.orchestration.wiring import connect_roles
 from decentralized_verl.spec.manifest import parse_spec
 from decentralized_verl.training.trainer import PolicyTrainer
-
-TOY = Path(__file__).parents[1] / "examples" / "data" / "toy"
+from tests.support.paths import TOY
 
 
 def tiny_job(steps: int, eval_every: int):

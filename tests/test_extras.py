@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import re
 import tomllib
-from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-ROOT = Path(__file__).parents[1]
+from tests.support.paths import ROOT
+
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
 SERVES = {

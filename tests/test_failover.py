@@ -7,7 +7,6 @@ import asyncio
 import math
 
 import pytest
-from processes import free_port
 
 from decentralized_verl.core.interfaces import WorkerFailure
 from decentralized_verl.core.samples import Prompt, Sample
@@ -18,6 +17,7 @@ from decentralized_verl.proto import dverl_pb2_grpc
 from decentralized_verl.serving.scoring import RewardWorker
 from decentralized_verl.serving.servicers import HealthServicer, RewardServicer, serve
 from decentralized_verl.transport.clients import GrpcRewardClient
+from tests.support.processes import free_port
 
 
 def samples(n: int) -> list[Sample]:

@@ -11,28 +11,25 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
+import grpc
 import pytest
-from processes import free_port
+import torch
 
-torch = pytest.importorskip("torch")
-grpc = pytest.importorskip("grpc")
-
-from decentralized_verl.errors import WireError  # noqa: E402
-from decentralized_verl.proto import dverl_pb2 as pb  # noqa: E402
-from decentralized_verl.transport.grpc_options import channel_options  # noqa: E402
-from decentralized_verl.transport.weights.fanout import (  # noqa: E402
+from decentralized_verl.errors import WireError
+from decentralized_verl.proto import dverl_pb2 as pb
+from decentralized_verl.transport.grpc_options import channel_options
+from decentralized_verl.transport.weights.fanout import (
     PUSH_FLOOR_S,
     RelayWeightSource,
     WeightFanout,
     push_deadline_s,
 )
-from decentralized_verl.transport.weights.publish import WeightPublisher  # noqa: E402
-from decentralized_verl.transport.weights.push import OK  # noqa: E402
-from decentralized_verl.transport.weights.receive import GrpcWeightSource, LocalWeightSource  # noqa: E402
-from decentralized_verl.transport.weights.relay import WeightRelay, serve_relay  # noqa: E402
-from decentralized_verl.transport.weights.route import (  # noqa: E402
+from decentralized_verl.transport.weights.publish import WeightPublisher
+from decentralized_verl.transport.weights.push import OK
+from decentralized_verl.transport.weights.receive import GrpcWeightSource, LocalWeightSource
+from decentralized_verl.transport.weights.relay import WeightRelay, serve_relay
+from decentralized_verl.transport.weights.route import (
     CHAIN_MAX_RECEIVERS,
     Hop,
     plan_chain,
@@ -41,10 +38,12 @@ from decentralized_verl.transport.weights.route import (  # noqa: E402
     route_from_json,
     route_to_json,
 )
-from decentralized_verl.transport.wire import weights as wire_weights  # noqa: E402
+from decentralized_verl.transport.wire import weights as wire_weights
+from tests.support.paths import ROOT
+from tests.support.processes import free_port
 
 torch.set_num_threads(1)
-REPO = Path(__file__).resolve().parents[1]
+REPO = ROOT
 CHUNK = 4096
 
 

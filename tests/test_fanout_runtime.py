@@ -16,30 +16,29 @@ import subprocess
 import sys
 from pathlib import Path
 
+import grpc
 import pytest
-from processes import free_port
+import torch
+import yaml
 
-torch = pytest.importorskip("torch")
-grpc = pytest.importorskip("grpc")
-yaml = pytest.importorskip("yaml")
-
-from decentralized_verl.core.samples import Prompt  # noqa: E402
-from decentralized_verl.core.sampling import SamplingParams  # noqa: E402
-from decentralized_verl.models.loading import load_model_and_tokenizer  # noqa: E402
-from decentralized_verl.orchestration.wiring import connect_roles  # noqa: E402
-from decentralized_verl.proto import dverl_pb2 as pb  # noqa: E402
-from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc  # noqa: E402
-from decentralized_verl.serving.servicers import serve  # noqa: E402
-from decentralized_verl.spec import with_defaults  # noqa: E402
-from decentralized_verl.spec.manifest import parse_spec  # noqa: E402
-from decentralized_verl.training.trainer import rollout_state_dict  # noqa: E402
-from decentralized_verl.transport.clients import GrpcRolloutClient, wait_ready  # noqa: E402
-from decentralized_verl.transport.weights.bulk_plane import BulkPlane  # noqa: E402
-from decentralized_verl.transport.weights.publish import WeightPublisher  # noqa: E402
-from decentralized_verl.transport.weights.push import OK  # noqa: E402
-from decentralized_verl.transport.weights.receive import GrpcWeightSource  # noqa: E402
-from decentralized_verl.transport.weights.route import Hop  # noqa: E402
-from decentralized_verl.transport.weights.service import WeightsServicer  # noqa: E402
+from decentralized_verl.core.samples import Prompt
+from decentralized_verl.core.sampling import SamplingParams
+from decentralized_verl.models.loading import load_model_and_tokenizer
+from decentralized_verl.orchestration.wiring import connect_roles
+from decentralized_verl.proto import dverl_pb2 as pb
+from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc
+from decentralized_verl.serving.servicers import serve
+from decentralized_verl.spec import with_defaults
+from decentralized_verl.spec.manifest import parse_spec
+from decentralized_verl.training.trainer import rollout_state_dict
+from decentralized_verl.transport.clients import GrpcRolloutClient, wait_ready
+from decentralized_verl.transport.weights.bulk_plane import BulkPlane
+from decentralized_verl.transport.weights.publish import WeightPublisher
+from decentralized_verl.transport.weights.push import OK
+from decentralized_verl.transport.weights.receive import GrpcWeightSource
+from decentralized_verl.transport.weights.route import Hop
+from decentralized_verl.transport.weights.service import WeightsServicer
+from tests.support.processes import free_port
 
 torch.set_num_threads(1)
 

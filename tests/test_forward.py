@@ -10,7 +10,6 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 import transformers
-from processes import free_port, leave_group
 
 from decentralized_verl.core.forward import (
     positions_computed,
@@ -20,6 +19,7 @@ from decentralized_verl.core.forward import (
 )
 from decentralized_verl.core.samples import Prompt, Sample, TrainBatch, collate
 from decentralized_verl.training.value_model import ValueModel
+from tests.support.processes import free_port, leave_group
 
 PAD = 0
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parents[1]
+from tests.support.paths import ROOT
+
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 
 pytestmark = pytest.mark.slow

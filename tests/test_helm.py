@@ -19,7 +19,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.paths import ROOT
+
 CHART = ROOT / "charts" / "dverl"
 RELEASE_NS = "dverl-system"
 # The chart's floor (Chart.yaml kubeVersion) and the newest schemas kubernetes-validate ships.

@@ -9,7 +9,8 @@ import sys
 import tomllib
 from pathlib import Path
 
-ROOT = Path(__file__).parents[1]
+from tests.support.paths import ROOT
+
 PACKAGES = {
     "decentralized_verl": ROOT / "worker_image" / "decentralized_verl",
     "dverl_operator": ROOT / "operator" / "dverl_operator",

@@ -13,8 +13,7 @@ from decentralized_verl.orchestration.wiring import connect_roles
 from decentralized_verl.reporting.metrics import read_metrics
 from decentralized_verl.spec.manifest import parse_job, parse_spec, summary
 from decentralized_verl.training.trainer import PolicyTrainer
-
-TOY = Path(__file__).parents[1] / "examples" / "data" / "toy"
+from tests.support.paths import TOY
 
 
 def _spec(**roles: dict) -> dict:

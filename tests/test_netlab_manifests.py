@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from job_manifests import EXAMPLES_DIR, TOY
 from netlab.manifests import (
     BF16_TINY,
     example_spec,
@@ -16,6 +15,7 @@ from netlab.manifests import (
 )
 
 from decentralized_verl.spec.manifest import load_job
+from tests.support.paths import EXAMPLES, TOY
 
 
 def test_with_overrides_sets_dotted_paths_and_leaves_the_base_alone() -> None:
@@ -49,9 +49,9 @@ def test_the_volunteer_job_loads_with_its_overrides(tmp_path: Path) -> None:
 
 
 def test_an_example_written_elsewhere_still_finds_its_data(tmp_path: Path) -> None:
-    example = EXAMPLES_DIR / "tiny-grpo.yaml"
+    example = EXAMPLES / "tiny-grpo.yaml"
     spec = example_spec(example)
-    assert spec["data"]["train"] == str((EXAMPLES_DIR / "data" / "toy" / "train.jsonl").resolve())
+    assert spec["data"]["train"] == str((EXAMPLES / "data" / "toy" / "train.jsonl").resolve())
     spec["training"]["steps"] = 2
     job = load_job(write_job(tmp_path, "moved", spec))  # another folder: relative paths would break
     assert job.metadata.name == "moved" and job.spec.training.steps == 2

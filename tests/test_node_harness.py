@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from node_harness import Node, refused
-from operator_fixtures import Emulator, wait_for
+
+from tests.support.node_harness import Node, refused
+from tests.support.operator_fixtures import Emulator, wait_for
 
 REASON = refused()
 needs_namespaces = pytest.mark.skipif(REASON is not None, reason=f"pods need network namespaces: {REASON}")

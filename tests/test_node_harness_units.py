@@ -8,11 +8,12 @@ import struct
 from pathlib import Path
 
 import pytest
-from node_harness import dns, dns_server, mounts
-from node_harness.env import EnvError, container_env
-from node_harness.image import ImageStandIn, resolve_argv
-from node_harness.pod import identity_of, user_wrapper
-from node_harness.status import ContainerState, phase_of, termination_message
+
+from tests.support.node_harness import dns, dns_server, mounts
+from tests.support.node_harness.env import EnvError, container_env
+from tests.support.node_harness.image import ImageStandIn, resolve_argv
+from tests.support.node_harness.pod import identity_of, user_wrapper
+from tests.support.node_harness.status import ContainerState, phase_of, termination_message
 
 SECRET = {"metadata": {"name": "s"}, "data": {"k": base64.b64encode(b"v").decode()}}
 CONFIG = {"metadata": {"name": "c"}, "data": {"a": "1", "b": "2"}}

@@ -13,10 +13,10 @@ import contextlib
 import aiohttp
 import pytest
 import yaml
-from operator_fixtures import Emulator, Operator, tiny_spec, wait_for
-from processes import free_port
 
 from dverl_operator.process.health import Health, verdict
+from tests.support.operator_fixtures import Emulator, Operator, tiny_spec, wait_for
+from tests.support.processes import free_port
 
 
 class Relay:

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from lightkube import KubeConfig
 from lightkube.config import models as kubeconfig
-from operator_fixtures import Emulator
 
 from dverl_operator.kube.client import Cluster
 from dverl_operator.kube.connection import client_config
 from dverl_operator.kube.discovery import Discovery
 from dverl_operator.kube.errors import ApiError, ApiUnreachable
+from tests.support.operator_fixtures import Emulator
 
 pytestmark = [pytest.mark.timeout(120)]
 

@@ -7,9 +7,9 @@ import datetime
 import urllib.request
 
 import pytest
-from operator_fixtures import Emulator, Operator, tiny_spec, wait_for
 
 from dverl_operator.process.leader import LEASE_NAME, micro_time
+from tests.support.operator_fixtures import Emulator, Operator, tiny_spec, wait_for
 
 pytestmark = [pytest.mark.timeout(180)]
 LEASES = "apis/coordination.k8s.io/v1/namespaces/default/leases"
@@ -143,7 +143,7 @@ def test_scale_benchmark_smoke():
     import subprocess
     import sys
 
-    from operator_fixtures import REPO
+    from tests.support.operator_fixtures import REPO
 
     result = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "operator_scale.py"), "--smoke", "--timeout", "120"],

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import yaml
-from operator_fixtures import tiny_spec
 
 from decentralized_verl.core.status import JobStatus
 from decentralized_verl.planning.plan import plan_job
@@ -26,6 +25,7 @@ from dverl_operator.reconcile.desired import for_job
 from dverl_operator.reconcile.refusal import refuse_restart_changes, refused_changes
 from dverl_operator.status import conditions as cond
 from dverl_operator.status import outcome
+from tests.support.operator_fixtures import tiny_spec
 
 NOW = 1_800_000_000.0
 BACKOFF = (10.0, 60.0)

@@ -12,8 +12,6 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from cluster_world import BOTH, World
-from operator_fixtures import tiny_spec
 
 from decentralized_verl.errors import ManifestError
 from decentralized_verl.spec.manifest import parse_spec
@@ -24,6 +22,8 @@ from dverl_operator.pods.decisions import ANNOTATION_FAILURE_COUNTED
 from dverl_operator.pods.disruption import disruption, event_reason
 from dverl_operator.reconcile.settings import Settings
 from dverl_operator.status import conditions as cond
+from tests.support.cluster_world import BOTH, World
+from tests.support.operator_fixtures import tiny_spec
 
 QUEUE = {kueue.QUEUE_LABEL: "team-a"}
 

@@ -8,7 +8,8 @@ import asyncio
 
 import pytest
 import pytest_asyncio
-from operator_fixtures import Emulator, Operator, tiny_spec, wait_for
+
+from tests.support.operator_fixtures import Emulator, Operator, tiny_spec, wait_for
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(180)]
 

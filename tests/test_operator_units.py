@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-from operator_fixtures import tiny_spec
 
 from decentralized_verl.core.status import JobStatus
 from decentralized_verl.planning.plan import plan_job
@@ -31,6 +30,8 @@ from dverl_operator.reconcile.settings import Settings
 from dverl_operator.status import conditions as cond
 from dverl_operator.status.fields import role_counts, workers_column
 from dverl_operator.status.merge import merge_patch
+from tests.support.operator_fixtures import tiny_spec
+from tests.support.paths import ROOT
 
 SETTINGS = Settings(default_image="img:1", backoff_base_seconds=10, backoff_max_seconds=60)
 NOW = 1_800_000_000.0
@@ -396,12 +397,11 @@ def test_the_operator_extra_installs_what_the_operator_imports():
     import ast
     import importlib.metadata
     import tomllib
-    from pathlib import Path
 
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
 
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
     extra = {canonicalize_name(Requirement(r).name) for r in project["optional-dependencies"]["operator"]}
     core = {canonicalize_name(Requirement(r).name) for r in project["dependencies"]}

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import ast
 import math
-from pathlib import Path
 
 import pytest
 import torch
 
 from decentralized_verl.training.optimizer_step import StepOutcome, optimizer_step
+from tests.support.paths import ROOT
 
-PACKAGE = Path(__file__).parents[1] / "worker_image" / "decentralized_verl"
+PACKAGE = ROOT / "worker_image" / "decentralized_verl"
 HOME = "training/optimizer_step.py"
 TRAINERS = (
     "training/trainer.py",

@@ -13,11 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
-from job_manifests import e2e_manifest
-from local_models import save_tiny_model
-from processes import ProcessGroup, free_port
 
 from decentralized_verl.runtime.orphans import _start_time, descendants
+from tests.support.job_manifests import e2e_manifest
+from tests.support.local_models import save_tiny_model
+from tests.support.processes import ProcessGroup, free_port
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
 

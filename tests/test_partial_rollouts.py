@@ -14,26 +14,24 @@ import subprocess
 import sys
 
 import pytest
-from processes import console_env, free_port
+import torch
+import yaml
 
-torch = pytest.importorskip("torch")
-grpc = pytest.importorskip("grpc")
-yaml = pytest.importorskip("yaml")
-
-from decentralized_verl.backends.base import GenerationRequest  # noqa: E402
-from decentralized_verl.backends.factory import make_backend  # noqa: E402
-from decentralized_verl.core.samples import Prompt, Sample  # noqa: E402
-from decentralized_verl.core.sampling import SamplingParams  # noqa: E402
-from decentralized_verl.models.loading import load_model_and_tokenizer  # noqa: E402
-from decentralized_verl.orchestration import continuation, hedging  # noqa: E402
-from decentralized_verl.orchestration.dispatch import Dispatcher  # noqa: E402
-from decentralized_verl.proto import dverl_pb2 as pb  # noqa: E402
-from decentralized_verl.spec import ModelSpec, TinyModelSpec, with_defaults  # noqa: E402
-from decentralized_verl.spec.catalogue.backends import HF  # noqa: E402
-from decentralized_verl.spec.manifest import parse_spec  # noqa: E402
-from decentralized_verl.transport import messages as m  # noqa: E402
-from decentralized_verl.transport.clients import GrpcRolloutClient, wait_ready  # noqa: E402
-from decentralized_verl.transport.rollout_stream import BadResult, ResultStream, generate_request  # noqa: E402
+from decentralized_verl.backends.base import GenerationRequest
+from decentralized_verl.backends.factory import make_backend
+from decentralized_verl.core.samples import Prompt, Sample
+from decentralized_verl.core.sampling import SamplingParams
+from decentralized_verl.models.loading import load_model_and_tokenizer
+from decentralized_verl.orchestration import continuation, hedging
+from decentralized_verl.orchestration.dispatch import Dispatcher
+from decentralized_verl.proto import dverl_pb2 as pb
+from decentralized_verl.spec import ModelSpec, TinyModelSpec, with_defaults
+from decentralized_verl.spec.catalogue.backends import HF
+from decentralized_verl.spec.manifest import parse_spec
+from decentralized_verl.transport import messages as m
+from decentralized_verl.transport.clients import GrpcRolloutClient, wait_ready
+from decentralized_verl.transport.rollout_stream import BadResult, ResultStream, generate_request
+from tests.support.processes import console_env, free_port
 
 torch.set_num_threads(1)
 

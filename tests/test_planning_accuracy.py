@@ -5,7 +5,6 @@ policy update adds (a 56M-parameter Llama, in a subprocess)."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,8 +13,9 @@ from decentralized_verl.core.forward import response_logprobs
 from decentralized_verl.core.samples import Prompt, Sample, collate
 from decentralized_verl.planning.memory import MicroBatch, Trainable, saved_activation_bytes
 from decentralized_verl.planning.shapes import shape_from_config
+from tests.support.paths import ROOT
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import plan_accuracy
 

@@ -9,8 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from job_manifests import EXAMPLE_JOBS
-from operator_fixtures import tiny_spec
 
 from decentralized_verl.planning.plan import plan_job
 from decentralized_verl.spec.manifest import load_job, parse_spec
@@ -24,8 +22,8 @@ from dverl_operator.pods.security import (
 )
 from dverl_operator.pods.standards import violations
 from dverl_operator.reconcile.desired import for_job
-
-ROOT = Path(__file__).parents[1]
+from tests.support.job_manifests import EXAMPLE_JOBS
+from tests.support.operator_fixtures import tiny_spec
 
 
 def build(spec: Any, name: str = "j") -> dict[str, dict[str, Any]]:

@@ -4,17 +4,16 @@ an actor of each role is killed, and `dverl status --ray` reading the job from t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
-from ray_head import ROOT, ray_head
 
 from decentralized_verl.launch.ray_placement import (
     PlacementError,
@@ -25,15 +24,16 @@ from decentralized_verl.launch.ray_placement import (
 from decentralized_verl.planning.plan import plan_job
 from decentralized_verl.reporting.metrics import read_metrics
 from decentralized_verl.spec.manifest import load_job
+from tests.support.processes import wait_for_step
+from tests.support.ray_head import ROOT, ray_head
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import chaos
 
 STEPS = 8
-KILLS = {2: "rollout", 3: "reward", 5: "reference", 6: "learner"}
-"""Step reached -> role whose actor is killed then (rollout-1, the others' only worker)."""
-PROCESS_KILL_AT = 4
-"""Step at which rollout-0's worker process (not its actor) is SIGKILLed: restarted inside its actor."""
+FAULTS = ((2, "rollout"), (3, "reward"), (4, "process"), (5, "reference"), (6, "learner"))
+"""Step the learner has logged -> what is killed then: a role's actor (rollout-1, the others' only worker),
+or, for "process", rollout-0's worker process alone (restarted inside its actor)."""
 
 
 # ------------------------------------------------------------------------------------------ placement
@@ -146,31 +146,34 @@ def test_tiny_job_runs_on_ray_survives_a_killed_actor_of_each_role_and_shows_in_
             stderr=subprocess.STDOUT,
         )
     ray.init(address=address, namespace="dverl", log_to_driver=False)
+    learner_log = output / "logs" / "rayjob-learner-0.log"
     killed: dict[str, int] = {}
     status_seen = None
     try:
-        deadline = time.monotonic() + 800
-        while run.poll() is None and time.monotonic() < deadline:
+        pending = list(FAULTS)
+        while pending:
+            step = wait_for_step(learner_log, pending[0][0], timeout=600, alive=lambda: run.poll() is None)
+            # The learner's worker is held (SIGSTOP) while the faults due are dealt, so however fast the
+            # job trains, each lands mid-run.
+            learner = ray.get_actor("rayjob-learner-0")
+            ray.get(learner.signal.remote(signal.SIGSTOP))
             try:
-                state = ray.get(ray.get_actor("rayjob-job").read.remote(), timeout=30)
-            except (ValueError, ray.exceptions.RayActorError):
-                time.sleep(1)
-                continue
-            step = state.get("step") or 0
-            if status_seen is None and step >= 1:
-                status_seen = _dverl("status", "rayjob", "--ray", address, "--json")
-            if step >= PROCESS_KILL_AT and "process" not in killed:
-                actor = ray.get_actor("rayjob-rollout-0")
-                pid = ray.get(actor.pid.remote())
-                ray.get(actor.signal.remote(signal.SIGKILL))
-                killed["process"] = pid
-            for at, role in KILLS.items():
-                name = f"rayjob-{role}-{1 if role == 'rollout' else 0}"
-                if step >= at and role not in killed:
+                if status_seen is None:
+                    status_seen = _dverl("status", "rayjob", "--ray", address, "--json")
+                while pending and pending[0][0] <= step:
+                    _, what = pending.pop(0)
+                    if what == "process":
+                        actor = ray.get_actor("rayjob-rollout-0")
+                        killed[what] = ray.get(actor.pid.remote())
+                        ray.get(actor.signal.remote(signal.SIGKILL))
+                        continue
+                    name = f"rayjob-{what}-{1 if what == 'rollout' else 0}"
                     ray.kill(ray.get_actor(name))  # the actor, and with it its worker process
-                    killed[role] = step
-            time.sleep(0.5)
-        assert run.wait(timeout=60) == 0, (tmp_path / "run.log").read_text()[-4000:]
+                    killed[what] = step
+            finally:
+                with contextlib.suppress(ray.exceptions.RayActorError):  # gone when it was the learner's
+                    ray.get(learner.signal.remote(signal.SIGCONT), timeout=60)
+        assert run.wait(timeout=600) == 0, (tmp_path / "run.log").read_text()[-4000:]
         leftover = [
             a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if "rayjob" in a["name"]
         ]
@@ -179,7 +182,7 @@ def test_tiny_job_runs_on_ray_survives_a_killed_actor_of_each_role_and_shows_in_
             run.terminate()
             run.wait(60)
         ray.shutdown()
-    assert set(killed) == {*KILLS.values(), "process"}, killed
+    assert set(killed) == {what for _, what in FAULTS}, killed
     assert leftover == []  # every actor of the job went with it
     # every step once, every sample of every step answered exactly once, across the kills
     rows = read_metrics(output / "metrics.jsonl")
@@ -210,7 +213,7 @@ def test_status_of_a_job_the_cluster_does_not_run_names_it(address: str) -> None
 
 
 def test_run_where_no_ray_cluster_answers_fails_at_once_naming_the_address(tmp_path: Path) -> None:
-    from processes import free_port
+    from tests.support.processes import free_port
 
     job = chaos.tiny_job(tmp_path, "nowhere", 2, seed=1)
     address = f"127.0.0.1:{free_port()}"

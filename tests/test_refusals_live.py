@@ -14,7 +14,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-from job_manifests import e2e_manifest
 
 from decentralized_verl.launch.local import LocalCluster
 from decentralized_verl.launch.run import write_config
@@ -24,6 +23,7 @@ from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc
 from decentralized_verl.security.credentials import run_folder_credentials
 from decentralized_verl.spec.manifest import load_job
 from decentralized_verl.transport import secure
+from tests.support.job_manifests import e2e_manifest
 
 pytestmark = pytest.mark.slow
 

@@ -20,6 +20,7 @@ from decentralized_verl.training.checkpoints.folders import (
     write_manifest,
 )
 from decentralized_verl.training.checkpoints.learner import CheckpointClock, CheckpointWriter, restore_latest
+from tests.support.paths import ROOT
 
 TINY = TinyModelSpec(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, max_positions=64)
 
@@ -285,7 +286,7 @@ def test_a_colocated_critic_is_saved_and_restored_with_the_learner(tmp_path: Pat
 def test_checkpoint_cost_reads_a_runs_metrics(tmp_path: Path) -> None:
     import sys
 
-    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
     import checkpoint_cost
 
     rows = [

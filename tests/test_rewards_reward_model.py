@@ -5,11 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
+import transformers
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-from decentralized_verl.rewards import RewardModelScorer, score, score_batch  # noqa: E402
+from decentralized_verl.rewards import RewardModelScorer, score, score_batch
 
 CHARS = "abcdefghijklmnopqrstuvwxyz0123456789 +=?.,!"
 

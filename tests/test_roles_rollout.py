@@ -8,27 +8,26 @@ import asyncio
 import math
 import re
 
+import grpc
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-grpc = pytest.importorskip("grpc")
-
-from decentralized_verl.backends.factory import make_backend  # noqa: E402
-from decentralized_verl.core.forward import response_logprobs  # noqa: E402
-from decentralized_verl.core.interfaces import RolloutClient, WorkerFailure  # noqa: E402
-from decentralized_verl.core.samples import Prompt, collate  # noqa: E402
-from decentralized_verl.core.sampling import SamplingParams  # noqa: E402
-from decentralized_verl.core.seeds import item_seed  # noqa: E402
-from decentralized_verl.models.loading import load_model_and_tokenizer  # noqa: E402
-from decentralized_verl.proto import dverl_pb2 as pb  # noqa: E402
-from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc  # noqa: E402
-from decentralized_verl.serving.local import LocalRolloutClient, stream_in_thread  # noqa: E402
-from decentralized_verl.serving.rollout import RolloutWorker, to_requests  # noqa: E402
-from decentralized_verl.serving.servicers import HealthServicer, RolloutServicer, serve  # noqa: E402
-from decentralized_verl.spec import ModelSpec, TinyModelSpec  # noqa: E402
-from decentralized_verl.spec.catalogue.backends import HF  # noqa: E402
-from decentralized_verl.transport.clients import GrpcRolloutClient, wait_ready  # noqa: E402
-from decentralized_verl.transport.messages import WireLimits  # noqa: E402
+from decentralized_verl.backends.factory import make_backend
+from decentralized_verl.core.forward import response_logprobs
+from decentralized_verl.core.interfaces import RolloutClient, WorkerFailure
+from decentralized_verl.core.samples import Prompt, collate
+from decentralized_verl.core.sampling import SamplingParams
+from decentralized_verl.core.seeds import item_seed
+from decentralized_verl.models.loading import load_model_and_tokenizer
+from decentralized_verl.proto import dverl_pb2 as pb
+from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc
+from decentralized_verl.serving.local import LocalRolloutClient, stream_in_thread
+from decentralized_verl.serving.rollout import RolloutWorker, to_requests
+from decentralized_verl.serving.servicers import HealthServicer, RolloutServicer, serve
+from decentralized_verl.spec import ModelSpec, TinyModelSpec
+from decentralized_verl.spec.catalogue.backends import HF
+from decentralized_verl.transport.clients import GrpcRolloutClient, wait_ready
+from decentralized_verl.transport.messages import WireLimits
 
 torch.set_num_threads(1)
 

@@ -9,30 +9,28 @@ import itertools
 import random
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-grpc = pytest.importorskip("grpc")
-
-from decentralized_verl.core.interfaces import (  # noqa: E402
+from decentralized_verl.core.interfaces import (
     CriticClient,
     ReferenceClient,
     RewardClient,
     WorkerFailure,
 )
-from decentralized_verl.core.samples import Prompt, Sample, collate  # noqa: E402
-from decentralized_verl.models.loading import load_model_and_tokenizer, load_sequence_classifier  # noqa: E402
-from decentralized_verl.rewards import RewardModelScorer, score  # noqa: E402
-from decentralized_verl.serving.local import LocalCriticClient, LocalReferenceClient, LocalRewardClient  # noqa: E402
-from decentralized_verl.serving.scoring import CriticWorker, ReferenceWorker, RewardWorker  # noqa: E402
-from decentralized_verl.serving.servicers import (  # noqa: E402
+from decentralized_verl.core.samples import Prompt, Sample, collate
+from decentralized_verl.models.loading import load_model_and_tokenizer, load_sequence_classifier
+from decentralized_verl.rewards import RewardModelScorer, score
+from decentralized_verl.serving.local import LocalCriticClient, LocalReferenceClient, LocalRewardClient
+from decentralized_verl.serving.scoring import CriticWorker, ReferenceWorker, RewardWorker
+from decentralized_verl.serving.servicers import (
     CriticServicer,
     ReferenceServicer,
     RewardServicer,
     serve,
 )
-from decentralized_verl.spec import ModelSpec, TinyModelSpec  # noqa: E402
-from decentralized_verl.training.value_model import ValueModel  # noqa: E402
-from decentralized_verl.transport.clients import (  # noqa: E402
+from decentralized_verl.spec import ModelSpec, TinyModelSpec
+from decentralized_verl.training.value_model import ValueModel
+from decentralized_verl.transport.clients import (
     GrpcCriticClient,
     GrpcReferenceClient,
     GrpcRewardClient,

@@ -7,29 +7,28 @@ from __future__ import annotations
 
 import asyncio
 
+import grpc
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-grpc = pytest.importorskip("grpc")
-
-from decentralized_verl.backends.factory import make_backend  # noqa: E402
-from decentralized_verl.core.forward import response_logprobs  # noqa: E402
-from decentralized_verl.core.interfaces import WorkerFailure  # noqa: E402
-from decentralized_verl.core.samples import Prompt, collate  # noqa: E402
-from decentralized_verl.core.sampling import SamplingParams  # noqa: E402
-from decentralized_verl.errors import WireError  # noqa: E402
-from decentralized_verl.models.loading import load_model_and_tokenizer  # noqa: E402
-from decentralized_verl.proto import dverl_pb2 as pb  # noqa: E402
-from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc  # noqa: E402
-from decentralized_verl.serving.rollout import RolloutWorker  # noqa: E402
-from decentralized_verl.serving.servicers import RolloutServicer, serve  # noqa: E402
-from decentralized_verl.spec import ModelSpec, TinyModelSpec  # noqa: E402
-from decentralized_verl.spec.catalogue.backends import HF  # noqa: E402
-from decentralized_verl.transport.clients import GrpcRolloutClient  # noqa: E402
-from decentralized_verl.transport.grpc_options import channel_options  # noqa: E402
-from decentralized_verl.transport.weights.publish import WeightPublisher  # noqa: E402
-from decentralized_verl.transport.weights.receive import GrpcWeightSource, LocalWeightSource  # noqa: E402
-from decentralized_verl.transport.weights.service import WeightsServicer  # noqa: E402
+from decentralized_verl.backends.factory import make_backend
+from decentralized_verl.core.forward import response_logprobs
+from decentralized_verl.core.interfaces import WorkerFailure
+from decentralized_verl.core.samples import Prompt, collate
+from decentralized_verl.core.sampling import SamplingParams
+from decentralized_verl.errors import WireError
+from decentralized_verl.models.loading import load_model_and_tokenizer
+from decentralized_verl.proto import dverl_pb2 as pb
+from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc
+from decentralized_verl.serving.rollout import RolloutWorker
+from decentralized_verl.serving.servicers import RolloutServicer, serve
+from decentralized_verl.spec import ModelSpec, TinyModelSpec
+from decentralized_verl.spec.catalogue.backends import HF
+from decentralized_verl.transport.clients import GrpcRolloutClient
+from decentralized_verl.transport.grpc_options import channel_options
+from decentralized_verl.transport.weights.publish import WeightPublisher
+from decentralized_verl.transport.weights.receive import GrpcWeightSource, LocalWeightSource
+from decentralized_verl.transport.weights.service import WeightsServicer
 
 torch.set_num_threads(1)
 

@@ -175,11 +175,10 @@ class _FastServicer:
 
 async def test_a_dead_worker_is_skipped_until_its_health_says_ready_then_rejoins() -> None:
     """No failure storm while a worker restarts: it fails once, is held out, and comes back by itself."""
-    from processes import free_port
-
     from decentralized_verl.orchestration import health
     from decentralized_verl.serving.servicers import HealthServicer, serve
     from decentralized_verl.transport.clients import GrpcRolloutClient
+    from tests.support.processes import free_port
 
     port = free_port()
     server = await serve(port, _FastServicer().servicer, HealthServicer("rollout", "w", ready=True))

@@ -7,7 +7,6 @@ import os
 import pytest
 import torch
 import torch.multiprocessing as mp
-from processes import free_port, leave_group
 
 from decentralized_verl.core.forward import response_logprobs
 from decentralized_verl.core.samples import Prompt, Sample, collate
@@ -15,6 +14,7 @@ from decentralized_verl.models.loading import load_model_and_tokenizer
 from decentralized_verl.spec.manifest import parse_job
 from decentralized_verl.training.advantage_step import AlgorithmSettings, attach_advantages
 from decentralized_verl.training.trainer import PolicyTrainer
+from tests.support.processes import free_port, leave_group
 
 JOB = {
     "apiVersion": "dverl.io/v1alpha1",

@@ -12,33 +12,32 @@ import datetime
 import stat
 from pathlib import Path
 
+import grpc
 import pytest
+import torch
+from google.protobuf import message_factory
+from test_fanout import CHUNK, RelayThread, model_state
 
-torch = pytest.importorskip("torch")
-grpc = pytest.importorskip("grpc")
-
-from google.protobuf import message_factory  # noqa: E402
-from test_fanout import CHUNK, RelayThread, model_state  # noqa: E402
-
-from decentralized_verl.errors import WireError  # noqa: E402
-from decentralized_verl.proto import dverl_pb2 as pb  # noqa: E402
-from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc  # noqa: E402
-from decentralized_verl.security import credentials as cr  # noqa: E402
-from decentralized_verl.security import trust  # noqa: E402
-from decentralized_verl.security.rights import may_call  # noqa: E402
-from decentralized_verl.serving.servicers import serve  # noqa: E402
-from decentralized_verl.transport import secure  # noqa: E402
-from decentralized_verl.transport.weights import signing  # noqa: E402
-from decentralized_verl.transport.weights.publish import Published, WeightPublisher  # noqa: E402
-from decentralized_verl.transport.weights.push import OK  # noqa: E402
-from decentralized_verl.transport.weights.receive import (  # noqa: E402
+from decentralized_verl.errors import WireError
+from decentralized_verl.proto import dverl_pb2 as pb
+from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc
+from decentralized_verl.security import credentials as cr
+from decentralized_verl.security import trust
+from decentralized_verl.security.rights import may_call
+from decentralized_verl.serving.servicers import serve
+from decentralized_verl.transport import secure
+from decentralized_verl.transport.weights import signing
+from decentralized_verl.transport.weights.publish import Published, WeightPublisher
+from decentralized_verl.transport.weights.push import OK
+from decentralized_verl.transport.weights.receive import (
     BundleBuilder,
     GrpcWeightSource,
     LocalWeightSource,
 )
-from decentralized_verl.transport.weights.relay import WeightRelay  # noqa: E402
-from decentralized_verl.transport.weights.route import plan_chain  # noqa: E402
-from decentralized_verl.transport.weights.service import WeightsServicer  # noqa: E402
+from decentralized_verl.transport.weights.relay import WeightRelay
+from decentralized_verl.transport.weights.route import plan_chain
+from decentralized_verl.transport.weights.service import WeightsServicer
+from tests.support.paths import ROOT
 
 torch.set_num_threads(1)
 
@@ -497,7 +496,7 @@ def test_security_cost_benchmark_smoke(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    root = Path(__file__).parents[1]
+    root = ROOT
     out = tmp_path / "security.json"
     env = {k: v for k, v in os.environ.items() if k != "DVERL_TLS_DIR"}
     done = subprocess.run(

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import ast
 import re
-from pathlib import Path
 
 import pytest
 
 from decentralized_verl.planning.plan import plan_job, worker_env
 from decentralized_verl.settings import SettingsError, WorkerSettings, env_name, settings_table
 from decentralized_verl.spec.manifest import parse_spec
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).parents[1]
 PACKAGE = ROOT / "worker_image" / "decentralized_verl"
 
 

@@ -18,10 +18,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import sharded_checkpoint_worker as worker
 import torch
 import yaml
-from processes import console_env
 
 from decentralized_verl.cli.main import main as dverl
 from decentralized_verl.errors import CheckpointError
@@ -29,8 +27,11 @@ from decentralized_verl.models.loading import load_model_and_tokenizer
 from decentralized_verl.training.checkpoints.folders import latest_checkpoint, save_checkpoint
 from decentralized_verl.training.checkpoints.learner import restore_latest
 from decentralized_verl.training.checkpoints.sharded import export_hf, load_sharded
+from tests.support import sharded_checkpoint_worker as worker
+from tests.support.paths import SUPPORT
+from tests.support.processes import console_env
 
-WORKER = Path(__file__).with_name("sharded_checkpoint_worker.py")
+WORKER = SUPPORT / "sharded_checkpoint_worker.py"
 STEP_TOLERANCE = 1e-5
 """One learner sums a step's 4 rows in one backward, two learners in two halves averaged by the reduce-
 scatter: the same gradient up to float32 rounding, which Adam's normalisation lifts for near-zero gradient

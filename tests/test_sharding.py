@@ -18,14 +18,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from sharding_worker import PAD, STEPS, samples_for, spec_with, step_batches, tied_model, train
 
 from decentralized_verl.core.forward import response_logprobs
 from decentralized_verl.core.samples import collate
 from decentralized_verl.training.sharding import decoder_layers, shard_model
 from decentralized_verl.training.trainer import PolicyTrainer
+from tests.support.paths import SUPPORT
+from tests.support.sharding_worker import PAD, STEPS, samples_for, spec_with, step_batches, tied_model, train
 
-WORKER = Path(__file__).with_name("sharding_worker.py")
+WORKER = SUPPORT / "sharding_worker.py"
 ATOL = 1e-5
 
 

@@ -12,8 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-from job_manifests import e2e_manifest
-from secured_cluster import secured_cluster
 
 from decentralized_verl.core.interfaces import WorkerFailure
 from decentralized_verl.core.samples import Prompt
@@ -25,6 +23,8 @@ from decentralized_verl.planning.plan import plan_job
 from decentralized_verl.reporting.metrics import read_metrics
 from decentralized_verl.spec.manifest import load_job
 from decentralized_verl.transport.clients import GrpcRolloutClient, wait_ready
+from tests.support.job_manifests import e2e_manifest
+from tests.support.secured_cluster import secured_cluster
 
 pytestmark = pytest.mark.slow
 

@@ -14,9 +14,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from sources_server import Served, self_signed, serving
 
 from decentralized_verl.sources.fetch import MARKER, Endpoints, FetchError, fetch
+from tests.support.sources_server import Served, self_signed, serving
 
 
 def sha(data: bytes) -> str:

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from operator_fixtures import tiny_spec
-
 from decentralized_verl.planning.plan import plan_job
 from decentralized_verl.spec.manifest import parse_spec
 from dverl_operator.objects import owned
 from dverl_operator.pods.sources import FETCH_MODULE
 from dverl_operator.reconcile.desired import for_job
+from tests.support.operator_fixtures import tiny_spec
 
 DIGEST = "cd" * 32
 OWNER = owned.Owner("j", "ns", "uid-1")

@@ -10,8 +10,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from job_manifests import TOY, e2e_manifest
-from sources_server import serving
 
 from decentralized_verl.errors import ManifestError
 from decentralized_verl.launch.run import run_job, write_config
@@ -19,6 +17,9 @@ from decentralized_verl.planning.fitting_job import load_fitting_job
 from decentralized_verl.reporting.metrics import read_metrics
 from decentralized_verl.sources.fetch import FetchError
 from decentralized_verl.spec.manifest import load_job
+from tests.support.job_manifests import e2e_manifest
+from tests.support.paths import FIXTURES, TOY
+from tests.support.sources_server import serving
 
 
 def cluster_manifest(folder: Path, sources: list[dict], **overrides) -> Path:
@@ -123,7 +124,7 @@ def test_planning_reads_the_model_through_its_local_folder(tmp_path: Path) -> No
     from decentralized_verl.planning import plan_for
     from decentralized_verl.sources.local import as_seen_here
 
-    shutil.copytree(Path(__file__).parent / "fixtures" / "qwen7b-config", tmp_path / "models" / "qwen7b")
+    shutil.copytree(FIXTURES / "qwen7b-config", tmp_path / "models" / "qwen7b")
     sources = [
         {"name": "toy", "mountPath": "/data", "local": str(TOY), "pvc": {"claimName": "c"}},
         {"name": "models", "mountPath": "/models", "local": "models", "pvc": {"claimName": "m"}},

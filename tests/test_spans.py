@@ -7,15 +7,14 @@ from __future__ import annotations
 import itertools
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from decentralized_verl.backends.base import GenerationRequest, SamplingParams  # noqa: E402
-from decentralized_verl.errors import ModelError, WireError  # noqa: E402
-from decentralized_verl.models.loading import load_model_and_tokenizer  # noqa: E402
-from decentralized_verl.spans import codec  # noqa: E402
-from decentralized_verl.spans.blocks import build_front, build_span, spec_parts  # noqa: E402
-from decentralized_verl.spans.layout import (  # noqa: E402
+from decentralized_verl.backends.base import GenerationRequest, SamplingParams
+from decentralized_verl.errors import ModelError, WireError
+from decentralized_verl.models.loading import load_model_and_tokenizer
+from decentralized_verl.spans import codec
+from decentralized_verl.spans.blocks import build_front, build_span, spec_parts
+from decentralized_verl.spans.layout import (
     LayoutError,
     Span,
     check_layout,
@@ -24,8 +23,8 @@ from decentralized_verl.spans.layout import (  # noqa: E402
     split_state,
     to_span_name,
 )
-from decentralized_verl.spans.server import Busy, SpanServer, UnknownSession, WrongVersion  # noqa: E402
-from decentralized_verl.spec.model import ModelSpec  # noqa: E402
+from decentralized_verl.spans.server import Busy, SpanServer, UnknownSession, WrongVersion
+from decentralized_verl.spec.model import ModelSpec
 
 torch.set_num_threads(1)
 

@@ -12,22 +12,20 @@ import sys
 import threading
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from processes import ProcessGroup, free_port  # noqa: E402
-
-from decentralized_verl.backends.base import GenerationRequest, SamplingParams  # noqa: E402
-from decentralized_verl.backends.hf import HFBackend  # noqa: E402
-from decentralized_verl.errors import WireError  # noqa: E402
-from decentralized_verl.models.loading import load_model_and_tokenizer  # noqa: E402
-from decentralized_verl.serving.rollout import RolloutWorker  # noqa: E402
-from decentralized_verl.spans.backend import SpanBackend  # noqa: E402
-from decentralized_verl.spans.chain import ChainSession  # noqa: E402
-from decentralized_verl.spans.client import SpanClient  # noqa: E402
-from decentralized_verl.spans.codec import HopRequest  # noqa: E402
-from decentralized_verl.spans.layout import Span  # noqa: E402
-from decentralized_verl.spec.model import ModelSpec  # noqa: E402
+from decentralized_verl.backends.base import GenerationRequest, SamplingParams
+from decentralized_verl.backends.hf import HFBackend
+from decentralized_verl.errors import WireError
+from decentralized_verl.models.loading import load_model_and_tokenizer
+from decentralized_verl.serving.rollout import RolloutWorker
+from decentralized_verl.spans.backend import SpanBackend
+from decentralized_verl.spans.chain import ChainSession
+from decentralized_verl.spans.client import SpanClient
+from decentralized_verl.spans.codec import HopRequest
+from decentralized_verl.spans.layout import Span
+from decentralized_verl.spec.model import ModelSpec
+from tests.support.processes import ProcessGroup, free_port
 
 torch.set_num_threads(1)
 

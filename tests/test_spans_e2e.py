@@ -11,11 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
-from job_manifests import e2e_manifest
-from secured_cluster import secured_cluster
 
 from decentralized_verl.launch.run import coordinator_status, run_job
 from decentralized_verl.reporting.metrics import read_metrics
+from tests.support.job_manifests import e2e_manifest
+from tests.support.processes import wait_for_line
+from tests.support.secured_cluster import secured_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -43,6 +44,7 @@ def test_a_span_killed_mid_step_is_restarted_and_no_sample_is_lost(tmp_path: Pat
     cluster, creds = secured_cluster(path, output)
     learner = cluster.by_role("learner")[0]
     victim = cluster.by_role("span")[1]
+    front = cluster.by_role("rollout")[0]
     killed_at = None
     with cluster:
         cluster.start()
@@ -53,11 +55,14 @@ def test_a_span_killed_mid_step_is_restarted_and_no_sample_is_lost(tmp_path: Pat
                 cluster.kill(victim.worker.name, signal.SIGKILL)
                 victim.process.wait()
                 killed_at = status.step
+                # No step's rollout can finish without the span: the front meets the gap before the
+                # span is back, however fast the job ran up to the kill.
+                wait_for_line(front.log_path, r"trying|missed the refresh", timeout=300, alive=learner.alive)
                 cluster.restart(victim.worker.name)  # restartPod, as `dverl run` and the operator do
             time.sleep(0.02)
         assert learner.process.wait(timeout=60) == 0, learner.log_tail()
     assert killed_at is not None and victim.restarts == 1
-    front_log = cluster.by_role("rollout")[0].log_path.read_text()
+    front_log = front.log_path.read_text()
     assert "trying" in front_log or "missed the refresh" in front_log  # the front saw the span go
     records = read_metrics(output / "metrics.jsonl")
     assert len(records) == 5

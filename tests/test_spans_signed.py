@@ -9,26 +9,24 @@ import json
 import sys
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from processes import ProcessGroup, free_port  # noqa: E402
-
-from decentralized_verl.backends.base import GenerationRequest, SamplingParams  # noqa: E402
-from decentralized_verl.backends.hf import HFBackend  # noqa: E402
-from decentralized_verl.errors import WireError  # noqa: E402
-from decentralized_verl.models.loading import load_model_and_tokenizer  # noqa: E402
-from decentralized_verl.serving.rollout import RolloutWorker  # noqa: E402
-from decentralized_verl.spans import signed  # noqa: E402
-from decentralized_verl.spans.backend import SpanBackend  # noqa: E402
-from decentralized_verl.spans.blocks import build_span, spec_parts  # noqa: E402
-from decentralized_verl.spans.chain import _blob  # noqa: E402
-from decentralized_verl.spans.client import SpanClient  # noqa: E402
-from decentralized_verl.spans.layout import Span, split_state  # noqa: E402
-from decentralized_verl.spans.server import SpanServer, decode_commit  # noqa: E402
-from decentralized_verl.spec.model import ModelSpec  # noqa: E402
-from decentralized_verl.transport.weights.publish import WeightPublisher  # noqa: E402
-from decentralized_verl.transport.weights.receive import LocalWeightSource  # noqa: E402
+from decentralized_verl.backends.base import GenerationRequest, SamplingParams
+from decentralized_verl.backends.hf import HFBackend
+from decentralized_verl.errors import WireError
+from decentralized_verl.models.loading import load_model_and_tokenizer
+from decentralized_verl.serving.rollout import RolloutWorker
+from decentralized_verl.spans import signed
+from decentralized_verl.spans.backend import SpanBackend
+from decentralized_verl.spans.blocks import build_span, spec_parts
+from decentralized_verl.spans.chain import _blob
+from decentralized_verl.spans.client import SpanClient
+from decentralized_verl.spans.layout import Span, split_state
+from decentralized_verl.spans.server import SpanServer, decode_commit
+from decentralized_verl.spec.model import ModelSpec
+from decentralized_verl.transport.weights.publish import WeightPublisher
+from decentralized_verl.transport.weights.receive import LocalWeightSource
+from tests.support.processes import ProcessGroup, free_port
 
 torch.set_num_threads(1)
 

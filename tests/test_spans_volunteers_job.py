@@ -22,13 +22,11 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from job_manifests import e2e_manifest  # noqa: E402
-from processes import ProcessGroup  # noqa: E402
-
-from decentralized_verl.reporting.metrics import read_metrics  # noqa: E402
+from decentralized_verl.reporting.metrics import read_metrics
+from tests.support.job_manifests import e2e_manifest
+from tests.support.processes import ProcessGroup, script_argv
 
 SECRET = "span-volunteers-secret-0123456789"
 JOB = "spanvol"
@@ -46,7 +44,7 @@ def _span_volunteer(maddr: str, *extra: str, cheat: bool = False) -> list[str]:
     argv = ["--role", "span", "--initial-peers", maddr, "--job", JOB, "--token", _token(),
             "--host-maddrs", "/ip4/127.0.0.1/tcp/0", *extra]  # fmt: skip
     if cheat:
-        return [sys.executable, __file__, "cheat", *argv]
+        return script_argv(__file__, "cheat", *argv)
     return [sys.executable, "-m", "decentralized_verl.cli", "worker", *argv]
 
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from job_manifests import EXAMPLE_JOBS, SMALL_JOB
 
 from decentralized_verl.errors import ManifestError
 from decentralized_verl.spec import JobSpec, with_defaults
 from decentralized_verl.spec.manifest import load_job, parse_job, summary
+from tests.support.job_manifests import EXAMPLE_JOBS, SMALL_JOB
 
 
 def mutate(path: str, value: object) -> dict:

@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from tracker_files import tensorboard_run, wandb_run
 
 from decentralized_verl.cli.plotting import plot_run, smoothed
 from decentralized_verl.reporting.metrics import MetricsLog, read_metrics
 from decentralized_verl.reporting.trackers import RunInfo, TrackerError, flatten, open_trackers
+from tests.support.tracker_files import tensorboard_run, wandb_run
 
 CONFIG = {"job": "tiny", "training": {"steps": 3, "learningRate": 0.001}, "algorithm": {"name": "grpo"}}
 SAMPLES = [
@@ -39,7 +39,6 @@ def _log_three_steps(folder: Path, trackers: list[str]) -> None:
 
 
 def test_tensorboard_event_files_hold_metrics_config_and_samples(tmp_path: Path) -> None:
-    pytest.importorskip("tensorboard")
     _log_three_steps(tmp_path, ["tensorboard"])
     events = tensorboard_run(tmp_path / "tensorboard" / "tiny-run")
     assert [(e.step, round(e.value, 3)) for e in events.Scalars("reward_mean")] == [
@@ -57,7 +56,6 @@ def test_tensorboard_event_files_hold_metrics_config_and_samples(tmp_path: Path)
 
 
 def test_wandb_offline_run_has_name_config_history_and_table(tmp_path: Path, monkeypatch) -> None:
-    pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     _log_three_steps(tmp_path, ["wandb"])
@@ -74,7 +72,6 @@ def test_wandb_offline_run_has_name_config_history_and_table(tmp_path: Path, mon
 
 
 def test_mlflow_file_store_has_run_params_metrics_and_samples(tmp_path: Path, monkeypatch) -> None:
-    pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

@@ -7,15 +7,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from job_manifests import environment_job
 
 from decentralized_verl.environments.base import EpisodeRecord
 from decentralized_verl.environments.registry import make_environment, preflight
 from decentralized_verl.environments.settings import EpisodeSettings
 from decentralized_verl.errors import ManifestError
 from decentralized_verl.spec.manifest import load_job, parse_job
+from tests.support.job_manifests import environment_job
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 GUESSING = "decentralized_verl.environments.verifiers_guessing:GuessingTaskset"
 OPTIONS = {"taskset": GUESSING, "tasksetConfig": {"tasks": 80}}
 

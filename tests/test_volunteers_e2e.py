@@ -17,12 +17,12 @@ import time
 from pathlib import Path
 
 import pytest
-from job_manifests import TOY
 from netlab.jobs import dht_argv, learner_argv, volunteer_argv
 from netlab.manifests import volunteer_job
-from processes import ProcessGroup, free_port
 
 from decentralized_verl.security.credentials import issue, write
+from tests.support.job_manifests import TOY
+from tests.support.processes import ProcessGroup, free_port, script_argv
 
 SECRET = "volunteer-e2e-secret-0123456789"
 
@@ -83,7 +83,7 @@ def start_job(procs: Procs, tmp_path: Path, job: str, volunteers: int, **kw) -> 
 def volunteer_cmd(maddr: str, job: str, tok: str, mode: str | None = None, *args: str) -> list[str]:
     if mode is None:
         return volunteer_argv(maddr, job, tok, "127.0.0.1")
-    return [sys.executable, __file__, mode, maddr, job, tok, *args]
+    return script_argv(__file__, mode, maddr, job, tok, *args)
 
 
 def finish(procs: Procs, out: Path, timeout: float = 240) -> tuple[list[dict], dict]:

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from local_models import save_tiny_model
-from processes import console_env, free_port
+
+from tests.support.local_models import save_tiny_model
+from tests.support.processes import console_env, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("collected_before_fork")]
 

@@ -17,8 +17,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from local_models import save_tiny_model
-from processes import ProcessGroup, console_env, free_port
+
+from tests.support.local_models import save_tiny_model
+from tests.support.processes import ProcessGroup, console_env, free_port
 
 pytestmark = pytest.mark.slow
 

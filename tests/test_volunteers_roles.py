@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from local_models import save_tiny_model
-from processes import console_env, free_port
 from test_volunteers_quickstart import Shell
+
+from tests.support.local_models import save_tiny_model
+from tests.support.processes import console_env, free_port
 
 pytestmark = pytest.mark.usefixtures("collected_before_fork")
 

@@ -15,11 +15,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from job_manifests import TOY
 from netlab.hosts import NetlabError, Network, namespaces_refused
 from netlab.jobs import HostJob
 from netlab.manifests import volunteer_job
 from netlab.profiles import PROFILES, LinkProfile, ProfileError, profile, tbf_args
+
+from tests.support.job_manifests import TOY
 
 REFUSED = namespaces_refused()
 needs_netns = pytest.mark.skipif(REFUSED is not None, reason=f"network namespaces refused: {REFUSED}")

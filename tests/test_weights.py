@@ -6,12 +6,11 @@ import dataclasses
 import random
 
 import pytest
+import torch
 from blake3 import blake3
 
-torch = pytest.importorskip("torch")
-
-from decentralized_verl.errors import WireError  # noqa: E402
-from decentralized_verl.transport.weights.codec import (  # noqa: E402
+from decentralized_verl.errors import WireError
+from decentralized_verl.transport.weights.codec import (
     WeightAssembler,
     WeightChunk,
     bundle_digest,
@@ -20,7 +19,7 @@ from decentralized_verl.transport.weights.codec import (  # noqa: E402
     decode_state_dict,
     encode_state_dict,
 )
-from decentralized_verl.transport.weights.digest import digest_hex  # noqa: E402
+from decentralized_verl.transport.weights.digest import digest_hex
 
 
 def sample_state_dict(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -213,7 +212,8 @@ def test_bad_inputs_and_headers():
 
 def test_round_trip_into_the_hf_backend():
     """The codec's output, cast back, is what ``HFBackend.load_weights`` accepts (tied Llama)."""
-    transformers = pytest.importorskip("transformers")
+    import transformers
+
     from decentralized_verl.backends.weight_copy import plan_weight_copy
 
     config = transformers.LlamaConfig(

@@ -14,30 +14,27 @@ import contextlib
 import functools
 from pathlib import Path
 
+import grpc
 import pytest
+import torch
+from google.protobuf import message_factory
+from google.protobuf.descriptor import FieldDescriptor as F
+from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
 
-grpc = pytest.importorskip("grpc")
-torch = pytest.importorskip("torch")
-hypothesis = pytest.importorskip("hypothesis")
-
-from google.protobuf import message_factory  # noqa: E402
-from google.protobuf.descriptor import FieldDescriptor as F  # noqa: E402
-from hypothesis import HealthCheck, given, seed, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from decentralized_verl.core.status import StatusBoard  # noqa: E402
-from decentralized_verl.errors import WireError  # noqa: E402
-from decentralized_verl.orchestration.status_service import CoordinatorServicer  # noqa: E402
-from decentralized_verl.proto import dverl_pb2 as pb  # noqa: E402
-from decentralized_verl.security import credentials as cr  # noqa: E402
-from decentralized_verl.security import trust  # noqa: E402
-from decentralized_verl.serving.scoring import RewardWorker  # noqa: E402
-from decentralized_verl.serving.servicers import HealthServicer, RewardServicer, serve  # noqa: E402
-from decentralized_verl.transport import messages as m  # noqa: E402
-from decentralized_verl.transport import secure  # noqa: E402
-from decentralized_verl.transport.weights.publish import WeightPublisher  # noqa: E402
-from decentralized_verl.transport.weights.service import WeightsServicer  # noqa: E402
-from decentralized_verl.transport.wire.rollout import sampling_from_proto  # noqa: E402
+from decentralized_verl.core.status import StatusBoard
+from decentralized_verl.errors import WireError
+from decentralized_verl.orchestration.status_service import CoordinatorServicer
+from decentralized_verl.proto import dverl_pb2 as pb
+from decentralized_verl.security import credentials as cr
+from decentralized_verl.security import trust
+from decentralized_verl.serving.scoring import RewardWorker
+from decentralized_verl.serving.servicers import HealthServicer, RewardServicer, serve
+from decentralized_verl.transport import messages as m
+from decentralized_verl.transport import secure
+from decentralized_verl.transport.weights.publish import WeightPublisher
+from decentralized_verl.transport.weights.service import WeightsServicer
+from decentralized_verl.transport.wire.rollout import sampling_from_proto
 
 FUZZ = settings(
     max_examples=50,

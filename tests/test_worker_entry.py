@@ -9,12 +9,12 @@ import sys
 from pathlib import Path
 
 import yaml
-from processes import free_port
 
 from decentralized_verl.planning.plan import plan_job, worker_env
 from decentralized_verl.spec import with_defaults
 from decentralized_verl.spec.manifest import parse_spec
 from decentralized_verl.transport.clients import wait_ready
+from tests.support.processes import free_port
 
 SPEC = {
     "model": {"tiny": {"hiddenSize": 32, "numLayers": 1, "numHeads": 2, "intermediateSize": 64}},

@@ -11,11 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from job_manifests import TOY
-from node_harness import Node
-from operator_fixtures import Emulator, Operator
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.support.job_manifests import TOY
+from tests.support.node_harness import Node
+from tests.support.operator_fixtures import Emulator, Operator
+from tests.support.paths import ROOT
+
+REPO = ROOT
 
 
 def cluster_spec(steps: int = 3) -> dict[str, Any]:

@@ -9,13 +9,11 @@ from typing import Any
 import yaml
 from netlab.manifests import with_overrides, write_job
 
-EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
-TOY = EXAMPLES_DIR / "data" / "toy"
-"""The toy task ("3+4=" -> "7") every end-to-end job trains on."""
+from tests.support.paths import EXAMPLES, TOY
 
 EXAMPLE_JOBS = sorted(
     p
-    for p in EXAMPLES_DIR.glob("*.yaml")
+    for p in EXAMPLES.glob("*.yaml")
     if any((doc or {}).get("kind") == "RLHFJob" for doc in yaml.safe_load_all(p.read_text()))
 )
 """Every shipped example that is an RLHFJob (the stages pipeline and Kubernetes manifests are not)."""

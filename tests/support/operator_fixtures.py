@@ -25,9 +25,11 @@ from typing import Any
 import aiohttp
 import kmock
 import yaml
-from processes import free_port
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.support.paths import ROOT
+from tests.support.processes import free_port
+
+REPO = ROOT
 JOBS = "apis/dverl.io/v1alpha1"
 WORKER_IMAGE = "registry.example/dverl-worker:test"
 

@@ -1,9 +1,6 @@
-"""Real processes for the multi-process tests: free ports, the console-script environment, and a group of
-named commands whose output is kept per command (what a user would see in separate terminals).
-
-Imported by the volunteer, fan-out and membership tests; `tests/` is on sys.path under pytest (rootdir
-conftest-less import mode) and when a test file runs as a script.
-"""
+"""Real processes for the multi-process tests: free ports, the console-script environment, test modules
+run as scripts, and a group of named commands whose output is kept per command (what a user would see in
+separate terminals)."""
 
 from __future__ import annotations
 
@@ -12,18 +9,92 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from netlab.jobs import BIN, process_env, stop_process  # noqa: F401 (BIN: for the tests' own use)
 
 from decentralized_verl.runtime.ports import free_port  # noqa: F401 (the tests' one way to pick a port)
+from tests.support.paths import ROOT
 
 
 def console_env(**extra: str) -> dict[str, str]:
     """The console scripts beside this Python (CI runs `.venv/bin/python -m pytest` without activating the
     venv), one thread per process: `netlab.jobs.process_env`, the one home of that environment."""
     return process_env(**extra)
+
+
+STEP_LINE = re.compile(r"\bstep (\d+)/\d+\b")
+"""The learner's own progress line, one a step (`step 12/200 reward 0.412 ...`)."""
+
+
+def learner_step(log: str | Path) -> int:
+    """The last step the learner's progress lines report, in `log` or the log file it names (0 before the
+    first, or before the file exists)."""
+    if isinstance(log, Path):
+        log = log.read_text(errors="replace") if log.exists() else ""
+    steps = STEP_LINE.findall(log)
+    return int(steps[-1]) if steps else 0
+
+
+def wait_for_step(
+    log: Path | Callable[[], str],
+    step: int,
+    timeout: float = 300.0,
+    *,
+    alive: Callable[[], bool] | None = None,
+) -> int:
+    """Poll the learner's log (its file, or what reads it) until it reports `step` or later; that step.
+    Fails when `alive` says the learner is gone first, naming the log's end."""
+    read = (lambda: log.read_text(errors="replace") if log.exists() else "") if isinstance(log, Path) else log
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = read()
+        if (reached := learner_step(text)) >= step:
+            return reached
+        if alive is not None and not alive():
+            raise AssertionError(f"the learner ended before step {step}:\n{text[-3000:]}")
+        time.sleep(0.02)
+    raise AssertionError(f"no step {step} from the learner in {timeout:g}s:\n{read()[-3000:]}")
+
+
+def wait_for_line(
+    path: Path, pattern: str, timeout: float = 120.0, *, alive: Callable[[], bool] | None = None
+) -> re.Match:
+    """Poll the log file at `path` until `pattern` is in it; the match. Fails when `alive` says the process
+    the test hinges on is gone first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = path.read_text(errors="replace") if path.exists() else ""
+        if found := re.search(pattern, text):
+            return found
+        if alive is not None and not alive():
+            break
+        time.sleep(0.05)
+    raise AssertionError(f"no {pattern!r} in {path.name}:\n{path.read_text(errors='replace')[-3000:]}")
+
+
+@contextlib.contextmanager
+def held(pid: int) -> Iterator[None]:
+    """The process stopped (SIGSTOP) for the block and continued after, however the block ends: a fault a
+    test deals meanwhile lands before the process can run on, so a fast machine cannot end the job first."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
+def script_argv(path: str | Path, *args: str) -> list[str]:
+    """A test module run as a script (a volunteer that cheats, a rogue peer), importing `tests.support` and
+    `netlab` as the suite does: the checkout and testing/ on its path. Only such scripts get them; product
+    processes run without the test tooling, as they do in a real deployment."""
+    path_entries = [str(ROOT), str(ROOT / "testing"), os.environ.get("PYTHONPATH", "")]
+    pythonpath = os.pathsep.join(p for p in path_entries if p)
+    return ["/usr/bin/env", f"PYTHONPATH={pythonpath}", sys.executable, str(path), *args]
 
 
 class ProcessGroup:

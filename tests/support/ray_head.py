@@ -1,9 +1,14 @@
 """One small real Ray head on 127.0.0.1 for a test module, started as its own process group and ended by
-that group alone (`ray stop` would end every Ray on the machine, other people's too)."""
+that group alone (`ray stop` would end every Ray on the machine, other people's too).
+
+Every port Ray would take by number is named instead (GCS, client server, dashboard and its agent: from
+`free_port`, which no other Ray default nor the kernel hands out), and its workers bind ports the kernel
+picks: another Ray head on the same machine (someone else's test run) cannot collide with this one."""
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import signal
 import socket
@@ -14,9 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from processes import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.paths import ROOT
+from tests.support.processes import free_port
 
 
 def _reachable(port: int) -> bool:
@@ -30,11 +35,14 @@ def ray_head(tmp: Path, num_cpus: int = 6) -> Iterator[str]:
     """A Ray head (`ray start --head --block`) whose workers import this checkout; yields its address.
 
     `num_cpus` is Ray's logical count, what actors reserve: the tiny job's five workers each ask for one;
-    their torch threads are one each (the executor sizes them from their reservation).
+    their torch threads are one each (the executor sizes them from their reservation). Where Ray is
+    installed with the dev extras (scripts/install.sh), so a missing Ray fails the test, as does a head
+    that does not come up.
     """
-    pytest.importorskip("ray", reason="Ray is not installed (pip install 'decentralized-verl[ray]')")
+    if importlib.util.find_spec("ray") is None:
+        pytest.fail("Ray is not installed: scripts/install.sh installs it (the `ray` extra, part of `dev`)")
     ray = Path(sys.executable).parent / "ray"
-    port = free_port()
+    port, client, dashboard, agent = (free_port() for _ in range(4))
     env = dict(os.environ)
     paths = [str(ROOT / "worker_image"), str(ROOT / "operator"), env.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
@@ -49,6 +57,11 @@ def ray_head(tmp: Path, num_cpus: int = 6) -> Iterator[str]:
             "--block",
             "--node-ip-address=127.0.0.1",
             f"--port={port}",
+            f"--ray-client-server-port={client}",
+            f"--dashboard-port={dashboard}",
+            f"--dashboard-agent-listen-port={agent}",
+            "--min-worker-port=0",  # the kernel picks each worker's port
+            "--max-worker-port=0",
             f"--num-cpus={num_cpus}",
             "--num-gpus=0",
             "--include-dashboard=false",
@@ -65,7 +78,7 @@ def ray_head(tmp: Path, num_cpus: int = 6) -> Iterator[str]:
         deadline = time.monotonic() + 120
         while not _reachable(port):
             if head.poll() is not None or time.monotonic() > deadline:
-                pytest.skip(f"a Ray head could not start here: {(tmp / 'ray-head.log').read_text()[-2000:]}")
+                pytest.fail(f"the Ray head did not start: {(tmp / 'ray-head.log').read_text()[-3000:]}")
             time.sleep(0.5)
         yield f"127.0.0.1:{port}"
     finally:

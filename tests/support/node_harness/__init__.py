@@ -7,7 +7,7 @@ conditions, container states, exit codes, restart counts, podIP) is written back
 See docs/testing-cluster.md.
 """
 
-from node_harness.netns import refused
-from node_harness.node import Node
+from tests.support.node_harness.netns import refused
+from tests.support.node_harness.node import Node
 
 __all__ = ["Node", "refused"]

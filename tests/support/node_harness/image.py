@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.support.paths import ROOT
+
 
 def _default_pythonpath() -> str:
     return os.environ.get("PYTHONPATH", "")
@@ -34,7 +36,7 @@ class ImageStandIn:
     def code_paths(self) -> list[Path]:
         """What the image's user must be able to read: the interpreter (through its symlinks), the venv,
         the code under test (the import path, and the checkout the venv's editable install points at)."""
-        paths = [Path(os.path.realpath(self.venv / "bin" / "python")), self.venv, Path(__file__).parents[2]]
+        paths = [Path(os.path.realpath(self.venv / "bin" / "python")), self.venv, ROOT]
         paths += [Path(p) for p in self.pythonpath.split(os.pathsep) if p]
         return paths
 
@@ -53,7 +55,7 @@ def resolve_argv(container: Mapping[str, Any], image: ImageStandIn, env: Mapping
     """The process a container runs: `command` replaces the entrypoint and `args` the image's CMD (CMD is
     dropped when only `command` is given), `$(VAR)` expanded from the container's env, and a bare program
     name found in the venv first (python -> the venv's interpreter)."""
-    from node_harness.env import _expand
+    from tests.support.node_harness.env import _expand
 
     command: Sequence[str] | None = container.get("command")
     args: Sequence[str] | None = container.get("args")

@@ -21,15 +21,26 @@ def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run([IP, *args], capture_output=True, text=True, check=check, timeout=30)
 
 
+_probes = itertools.count()
+REFUSALS = ("Operation not permitted", "Permission denied")
+"""What `ip netns add` says where the machine does not let this user make namespaces (no root, no
+CAP_SYS_ADMIN, a container without them): the only refusal that holds on every run."""
+
+
 def refused() -> str | None:
-    """Why this machine cannot give pods namespaces (None: it can). Probes by making one and removing it."""
-    name = f"dvprobe{os.getpid()}"
+    """Why this machine cannot give pods namespaces (None: it can). Probes by making one and removing it.
+
+    Only a refusal that holds on every run of this machine is a reason (no `ip` command, no permission);
+    anything else (a slow `ip` under load, a name left behind) is an error, not a reason to skip."""
+    name = f"dvprobe{os.getpid()}x{next(_probes)}"
     try:
         made = ip("netns", "add", name, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
+    except FileNotFoundError as exc:
         return f"`ip netns add` cannot run here: {exc}"
     if made.returncode != 0:
-        return f"`ip netns add` refused (needs root or CAP_SYS_ADMIN): {made.stderr.strip()}"
+        if any(words in made.stderr for words in REFUSALS):
+            return f"`ip netns add` refused (needs root or CAP_SYS_ADMIN): {made.stderr.strip()}"
+        raise RuntimeError(f"`ip netns add {name}` failed: {made.stderr.strip()}")
     ip("netns", "del", name, check=False)
     return None
 

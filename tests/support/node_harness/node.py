@@ -4,8 +4,9 @@ what happens back to the pod's status, as a kubelet does.
 A pod the node admits gets its finalizer, so deleting it is graceful as on a cluster: the API object
 stays (with deletionTimestamp) while its processes get SIGTERM and, after the grace period, SIGKILL;
 then the node drops its finalizer and the object goes. `evict` plays the kubelet's node-pressure
-eviction (DisruptionTarget, SIGTERM, then phase Failed with reason Evicted). Cluster DNS is served on the
-bridge's address (dns_server.py) and named in every pod's resolv.conf and the operator's.
+eviction (DisruptionTarget, SIGTERM, then phase Failed with reason Evicted); `paused` freezes a pod's
+processes, as `docker pause` does, so a test deals a fault while the job cannot move on. Cluster DNS is
+served on the bridge's address (dns_server.py) and named in every pod's resolv.conf and the operator's.
 """
 
 from __future__ import annotations
@@ -15,16 +16,16 @@ import contextlib
 import logging
 import os
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from node_harness import dns, dns_server
-from node_harness.image import ImageStandIn
-from node_harness.netns import Bridge
-from node_harness.pod import PodRunner, Settings
-from node_harness.status import PodState, pod_status, qos_class
+from tests.support.node_harness import dns, dns_server
+from tests.support.node_harness.image import ImageStandIn
+from tests.support.node_harness.netns import Bridge
+from tests.support.node_harness.pod import PodRunner, Settings
+from tests.support.node_harness.status import PodState, pod_status, qos_class
 
 FINALIZER = "node-harness.dverl.io/kubelet"
 log = logging.getLogger(__name__)
@@ -134,6 +135,18 @@ class Node:
 
     def all_logs(self) -> str:
         return "\n".join(self.logs(n, ns) for ns, n in sorted({p.key for p in self.pods.values()}))
+
+    @contextlib.contextmanager
+    def paused(self, name: str, namespace: str = "default") -> Iterator[RunningPod]:
+        """The pod's processes stopped (SIGSTOP) for the block and continued after, however it ends: what
+        happens meanwhile (a pod deleted and replaced, a signal sent) lands before it can run on."""
+        running = self.running(name, namespace)
+        assert running is not None, f"pod {namespace}/{name} is not on this node"
+        running.runner.pause()
+        try:
+            yield running
+        finally:
+            running.runner.resume()
 
     async def evict(self, name: str, namespace: str = "default", resource: str = "memory") -> None:
         """Node-pressure eviction: DisruptionTarget, SIGTERM then SIGKILL after the grace period, then

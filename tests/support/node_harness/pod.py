@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from node_harness import mounts as mnt
-from node_harness.env import EnvError, container_env
-from node_harness.image import ImageStandIn, resolve_argv
-from node_harness.netns import PodNetwork
-from node_harness.status import (
+from tests.support.node_harness import mounts as mnt
+from tests.support.node_harness.env import EnvError, container_env
+from tests.support.node_harness.image import ImageStandIn, resolve_argv
+from tests.support.node_harness.netns import PodNetwork
+from tests.support.node_harness.status import (
     ContainerState,
     PodState,
     exit_code_of,
@@ -303,6 +303,18 @@ class PodRunner:
                     self._kill_group(process)
             if late:
                 await asyncio.wait(late, timeout=10)
+
+    def pause(self) -> None:
+        """SIGSTOP to each running container's whole process group (the cgroup freezer's effect)."""
+        for process in self.processes.values():
+            if process.returncode is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        for process in self.processes.values():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGCONT)
 
     def _kill_group(self, process: asyncio.subprocess.Process) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
