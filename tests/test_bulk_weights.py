@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_fanout import CHUNK, RelayThread, model_state
 
 from decentralized_verl.security import credentials as cr
 from decentralized_verl.security import trust
@@ -28,6 +27,7 @@ from decentralized_verl.transport.weights.receive import LocalWeightSource
 from decentralized_verl.transport.weights.relay import WeightRelay
 from decentralized_verl.transport.weights.route import Hop, plan_chain
 from decentralized_verl.transport.weights.service import WeightsServicer
+from tests.support.relays import CHUNK, RelayThread, model_state
 
 
 @pytest.fixture()

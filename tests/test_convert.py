@@ -13,9 +13,9 @@ from convert_tables import from_sources, to_sources
 from decentralized_verl.cli.main import main
 from decentralized_verl.convert import convert
 from decentralized_verl.planning.fitting_job import load_fitting_job
-from tests.support.paths import ROOT
+from tests.support.paths import FIXTURES, ROOT
 
-FIXTURES = ROOT / "tests" / "fixtures" / "convert"
+CONVERT = FIXTURES / "convert"
 
 
 def _convert(tmp_path: Path, capsys, *args: str) -> tuple[dict, str]:
@@ -27,7 +27,7 @@ def _convert(tmp_path: Path, capsys, *args: str) -> tuple[dict, str]:
 
 
 def test_verl_documented_grpo_example(tmp_path: Path, capsys) -> None:
-    doc, err = _convert(tmp_path, capsys, "verl", str(FIXTURES / "verl_grpo_qwen2_7b.sh"))
+    doc, err = _convert(tmp_path, capsys, "verl", str(CONVERT / "verl_grpo_qwen2_7b.sh"))
     spec = doc["spec"]
     assert doc["metadata"]["name"] == "qwen2-7b-function-rm"
     assert spec["model"] == {"path": "Qwen/Qwen2-7B-Instruct", "dtype": "bfloat16"}
@@ -53,7 +53,7 @@ def test_verl_documented_grpo_example(tmp_path: Path, capsys) -> None:
 
 
 def test_trl_documented_grpo_quickstart(tmp_path: Path, capsys) -> None:
-    doc, err = _convert(tmp_path, capsys, "trl", str(FIXTURES / "trl_grpo_quickstart.yaml"))
+    doc, err = _convert(tmp_path, capsys, "trl", str(CONVERT / "trl_grpo_quickstart.yaml"))
     spec = doc["spec"]
     assert doc["metadata"]["name"] == "qwen2-0-5b-grpo"
     assert spec["model"]["path"] == "Qwen/Qwen2-0.5B-Instruct"
@@ -101,7 +101,7 @@ def test_trl_config_json_with_choices(tmp_path: Path, capsys) -> None:
 
 
 def test_openrlhf_command_line(tmp_path: Path, capsys) -> None:
-    doc, err = _convert(tmp_path, capsys, "openrlhf", str(FIXTURES / "openrlhf_reinforce.sh"))
+    doc, err = _convert(tmp_path, capsys, "openrlhf", str(CONVERT / "openrlhf_reinforce.sh"))
     spec = doc["spec"]
     assert doc["metadata"]["name"] == "qwen-rpp"
     assert spec["algorithm"]["name"] == "reinforce_plus_plus_baseline"

@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from test_runtime_dispatch import FakeRollout, items
 
 from decentralized_verl.core.sampling import SamplingParams
 from decentralized_verl.orchestration import hedging
 from decentralized_verl.orchestration.dispatch import Dispatcher
+from tests.support.fake_workers import FakeRollout, items
 
 
 class GoesSilent(FakeRollout):

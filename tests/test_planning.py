@@ -19,9 +19,9 @@ from decentralized_verl.planning.fitting_job import load_fitting_job
 from decentralized_verl.planning.locate import model_shape
 from decentralized_verl.spec.manifest import load_job, parse_job
 from tests.support.job_manifests import EXAMPLE_JOBS
-from tests.support.paths import ROOT
+from tests.support.paths import FIXTURES, ROOT
 
-FIXTURE = ROOT / "tests" / "fixtures" / "qwen7b-config"
+FIXTURE = FIXTURES / "qwen7b-config"
 
 QWEN7B = {
     "apiVersion": "dverl.io/v1alpha1",

@@ -16,7 +16,6 @@ import grpc
 import pytest
 import torch
 from google.protobuf import message_factory
-from test_fanout import CHUNK, RelayThread, model_state
 
 from decentralized_verl.errors import WireError
 from decentralized_verl.proto import dverl_pb2 as pb
@@ -38,6 +37,7 @@ from decentralized_verl.transport.weights.relay import WeightRelay
 from decentralized_verl.transport.weights.route import plan_chain
 from decentralized_verl.transport.weights.service import WeightsServicer
 from tests.support.paths import ROOT
+from tests.support.relays import CHUNK, RelayThread, model_state
 
 torch.set_num_threads(1)
 

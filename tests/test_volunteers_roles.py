@@ -18,10 +18,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_volunteers_quickstart import Shell
 
 from tests.support.local_models import save_tiny_model
-from tests.support.processes import console_env, free_port
+from tests.support.processes import ProcessGroup, console_env, free_port
 
 pytestmark = pytest.mark.usefixtures("collected_before_fork")
 
@@ -192,7 +191,7 @@ def test_trainer_picks_only_scoring_peers_it_can_trust_to_match(tmp_path: Path) 
 
 @pytest.mark.slow
 def test_quick_start_takes_rewards_and_reference_logprobs_from_volunteers(tmp_path: Path) -> None:
-    shell = Shell(tmp_path)
+    shell = ProcessGroup(tmp_path)
     try:
         model = save_tiny_model(tmp_path / "tiny-llama")
         (tmp_path / "prompts.json").write_text(json.dumps(["Say hi", "Count", "Name a colour", "Spell cat"]))

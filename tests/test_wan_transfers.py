@@ -12,7 +12,6 @@ import json
 
 import pytest
 import torch
-from test_weight_deltas import _model_and_steps
 
 from decentralized_verl.errors import WireError
 from decentralized_verl.transport import messages as m
@@ -22,6 +21,7 @@ from decentralized_verl.transport.weights.delta_p2p import DeltaEndpoint, DeltaP
 from decentralized_verl.transport.weights.delta_publish import DeltaPublisher
 from decentralized_verl.transport.weights.publish import manifest_of
 from decentralized_verl.transport.weights.receive import ChunkFetch
+from tests.support.weight_states import trained_states
 
 pytestmark = pytest.mark.usefixtures("collected_before_fork")
 
@@ -96,7 +96,7 @@ def _same(got: dict, state: dict) -> bool:
 
 
 async def test_a_volunteer_gets_deltas_and_resumes_a_dropped_one(two_peers) -> None:
-    states = _model_and_steps(lr=1e-5, steps=12)
+    states = trained_states(lr=1e-5, steps=12)
     publisher, _, source = await _serve(two_peers, DroppingDelta, max_chain=3)
     try:
         publisher.publish(states[0], 0)
@@ -122,7 +122,7 @@ async def test_a_volunteer_gets_deltas_and_resumes_a_dropped_one(two_peers) -> N
 
 
 async def test_a_forged_delta_is_refused_and_the_full_bundle_fetched(two_peers) -> None:
-    states = _model_and_steps(lr=1e-5, steps=2)
+    states = trained_states(lr=1e-5, steps=2)
     publisher, _, source = await _serve(two_peers, TamperingDelta)
     try:
         publisher.publish(states[0], 0)
@@ -136,7 +136,7 @@ async def test_a_forged_delta_is_refused_and_the_full_bundle_fetched(two_peers) 
 
 
 async def test_a_peer_that_did_not_join_gets_neither_deltas_nor_bundles(two_peers) -> None:
-    states = _model_and_steps(lr=1e-5, steps=1)
+    states = trained_states(lr=1e-5, steps=1)
     publisher, _, source = await _serve(two_peers, DeltaEndpoint, admitted=lambda _: False)
     try:
         publisher.publish(states[0], 0)
@@ -147,7 +147,7 @@ async def test_a_peer_that_did_not_join_gets_neither_deltas_nor_bundles(two_peer
 
 
 def test_a_fetch_resumes_as_long_as_each_stream_brings_new_chunks() -> None:
-    bundle = encode_state_dict(_model_and_steps(lr=1e-5, steps=0)[0], 0, chunk_bytes=4096)
+    bundle = encode_state_dict(trained_states(lr=1e-5, steps=0)[0], 0, chunk_bytes=4096)
     fetch = ChunkFetch(manifest_of(bundle), "learner", verify_key=None)
 
     def deliver(index: int) -> None:
@@ -180,7 +180,7 @@ def test_pieces_rebuild_frames_and_bad_headers_are_named() -> None:
 async def test_a_volunteer_prefetches_each_new_version_ahead_of_work(two_peers) -> None:
     from decentralized_verl.volunteers.prefetch import WeightPrefetch
 
-    states = _model_and_steps(lr=1e-5, steps=3)
+    states = trained_states(lr=1e-5, steps=3)
     publisher, _, source = await _serve(two_peers, DeltaEndpoint)
 
     class Holder:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import itertools
 
 import pytest
-import torch
 
 from decentralized_verl.errors import WireError
 from decentralized_verl.transport.weights.codec import WeightChunk, encode_state_dict
@@ -22,25 +21,9 @@ from decentralized_verl.transport.weights.delta_publish import DeltaPublisher, N
 from decentralized_verl.transport.weights.digest import digest_hex
 from decentralized_verl.transport.weights.publish import Published, manifest_of
 from decentralized_verl.transport.weights.receive import BundleBuilder
+from tests.support.weight_states import trained_states
 
 KEY = bytes(range(32))
-
-
-def _model_and_steps(lr: float, steps: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
-    """State dicts after 0..steps Adam steps of a small MLP on a fixed regression task."""
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(), torch.nn.Linear(256, 64))
-    for p in model.parameters():  # weights of the size a pretrained LM has, not a tiny init
-        torch.nn.init.normal_(p, std=0.05)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    x, y = torch.randn(32, 64), torch.randn(32, 64)
-    states = [{k: v.clone() for k, v in model.state_dict().items()}]
-    for _ in range(steps):
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
-        states.append({k: v.clone() for k, v in model.state_dict().items()})
-    return states
 
 
 def _bundles(states, dtype="bfloat16", first_version=0, chunk_bytes=4096):
@@ -63,7 +46,7 @@ def _verify(payload: bytes, bundle) -> Published:
 
 @pytest.mark.parametrize("first_version", [0, 8])  # 9 -> 10 changes the header's length
 def test_a_delta_rebuilds_the_next_bundle_byte_for_byte(first_version: int) -> None:
-    states = _model_and_steps(lr=1e-3, steps=3)
+    states = trained_states(lr=1e-3, steps=3)
     bundles = _bundles(states, first_version=first_version)
     for a, b in itertools.pairwise(bundles):
         frame = encode_delta(a.payload(), b.payload(), a.version, b.version)
@@ -78,7 +61,7 @@ def test_a_delta_rebuilds_the_next_bundle_byte_for_byte(first_version: int) -> N
 
 
 def test_small_steps_in_bf16_make_small_deltas_and_fp32_ones_do_not() -> None:
-    states = _model_and_steps(lr=1e-6, steps=1)
+    states = trained_states(lr=1e-6, steps=1)
     bf16 = _bundles(states, "bfloat16")
     fp32 = _bundles(states, "float32")
     frame16 = encode_delta(bf16[0].payload(), bf16[1].payload(), 0, 1)
@@ -93,7 +76,7 @@ def test_small_steps_in_bf16_make_small_deltas_and_fp32_ones_do_not() -> None:
 
 
 def test_a_delta_against_the_wrong_base_is_refused_before_anything_is_held() -> None:
-    bundles = _bundles(_model_and_steps(lr=1e-3, steps=2))
+    bundles = _bundles(trained_states(lr=1e-3, steps=2))
     frame = encode_delta(bundles[1].payload(), bundles[2].payload(), 1, 2)
     with pytest.raises(WireError, match="against v1, this receiver holds v0"):
         apply_delta(bundles[0].payload(), frame, 0)
@@ -115,14 +98,14 @@ def test_a_delta_against_the_wrong_base_is_refused_before_anything_is_held() -> 
     ],
 )
 def test_damaged_frames_are_refused_naming_the_problem(damage, message: str) -> None:
-    bundles = _bundles(_model_and_steps(lr=1e-3, steps=1))
+    bundles = _bundles(trained_states(lr=1e-3, steps=1))
     frame = encode_delta(bundles[0].payload(), bundles[1].payload(), 0, 1)
     with pytest.raises(WireError, match=message):
         apply_delta(bundles[0].payload(), damage(frame), 0)
 
 
 def test_deltas_only_join_versions_of_one_layout() -> None:
-    states = _model_and_steps(lr=1e-3, steps=1)
+    states = trained_states(lr=1e-3, steps=1)
     bf16, fp32 = _bundles(states, "bfloat16"), _bundles(states, "float32", first_version=1)
     with pytest.raises(WireError, match="layouts differ"):
         encode_delta(bf16[0].payload(), fp32[0].payload(), 0, 1)
@@ -133,7 +116,7 @@ def test_deltas_only_join_versions_of_one_layout() -> None:
 
 
 def test_the_publisher_keeps_a_chain_and_sends_full_bundles_past_it() -> None:
-    states = _model_and_steps(lr=1e-6, steps=5)
+    states = trained_states(lr=1e-6, steps=5)
     publisher = DeltaPublisher(dtype="bfloat16", chunk_bytes=4096, keep=2, max_chain=3, signing_key=KEY)
     try:
         for version, state in enumerate(states):
@@ -160,7 +143,7 @@ def test_the_publisher_keeps_a_chain_and_sends_full_bundles_past_it() -> None:
 
 
 def test_deltas_not_worth_sending_are_not_built_or_sent() -> None:
-    states = _model_and_steps(lr=1e-2, steps=2)
+    states = trained_states(lr=1e-2, steps=2)
     fp32 = _bundles(states, "float32")
     with pytest.raises(WireError, match="of the bytes changed: not worth a delta"):
         encode_delta(fp32[0].payload(), fp32[1].payload(), 0, 1, max_changed=0.5)
