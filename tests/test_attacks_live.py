@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import grpc
-import pytest
 
 from decentralized_verl.launch.local import LocalCluster
 from decentralized_verl.launch.run import coordinator_status, write_config
@@ -26,8 +25,6 @@ from decentralized_verl.security.credentials import JobCredentials, LocalCredent
 from decentralized_verl.spec.manifest import load_job
 from decentralized_verl.transport import secure
 from tests.support.job_manifests import e2e_manifest
-
-pytestmark = pytest.mark.slow
 
 STEPS = 6
 PWNED = "pwned_{pid}"

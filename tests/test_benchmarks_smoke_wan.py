@@ -29,7 +29,6 @@ def test_wan_deltas_smoke() -> None:
         assert 0 < row["delta_bytes"] < row["full_bytes"] and 0 < row["changed_fraction"] <= 1
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(
     namespaces_refused() is not None, reason=f"network namespaces refused: {namespaces_refused()}"
 )

@@ -15,8 +15,6 @@ sys.path.insert(0, str(BENCHMARKS))
 
 import chaos
 
-pytestmark = pytest.mark.slow
-
 
 @pytest.mark.timeout(900)
 def test_killing_each_role_once_loses_nothing(tmp_path: Path) -> None:

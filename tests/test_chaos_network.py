@@ -19,7 +19,6 @@ BENCHMARKS = ROOT / "benchmarks"
 
 
 @pytest.mark.skipif(REFUSED is not None, reason=f"network namespaces refused: {REFUSED}")
-@pytest.mark.slow
 def test_partitions_and_a_cut_lose_no_sample_and_every_host_serves_again(tmp_path: Path) -> None:
     sys.path.insert(0, str(BENCHMARKS))
     from chaos_network import run

@@ -20,8 +20,6 @@ from decentralized_verl.reporting.metrics import read_metrics
 from decentralized_verl.training.checkpoints.folders import write_manifest
 from tests.support.job_manifests import e2e_manifest
 
-pytestmark = pytest.mark.slow
-
 
 class RunsCode:
     """Unpickling this creates `path` (what a malicious optimizer.pt would do, and worse)."""

@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.support.paths import ROOT
-
-
-def dverl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "decentralized_verl.cli", *args], capture_output=True, text=True, timeout=60
-    )
+from tests.support.processes import dverl
 
 
 def test_valid_example_prints_one_line_and_exits_0() -> None:

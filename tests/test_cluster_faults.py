@@ -18,7 +18,6 @@ from tests.support.processes import learner_step
 
 REASON = refused()
 pytestmark = [
-    pytest.mark.slow,
     pytest.mark.timeout(600),
     pytest.mark.skipif(REASON is not None, reason=f"pods need network namespaces: {REASON}"),
 ]

@@ -19,7 +19,6 @@ from tests.support.operator_fixtures import wait_for
 
 REASON = refused()
 pytestmark = [
-    pytest.mark.slow,
     pytest.mark.timeout(600),
     pytest.mark.skipif(REASON is not None, reason=f"pods need network namespaces: {REASON}"),
 ]

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
@@ -13,17 +12,10 @@ import pytest
 
 from decentralized_verl.data import load_preferences, load_prompts, load_sft
 from tests.support.paths import ROOT
+from tests.support.repo_scripts import load_script
 
 DATA = ROOT / "examples" / "data"
 QUESTION = re.compile(r"^What is (\d+) ([+*]) (\d+)\?$")
-
-
-def load_script(name: str = "make_example_data"):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_checked_in_files_are_what_the_script_writes(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from decentralized_verl.security.credentials import issue, write
 from tests.support.processes import ProcessGroup, free_port, script_argv
 
 JOB = "dht-attack"
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("collected_before_fork")]
+pytestmark = pytest.mark.usefixtures("collected_before_fork")
 
 
 def volunteer_main(maddr: str, job: str) -> None:

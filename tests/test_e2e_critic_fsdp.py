@@ -9,15 +9,12 @@ import re
 import signal
 from pathlib import Path
 
-import pytest
-
 from decentralized_verl.launch.run import run_job
 from decentralized_verl.reporting.metrics import read_metrics
 from tests.support.job_manifests import e2e_manifest
 from tests.support.processes import held, learner_step, wait_for_step
 from tests.support.secured_cluster import secured_cluster
 
-pytestmark = pytest.mark.slow
 STEPS = 6
 
 

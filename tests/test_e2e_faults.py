@@ -18,8 +18,6 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import chaos
 
-pytestmark = pytest.mark.slow
-
 
 @pytest.mark.timeout(900)
 def test_a_rollout_worker_that_hangs_alive_has_its_work_redone(tmp_path: Path) -> None:

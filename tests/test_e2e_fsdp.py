@@ -8,13 +8,9 @@ import json
 import statistics
 from pathlib import Path
 
-import pytest
-
 from decentralized_verl.launch.run import run_job
 from decentralized_verl.reporting.metrics import read_metrics
 from tests.support.job_manifests import e2e_manifest
-
-pytestmark = pytest.mark.slow
 
 
 def test_two_fsdp_learners_learn_checkpoint_and_resume_as_one(tmp_path: Path) -> None:

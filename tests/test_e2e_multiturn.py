@@ -12,8 +12,6 @@ from decentralized_verl.launch.run import run_job
 from decentralized_verl.reporting.metrics import read_metrics
 from tests.support.paths import ROOT
 
-pytestmark = pytest.mark.slow
-
 
 @pytest.mark.timeout(900)
 def test_shipped_multiturn_example_runs(tmp_path: Path) -> None:

@@ -30,8 +30,6 @@ from tests.support.paths import ROOT
 from tests.support.processes import held, learner_step, wait_for_step
 from tests.support.secured_cluster import secured_cluster
 
-pytestmark = pytest.mark.slow
-
 
 def test_grpo_two_rollouts_and_a_reference_learns(tmp_path: Path) -> None:
     job = e2e_manifest(

@@ -15,8 +15,6 @@ from tests.support.paths import ROOT
 
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 
-pytestmark = pytest.mark.slow
-
 
 def check(out: Path, *args: str, timeout: float = 1200) -> subprocess.CompletedProcess:
     return subprocess.run(

@@ -15,7 +15,6 @@ import yaml
 from decentralized_verl.backends.factory import make_backend
 from decentralized_verl.core.samples import Prompt
 from decentralized_verl.core.sampling import SamplingParams
-from decentralized_verl.models.loading import load_model_and_tokenizer
 from decentralized_verl.orchestration.dispatch import Dispatcher
 from decentralized_verl.orchestration.membership import (
     Member,
@@ -29,7 +28,7 @@ from decentralized_verl.planning.plan import plan_job
 from decentralized_verl.serving.rollout import RolloutWorker
 from decentralized_verl.serving.servicers import HealthServicer, RolloutServicer, serve
 from decentralized_verl.settings import WorkerSettings
-from decentralized_verl.spec import ModelSpec, TinyModelSpec
+from decentralized_verl.spec import TinyModelSpec
 from decentralized_verl.spec.catalogue.backends import HF
 from decentralized_verl.spec.manifest import parse_spec
 from decentralized_verl.transport.clients import GrpcRolloutClient
@@ -113,11 +112,6 @@ def test_workers_file_path_prefers_the_explicit_variable_then_the_file_beside_th
 
 
 # --- the watcher against real rollout servers ---------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def policy():
-    return load_model_and_tokenizer(ModelSpec(tiny=TINY))
 
 
 async def start_rollout(model, tokenizer, worker_id, port=0):

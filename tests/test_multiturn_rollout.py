@@ -16,45 +16,18 @@ import torch
 from decentralized_verl.backends.factory import make_backend
 from decentralized_verl.core.forward import response_logprobs
 from decentralized_verl.core.samples import Prompt, collate
-from decentralized_verl.core.sampling import SamplingParams
-from decentralized_verl.data.prompts import render_prompt
 from decentralized_verl.environments.replay import ENVIRONMENT_REWARD, replay
 from decentralized_verl.environments.settings import EpisodeSettings
 from decentralized_verl.models.loading import load_model_and_tokenizer
 from decentralized_verl.serving.rollout import RolloutWorker
 from decentralized_verl.serving.scoring import RewardWorker
-from decentralized_verl.spec import ModelSpec, TinyModelSpec
 from decentralized_verl.spec.catalogue.backends import HF
 from decentralized_verl.spec.manifest import parse_job
 from decentralized_verl.training.advantage_step import AlgorithmSettings, attach_advantages
 from decentralized_verl.training.trainer import PolicyTrainer
+from tests.support.multiturn import GAME, SAMPLING, TINY, play, prompts
 
 torch.set_num_threads(1)
-TINY = TinyModelSpec(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, max_positions=256)
-GAME = EpisodeSettings("guessing_game", {"maxNumber": 9}, max_turns=3)
-SAMPLING = SamplingParams(max_new_tokens=6, temperature=1.0, seed=5)
-
-
-@pytest.fixture(scope="module")
-def policy():
-    return load_model_and_tokenizer(ModelSpec(tiny=TINY))
-
-
-def prompts(tokenizer, n=2):
-    out = []
-    for i in range(n):
-        text = render_prompt(f"Guess my number ({i})", tokenizer)
-        out.append(
-            Prompt(f"p{i}", i, tuple(tokenizer(text, add_special_tokens=False)["input_ids"]), text, "5")
-        )
-    return out
-
-
-def play(model, tokenizer, items, settings=GAME, sampling=SAMPLING, batch=8):
-    worker = RolloutWorker(
-        make_backend(HF, model, tokenizer, max_batch_size=batch), "w", environment=settings
-    )
-    return {s.key: s for s in worker.generate_sync(items, sampling, 0)}
 
 
 def runs(mask):

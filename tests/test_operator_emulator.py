@@ -25,7 +25,7 @@ from decentralized_verl.proto import dverl_pb2, dverl_pb2_grpc
 from decentralized_verl.security.credentials import issue
 from decentralized_verl.transport import secure
 from dverl_operator.jobs.identity import OperatorIdentity
-from tests.support.operator_fixtures import WORKER_IMAGE, Emulator, Operator, tiny_spec, wait_for
+from tests.support.operator_fixtures import WORKER_IMAGE, Emulator, Operator, pods_if, tiny_spec, wait_for
 from tests.support.processes import free_port
 
 IDENTITY = "dverl-operator-identity"
@@ -103,12 +103,7 @@ async def cluster(tmp_path_factory):
 
 
 async def children_of(emu: Emulator, job: str, count: int):
-    return await wait_for(lambda: _pods_if(emu, job, count), timeout=30, what=f"{count} pods of {job}")
-
-
-async def _pods_if(emu: Emulator, job: str, count: int):
-    pods = await emu.pods(job)
-    return pods if len(pods) == count else None
+    return await wait_for(lambda: pods_if(emu, job, count), timeout=30, what=f"{count} pods of {job}")
 
 
 async def status_of(emu: Emulator, job: str, check, what: str, timeout: float = 30):

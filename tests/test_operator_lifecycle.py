@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 
 from dverl_operator.process.leader import LEASE_NAME, micro_time
-from tests.support.operator_fixtures import Emulator, Operator, tiny_spec, wait_for
+from tests.support.operator_fixtures import Emulator, Operator, pods_if, tiny_spec, wait_for
 
 pytestmark = [pytest.mark.timeout(180)]
 LEASES = "apis/coordination.k8s.io/v1/namespaces/default/leases"
@@ -34,7 +34,7 @@ async def test_killed_mid_reconcile_converges_without_duplicates(tmp_path):
         second = Operator(emu, "op-a").start()
         try:
             pods = await wait_for(
-                lambda: _pods_if(emu, "big", 61), timeout=60, what=f"61 pods after restart (had {partial})"
+                lambda: pods_if(emu, "big", 61), timeout=60, what=f"61 pods after restart (had {partial})"
             )
             await asyncio.sleep(1.0)  # a few more passes: still no churn
             assert len(await emu.pods("big")) == 61
@@ -47,11 +47,6 @@ async def test_killed_mid_reconcile_converges_without_duplicates(tmp_path):
         finally:
             code = await asyncio.to_thread(second.stop)
         assert code == 0, second.log()[-2000:]
-
-
-async def _pods_if(emu: Emulator, job: str, count: int):
-    pods = await emu.pods(job)
-    return pods if len(pods) == count else None
 
 
 def scrape(port: int) -> str:

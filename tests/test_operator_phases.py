@@ -25,6 +25,7 @@ from dverl_operator.reconcile.desired import for_job
 from dverl_operator.reconcile.refusal import refuse_restart_changes, refused_changes
 from dverl_operator.status import conditions as cond
 from dverl_operator.status import outcome
+from tests.support.cluster_world import running
 from tests.support.operator_fixtures import tiny_spec
 
 NOW = 1_800_000_000.0
@@ -46,10 +47,6 @@ def children_of(spec_dict, name="j", gateway_type=None, policy=None):
         policy=policy,
         marks=pod_marks.for_job(spec, {"metadata": {"name": name}}, plan, None),
     )
-
-
-def running(pod):
-    return {**pod, "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
 
 
 def exited(pod, phase="Failed", **annotations):

@@ -30,6 +30,7 @@ from dverl_operator.reconcile.settings import Settings
 from dverl_operator.status import conditions as cond
 from dverl_operator.status.fields import role_counts, workers_column
 from dverl_operator.status.merge import merge_patch
+from tests.support.cluster_world import running
 from tests.support.operator_fixtures import tiny_spec
 from tests.support.paths import ROOT
 
@@ -65,10 +66,6 @@ def observed(
         progress=progress,
         now=now,
     )
-
-
-def running(pod):
-    return {**pod, "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
 
 
 def failed(pod, **annotations):

@@ -72,7 +72,6 @@ def test_the_dht_bootstrap_killed_leaves_no_p2pd_holding_its_port(tmp_path: Path
         group.close()
 
 
-@pytest.mark.slow
 def test_a_killed_open_volunteer_leaves_nothing_behind(tmp_path: Path) -> None:
     group = ProcessGroup(tmp_path)
     model = save_tiny_model(tmp_path / "tiny")
@@ -86,7 +85,6 @@ def test_a_killed_open_volunteer_leaves_nothing_behind(tmp_path: Path) -> None:
         group.close()
 
 
-@pytest.mark.slow
 def test_a_killed_dverl_run_leaves_no_worker_behind(tmp_path: Path) -> None:
     job = e2e_manifest(tmp_path, "orphans", **{"training.steps": 500, "training.evalEvery": 0})
     group = ProcessGroup(tmp_path)

@@ -4,10 +4,7 @@ pool's GPUs, refusals that name the field with fixes that really fit, and the sa
 
 from __future__ import annotations
 
-import copy
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,38 +15,9 @@ from decentralized_verl.planning.devices import GIB, gpu_type_bytes, quantity_by
 from decentralized_verl.planning.fitting_job import load_fitting_job
 from decentralized_verl.planning.locate import model_shape
 from decentralized_verl.spec.manifest import load_job, parse_job
-from tests.support.job_manifests import EXAMPLE_JOBS
-from tests.support.paths import FIXTURES, ROOT
-
-FIXTURE = FIXTURES / "qwen7b-config"
-
-QWEN7B = {
-    "apiVersion": "dverl.io/v1alpha1",
-    "kind": "RLHFJob",
-    "metadata": {"name": "q7"},
-    "spec": {
-        "model": {"path": str(FIXTURE), "dtype": "bfloat16"},
-        "algorithm": {"name": "grpo", "samplesPerPrompt": 8},
-        "data": {"train": "t.jsonl", "maxPromptTokens": 512, "maxNewTokens": 1024},
-        "roles": {
-            "rollout": {"replicas": 4, "backend": "vllm", "batchSize": 16, "resources": {"gpus": 1}},
-            "learner": {"replicas": 2, "resources": {"gpus": 1, "gpuMemory": "24Gi"}},
-        },
-        "training": {"steps": 10, "batchSize": 32, "minibatchSize": 8, "microbatchSize": 1},
-    },
-}
-
-
-def qwen7b(**roles) -> dict:
-    doc = copy.deepcopy(QWEN7B)
-    for name, fields in roles.items():
-        if name == "model":
-            doc["spec"]["model"].update(fields)
-        elif name == "training":
-            doc["spec"]["training"].update(fields)
-        else:
-            doc["spec"]["roles"][name] = fields
-    return doc
+from tests.support.job_manifests import EXAMPLE_JOBS, QWEN7B_CONFIG, qwen7b
+from tests.support.paths import ROOT
+from tests.support.processes import dverl
 
 
 def plan_of(doc: dict, base_dir: Path | None = ROOT):
@@ -78,7 +46,7 @@ def test_known_shapes_count_the_published_parameters(model_id: str, published: i
 def test_config_json_gives_the_same_shape_as_the_table() -> None:
     from dataclasses import replace
 
-    read = shape_from_config(json.loads((FIXTURE / "config.json").read_text()))
+    read = shape_from_config(json.loads((QWEN7B_CONFIG / "config.json").read_text()))
     assert replace(read, source="") == replace(KNOWN_SHAPES["Qwen/Qwen2.5-7B-Instruct"], source="")
     assert read.attention_bias and not read.tied_embeddings and read.kv_dim == 512
 
@@ -266,12 +234,6 @@ def test_examples_pass_the_planner() -> None:
 
 
 # ------------------------------------------------------------------------------ CLI and operator
-
-
-def dverl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "decentralized_verl.cli", *args], capture_output=True, text=True, timeout=60
-    )
 
 
 def test_dverl_plan_prints_the_table_and_json() -> None:

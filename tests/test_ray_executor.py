@@ -25,7 +25,7 @@ from decentralized_verl.planning.plan import plan_job
 from decentralized_verl.reporting.metrics import read_metrics
 from decentralized_verl.spec.manifest import load_job
 from tests.support.processes import wait_for_step
-from tests.support.ray_head import ROOT, ray_head
+from tests.support.ray_head import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import chaos
@@ -96,10 +96,6 @@ def test_a_quantity_ray_cannot_take_names_the_worker() -> None:
 
 
 # ----------------------------------------------------------------------------------- a real cluster
-@pytest.fixture(scope="module")
-def address(tmp_path_factory: pytest.TempPathFactory) -> str:
-    with ray_head(tmp_path_factory.mktemp("ray")) as head:
-        yield head
 
 
 def _env() -> dict[str, str]:
@@ -119,10 +115,9 @@ def _dverl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_tiny_job_runs_on_ray_survives_a_killed_actor_of_each_role_and_shows_in_status(
-    address: str, tmp_path: Path
+    ray_address: str, tmp_path: Path
 ) -> None:
     import ray
 
@@ -139,13 +134,13 @@ def test_tiny_job_runs_on_ray_survives_a_killed_actor_of_each_role_and_shows_in_
                 "-o",
                 str(output),
                 "--ray",
-                address,
+                ray_address,
             ],
             env=_env(),
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-    ray.init(address=address, namespace="dverl", log_to_driver=False)
+    ray.init(address=ray_address, namespace="dverl", log_to_driver=False)
     learner_log = output / "logs" / "rayjob-learner-0.log"
     killed: dict[str, int] = {}
     status_seen = None
@@ -159,7 +154,7 @@ def test_tiny_job_runs_on_ray_survives_a_killed_actor_of_each_role_and_shows_in_
             ray.get(learner.signal.remote(signal.SIGSTOP))
             try:
                 if status_seen is None:
-                    status_seen = _dverl("status", "rayjob", "--ray", address, "--json")
+                    status_seen = _dverl("status", "rayjob", "--ray", ray_address, "--json")
                 while pending and pending[0][0] <= step:
                     _, what = pending.pop(0)
                     if what == "process":
@@ -206,8 +201,8 @@ def test_tiny_job_runs_on_ray_survives_a_killed_actor_of_each_role_and_shows_in_
     assert all(w["state"] == "running" and w["address"] for w in status["workers"]), status
 
 
-def test_status_of_a_job_the_cluster_does_not_run_names_it(address: str) -> None:
-    result = _dverl("status", "no-such-job", "--ray", address)
+def test_status_of_a_job_the_cluster_does_not_run_names_it(ray_address: str) -> None:
+    result = _dverl("status", "no-such-job", "--ray", ray_address)
     assert result.returncode == 2
     assert "no job 'no-such-job' on this Ray cluster (jobs running: none)" in result.stderr
 
@@ -235,18 +230,18 @@ def test_the_run_certificate_names_every_ray_node(tmp_path: Path) -> None:
 
 
 def test_a_worker_no_ray_node_can_hold_fails_the_run_naming_it_and_places_nothing(
-    address: str, tmp_path: Path
+    ray_address: str, tmp_path: Path
 ) -> None:
     job = chaos.tiny_job(tmp_path, "toobig", 2, seed=1)
     doc = yaml.safe_load(job.read_text())
     doc["spec"]["roles"]["reward"]["resources"] = {"cpu": "64"}  # the head has 6
     job.write_text(yaml.safe_dump(doc))
-    result = _dverl("run", str(job), "-o", str(tmp_path / "run"), "--ray", address)
+    result = _dverl("run", str(job), "-o", str(tmp_path / "run"), "--ray", ray_address)
     assert result.returncode == 2, result.stderr
     assert (
         "error: toobig-reward-0: no node of the Ray cluster has CPU 64 (most on a node: 6)" in result.stderr
     )
-    status = _dverl("status", "toobig", "--ray", address)
+    status = _dverl("status", "toobig", "--ray", ray_address)
     assert "no job 'toobig' on this Ray cluster" in status.stderr  # no record, no actor was made
 
 

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import grpc
-import pytest
 
 from decentralized_verl.launch.local import LocalCluster
 from decentralized_verl.launch.run import write_config
@@ -24,8 +23,6 @@ from decentralized_verl.security.credentials import run_folder_credentials
 from decentralized_verl.spec.manifest import load_job
 from decentralized_verl.transport import secure
 from tests.support.job_manifests import e2e_manifest
-
-pytestmark = pytest.mark.slow
 
 FLOOD = 2000
 SCORE = "/dverl.v1.Reward/Score"

@@ -18,13 +18,12 @@ from decentralized_verl.core.interfaces import RolloutClient, WorkerFailure
 from decentralized_verl.core.samples import Prompt, collate
 from decentralized_verl.core.sampling import SamplingParams
 from decentralized_verl.core.seeds import item_seed
-from decentralized_verl.models.loading import load_model_and_tokenizer
 from decentralized_verl.proto import dverl_pb2 as pb
 from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc
 from decentralized_verl.serving.local import LocalRolloutClient, stream_in_thread
 from decentralized_verl.serving.rollout import RolloutWorker, to_requests
 from decentralized_verl.serving.servicers import HealthServicer, RolloutServicer, serve
-from decentralized_verl.spec import ModelSpec, TinyModelSpec
+from decentralized_verl.spec import TinyModelSpec
 from decentralized_verl.spec.catalogue.backends import HF
 from decentralized_verl.transport.clients import GrpcRolloutClient, wait_ready
 from decentralized_verl.transport.messages import WireLimits
@@ -32,11 +31,6 @@ from decentralized_verl.transport.messages import WireLimits
 torch.set_num_threads(1)
 
 TINY = TinyModelSpec(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, max_positions=96)
-
-
-@pytest.fixture(scope="module")
-def policy():
-    return load_model_and_tokenizer(ModelSpec(tiny=TINY))
 
 
 def prompts(tokenizer, texts=("1+1=", "2+3=", "hello ", "7*6=?")):

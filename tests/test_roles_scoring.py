@@ -18,7 +18,7 @@ from decentralized_verl.core.interfaces import (
     WorkerFailure,
 )
 from decentralized_verl.core.samples import Prompt, Sample, collate
-from decentralized_verl.models.loading import load_model_and_tokenizer, load_sequence_classifier
+from decentralized_verl.models.loading import load_sequence_classifier
 from decentralized_verl.rewards import RewardModelScorer, score
 from decentralized_verl.serving.local import LocalCriticClient, LocalReferenceClient, LocalRewardClient
 from decentralized_verl.serving.scoring import CriticWorker, ReferenceWorker, RewardWorker
@@ -39,11 +39,6 @@ from decentralized_verl.transport.clients import (
 torch.set_num_threads(1)
 
 TINY = TinyModelSpec(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, max_positions=96)
-
-
-@pytest.fixture(scope="module")
-def policy():
-    return load_model_and_tokenizer(ModelSpec(tiny=TINY))
 
 
 def make_samples(tok, n=7, seed=0):

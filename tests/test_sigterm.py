@@ -26,8 +26,6 @@ from decentralized_verl.transport.clients import GrpcRolloutClient, wait_ready
 from tests.support.job_manifests import e2e_manifest
 from tests.support.secured_cluster import secured_cluster
 
-pytestmark = pytest.mark.slow
-
 PER_STEP, PROMPTS = 16, 55
 """The toy task: 55 prompts, 16 a step, the last partial batch dropped: 3 steps an epoch."""
 

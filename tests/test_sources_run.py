@@ -17,23 +17,9 @@ from decentralized_verl.planning.fitting_job import load_fitting_job
 from decentralized_verl.reporting.metrics import read_metrics
 from decentralized_verl.sources.fetch import FetchError
 from decentralized_verl.spec.manifest import load_job
-from tests.support.job_manifests import e2e_manifest
+from tests.support.job_manifests import cluster_manifest
 from tests.support.paths import FIXTURES, TOY
 from tests.support.sources_server import serving
-
-
-def cluster_manifest(folder: Path, sources: list[dict], **overrides) -> Path:
-    """The e2e job with its data read from pod paths, as a cluster's pods would."""
-    return e2e_manifest(
-        folder,
-        "cluster-form",
-        **{
-            "data.train": "/data/train.jsonl",
-            "data.eval": "/eval/eval.jsonl",
-            "sources": sources,
-            **overrides,
-        },
-    )
 
 
 def written(config: Path) -> dict:
@@ -99,7 +85,6 @@ def test_cluster_only_sources_without_a_local_folder_are_named(tmp_path: Path) -
     assert found[1].startswith("spec.sources[1].local: no such folder")
 
 
-@pytest.mark.slow
 def test_cluster_form_manifest_trains_under_dverl_run(tmp_path: Path) -> None:
     sources = [{"name": "toy", "mountPath": "/data", "local": str(TOY), "pvc": {"claimName": "rl-data"}}]
     manifest = cluster_manifest(

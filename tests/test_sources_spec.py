@@ -14,19 +14,9 @@ import yaml
 from decentralized_verl.errors import ManifestError
 from decentralized_verl.spec.manifest import parse_spec
 from decentralized_verl.spec.source_paths import cluster_warnings, pod_roles_of, source_of
+from tests.support.job_manifests import sources_spec
 
 DIGEST = "ab" * 32
-
-
-def spec(sources: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-    document: dict[str, Any] = {
-        "model": {"path": "/models/m"},
-        "algorithm": {"name": "grpo", "samplesPerPrompt": 2},
-        "data": {"train": "/data/toy/train.jsonl"},
-        "sources": sources,
-    }
-    document.update(extra)
-    return document
 
 
 def problems(document: dict[str, Any]) -> list[str]:
@@ -45,7 +35,7 @@ GOOD = [
 
 
 def test_every_kind_of_source_is_accepted() -> None:
-    parsed = parse_spec(spec(GOOD))
+    parsed = parse_spec(sources_spec(GOOD))
     kinds = [s.kind for s in parsed.sources]
     assert kinds == ["pvc", "uri", "config_map", "image", "uri"]
     assert parsed.sources[3].mount_path == "/opt/dverl/examples"  # derived from the image path
@@ -72,7 +62,7 @@ def test_every_kind_of_source_is_accepted() -> None:
     ],
 )
 def test_bad_source_kinds_are_named(source: dict[str, Any], field: str, says: str) -> None:
-    found = problems(spec([{"name": "s", "mountPath": "/s", **source}]))
+    found = problems(sources_spec([{"name": "s", "mountPath": "/s", **source}]))
     assert any(p.startswith(f"spec.{field}:") and says in p for p in found), found
 
 
@@ -89,13 +79,13 @@ def test_bad_source_kinds_are_named(source: dict[str, Any], field: str, says: st
     ],
 )
 def test_bad_mount_paths_are_named(mount: str, says: str) -> None:
-    found = problems(spec([{"name": "s", "mountPath": mount, "configMap": {"name": "c"}}]))
+    found = problems(sources_spec([{"name": "s", "mountPath": mount, "configMap": {"name": "c"}}]))
     assert any(p.startswith("spec.sources[0].mountPath:") and says in p for p in found), found
 
 
 def test_names_unique_mounts_apart_roles_known_and_one_kind() -> None:
     found = problems(
-        spec(
+        sources_spec(
             [
                 {"name": "a", "mountPath": "/data", "configMap": {"name": "c"}},
                 {"name": "a", "mountPath": "/data/sub", "configMap": {"name": "d"}, "roles": ["critic", "x"]},
@@ -109,19 +99,21 @@ def test_names_unique_mounts_apart_roles_known_and_one_kind() -> None:
     assert any(p.startswith("spec.sources[1].roles[0]: 'critic' is not a role") for p in found)
     assert any(p.startswith("spec.sources[1].roles[1]: 'x' is not a role") for p in found)
     assert any(p.startswith("spec.sources[2].mountPath:") and "checkpoint.dir" in p for p in found)
-    assert any("exactly one of" in p for p in problems(spec([{"name": "n", "mountPath": "/n"}])))
+    assert any("exactly one of" in p for p in problems(sources_spec([{"name": "n", "mountPath": "/n"}])))
     two = problems(
-        spec([{"name": "n", "mountPath": "/n", "configMap": {"name": "c"}, "pvc": {"claimName": "p"}}])
+        sources_spec(
+            [{"name": "n", "mountPath": "/n", "configMap": {"name": "c"}, "pvc": {"claimName": "p"}}]
+        )
     )
     assert any("got pvc, configMap" in p for p in two)
-    bad_name = problems(spec([{"name": "Not_DNS", "mountPath": "/n", "configMap": {"name": "c"}}]))
+    bad_name = problems(sources_spec([{"name": "Not_DNS", "mountPath": "/n", "configMap": {"name": "c"}}]))
     assert any(p.startswith("spec.sources[0].name:") for p in bad_name)
 
 
 def test_image_source_is_seen_where_it_lies() -> None:
-    found = problems(spec([{"name": "i", "mountPath": "/elsewhere", "image": {"path": "/opt/x"}}]))
+    found = problems(sources_spec([{"name": "i", "mountPath": "/elsewhere", "image": {"path": "/opt/x"}}]))
     assert any(p.startswith("spec.sources[0].mountPath:") and "must equal image.path" in p for p in found)
-    found = problems(spec([{"name": "i", "image": {"path": "opt/x"}}]))
+    found = problems(sources_spec([{"name": "i", "image": {"path": "opt/x"}}]))
     assert any(p.startswith("spec.sources[0].image.path:") for p in found)
 
 
@@ -138,7 +130,7 @@ def test_pod_template_refuses_what_the_operator_owns() -> None:
             "initContainers": [{"image": "busybox"}],
         }
     }
-    found = problems(spec(GOOD[:1], roles={"learner": {"podTemplate": template}}))
+    found = problems(sources_spec(GOOD[:1], roles={"learner": {"podTemplate": template}}))
     at = "spec.roles.learner.podTemplate.spec"
     for expected in (
         f"{at}.env[0].name: DVERL_JOB is set by the operator",
@@ -152,13 +144,15 @@ def test_pod_template_refuses_what_the_operator_owns() -> None:
         f"{at}.initContainers[0].name: required",
     ):
         assert any(p.startswith(expected) for p in found), (expected, found)
-    unknown = problems(spec(GOOD[:1], roles={"learner": {"podTemplate": {"spec": {"hostNetwork": True}}}}))
+    unknown = problems(
+        sources_spec(GOOD[:1], roles={"learner": {"podTemplate": {"spec": {"hostNetwork": True}}}})
+    )
     assert any("podTemplate.spec.hostNetwork: unknown field" in p for p in unknown)
 
 
 def test_default_roles_and_colocated_roles_read_through_the_learner() -> None:
     parsed = parse_spec(
-        spec(
+        sources_spec(
             [
                 {"name": "all", "mountPath": "/data", "configMap": {"name": "c"}},
                 {"name": "ref", "mountPath": "/models", "roles": ["reference"], "configMap": {"name": "d"}},
@@ -172,25 +166,25 @@ def test_default_roles_and_colocated_roles_read_through_the_learner() -> None:
 
 def test_paths_under_no_source_are_flagged_for_cluster_use() -> None:
     parsed = parse_spec(
-        spec(
+        sources_spec(
             GOOD[:1], data={"train": "/data/t.jsonl", "eval": "rel/eval.jsonl"}, model={"path": "/nowhere/m"}
         )
     )
     warnings = cluster_warnings(parsed)
     assert [w.split(":")[0] for w in warnings] == ["spec.model.path", "spec.data.eval"]
-    assert parse_spec(spec(GOOD[:1], model={"tiny": {}})).model.path is None
+    assert parse_spec(sources_spec(GOOD[:1], model={"tiny": {}})).model.path is None
 
 
 def test_dverl_validate_prints_problems_and_warnings(tmp_path: Path) -> None:
     path = tmp_path / "job.yaml"
     document = {"apiVersion": "dverl.io/v1alpha1", "kind": "RLHFJob", "metadata": {"name": "j"}}
-    bad = spec([{"name": "s", "mountPath": "/s", "pvc": {"claimName": "c", "subPath": "../x"}}])
+    bad = sources_spec([{"name": "s", "mountPath": "/s", "pvc": {"claimName": "c", "subPath": "../x"}}])
     path.write_text(yaml.safe_dump({**document, "spec": bad}))
     cli = [sys.executable, "-m", "decentralized_verl.cli", "validate", str(path)]
     result = subprocess.run(cli, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert f"{path}: spec.sources[0].pvc.subPath: must be a plain relative path" in result.stderr
-    good = spec(GOOD[:1], model={"tiny": {}}, data={"train": "/elsewhere/t.jsonl"})
+    good = sources_spec(GOOD[:1], model={"tiny": {}}, data={"train": "/elsewhere/t.jsonl"})
     path.write_text(yaml.safe_dump({**document, "spec": good}))
     result = subprocess.run(cli, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr

@@ -10,15 +10,11 @@ import signal
 import time
 from pathlib import Path
 
-import pytest
-
 from decentralized_verl.launch.run import coordinator_status, run_job
 from decentralized_verl.reporting.metrics import read_metrics
 from tests.support.job_manifests import e2e_manifest
 from tests.support.processes import wait_for_line
 from tests.support.secured_cluster import secured_cluster
-
-pytestmark = pytest.mark.slow
 
 SPANS = {
     "roles.rollout": {"replicas": 1, "batchSize": 16, "spans": {"count": 3}},

@@ -26,6 +26,7 @@ from decentralized_verl.spans.server import SpanServer, decode_commit
 from decentralized_verl.spec.model import ModelSpec
 from decentralized_verl.transport.weights.publish import WeightPublisher
 from decentralized_verl.transport.weights.receive import LocalWeightSource
+from tests.support.keys import ed25519_keypair
 from tests.support.processes import ProcessGroup, free_port
 
 torch.set_num_threads(1)
@@ -37,18 +38,8 @@ SPEC = ModelSpec.model_validate(MODEL)
 TWO = (Span(0, 2), Span(2, 4))
 
 
-def _keypair() -> tuple[bytes, bytes]:
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    key = Ed25519PrivateKey.generate()
-    raw = serialization.Encoding.Raw
-    private = key.private_bytes(raw, serialization.PrivateFormat.Raw, serialization.NoEncryption())
-    return private, key.public_key().public_bytes(raw, serialization.PublicFormat.Raw)
-
-
-KEY, PUBLIC = _keypair()
-OTHER_KEY, _ = _keypair()
+KEY, PUBLIC = ed25519_keypair()
+OTHER_KEY, _ = ed25519_keypair()
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,6 @@ from decentralized_verl.spec.model import ModelSpec
 from tests.support.paths import ROOT
 from tests.support.processes import ProcessGroup, free_port
 
-pytestmark = pytest.mark.slow
-
 
 def test_smollm2_through_three_spans_gives_the_single_process_tokens(tmp_path):
     torch.set_num_threads(1)

@@ -25,6 +25,7 @@ from decentralized_verl.spans.backend import SpanBackend
 from decentralized_verl.spans.layout import Span
 from decentralized_verl.spans.p2p import P2PSpanClient
 from decentralized_verl.spec.model import ModelSpec
+from tests.support.keys import ed25519_keypair
 from tests.support.processes import ProcessGroup, free_port, script_argv
 
 MODEL = {
@@ -37,17 +38,7 @@ ONE = (Span(0, 4),)
 pytestmark = pytest.mark.usefixtures("collected_before_fork")
 
 
-def _keypair() -> tuple[bytes, bytes]:
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    key = Ed25519PrivateKey.generate()
-    raw = serialization.Encoding.Raw
-    private = key.private_bytes(raw, serialization.PrivateFormat.Raw, serialization.NoEncryption())
-    return private, key.public_key().public_bytes(raw, serialization.PublicFormat.Raw)
-
-
-KEY, PUBLIC = _keypair()
+KEY, PUBLIC = ed25519_keypair()
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,7 @@ from tests.support.processes import ProcessGroup, script_argv
 SECRET = "span-volunteers-secret-0123456789"
 JOB = "spanvol"
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("collected_before_fork")]
+pytestmark = pytest.mark.usefixtures("collected_before_fork")
 
 
 def _token() -> str:

@@ -13,33 +13,11 @@ import pytest
 from decentralized_verl.cli.plotting import plot_run, smoothed
 from decentralized_verl.reporting.metrics import MetricsLog, read_metrics
 from decentralized_verl.reporting.trackers import RunInfo, TrackerError, flatten, open_trackers
-from tests.support.tracker_files import tensorboard_run, wandb_run
-
-CONFIG = {"job": "tiny", "training": {"steps": 3, "learningRate": 0.001}, "algorithm": {"name": "grpo"}}
-SAMPLES = [
-    {"prompt": "3+4=", "response": "7", "reward": 1.0},
-    {"prompt": "1+1=", "response": "3", "reward": 0.0},
-]
-
-
-def _log_three_steps(folder: Path, trackers: list[str]) -> None:
-    run = RunInfo("tiny-run", "dverl-tests", folder, CONFIG)
-    with MetricsLog(folder / "metrics.jsonl", trackers, run=run) as log:
-        for step in (1, 2, 3):
-            log.write(
-                {
-                    "step": step,
-                    "reward_mean": step / 10,
-                    "kl": 0.0,
-                    "entropy": 1.5 - step / 10,
-                    "grad_norm": 2.0,
-                }
-            )
-        log.write_samples(3, SAMPLES)
+from tests.support.tracker_files import SAMPLES, log_three_steps, tensorboard_run, wandb_run
 
 
 def test_tensorboard_event_files_hold_metrics_config_and_samples(tmp_path: Path) -> None:
-    _log_three_steps(tmp_path, ["tensorboard"])
+    log_three_steps(tmp_path, ["tensorboard"])
     events = tensorboard_run(tmp_path / "tensorboard" / "tiny-run")
     assert [(e.step, round(e.value, 3)) for e in events.Scalars("reward_mean")] == [
         (1, 0.1),
@@ -58,7 +36,7 @@ def test_tensorboard_event_files_hold_metrics_config_and_samples(tmp_path: Path)
 def test_wandb_offline_run_has_name_config_history_and_table(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    _log_three_steps(tmp_path, ["wandb"])
+    log_three_steps(tmp_path, ["wandb"])
     run = wandb_run(tmp_path)
     assert run["name"] == "tiny-run" and run["project"] == "dverl-tests"
     assert run["config"]["training"] == {"steps": 3, "learningRate": 0.001}
@@ -75,7 +53,7 @@ def test_mlflow_file_store_has_run_params_metrics_and_samples(tmp_path: Path, mo
     from mlflow.tracking import MlflowClient
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    _log_three_steps(tmp_path, ["mlflow"])
+    log_three_steps(tmp_path, ["mlflow"])
     client = MlflowClient((tmp_path / "mlruns").resolve().as_uri())
     experiment = client.get_experiment_by_name("dverl-tests")
     (run,) = client.search_runs([experiment.experiment_id])
@@ -100,7 +78,7 @@ def test_a_tracker_that_is_not_installed_stops_the_run(tmp_path: Path, monkeypat
 
 
 def test_samples_file_and_flattened_config(tmp_path: Path) -> None:
-    _log_three_steps(tmp_path, [])
+    log_three_steps(tmp_path, [])
     rows = read_metrics(tmp_path / "samples.jsonl")
     assert rows == [{"step": 3, **SAMPLES[0]}, {"step": 3, **SAMPLES[1]}]
     assert flatten({"a": {"b": 1, "c": [1, 2]}, "d": "x"}) == {"a.b": "1", "a.c": "[1, 2]", "d": "x"}

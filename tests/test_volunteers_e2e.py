@@ -26,7 +26,7 @@ from tests.support.processes import ProcessGroup, free_port, script_argv
 
 SECRET = "volunteer-e2e-secret-0123456789"
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("collected_before_fork")]
+pytestmark = pytest.mark.usefixtures("collected_before_fork")
 
 
 def learner_folder(tmp_path: Path, job: str) -> Path:

@@ -23,7 +23,7 @@ import torch
 from tests.support.local_models import save_tiny_model
 from tests.support.processes import console_env, free_port
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("collected_before_fork")]
+pytestmark = pytest.mark.usefixtures("collected_before_fork")
 
 LR = 0.1
 BATCH = 4

@@ -21,8 +21,6 @@ import pytest
 from tests.support.local_models import save_tiny_model
 from tests.support.processes import ProcessGroup, console_env, free_port
 
-pytestmark = pytest.mark.slow
-
 EPOCHS = 3
 PROMPTS = ["Write a poem about AI", "Explain quantum computing", "Say hi", "Count to three"]
 

@@ -49,21 +49,6 @@ def slow_logprobs(model, prompt_ids, response_ids, temperature: float) -> list[f
     return [float(logp[start + k - 1, tok]) for k, tok in enumerate(response_ids)]
 
 
-@pytest.fixture
-def two_peers():
-    import hivemind
-
-    server = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
-    caller = hivemind.DHT(
-        start=True,
-        host_maddrs=["/ip4/127.0.0.1/tcp/0"],
-        initial_peers=[str(a) for a in server.get_visible_maddrs()],
-    )
-    yield server, caller
-    caller.shutdown()
-    server.shutdown()
-
-
 async def test_reward_and_reference_volunteers_answer_like_the_trainer_would(
     two_peers, tmp_path: Path
 ) -> None:
@@ -189,7 +174,6 @@ def test_trainer_picks_only_scoring_peers_it_can_trust_to_match(tmp_path: Path) 
     assert servable_reward("reward_model", has_reward_model=True) is None
 
 
-@pytest.mark.slow
 def test_quick_start_takes_rewards_and_reference_logprobs_from_volunteers(tmp_path: Path) -> None:
     shell = ProcessGroup(tmp_path)
     try:

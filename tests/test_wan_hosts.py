@@ -147,7 +147,6 @@ SECRET = "wan-hosts-secret-0123456789abcdef"
 
 
 @needs_netns
-@pytest.mark.slow
 @pytest.mark.usefixtures("collected_before_fork")
 def test_volunteer_on_a_slow_lossy_link_serves_every_step_and_a_partitioned_one_rejoins(
     tmp_path: Path,

@@ -26,21 +26,6 @@ from tests.support.weight_states import trained_states
 pytestmark = pytest.mark.usefixtures("collected_before_fork")
 
 
-@pytest.fixture
-def two_peers():
-    import hivemind
-
-    server = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
-    caller = hivemind.DHT(
-        start=True,
-        host_maddrs=["/ip4/127.0.0.1/tcp/0"],
-        initial_peers=[str(a) for a in server.get_visible_maddrs()],
-    )
-    yield server, caller
-    caller.shutdown()
-    server.shutdown()
-
-
 class DroppingDelta(DeltaEndpoint):
     """Drops its first stream after two pieces (a connection cut mid-transfer)."""
 

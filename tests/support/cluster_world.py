@@ -120,3 +120,8 @@ class World:
                 {"type": "DisruptionTarget", "status": "True", "reason": reason, "message": "higher priority"}
             ],
         }
+
+
+def running(pod: dict[str, Any]) -> dict[str, Any]:
+    """The pod as its kubelet reports it once its containers run and pass their readiness probe."""
+    return {**pod, "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}

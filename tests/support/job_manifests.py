@@ -3,13 +3,14 @@ mended once."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
 import yaml
 from netlab.manifests import with_overrides, write_job
 
-from tests.support.paths import EXAMPLES, TOY
+from tests.support.paths import EXAMPLES, FIXTURES, TOY
 
 EXAMPLE_JOBS = sorted(
     p
@@ -76,3 +77,62 @@ def e2e_manifest(folder: Path, name: str, **overrides: Any) -> Path:
         "training": {"steps": 80, "batchSize": 16, "learningRate": 1.0e-3, "evalEvery": 40},
     }
     return write_job(folder, name, with_overrides(spec, overrides))
+
+
+QWEN7B_CONFIG = FIXTURES / "qwen7b-config"
+"""Qwen2-7B's config.json alone (no weights): what planning reads of a real model."""
+
+QWEN7B = {
+    "apiVersion": "dverl.io/v1alpha1",
+    "kind": "RLHFJob",
+    "metadata": {"name": "q7"},
+    "spec": {
+        "model": {"path": str(QWEN7B_CONFIG), "dtype": "bfloat16"},
+        "algorithm": {"name": "grpo", "samplesPerPrompt": 8},
+        "data": {"train": "t.jsonl", "maxPromptTokens": 512, "maxNewTokens": 1024},
+        "roles": {
+            "rollout": {"replicas": 4, "backend": "vllm", "batchSize": 16, "resources": {"gpus": 1}},
+            "learner": {"replicas": 2, "resources": {"gpus": 1, "gpuMemory": "24Gi"}},
+        },
+        "training": {"steps": 10, "batchSize": 32, "minibatchSize": 8, "microbatchSize": 1},
+    },
+}
+"""A 7B GRPO job on GPUs, as the planner sees it."""
+
+
+def qwen7b(**roles) -> dict:
+    doc = copy.deepcopy(QWEN7B)
+    for name, fields in roles.items():
+        if name == "model":
+            doc["spec"]["model"].update(fields)
+        elif name == "training":
+            doc["spec"]["training"].update(fields)
+        else:
+            doc["spec"]["roles"][name] = fields
+    return doc
+
+
+def cluster_manifest(folder: Path, sources: list[dict], **overrides) -> Path:
+    """The e2e job with its data read from pod paths, as a cluster's pods would."""
+    return e2e_manifest(
+        folder,
+        "cluster-form",
+        **{
+            "data.train": "/data/train.jsonl",
+            "data.eval": "/eval/eval.jsonl",
+            "sources": sources,
+            **overrides,
+        },
+    )
+
+
+def sources_spec(sources: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    """A spec reading its model and data from pod paths that `sources` fill."""
+    document: dict[str, Any] = {
+        "model": {"path": "/models/m"},
+        "algorithm": {"name": "grpo", "samplesPerPrompt": 2},
+        "data": {"train": "/data/toy/train.jsonl"},
+        "sources": sources,
+    }
+    document.update(extra)
+    return document

@@ -364,3 +364,9 @@ async def emulator_and_operator(
 
 def deep(obj: Any) -> Any:
     return copy.deepcopy(obj)
+
+
+async def pods_if(emu: Emulator, job: str, count: int):
+    """The job's pods once there are `count` of them (None before: a `wait_for` check)."""
+    pods = await emu.pods(job)
+    return pods if len(pods) == count else None

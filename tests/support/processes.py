@@ -88,6 +88,16 @@ def held(pid: int) -> Iterator[None]:
             os.kill(pid, signal.SIGCONT)
 
 
+def dverl(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """`dverl ARGS...` as a user types it (this Python's module), its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "decentralized_verl.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def script_argv(path: str | Path, *args: str) -> list[str]:
     """A test module run as a script (a volunteer that cheats, a rogue peer), importing `tests.support` and
     `netlab` as the suite does: the checkout and testing/ on its path. Only such scripts get them; product

@@ -1,6 +1,7 @@
 """Read back what the trackers wrote, with each library's own formats: TensorBoard event files through
 tensorboard's EventAccumulator, an offline W&B run's transaction log (`run-*.wandb`, LevelDB log records
-of wandb's protobuf `Record`s), and an MLflow file store through MlflowClient."""
+of wandb's protobuf `Record`s), and an MLflow file store through MlflowClient; and the three steps the
+tracker tests log through them."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import json
 import struct
 from pathlib import Path
 from typing import Any
+
+from decentralized_verl.reporting.metrics import MetricsLog
+from decentralized_verl.reporting.trackers import RunInfo
 
 WANDB_HEADER = 7  # b":W&B", a 2-byte magic and a version byte
 BLOCK = 32768
@@ -67,3 +71,27 @@ def tensorboard_run(folder: Path) -> Any:
     accumulator = EventAccumulator(str(folder), size_guidance={"scalars": 0, "tensors": 0})
     accumulator.Reload()
     return accumulator
+
+
+CONFIG = {"job": "tiny", "training": {"steps": 3, "learningRate": 0.001}, "algorithm": {"name": "grpo"}}
+SAMPLES = [
+    {"prompt": "3+4=", "response": "7", "reward": 1.0},
+    {"prompt": "1+1=", "response": "3", "reward": 0.0},
+]
+
+
+def log_three_steps(folder: Path, trackers: list[str]) -> None:
+    """Three steps of metrics and one table of samples through `trackers`, as a run would log them."""
+    run = RunInfo("tiny-run", "dverl-tests", folder, CONFIG)
+    with MetricsLog(folder / "metrics.jsonl", trackers, run=run) as log:
+        for step in (1, 2, 3):
+            log.write(
+                {
+                    "step": step,
+                    "reward_mean": step / 10,
+                    "kl": 0.0,
+                    "entropy": 1.5 - step / 10,
+                    "grad_norm": 2.0,
+                }
+            )
+        log.write_samples(3, SAMPLES)
