@@ -1,5 +1,5 @@
 """One rank of a sharded critic for `test_critic_sharding` (2 CPU ranks, gloo, under torchrun):
-`torchrun --standalone --nproc_per_node 2 tests/critic_sharding_worker.py OUT`.
+`torchrun --standalone --nproc_per_node 2 tests/support/critic_sharding_worker.py OUT`.
 
 Rank 0 drives a `ShardedCritic` (as the gRPC servicer would), rank 1 follows its commands. Each variant
 takes STEPS updates on `requests(step)`, persisting a DCP checkpoint after each, then a fresh critic gang

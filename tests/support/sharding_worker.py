@@ -1,8 +1,8 @@
 """One learner rank of `test_sharding`: trains the same tied-embedding tiny Llama on the same per-rank
 batches as ddp, fsdp and their variants, and writes what it saw to OUT/rank{R}.json (+ .pt tensors).
 
-Under torchrun (2 CPU ranks, gloo): `torchrun --standalone --nproc_per_node 2 tests/sharding_worker.py OUT`;
-as plain `python tests/sharding_worker.py OUT` it is one fsdp rank without a process group (FSDP makes one).
+Under torchrun (2 CPU ranks, gloo): `torchrun --standalone --nproc_per_node 2 sharding_worker.py OUT`; as
+plain `python sharding_worker.py OUT` it is one fsdp rank without a process group (FSDP makes one).
 The helpers (`spec_with`, `tied_model`, `step_batches`, `train`) are imported by the test too, to train the
 one-process unsharded reference on the same data.
 """

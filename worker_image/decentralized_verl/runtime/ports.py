@@ -41,12 +41,12 @@ def open_ranges(floor: int, claimed: tuple[range, ...] = CLAIMED) -> list[range]
     """The ports from LOWEST up to `floor` that no range in `claimed` holds, in order."""
     spans = [range(LOWEST, floor)]
     for taken in claimed:
-        spans = [
-            part
-            for span in spans
-            for part in (range(span.start, min(span.stop, taken.start)), range(max(span.start, taken.stop), span.stop))
-            if len(part)
-        ]
+        cut = []
+        for span in spans:
+            below = range(span.start, min(span.stop, taken.start))
+            above = range(max(span.start, taken.stop), span.stop)
+            cut += [part for part in (below, above) if len(part)]
+        spans = cut
     return spans
 
 
