@@ -14,8 +14,6 @@ from decentralized_verl.errors import WireError
 from decentralized_verl.proto import dverl_pb2 as pb
 from decentralized_verl.transport import messages as m
 
-pytestmark = pytest.mark.usefixtures("collected_before_fork")
-
 CHUNK = 256
 EPOCH = 5
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytestmark = pytest.mark.usefixtures("collected_before_fork")
-
 
 def test_learner_shards_are_disjoint_and_cover_the_data() -> None:
     from decentralized_verl.entrypoints.volunteer_learner import batch_for_step, shard_of

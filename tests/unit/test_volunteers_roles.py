@@ -13,8 +13,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.usefixtures("collected_before_fork")
-
 
 def test_trainer_picks_only_scoring_peers_it_can_trust_to_match(tmp_path: Path) -> None:
     from decentralized_verl.rewards.servable import servable_reward

@@ -10,8 +10,6 @@ import pytest
 from decentralized_verl.security import peer_identity as identity
 from decentralized_verl.volunteers.tokens import TokenError, issue_token, read_claims, verify_token
 
-pytestmark = pytest.mark.usefixtures("collected_before_fork")
-
 SECRET = b"0123456789abcdef-job-secret"
 NOW = 1_700_000_000.0
 

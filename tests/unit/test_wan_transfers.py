@@ -17,8 +17,6 @@ from decentralized_verl.transport.weights.publish import manifest_of
 from decentralized_verl.transport.weights.receive import ChunkFetch
 from tests.support.weight_states import trained_states
 
-pytestmark = pytest.mark.usefixtures("collected_before_fork")
-
 
 def test_a_fetch_resumes_as_long_as_each_stream_brings_new_chunks() -> None:
     bundle = encode_state_dict(trained_states(lr=1e-5, steps=0)[0], 0, chunk_bytes=4096)
