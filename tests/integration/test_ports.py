@@ -4,7 +4,9 @@ worker's bind, and a Ray head accepts one as its port."""
 
 from __future__ import annotations
 
+import inspect
 import random
+import re
 import socket
 
 from decentralized_verl.runtime.ports import (
@@ -42,3 +44,21 @@ def test_a_port_in_use_is_skipped() -> None:
         held.bind(("127.0.0.1", first))
         held.listen()
         assert free_port(rng=random.Random(1234)) != first
+
+
+def test_rays_own_default_ports_are_claimed() -> None:
+    """What `ray start` takes by number unless told otherwise, read from the installed Ray."""
+    from ray._private import ray_constants
+    from ray.scripts import scripts
+
+    defaults = {option.name: option.default for option in scripts.start.params}
+    client = re.search(r"ray_client_server_port = (\d+)", inspect.getsource(scripts.start.callback))
+    assert client is not None, "ray start no longer names its client server's default port"
+    taken = [
+        ray_constants.DEFAULT_PORT,
+        ray_constants.DEFAULT_DASHBOARD_PORT,
+        ray_constants.DEFAULT_DASHBOARD_AGENT_LISTEN_PORT,
+        int(client.group(1)),
+        *range(defaults["min_worker_port"], defaults["max_worker_port"] + 1),
+    ]
+    assert [port for port in taken if not _claimed(port)] == []
