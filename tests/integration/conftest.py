@@ -9,8 +9,9 @@ import pytest
 
 
 @pytest.fixture
-def two_peers() -> Iterator[tuple[Any, Any]]:
-    """Two real hivemind DHT peers on 127.0.0.1, the second bootstrapped from the first: (server, caller)."""
+def two_peers(collected_before_fork: None) -> Iterator[tuple[Any, Any]]:
+    """Two real hivemind DHT peers on 127.0.0.1, the second bootstrapped from the first: (server, caller);
+    forked once the garbage earlier tests left is collected (`collected_before_fork`)."""
     import hivemind
 
     server = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])

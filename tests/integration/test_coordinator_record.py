@@ -8,11 +8,14 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+import pytest
+
 from decentralized_verl.entrypoints.volunteer import _dial_coordinator
 from decentralized_verl.orchestration.volunteering import _announce_coordinator
 from decentralized_verl.volunteers.announce import VolunteerRecord, store_record
 from decentralized_verl.volunteers.dht import PeerOptions, start_dht
 
+pytestmark = pytest.mark.usefixtures("collected_before_fork")
 JOB = "coord-record"
 LOCAL = ("/ip4/127.0.0.1/tcp/0",)
 
