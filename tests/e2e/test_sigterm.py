@@ -6,9 +6,12 @@ flight, takes no new one, and exits 0."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -72,10 +75,19 @@ def test_learner_checkpoints_on_sigterm_and_the_run_resumes_there(tmp_path: Path
     assert all(r["samples"] == r["expected_samples"] == r["unique_samples"] for r in records)
 
 
-async def _generate(client: GrpcRolloutClient, items, sampling, arrived: list[float]) -> int:
-    """How many items were answered; a prefix of an unfinished one (sent when decoding is slow) is not."""
+async def _generate(
+    client: GrpcRolloutClient,
+    items,
+    sampling,
+    arrived: list[float],
+    on_first: Callable[[], None] | None = None,
+) -> int:
+    """How many items were answered; a prefix of an unfinished one (sent when decoding is slow) is not.
+    `on_first` runs as the first answer arrives, before anything else is read."""
     count = 0
     async for sample in client.generate(items, sampling, 0):
+        if on_first is not None and not arrived:
+            on_first()
         arrived.append(time.monotonic())
         count += sample.finish_reason != "partial"
     return count
@@ -105,11 +117,16 @@ async def _sigterm_mid_call(cluster: LocalCluster, worker) -> None:
         items = [(p, k) for p in prompts for k in range(8)]
         sampling = SamplingParams(max_new_tokens=12, temperature=1.0, seed=1)
         arrived: list[float] = []
-        call = asyncio.create_task(_generate(client, items, sampling, arrived))
+        pid = worker.process.pid
+        # The worker is held (SIGSTOP) the moment its first answer reaches us, and gets SIGTERM while held:
+        # it is mid-call when the signal lands however fast it generates (128 items, in micro-batches).
+        stop = functools.partial(os.killpg, pid, signal.SIGSTOP)
+        call = asyncio.create_task(_generate(client, items, sampling, arrived, on_first=stop))
         while not arrived and not call.done():
             await asyncio.sleep(0.01)
         signalled = time.monotonic()
         cluster.kill(worker.worker.name, signal.SIGTERM)
+        os.killpg(pid, signal.SIGCONT)
         assert await call == len(items)  # the call in flight was finished
         assert any(t > signalled for t in arrived), "the worker answered after SIGTERM"
         with pytest.raises(WorkerFailure):

@@ -1,9 +1,10 @@
 """The vLLM backend: generation contract, log-probs vs transformers after a live refresh, bad refreshes.
 
 Engine tests need vLLM, which the main venv does not have: they skip with the reason below. Run them
-with ``scripts/install-vllm.sh`` then ``.venv-vllm/bin/python -m pytest tests/test_backend_vllm.py``.
-One engine (a tiny tied-embedding Llama, fp32, eager) is shared by the module; starting it takes about
-a minute on 2 cores. The weight-export tests (LoRA merging, alias removal) run everywhere.
+with ``scripts/install-vllm.sh`` then
+``.venv-vllm/bin/python -m pytest tests/{unit,integration}/test_backend_vllm.py``
+(tests/unit holds the weight-export tests, which run everywhere). One engine (a tiny tied-embedding Llama,
+fp32, eager) is shared by the module; starting it takes about a minute on 2 cores.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from tests.support.paths import ROOT, TOY
 
 SKIP_REASON = (
     "vLLM is not installed in this venv (the main CI venv has none); run scripts/install-vllm.sh and "
-    "`.venv-vllm/bin/python -m pytest tests/test_backend_vllm.py`"
+    "`.venv-vllm/bin/python -m pytest tests/{unit,integration}/test_backend_vllm.py`"
 )
 FP32_TOL = 2e-4
 

@@ -14,7 +14,13 @@ from decentralized_verl.backends.factory import make_backend
 from decentralized_verl.environments.settings import EpisodeSettings
 from decentralized_verl.serving.rollout import RolloutWorker
 from decentralized_verl.spec.catalogue.backends import HF
-from tests.support.multiturn import GAME, SAMPLING, play, prompts
+from tests.support.multiturn import (
+    GAME,
+    SAMPLING,
+    TINY,  # noqa: F401 (the `policy` fixture builds the module's TINY)
+    play,
+    prompts,
+)
 
 torch.set_num_threads(1)
 

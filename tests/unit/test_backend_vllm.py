@@ -1,10 +1,5 @@
-"""The vLLM backend: generation contract, log-probs vs transformers after a live refresh, bad refreshes.
-
-Engine tests need vLLM, which the main venv does not have: they skip with the reason below. Run them
-with ``scripts/install-vllm.sh`` then ``.venv-vllm/bin/python -m pytest tests/test_backend_vllm.py``.
-One engine (a tiny tied-embedding Llama, fp32, eager) is shared by the module; starting it takes about
-a minute on 2 cores. The weight-export tests (LoRA merging, alias removal) run everywhere.
-"""
+"""The vLLM backend's weight export (LoRA merging, alias removal) and its missing-engine message, which run
+everywhere; the engine's own tests, which need vLLM, are in tests/integration/test_backend_vllm.py."""
 
 from __future__ import annotations
 
