@@ -1,4 +1,8 @@
-"""Seed 000's Python API drives the same runtime (coordinator, trainer, role clients) in-process."""
+"""Seed 000's Python API drives the same runtime (coordinator, trainer, role clients) in-process.
+
+Here the jobs that train end to end; the pure checks in tests/unit/; the ones with real processes and
+servers in tests/integration/, under the same name.
+"""
 
 from __future__ import annotations
 

@@ -4,6 +4,9 @@ time_to_accuracy) at tiny sizes.
 Each script runs as a real subprocess and its JSON report is checked against what the sizes imply
 (hand-counted FLOPs, budgets, curves). TRL's side, installed with the dev extras, runs too: a `trl`
 that does not import fails its tests.
+
+Here the jobs that train end to end; the pure checks in tests/unit/; the ones with real processes and
+servers in tests/integration/, under the same name.
 """
 
 from __future__ import annotations

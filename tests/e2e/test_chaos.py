@@ -1,6 +1,9 @@
 """A short seeded chaos run (CI's version of benchmarks/chaos.py): kill each role once, rollout, reward,
 reference and the learner, while `dverl run` trains; the job completes, every step has exactly one metrics
-row, and every sample of every step was answered exactly once."""
+row, and every sample of every step was answered exactly once.
+
+Here the jobs that train end to end; the pure checks in tests/unit/, under the same name.
+"""
 
 from __future__ import annotations
 

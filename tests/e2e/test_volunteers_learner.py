@@ -6,6 +6,9 @@ alone leaves peers a few float32 ulps apart (`local + (average - local)`); the l
 every step (the group's leader's bytes win), so the two parameter files must be byte-identical. A learner
 that stepped on its own gradient differs from the reference by far more than the tolerance, so the test
 fails if averaging does not happen.
+
+Here the jobs that train end to end; the pure checks in tests/unit/; the ones with real processes and
+servers in tests/integration/, under the same name.
 """
 
 from __future__ import annotations

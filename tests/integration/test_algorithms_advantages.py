@@ -1,4 +1,7 @@
-"""Advantage estimators against slow per-sample loop references, hand-worked numbers, and leak checks."""
+"""Advantage estimators against slow per-sample loop references, hand-worked numbers, and leak checks.
+
+Here the ones with real processes and servers; the pure checks in tests/unit/, under the same name.
+"""
 
 from __future__ import annotations
 

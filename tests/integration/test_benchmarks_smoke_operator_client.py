@@ -1,5 +1,8 @@
 """benchmarks/operator_client_cost.py without its measurement (which installs each client from the package
-index into a fresh venv: minutes, so it runs by hand): its size count and its command line."""
+index into a fresh venv: minutes, so it runs by hand): its size count and its command line.
+
+Here the ones with real processes and servers; the pure checks in tests/unit/, under the same name.
+"""
 
 from __future__ import annotations
 

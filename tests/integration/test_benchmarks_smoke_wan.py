@@ -1,5 +1,9 @@
 """The WAN benchmarks' smoke modes: weight deltas on the tiny model (every delta is applied back and
-byte-compared with the full bundle inside the benchmark), and the volunteer job across emulated hosts."""
+byte-compared with the full bundle inside the benchmark), and the volunteer job across emulated hosts.
+
+Here the ones with real processes and servers; the jobs that train end to end in tests/e2e/, under the same
+name.
+"""
 
 from __future__ import annotations
 

@@ -2,6 +2,8 @@
 (TLS in a secured job) into one buffer per receiver. A chain of 3 receivers gets identical verified weights,
 a corrupted, a truncated and a wrong-hash payload are refused with an error naming the peer (nothing is
 held), a worker without the bulk plane gets a gRPC push instead, and the same holds with TLS and signatures.
+
+Here the ones with real processes and servers; the pure checks in tests/unit/, under the same name.
 """
 
 from __future__ import annotations

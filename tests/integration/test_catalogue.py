@@ -1,7 +1,10 @@
 """The spec's catalogue and the registries agree, and a registry that disagrees stops at import.
 
 Each disagreement is made for real in a fresh interpreter: the catalogue's list is changed before the
-registry module is imported, and that import must fail naming the name on each side."""
+registry module is imported, and that import must fail naming the name on each side.
+
+Here the ones with real processes and servers; the pure checks in tests/unit/, under the same name.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
 """What a user of any Unix CLI expects of `dverl`: help and defaults for every argument, one name per
 idea, exit codes that tell a failed run (1) from bad input (2), quiet on a closed pipe, --json where
-machines read, and plain progress lines when stderr is not a terminal."""
+machines read, and plain progress lines when stderr is not a terminal.
+
+Here the ones with real processes and servers; the pure checks in tests/unit/, under the same name.
+"""
 
 from __future__ import annotations
 

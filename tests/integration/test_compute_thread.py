@@ -1,4 +1,7 @@
-"""The process's compute thread: one thread for all torch work, inline when already on it."""
+"""The process's compute thread: one thread for all torch work, inline when already on it.
+
+Here the ones with real processes and servers; the pure checks in tests/unit/, under the same name.
+"""
 
 from __future__ import annotations
 

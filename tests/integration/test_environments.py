@@ -1,5 +1,8 @@
 """Shipped environments: the arithmetic evaluator, calculator, guessing game and sandboxed Python tool
-(real child processes, hostile programs included), the registry and the spec's `data.environment`."""
+(real child processes, hostile programs included), the registry and the spec's `data.environment`.
+
+Here the ones with real processes and servers; the pure checks in tests/unit/, under the same name.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """The import contracts in pyproject.toml hold (import-linter, run for real), and they name every package:
-a new package or top-level module must be placed in a layer, or declared as standing beside them."""
+a new package or top-level module must be placed in a layer, or declared as standing beside them.
+
+Here the ones with real processes and servers; the pure checks in tests/unit/, under the same name.
+"""
 
 from __future__ import annotations
 

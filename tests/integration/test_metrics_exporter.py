@@ -1,5 +1,8 @@
 """The learner's training metrics on a Prometheus endpoint: real HTTP scrapes of the exporter, the plan
-giving learner rank 0 a `metrics` port (and only in a cluster), the operator's pod exposing it."""
+giving learner rank 0 a `metrics` port (and only in a cluster), the operator's pod exposing it.
+
+Here the ones with real processes and servers; the pure checks in tests/unit/, under the same name.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,10 @@
 """Multi-turn episodes on the rollout side with a real tiny model: one sample per episode whose log-probs the
 learner recomputes exactly on the model's tokens, whose loss mask covers exactly those tokens, which a
 re-dispatch reproduces, which the trusted side scores by replaying the environment, and which a whole
-training loop (colocated rollout, learner, reward) runs on."""
+training loop (colocated rollout, learner, reward) runs on.
+
+Here the ones with real processes and servers; the pure checks in tests/unit/, under the same name.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""The operator's pure core: children, the reconcile decision, status helpers, Lease arithmetic, flags."""
+"""The operator's pure core: children, the reconcile decision, status helpers, Lease arithmetic, flags.
+
+Here the ones with real processes and servers; the pure checks in tests/unit/, under the same name.
+"""
 
 from __future__ import annotations
 

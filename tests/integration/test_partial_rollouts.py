@@ -3,6 +3,8 @@ real `dverl worker --role rollout` process SIGSTOPped mid-share), another worker
 from that prefix, and the step completes with every item once, each continued one tagged with the worker
 and policy version of both parts. Also the pieces: the backend's prefixes, the wire rules for them, and the
 grouping and stitching of continuations, with their bad cases.
+
+Here the ones with real processes and servers; the pure checks in tests/unit/, under the same name.
 """
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
 """`dverl plan`: model shapes from config.json alone, per-worker memory estimates checked against each
 pool's GPUs, refusals that name the field with fixes that really fit, and the same refusal from
-`dverl validate` and the operator."""
+`dverl validate` and the operator.
+
+Here the ones with real processes and servers; the pure checks in tests/unit/, under the same name.
+"""
 
 from __future__ import annotations
 

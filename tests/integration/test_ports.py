@@ -1,6 +1,9 @@
 """Ports handed to workers come from below the kernel's ephemeral range and outside the ranges Ray takes by
 number, so no port-0 listener, outgoing connection or Ray process can take one between the pick and the
-worker's bind, and a Ray head accepts one as its port."""
+worker's bind, and a Ray head accepts one as its port.
+
+Here the ones with real processes and servers; the pure checks in tests/unit/, under the same name.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""The wire contract: generated code is current, fields are documented, a real gRPC round trip works."""
+"""The wire contract: generated code is current, fields are documented, a real gRPC round trip works.
+
+Here the ones with real processes and servers; the pure checks in tests/unit/, under the same name.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,10 @@
 """`dverl run --ray`: the plan's workers as actors of a real local Ray cluster (one small head for the
 module), the tiny GRPO job with rollout, reward and reference workers run through it end to end while
-an actor of each role is killed, and `dverl status --ray` reading the job from the cluster."""
+an actor of each role is killed, and `dverl status --ray` reading the job from the cluster.
+
+Here the ones with real processes and servers; the pure checks in tests/unit/; the jobs that train end to
+end in tests/e2e/, under the same name.
+"""
 
 from __future__ import annotations
 

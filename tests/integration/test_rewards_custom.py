@@ -1,4 +1,7 @@
-"""User callables (`module:function`), the registry, batch dispatch and the torch-free import."""
+"""User callables (`module:function`), the registry, batch dispatch and the torch-free import.
+
+Here the ones with real processes and servers; the pure checks in tests/unit/, under the same name.
+"""
 
 from __future__ import annotations
 

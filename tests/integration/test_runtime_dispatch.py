@@ -1,4 +1,7 @@
-"""Dispatch: throughput-weighted shares, re-dispatch after failures, every item answered exactly once."""
+"""Dispatch: throughput-weighted shares, re-dispatch after failures, every item answered exactly once.
+
+Here the ones with real processes and servers; the pure checks in tests/unit/, under the same name.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,10 @@
 """`dverl run` on a manifest written for a cluster: pod paths under a source become paths under its local
 folder, a URI source is fetched into the local cache (digest checked) and mapped, a source that exists
-only in a cluster and has no local folder stops the run naming its field; and the job trains."""
+only in a cluster and has no local folder stops the run naming its field; and the job trains.
+
+Here the ones with real processes and servers; the pure checks in tests/unit/; the jobs that train end to
+end in tests/e2e/, under the same name.
+"""
 
 from __future__ import annotations
 

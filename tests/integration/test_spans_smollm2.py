@@ -1,5 +1,9 @@
 """SmolLM2-135M served as 3 span processes generates the same greedy tokens as the whole model in one
-process, with log-probs within 1e-4 (fp32; the spans run the model's own layers on the same inputs)."""
+process, with log-probs within 1e-4 (fp32; the spans run the model's own layers on the same inputs).
+
+Here the ones with real processes and servers; the jobs that train end to end in tests/e2e/, under the same
+name.
+"""
 
 from __future__ import annotations
 

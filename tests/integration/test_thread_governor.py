@@ -1,5 +1,8 @@
 """torch's thread count follows the cores other processes leave free: parsing, the decision, the
-governor's measurement over work items (scripted clocks), and a real process beside a real busy one."""
+governor's measurement over work items (scripted clocks), and a real process beside a real busy one.
+
+Here the ones with real processes and servers; the pure checks in tests/unit/, under the same name.
+"""
 
 from __future__ import annotations
 

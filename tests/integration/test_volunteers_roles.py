@@ -4,6 +4,9 @@ In-process: two real DHT peers, the volunteer's handlers on one and the trainer'
 answers are compared with hand-worked rewards and with log-probs from a slow per-sequence forward pass.
 As processes: seed 000's quick start with `--role reward` and `--role reference` workers and a GRPO
 trainer with a KL term, which must take every reward and reference log-prob from the volunteers.
+
+Here the ones with real processes and servers; the pure checks in tests/unit/; the jobs that train end to
+end in tests/e2e/, under the same name.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Join tokens and deterministic identities: pure functions, hand-checked cases, bad inputs."""
+"""Join tokens and deterministic identities: pure functions, hand-checked cases, bad inputs.
+
+Here the ones with real processes and servers; the pure checks in tests/unit/, under the same name.
+"""
 
 from __future__ import annotations
 

@@ -4,6 +4,9 @@ partitions that cut a host off and bring it back. Skipped with the reason where 
 
 The link checks assert lower bounds only (a delayed link can never be faster than its delay; a load on
 the machine only makes things slower), so they hold on a busy 2-core machine.
+
+Here the ones with real processes and servers; the pure checks in tests/unit/; the jobs that train end to
+end in tests/e2e/, under the same name.
 """
 
 from __future__ import annotations

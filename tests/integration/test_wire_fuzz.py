@@ -5,6 +5,8 @@ naming the field: never another exception. Then the same against real secured gR
 bytes and random messages to every method, from a caller holding the job's token, end in a status code,
 never a crash or a hang, and the server answers afterwards. Seeded and bounded, so each run is the same
 few seconds of work.
+
+Here the ones with real processes and servers; the pure checks in tests/unit/, under the same name.
 """
 
 from __future__ import annotations

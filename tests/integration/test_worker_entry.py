@@ -1,4 +1,7 @@
-"""`dverl worker` as a pod runs it: the operator's ConfigMap holds a bare spec, the job name comes by flag."""
+"""`dverl worker` as a pod runs it: the operator's ConfigMap holds a bare spec, the job name comes by flag.
+
+Here the ones with real processes and servers; the pure checks in tests/unit/, under the same name.
+"""
 
 from __future__ import annotations
 

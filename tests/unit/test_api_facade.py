@@ -1,4 +1,8 @@
-"""Seed 000's Python API drives the same runtime (coordinator, trainer, role clients) in-process."""
+"""Seed 000's Python API drives the same runtime (coordinator, trainer, role clients) in-process.
+
+Here the pure checks; the ones with real processes and servers in tests/integration/; the jobs that train
+end to end in tests/e2e/, under the same name.
+"""
 
 from __future__ import annotations
 

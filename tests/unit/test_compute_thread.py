@@ -1,4 +1,7 @@
-"""The process's compute thread: one thread for all torch work, inline when already on it."""
+"""The process's compute thread: one thread for all torch work, inline when already on it.
+
+Here the pure checks; the ones with real processes and servers in tests/integration/, under the same name.
+"""
 
 from __future__ import annotations
 

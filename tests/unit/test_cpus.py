@@ -1,5 +1,8 @@
 """Thread pools that fit the machine: the CPU limit is read from affinity, the cgroup quota and DVERL_CPUS,
-and `dverl run` splits the cores among processes that compute at the same time."""
+and `dverl run` splits the cores among processes that compute at the same time.
+
+Here the pure checks; the ones with real processes and servers in tests/integration/, under the same name.
+"""
 
 from __future__ import annotations
 

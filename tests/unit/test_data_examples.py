@@ -1,5 +1,8 @@
 """The shipped examples/data: current with its generator, readable by the loaders, answers right
-(checked by independent arithmetic and by running the reference programs as real subprocesses)."""
+(checked by independent arithmetic and by running the reference programs as real subprocesses).
+
+Here the pure checks; the ones with real processes and servers in tests/integration/, under the same name.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """PromptSampler: determinism, exact resume from (epoch, offset), and data-parallel sharding,
-checked against a slow reference that lays out the whole sequence of batches up front."""
+checked against a slow reference that lays out the whole sequence of batches up front.
+
+Here the pure checks; the ones with real processes and servers in tests/integration/, under the same name.
+"""
 
 from __future__ import annotations
 

@@ -2,6 +2,8 @@
 thread with its own event loop: identical hash-verified state dicts everywhere, bf16 and adapter-only
 bundles, a chunk corrupted at a relay rejected by its child, a dead child skipped (its children still
 served) and caught up later by Fetch, and the benchmark's smoke mode.
+
+Here the pure checks; the ones with real processes and servers in tests/integration/, under the same name.
 """
 
 from __future__ import annotations

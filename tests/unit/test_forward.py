@@ -1,5 +1,8 @@
 """The learner's forward (shared prompt per group, logits only at response tokens, trimmed padding) gives
-the log-probs, entropies, critic values and gradients of a plain full-sequence forward."""
+the log-probs, entropies, critic values and gradients of a plain full-sequence forward.
+
+Here the pure checks; the ones with real processes and servers in tests/integration/, under the same name.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Model loading, the offline tokenizer, checkpoints, LoRA and per-token log-probs."""
+"""Model loading, the offline tokenizer, checkpoints, LoRA and per-token log-probs.
+
+Here the pure checks; the ones with real processes and servers in tests/integration/, under the same name.
+"""
 
 from __future__ import annotations
 

@@ -3,6 +3,8 @@ reached through a TCP relay this test can take away (the API server "goes away")
 
 The stall rule (jobs known, no pass finishing) is checked on the pure verdict; a stalled loop cannot be
 caused from outside without also breaking what the test observes with.
+
+Here the pure checks; the ones with real processes and servers in tests/integration/, under the same name.
 """
 
 from __future__ import annotations

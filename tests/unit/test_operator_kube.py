@@ -1,7 +1,10 @@
 """The operator's API layer (`dverl_operator.kube`) against kmock's Kubernetes API emulator: each verb
 answers as the reconcile loop expects (a missing object is None or False, an existing one False on create),
 and every failure is one of two errors: the server's answer with its status, reason and message
-(`ApiError`), or no answer (`ApiUnreachable`)."""
+(`ApiError`), or no answer (`ApiUnreachable`).
+
+Here the pure checks; the ones with real processes and servers in tests/integration/, under the same name.
+"""
 
 from __future__ import annotations
 

@@ -4,6 +4,8 @@ A leader refuses malformed, oversized and wrong-step requests from a member, and
 outside the step's group, naming the field and the peer, and stays blocked until the real follower
 confirms. A follower refuses a leader whose digests or chunks break the contract, naming the field and the
 leader, and keeps its parameters as they were (even chunks that arrived intact before a bad one).
+
+Here the pure checks; the ones with real processes and servers in tests/integration/, under the same name.
 """
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
 """The planner's numbers against real training: the activation count against the tensors autograd saves
 (tiny models, each case of the count), and the learner estimate against the peak resident memory a real
-policy update adds (a 56M-parameter Llama, in a subprocess)."""
+policy update adds (a 56M-parameter Llama, in a subprocess).
+
+Here the pure checks; the ones with real processes and servers in tests/integration/, under the same name.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Answer equivalence: hand-worked cases a math grader would accept or reject, plus hostile input."""
+"""Answer equivalence: hand-worked cases a math grader would accept or reject, plus hostile input.
+
+Here the pure checks; the ones with real processes and servers in tests/integration/, under the same name.
+"""
 
 from __future__ import annotations
 

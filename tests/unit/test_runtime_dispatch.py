@@ -1,4 +1,7 @@
-"""Dispatch: throughput-weighted shares, re-dispatch after failures, every item answered exactly once."""
+"""Dispatch: throughput-weighted shares, re-dispatch after failures, every item answered exactly once.
+
+Here the pure checks; the ones with real processes and servers in tests/integration/, under the same name.
+"""
 
 from __future__ import annotations
 

@@ -6,6 +6,8 @@ The runs: 1 rank (a process group of one in this process) trains 2 steps, saves,
 torchrun ranks do the same, then resume both checkpoints; 1 rank resumes theirs. Every resume loads a model
 built from another seed, so only the load can make it match, then takes the third step. The dumps hold
 whole (gathered) tensors keyed by parameter name.
+
+Here the pure checks; the ones with real processes and servers in tests/integration/, under the same name.
 """
 
 from __future__ import annotations

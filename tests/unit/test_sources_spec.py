@@ -1,5 +1,8 @@
 """`spec.sources` and `podTemplate` as `dverl validate` judges them: every bad case named by its field, the
-good ones accepted, and model/data paths no source holds flagged for cluster use."""
+good ones accepted, and model/data paths no source holds flagged for cluster use.
+
+Here the pure checks; the ones with real processes and servers in tests/integration/, under the same name.
+"""
 
 from __future__ import annotations
 

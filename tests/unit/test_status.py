@@ -1,5 +1,8 @@
 """The one Status type: the coordinator's board, the Status RPC, and both readers (the operator and
-`dverl run`), which validate every reply and read a malformed one as "no progress"."""
+`dverl run`), which validate every reply and read a malformed one as "no progress".
+
+Here the pure checks; the ones with real processes and servers in tests/integration/, under the same name.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
 """The experiment trackers a job names write real files with the real libraries, offline, and the tests
 read them back: TensorBoard event files, an offline W&B run, an MLflow file store. A tracker that is not
-installed stops the run before it starts instead of being skipped."""
+installed stops the run before it starts instead of being skipped.
+
+Here the pure checks; the ones with real processes and servers in tests/integration/, under the same name.
+"""
 
 from __future__ import annotations
 

@@ -3,6 +3,8 @@ when there is no chain, and transfers that resume from the last verified piece o
 
 In-process: two real DHT peers; the coordinator's handlers on one, the volunteer's source on the other.
 Versions come from real Adam steps; every received version is compared with the learner's own bytes.
+
+Here the pure checks; the ones with real processes and servers in tests/integration/, under the same name.
 """
 
 from __future__ import annotations
