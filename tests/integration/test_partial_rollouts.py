@@ -114,14 +114,17 @@ async def test_a_stopped_workers_items_are_continued_elsewhere_from_their_prefix
     _, tok = load_model_and_tokenizer(spec.model)
     slow = StopsOnFirstPrefix(procs[0][1], "slow", procs[0][0].pid)
     fast = GrpcRolloutClient(procs[1][1], "fast")
-    dispatcher = Dispatcher([slow, fast])
     originals = {f"q{i}": Prompt(f"q{i}", i, tuple(tok.encode(f"{i} + {i} =")), f"{i}+{i}") for i in range(2)}
     work = [(p, k) for p in originals.values() for k in range(2)]
     try:
-        await dispatcher.run(work, LONG, 0)  # both measured
         # The slow worker is stopped right after its first prefix reaches us; if it had already finished its
         # share by then (a very busy machine), nothing needed continuing: let it go and try another step.
+        # Each try has a dispatcher of its own, both workers measured first: a worker hedged in one try
+        # would sit out the next (its probation) and leave nothing to stop.
         for _ in range(3):
+            dispatcher = Dispatcher([slow, fast])
+            slow.armed = False
+            await dispatcher.run(work, LONG, 0)  # both measured
             slow.armed, slow.stopped = True, False
             samples, report = await asyncio.wait_for(dispatcher.run(work, LONG, 0), 300)
             keys = [s.key for s in samples]
