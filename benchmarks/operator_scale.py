@@ -21,11 +21,12 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' operator fixtures
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testing"))  # netlab, which test helpers import
 
 import kmock
-from operator_fixtures import Emulator, Operator, tiny_spec
+
+from tests.support.operator_fixtures import Emulator, Operator, tiny_spec
 
 PODS = kmock.resource("", "v1", "pods")
 JOBS = kmock.resource("dverl.io", "v1alpha1", "rlhfjobs")

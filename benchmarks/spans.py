@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))  # the tests' process helpers
+sys.path.insert(0, str(ROOT / "testing"))  # netlab, which they import
 
 PROMPTS = [
     "What is 12 + 7?",
@@ -47,7 +48,7 @@ def rss_bytes(pid: int) -> int:
 
 
 def start_spans(model: dict, spans, threads: int, folder: Path):
-    from processes import console_env, free_port
+    from tests.support.processes import console_env, free_port
 
     procs, addresses = [], []
     for span in spans:

@@ -59,7 +59,9 @@ def namespaces_refused() -> str | None:
     except FileNotFoundError:
         return "the `ip` command is missing"
     if done.returncode != 0:
-        return f"`ip netns add` refused: {done.stderr.strip()}"
+        if "Operation not permitted" in done.stderr or "Permission denied" in done.stderr:
+            return f"`ip netns add` refused: {done.stderr.strip()}"
+        raise RuntimeError(f"`ip netns add {probe}` failed: {done.stderr.strip()}")  # not the machine's rule
     _ip("netns", "del", probe, check=False)
     return None
 

@@ -2,7 +2,7 @@
 
 The operator (pod env) and `dverl run` (local processes) set these from the plan; a person sets the few
 marked "tuning" by hand. A process reads them once, through `WorkerSettings.from_env()` at its entry
-(tests/test_settings.py lists the entry modules), and passes the values down; nothing else in the
+(tests/unit/test_settings.py lists the entry modules), and passes the values down; nothing else in the
 package reads `os.environ` for a `DVERL_*` name. The table "Worker environment" in docs/environment.md
 is `settings_table()`, checked by a test. Torch-free: the operator and the plan import the names from
 here.

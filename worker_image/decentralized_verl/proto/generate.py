@@ -2,7 +2,7 @@
 
 Run `python -m decentralized_verl.proto.generate` from a source checkout after editing a .proto file.
 The generated files are committed (so the worker and operator images need no protoc), and
-tests/test_proto.py regenerates into a temporary folder and fails when they differ.
+tests/unit/test_proto.py regenerates into a temporary folder and fails when they differ.
 
 The .proto files live at proto/decentralized_verl/proto/*.proto and protoc runs with `-I proto`, so the
 generated modules import each other as `decentralized_verl.proto.<name>_pb2`.

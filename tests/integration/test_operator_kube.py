@@ -1,0 +1,103 @@
+"""The operator's API layer (`dverl_operator.kube`) against kmock's Kubernetes API emulator: each verb
+answers as the reconcile loop expects (a missing object is None or False, an existing one False on create),
+and every failure is one of two errors: the server's answer with its status, reason and message
+(`ApiError`), or no answer (`ApiUnreachable`).
+
+Here the ones with real processes and servers; the pure checks in tests/unit/, under the same name.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+from lightkube import KubeConfig
+from lightkube.config import models as kubeconfig
+
+from dverl_operator.kube.client import Cluster
+from dverl_operator.kube.connection import client_config
+from dverl_operator.kube.discovery import Discovery
+from dverl_operator.kube.errors import ApiError, ApiUnreachable
+from tests.support.operator_fixtures import Emulator
+
+pytestmark = [pytest.mark.timeout(120)]
+
+
+def pod(name: str, namespace: str = "default", **labels: str) -> dict:
+    meta = {"name": name, "namespace": namespace, "labels": labels}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"containers": []}}
+
+
+async def test_each_verb_answers_as_the_reconcile_loop_expects(tmp_path: Path) -> None:
+    async with Emulator(tmp_path) as emu, Cluster(client_config(str(emu.kubeconfig))) as cluster:
+        assert await cluster.get("Pod", "default", "p1") is None
+        assert await cluster.create("Pod", "default", pod("p1", app="a")) is True
+        assert await cluster.create("Pod", "default", pod("p1", app="a")) is False  # already there
+        assert await cluster.create("Pod", "default", pod("p2", app="b")) is True
+        # The emulator ignores label selectors; the answer is the same as a real server's.
+        assert [p["metadata"]["name"] for p in await cluster.list("Pod", "default", {"app": "a"})] == ["p1"]
+        patched = await cluster.patch("Pod", "default", "p1", {"metadata": {"annotations": {"k": "v"}}})
+        assert patched is not None and patched["metadata"]["annotations"] == {"k": "v"}
+        assert type(patched) is dict  # plain JSON for the pure code, not a client object
+        assert await cluster.patch("Pod", "default", "gone", {"metadata": {"labels": {"x": "y"}}}) is None
+        assert await cluster.delete("Pod", "default", "p1") is True
+        assert await cluster.delete("Pod", "default", "p1") is False
+        assert await cluster.get("Pod", "default", "p1") is None
+
+
+async def test_a_custom_resource_and_its_status_subresource(tmp_path: Path) -> None:
+    async with Emulator(tmp_path) as emu, Cluster(client_config(str(emu.kubeconfig))) as cluster:
+        await emu.create_job("j", {"model": {"tiny": {}}})
+        changed = await cluster.patch("RLHFJob", "default", "j", {"status": {"phase": "Running"}}, "status")
+        assert changed is not None and changed["status"] == {"phase": "Running"}
+        assert (await emu.job("j"))["status"] == {"phase": "Running"}
+        with pytest.raises(ValueError, match="scale"):
+            await cluster.patch("RLHFJob", "default", "j", {"spec": {}}, "scale")
+
+
+async def test_a_refusal_names_its_status_reason_and_the_servers_message(tmp_path: Path) -> None:
+    async with Emulator(tmp_path) as emu, Cluster(client_config(str(emu.kubeconfig))) as cluster:
+        says = "pods is forbidden: violates PodSecurity"
+        refusal = {"kind": "Status", "reason": "Forbidden", "message": says}
+        emu.kmock["post /api/v1/namespaces/locked/pods"] << 403 << refusal
+        with pytest.raises(ApiError) as caught:
+            await cluster.create("Pod", "locked", pod("x", "locked"))
+        assert (caught.value.status, caught.value.reason) == (403, "Forbidden")
+        assert caught.value.message == says
+        assert "POST api/v1/namespaces/locked/pods: HTTP 403 Forbidden" in str(caught.value)
+        emu.kmock["get /api/v1/namespaces/broken/configmaps/c"] << 500 << b"upstream exploded"
+        with pytest.raises(ApiError) as caught:
+            await cluster.get("ConfigMap", "broken", "c")  # not a Status body: its text is the message
+        assert caught.value.status == 500 and "upstream exploded" in caught.value.message
+
+
+async def test_no_answer_is_api_unreachable_an_oserror() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # nothing listens here once the socket closes
+    config = KubeConfig.from_one(
+        cluster=kubeconfig.Cluster(server=f"http://127.0.0.1:{port}"), user=kubeconfig.User(token="t")
+    )
+    async with Cluster(config, timeout=5.0) as cluster:
+        with pytest.raises(ApiUnreachable) as caught:
+            await cluster.get("Pod", "default", "p")
+    assert isinstance(caught.value, OSError)  # the reconcile loop retries it as a cluster failure
+    discovery = Discovery(config, timeout=5.0)
+    try:
+        with pytest.raises(ApiUnreachable):
+            await discovery.resources("dverl.io", "v1alpha1")
+    finally:
+        await discovery.close()
+
+
+async def test_discovery_lists_what_a_group_version_serves(tmp_path: Path) -> None:
+    async with Emulator(tmp_path) as emu:
+        discovery = Discovery(client_config(str(emu.kubeconfig)))
+        try:
+            assert "rlhfjobs" in await discovery.resources("dverl.io", "v1alpha1")
+            with pytest.raises(ApiError) as caught:
+                await discovery.resources("nothing.example", "v1")
+            assert caught.value.status == 404
+        finally:
+            await discovery.close()

@@ -1,0 +1,85 @@
+"""The worker image, played by the test venv: its entrypoint, user, working folder and environment, and
+the mapping of a container's command line onto the venv's interpreter and console scripts (`dverl`
+-> <venv>/bin/dverl). Pure apart from reading the process's own interpreter and import path.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.support.paths import ROOT
+
+
+def _default_pythonpath() -> str:
+    return os.environ.get("PYTHONPATH", "")
+
+
+@dataclass(frozen=True)
+class ImageStandIn:
+    """What the Dockerfile's worker stage sets: ENTRYPOINT ["dverl"], USER 10001:10001, WORKDIR
+    /home/dverl, and the venv's scripts first on PATH. The test's import path (the worktree under test)
+    stands in for the code baked into the image."""
+
+    venv: Path = field(default_factory=lambda: Path(sys.executable).parent.parent)
+    pythonpath: str = field(default_factory=_default_pythonpath)
+    entrypoint: tuple[str, ...] = ("dverl",)
+    cmd: tuple[str, ...] = ("--help",)
+    user: int = 10001
+    group: int = 10001
+    workdir: str = "/home/dverl"
+
+    def code_paths(self) -> list[Path]:
+        """What the image's user must be able to read: the interpreter (through its symlinks), the venv,
+        the code under test (the import path, and the checkout the venv's editable install points at)."""
+        paths = [Path(os.path.realpath(self.venv / "bin" / "python")), self.venv, ROOT]
+        paths += [Path(p) for p in self.pythonpath.split(os.pathsep) if p]
+        return paths
+
+    def env(self) -> dict[str, str]:
+        return {
+            "PATH": f"{self.venv / 'bin'}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "PYTHONPATH": self.pythonpath,
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONUNBUFFERED": "1",
+            "HOME": self.workdir,
+            "HF_HOME": f"{self.workdir}/.cache/huggingface",
+        }
+
+
+def resolve_argv(container: Mapping[str, Any], image: ImageStandIn, env: Mapping[str, str]) -> list[str]:
+    """The process a container runs: `command` replaces the entrypoint and `args` the image's CMD (CMD is
+    dropped when only `command` is given), `$(VAR)` expanded from the container's env, and a bare program
+    name found in the venv first (python -> the venv's interpreter)."""
+    from tests.support.node_harness.env import _expand
+
+    command: Sequence[str] | None = container.get("command")
+    args: Sequence[str] | None = container.get("args")
+    if command:
+        argv = [*command, *(args or [])]
+    else:
+        argv = [*image.entrypoint, *(args if args is not None else image.cmd)]
+    argv = [_expand(str(a), env) for a in argv]
+    if not argv:
+        raise ValueError(f"container {container.get('name')!r}: nothing to run")
+    program = argv[0]
+    if "/" not in program:
+        if program in ("python", "python3"):
+            program = "python"
+        candidate = image.venv / "bin" / program
+        if candidate.exists():
+            argv[0] = str(candidate)
+        else:
+            for folder in ("/usr/local/bin", "/usr/bin", "/bin"):
+                if Path(folder, program).exists():
+                    argv[0] = str(Path(folder, program))
+                    break
+            else:
+                raise FileNotFoundError(
+                    f"container {container.get('name')!r}: {program!r} is not in the image"
+                )
+    return argv

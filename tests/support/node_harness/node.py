@@ -1,0 +1,288 @@
+"""The node: watches the emulator's pods and runs each one (pod.py) on the bridge (netns.py), writing
+what happens back to the pod's status, as a kubelet does.
+
+A pod the node admits gets its finalizer, so deleting it is graceful as on a cluster: the API object
+stays (with deletionTimestamp) while its processes get SIGTERM and, after the grace period, SIGKILL;
+then the node drops its finalizer and the object goes. `evict` plays the kubelet's node-pressure
+eviction (DisruptionTarget, SIGTERM, then phase Failed with reason Evicted); `paused` freezes a pod's
+processes, as `docker pause` does, so a test deals a fault while the job cannot move on. Cluster DNS is
+served on the bridge's address (dns_server.py) and named in every pod's resolv.conf and the operator's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.support.node_harness import dns, dns_server
+from tests.support.node_harness.image import ImageStandIn
+from tests.support.node_harness.netns import Bridge
+from tests.support.node_harness.pod import PodRunner, Settings
+from tests.support.node_harness.status import PodState, pod_status, qos_class
+
+FINALIZER = "node-harness.dverl.io/kubelet"
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunningPod:
+    key: tuple[str, str]
+    uid: str
+    runner: PodRunner
+    task: asyncio.Task[PodState]
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class Node:
+    """`async with Node(emulator, tmp, claims={"rl-data": folder}) as node:` runs every pod created while
+    inside. `emulator` is tests/operator_fixtures.Emulator."""
+
+    def __init__(
+        self,
+        emulator: Any,
+        tmp: Path,
+        claims: Mapping[str, Path] | None = None,
+        image: ImageStandIn | None = None,
+        poll_seconds: float = 0.2,
+    ) -> None:
+        self.emulator = emulator
+        self.dir = tmp / "node"
+        self.bridge = Bridge()
+        url = emulator.url
+        self.settings = Settings(
+            image=image or ImageStandIn(),
+            claims={k: Path(v) for k, v in (claims or {}).items()},
+            api_server=(self.bridge.gateway, int(url.port)),
+        )
+        self.poll_seconds = poll_seconds
+        self.pods: dict[str, RunningPod] = {}
+        """By uid, every pod this node ran, finished ones included."""
+        self.operator_hosts = self.dir / "operator-hosts"
+        self.resolv_conf = self.dir / "resolv.conf"
+        self._zone: dict[str, list[str]] = {}
+        self._dns: Any = None
+        self._made: list[Path] = []
+        self._loop: asyncio.Task[None] | None = None
+        self._side: set[asyncio.Task[Any]] = set()
+        self._services: list[dict[str, Any]] = []
+        self._records: list[dns.PodRecord] = []
+        self._deleting: set[str] = set()
+
+    # ------------------------------------------------------------------------------ lifecycle
+    async def __aenter__(self) -> Node:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.dir, 0o755)
+        self.operator_hosts.write_text(dns.hosts_file(None))
+        os.chmod(self.operator_hosts, 0o644)
+        await asyncio.to_thread(self.bridge.open)
+        self._dns = await dns_server.serve(self.bridge.gateway, self._zone.get)
+        self.resolv_conf.write_text(dns.resolv_conf("default", self.bridge.gateway))
+        os.chmod(self.resolv_conf, 0o644)
+        self._loop = asyncio.create_task(self._watch())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._loop is not None:
+            self._loop.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop
+        for task in list(self._side):
+            task.cancel()
+        for running in self.pods.values():
+            running.runner.kill_now()
+        for running in self.pods.values():
+            running.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(running.task, 10)
+        if self._dns is not None:
+            self._dns.close()
+        await asyncio.to_thread(self.bridge.close)
+        for path in reversed(self._made):
+            with contextlib.suppress(OSError):
+                path.unlink() if path.is_file() else path.rmdir()
+
+    def operator_command(self, argv: Sequence[str]) -> list[str]:
+        """The operator's command line run in a mount namespace whose resolv.conf names the cluster's DNS
+        (and /etc/hosts its records), so it dials the coordinator by its Service name and checks its
+        certificate for that name, as an operator pod in the cluster does."""
+        script = 'mount --bind "$0" /etc/hosts && mount --bind "$1" /etc/resolv.conf && shift && exec "$@"'
+        return ["/usr/bin/unshare", "--mount", "--propagation", "private", "--",
+                "/bin/sh", "-c", script, str(self.operator_hosts), str(self.resolv_conf), *argv]  # fmt: skip
+
+    # ------------------------------------------------------------------------------ queries
+    def running(self, name: str, namespace: str = "default") -> RunningPod | None:
+        """The newest incarnation of a pod by name."""
+        found = [p for p in self.pods.values() if p.key == (namespace, name)]
+        return found[-1] if found else None
+
+    def logs(self, name: str, namespace: str = "default") -> str:
+        """Every container log of every incarnation of the pod, for failure messages."""
+        out = []
+        for running in self.pods.values():
+            if running.key == (namespace, name):
+                for container, path in running.runner.logs.items():
+                    out.append(
+                        f"=== {name} ({running.uid[:8]}) {container}\n{path.read_text(errors='replace')}"
+                    )
+        return "\n".join(out)
+
+    def all_logs(self) -> str:
+        return "\n".join(self.logs(n, ns) for ns, n in sorted({p.key for p in self.pods.values()}))
+
+    @contextlib.contextmanager
+    def paused(self, name: str, namespace: str = "default") -> Iterator[RunningPod]:
+        """The pod's processes stopped (SIGSTOP) for the block and continued after, however it ends: what
+        happens meanwhile (a pod deleted and replaced, a signal sent) lands before it can run on."""
+        running = self.running(name, namespace)
+        assert running is not None, f"pod {namespace}/{name} is not on this node"
+        running.runner.pause()
+        try:
+            yield running
+        finally:
+            running.runner.resume()
+
+    async def evict(self, name: str, namespace: str = "default", resource: str = "memory") -> None:
+        """Node-pressure eviction: DisruptionTarget, SIGTERM then SIGKILL after the grace period, then
+        phase Failed with reason Evicted; the pod is not restarted."""
+        running = self.running(name, namespace)
+        assert running is not None, f"pod {namespace}/{name} is not on this node"
+        state = running.runner.state
+        message = f"The node was low on resource: {resource}."
+        state.disruption = ("TerminationByKubelet", message)
+        await self._report(running, state)
+        await running.runner.stop()
+        await asyncio.wait({running.task}, timeout=30)
+        state.phase, state.reason, state.message = "Failed", "Evicted", message
+        await self._report(running, state)
+
+    # ------------------------------------------------------------------------------ the watch
+    async def _watch(self) -> None:
+        while True:
+            try:
+                await self._pass()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the node must keep serving the pods it runs
+                log.exception("node pass failed")
+            await asyncio.sleep(self.poll_seconds)
+
+    async def _pass(self) -> None:
+        pods = (await self.emulator.call("GET", "api/v1/pods"))["items"]
+        self._services = (await self.emulator.call("GET", "api/v1/services"))["items"]
+        seen: set[str] = set()
+        for pod in pods:
+            meta = pod["metadata"]
+            uid = meta.get("uid")
+            if not uid:
+                await self._patch_meta(pod, {"uid": str(uuid.uuid4())})  # the API server's job
+                continue
+            seen.add(uid)
+            running = self.pods.get(uid)
+            if meta.get("deletionTimestamp"):
+                if uid not in self._deleting and FINALIZER in (meta.get("finalizers") or []):
+                    self._deleting.add(uid)
+                    self._spawn(self._delete(pod, running))
+                continue
+            if running is None and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+                await self._admit(pod)
+        for uid, running in self.pods.items():
+            # Gone without passing through graceful deletion (deleted before the node admitted it):
+            # nothing of it may keep running.
+            if uid not in seen and uid not in self._deleting and not running.task.done():
+                self._deleting.add(uid)
+                self._spawn(running.runner.stop(grace=0))
+        self._records = [r for p in pods if (r := dns.record_of(p)) is not None]
+        self._refresh_zone()
+
+    def _refresh_zone(self) -> None:
+        fresh = dns.zone(self._records, self._services)
+        self._zone.clear()  # the DNS server holds this dict's lookup
+        self._zone.update(fresh)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._side.add(task)
+        task.add_done_callback(self._side.discard)
+
+    async def _patch_meta(self, pod: Mapping[str, Any], meta: dict[str, Any]) -> None:
+        ns, name = pod["metadata"].get("namespace") or "default", pod["metadata"]["name"]
+        await self.emulator.call(
+            "PATCH", f"api/v1/namespaces/{ns}/pods/{name}", {"metadata": meta}, "application/merge-patch+json"
+        )
+
+    async def _admit(self, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        ns, name, uid = meta.get("namespace") or "default", meta["name"], meta["uid"]
+        finalizers = [*(meta.get("finalizers") or []), FINALIZER]
+        await self._patch_meta(pod, {"finalizers": finalizers})
+        pod_dir = self.dir / ns / f"{name}-{uid[:8]}"
+        pod_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(pod_dir, 0o755)
+        lookup = await self._lookup(ns)
+        net = await asyncio.to_thread(self.bridge.attach)
+        hosts, resolv = pod_dir / "hosts", pod_dir / "resolv.conf"
+        hosts.write_text(dns.hosts_file(dns.record_of({**pod, "status": {"podIP": net.ip}})))
+        resolv.write_text(dns.resolv_conf(ns, self.bridge.gateway))
+        for path in (hosts, resolv):
+            os.chmod(path, 0o644)
+        runner = PodRunner(
+            pod, net, self.bridge.gateway, pod_dir, {"/etc/hosts": hosts, "/etc/resolv.conf": resolv},
+            lookup, self.settings,
+            report=lambda state: self._report(self.pods[uid], state), mountpoint=self._mountpoint,
+        )  # fmt: skip
+        task = asyncio.create_task(runner.run())
+        self.pods[uid] = RunningPod(key=(ns, name), uid=uid, runner=runner, task=task)
+
+    async def _lookup(self, namespace: str) -> Any:
+        """The namespace's Secrets and ConfigMaps as they are when the pod starts."""
+        objects: dict[tuple[str, str], dict[str, Any]] = {}
+        for kind, plural in (("Secret", "secrets"), ("ConfigMap", "configmaps")):
+            listed = await self.emulator.call("GET", f"api/v1/namespaces/{namespace}/{plural}")
+            for obj in (listed or {}).get("items") or []:
+                objects[(kind, obj["metadata"]["name"])] = obj
+        return lambda kind, name: objects.get((kind, name))
+
+    async def _delete(self, pod: Mapping[str, Any], running: RunningPod | None) -> None:
+        """Graceful deletion: stop the pod's processes, write how they ended, let the object go."""
+        if running is not None:
+            await running.runner.stop()
+            await asyncio.wait({running.task}, timeout=30)
+            await self._report(running, running.runner.state)
+            await asyncio.to_thread(self.bridge.detach, running.runner.net)
+        finalizers = [f for f in pod["metadata"].get("finalizers") or [] if f != FINALIZER]
+        with contextlib.suppress(AssertionError):
+            await self._patch_meta(pod, {"finalizers": finalizers})
+
+    async def _report(self, running: RunningPod, state: PodState) -> None:
+        ns, name = running.key
+        status = pod_status(state)
+        status["qosClass"] = qos_class(running.runner.pod)
+        async with running.lock:
+            with contextlib.suppress(AssertionError):  # the pod may be gone already
+                await self.emulator.call(
+                    "PATCH", f"api/v1/namespaces/{ns}/pods/{name}/status", {"status": status},
+                    "application/merge-patch+json",
+                )  # fmt: skip
+
+    def _mountpoint(self, target: str, is_file: bool) -> None:
+        """Create a mountPath missing on the host (removed again when the node closes)."""
+        path = Path(target)
+        missing = []
+        probe = path if not is_file else path.parent
+        while not probe.exists():
+            missing.append(probe)
+            probe = probe.parent
+        for folder in reversed(missing):
+            with contextlib.suppress(FileExistsError):
+                folder.mkdir(mode=0o755)
+                self._made.append(folder)
+        if is_file and not path.exists():
+            path.touch()
+            self._made.append(path)
