@@ -21,6 +21,9 @@ from typing import Any
 from netlab.hosts import Network
 
 BIN = Path(sys.executable).parent
+TESTING = Path(__file__).resolve().parents[1]
+"""Where netlab lives: on the path of every process started with `process_env`, so a test file run as a
+script (a lying volunteer, an attacker) imports its helpers as it does under pytest."""
 LEARNER = "learner"
 """The process every wait watches besides its own: when the learner fails, nothing else will happen."""
 
@@ -31,6 +34,7 @@ def process_env(**extra: str) -> dict[str, str]:
     return {
         **os.environ,
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(TESTING), os.environ.get("PYTHONPATH", "")) if p),
         "OMP_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",
         "PYTHONUNBUFFERED": "1",
