@@ -17,6 +17,9 @@ import pytest
 from processes import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
+RAY_OWN_PORTS = range(10001, 20000)
+"""Ports a Ray head takes for itself by default (its client server, then its workers' range): a head
+told to listen on one of them refuses to start."""
 
 
 def _reachable(port: int) -> bool:
@@ -35,6 +38,8 @@ def ray_head(tmp: Path, num_cpus: int = 6) -> Iterator[str]:
     pytest.importorskip("ray", reason="Ray is not installed (pip install 'decentralized-verl[ray]')")
     ray = Path(sys.executable).parent / "ray"
     port = free_port()
+    while port in RAY_OWN_PORTS:
+        port = free_port()
     env = dict(os.environ)
     paths = [str(ROOT / "worker_image"), str(ROOT / "operator"), env.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)

@@ -1,15 +1,21 @@
 """`dverl run --ray`: the plan's workers as actors of a real local Ray cluster (one small head for the
 module), the tiny GRPO job with rollout, reward and reference workers run through it end to end while
-an actor of each role is killed, and `dverl status --ray` reading the job from the cluster."""
+an actor of each role is killed, and `dverl status --ray` reading the job from the cluster.
+
+The tiny job's steps take a fraction of a second, less than one call to the cluster on a busy machine: the
+test holds the learner (SIGSTOP, SIGCONT) while it reads the status and while it kills, so each kill lands
+while the job still runs, at the step it was meant for or just after."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,7 +35,9 @@ from decentralized_verl.spec.manifest import load_job
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import chaos
 
-STEPS = 8
+STEPS = 16
+"""Ten steps after the last kill: the learner's status is read once its first step is on the record, which
+lags the learner by the supervisor's poll, and the job must still be running then."""
 KILLS = {2: "rollout", 3: "reward", 5: "reference", 6: "learner"}
 """Step reached -> role whose actor is killed then (rollout-1, the others' only worker)."""
 PROCESS_KILL_AT = 4
@@ -119,6 +127,29 @@ def _dverl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     )
 
 
+def _steps_done(output: Path) -> int:
+    """The newest step the learner has finished, from the metrics it writes as each one ends (not the
+    supervisor's record, which waits while the supervisor restarts workers)."""
+    with contextlib.suppress(OSError):
+        text = (output / "metrics.jsonl").read_text()
+        lines = text.split("\n")[:-1]  # a line still being written is left for the next look
+        return max((int(json.loads(line)["step"]) for line in lines if line.strip()), default=0)
+    return 0
+
+
+@contextlib.contextmanager
+def _learner_held(ray, job: str) -> Iterator[None]:
+    """The learner's process stopped (SIGSTOP, through its actor, as a chaos test would) while the body
+    runs, so the job cannot move on meanwhile; continued after, unless it was killed meanwhile."""
+    learner = ray.get_actor(f"{job}-learner-0")
+    ray.get(learner.signal.remote(signal.SIGSTOP), timeout=60)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError, ray.exceptions.RayActorError):
+            ray.get(ray.get_actor(f"{job}-learner-0").signal.remote(signal.SIGCONT), timeout=60)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_tiny_job_runs_on_ray_survives_a_killed_actor_of_each_role_and_shows_in_status(
@@ -151,25 +182,34 @@ def test_tiny_job_runs_on_ray_survives_a_killed_actor_of_each_role_and_shows_in_
     try:
         deadline = time.monotonic() + 800
         while run.poll() is None and time.monotonic() < deadline:
-            try:
-                state = ray.get(ray.get_actor("rayjob-job").read.remote(), timeout=30)
-            except (ValueError, ray.exceptions.RayActorError):
-                time.sleep(1)
+            if status_seen is None:
+                # Read while the job holds still, past its first step and before any kill: every worker runs.
+                try:
+                    state = ray.get(ray.get_actor("rayjob-job").read.remote(), timeout=60)
+                except (ValueError, ray.exceptions.RayActorError):
+                    state = {}
+                if (state.get("step") or 0) >= 1:
+                    with _learner_held(ray, "rayjob"):
+                        status_seen = _dverl("status", "rayjob", "--ray", address, "--json")
+                else:
+                    time.sleep(0.05)
                 continue
-            step = state.get("step") or 0
-            if status_seen is None and step >= 1:
-                status_seen = _dverl("status", "rayjob", "--ray", address, "--json")
-            if step >= PROCESS_KILL_AT and "process" not in killed:
-                actor = ray.get_actor("rayjob-rollout-0")
-                pid = ray.get(actor.pid.remote())
-                ray.get(actor.signal.remote(signal.SIGKILL))
-                killed["process"] = pid
-            for at, role in KILLS.items():
-                name = f"rayjob-{role}-{1 if role == 'rollout' else 0}"
-                if step >= at and role not in killed:
+            step = _steps_done(output)
+            process_due = step >= PROCESS_KILL_AT and "process" not in killed
+            due = {role: at for at, role in KILLS.items() if step >= at and role not in killed}
+            if not (due or process_due):
+                time.sleep(0.05)
+                continue
+            with _learner_held(ray, "rayjob"):
+                if process_due:
+                    actor = ray.get_actor("rayjob-rollout-0")
+                    pid = ray.get(actor.pid.remote(), timeout=60)
+                    ray.get(actor.signal.remote(signal.SIGKILL), timeout=60)
+                    killed["process"] = pid
+                for role in due:
+                    name = f"rayjob-{role}-{1 if role == 'rollout' else 0}"
                     ray.kill(ray.get_actor(name))  # the actor, and with it its worker process
                     killed[role] = step
-            time.sleep(0.5)
         assert run.wait(timeout=60) == 0, (tmp_path / "run.log").read_text()[-4000:]
         leftover = [
             a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if "rayjob" in a["name"]
