@@ -281,7 +281,13 @@ async def test_a_stopped_workers_items_are_continued_elsewhere_from_their_prefix
         # The slow worker is stopped right after its first prefix reaches us; the fast one finishes its own
         # share only then, and is handed the stopped share's items to continue.
         slow.armed, fast.after = True, slow.stopped
-        samples, report = await asyncio.wait_for(dispatcher.run(work, LONG, 0), 300)
+        try:
+            samples, report = await asyncio.wait_for(dispatcher.run(work, LONG, 0), 300)
+        except TimeoutError:
+            raise AssertionError(
+                f"the step never ended: slow stopped {slow.stopped.is_set()}, benched {dispatcher._skip}, "
+                f"down {dispatcher.gate.down}"
+            ) from None
         keys = [s.key for s in samples]
         assert sorted(keys) == sorted((p.prompt_id, k) for p, k in work) and len(set(keys)) == len(keys)
         assert slow.stopped.is_set() and report.assigned["slow"] >= 1, report
