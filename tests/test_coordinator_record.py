@@ -2,11 +2,14 @@
 DHT, not only through libp2p's routing (which may not know a peer that only talked to the bootstrap):
 real hivemind peers, each in its own process. A record under another peer's id that claims to be the
 coordinator is not dialled. The record's heartbeat stops when told, even when the stop lands just as a
-store completes (a busy machine makes that likely)."""
+store completes (a busy machine makes that likely); a peer whose process dies or hangs before it serves
+is reported, not waited for forever."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -14,9 +17,10 @@ import pytest
 pytest.importorskip("hivemind")
 
 from decentralized_verl.entrypoints.volunteer import _dial_coordinator
+from decentralized_verl.errors import PeerUnavailable
 from decentralized_verl.orchestration.volunteering import _announce_coordinator
 from decentralized_verl.volunteers.announce import Heartbeat, VolunteerRecord, store_record
-from decentralized_verl.volunteers.dht import PeerOptions, start_dht
+from decentralized_verl.volunteers.dht import PeerOptions, _started, start_dht
 
 JOB = "coord-record"
 LOCAL = ("/ip4/127.0.0.1/tcp/0",)
@@ -93,3 +97,23 @@ async def _stop_as_a_store_completes() -> tuple[bool, int]:
 def test_a_heartbeat_stopped_as_its_store_completes_stops() -> None:
     stopped_by_itself, stores = asyncio.run(_stop_as_a_store_completes())
     assert stopped_by_itself and stores == 1  # and it did not beat again
+
+
+def test_a_dht_peer_whose_process_dies_or_hangs_before_serving_is_reported() -> None:
+    import hivemind
+
+    class DiesAtStart(hivemind.DHT):
+        def run(self) -> None:
+            os._exit(3)
+
+    class HangsAtStart(hivemind.DHT):
+        def run(self) -> None:
+            time.sleep(3600)
+
+    with pytest.raises(PeerUnavailable, match="the DHT peer's process exited with code 3 before it served"):
+        _started(DiesAtStart(start=False), ready_timeout_s=600)
+    hung = HangsAtStart(start=False)
+    with pytest.raises(PeerUnavailable, match="did not serve within 2s; ended it"):
+        _started(hung, ready_timeout_s=2)
+    hung.join(30)
+    assert not hung.is_alive()
