@@ -118,3 +118,45 @@ async def test_a_late_answer_that_wins_is_kept_and_the_hedge_dropped() -> None:
     assert report.hedged > 0 and report.failures == []
     # the late worker beat its (slower) hedge on every item it was given: its answers are the ones kept
     assert sum(s.worker_id == "late" for s in samples) == report.assigned["late"]
+
+
+async def test_a_worker_whose_stream_ends_after_its_last_answer_keeps_its_place() -> None:
+    """On a busy machine the end of a worker's stream can come well after its last answer: the step ends
+    without it, and the worker, which was on time, is neither benched nor hedged."""
+
+    class SlowToClose(FakeRollout):
+        def __init__(self, worker_id: str) -> None:
+            super().__init__(worker_id)
+            self.hold, self.answered = False, asyncio.Event()
+
+        async def generate(self, items, sampling, version):
+            async for sample in super().generate(items, sampling, version):
+                yield sample
+            if self.hold:
+                self.answered.set()
+                await asyncio.Event().wait()  # the stream's end, still on its way
+
+    class FinishesAfter(FakeRollout):
+        def __init__(self, worker_id: str, after: asyncio.Event) -> None:
+            super().__init__(worker_id)
+            self.after, self.hold = after, False
+
+        async def generate(self, items, sampling, version):
+            async for sample in super().generate(items, sampling, version):
+                yield sample
+            if self.hold:
+                await self.after.wait()
+
+    closing = SlowToClose("closing")
+    other = FinishesAfter("other", closing.answered)
+    dispatcher = Dispatcher([closing, other])
+    work = items(4, 2)
+    sampling = SamplingParams(max_new_tokens=4)
+    await dispatcher.run(work, sampling, version=0)  # both measured
+    closing.hold = other.hold = True
+    samples, report = await asyncio.wait_for(dispatcher.run(work, sampling, version=1), 20)
+    assert len({s.key for s in samples}) == len(work) and report.failures == [] and report.hedged == 0
+    assert sum(s.worker_id == "closing" for s in samples) == report.assigned["closing"] > 0
+    closing.hold = other.hold = False
+    _, report = await asyncio.wait_for(dispatcher.run(work, sampling, version=2), 20)
+    assert report.assigned["closing"] > 0  # not on probation: it was on time

@@ -22,7 +22,7 @@ import yaml
 from decentralized_verl.core.samples import Prompt, Sample
 from decentralized_verl.core.sampling import SamplingParams
 from decentralized_verl.models.loading import load_model_and_tokenizer
-from decentralized_verl.orchestration import hedging
+from decentralized_verl.orchestration import dispatch, hedging
 from decentralized_verl.orchestration.dispatch import Dispatcher
 from decentralized_verl.spec import with_defaults
 from decentralized_verl.spec.manifest import parse_spec
@@ -47,21 +47,44 @@ LONG = SamplingParams(max_new_tokens=64, temperature=1.0, seed=5)
 
 class StopsOnFirstPrefix(GrpcRolloutClient):
     """The real gRPC client of a real worker process, which SIGSTOPs that process as soon as it has sent a
-    prefix (when armed), and records the prefixes it passed on."""
+    prefix (when armed), and records the prefixes it passed on.
+
+    The worker is stopped, for the dispatcher, at that prefix: whatever the worker had sent past it before
+    the signal took hold (on a busy machine it may have finished its share meanwhile) is never read, as if
+    the stop had come first. The share then waits, as a stopped worker's does, until the dispatcher gives
+    up on it."""
 
     def __init__(self, address: str, worker_id: str, pid: int) -> None:
         super().__init__(address, worker_id)
-        self.pid, self.armed, self.stopped = pid, False, False
+        self.pid, self.armed, self.stopped = pid, False, asyncio.Event()
         self.prefixes: dict[tuple[str, int], Sample] = {}
 
     async def generate(self, items, sampling, version):
         async for s in super().generate(items, sampling, version):
             if s.finish_reason == "partial":
-                if self.armed and not self.stopped:
-                    os.kill(self.pid, signal.SIGSTOP)
-                    self.stopped = True
                 self.prefixes[s.key] = s
             yield s
+            if s.finish_reason == "partial" and self.armed:
+                os.kill(self.pid, signal.SIGSTOP)
+                self.stopped.set()
+                await asyncio.Event().wait()  # nothing more comes from a stopped worker
+
+
+class FinishesAfter(GrpcRolloutClient):
+    """The real gRPC client of a real worker process whose share ends only once `after` is set (each answer
+    still passes on as it comes). The dispatcher hedges a late share only onto a worker that finished its
+    own: held until the other worker was stopped, this one cannot be handed that share before there is a
+    prefix to continue from."""
+
+    def __init__(self, address: str, worker_id: str) -> None:
+        super().__init__(address, worker_id)
+        self.after: asyncio.Event | None = None
+
+    async def generate(self, items, sampling, version):
+        async for s in super().generate(items, sampling, version):
+            yield s
+        if self.after is not None:
+            await self.after.wait()
 
 
 @pytest.fixture()
@@ -84,7 +107,7 @@ def workers(tmp_path):
         log = (tmp_path / f"w{index}.log").open("w")
         proc = subprocess.Popen(
             [sys.executable, "-m", "decentralized_verl.cli", "worker", "--role", "rollout", *args],
-            env=console_env(DVERL_PARTIAL_EVERY_S="0.05"),
+            env=console_env(DVERL_PARTIAL_EVERY_S="0"),  # a prefix after every token
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -104,6 +127,9 @@ async def test_a_stopped_workers_items_are_continued_elsewhere_from_their_prefix
     spec, procs, folder = workers
     monkeypatch.setattr(hedging, "HEDGE_FLOOR_S", 1.0)
     monkeypatch.setattr(hedging, "HEDGE_FACTOR", 1.0)  # hedged once past the time its speed implies
+    # The stopped worker's share is hedged, not failed at a deadline; the held share of the other worker
+    # must not fail at one either, however long the machine takes to reach the stop.
+    monkeypatch.setattr(dispatch, "DEADLINE_FLOOR_S", 3600.0)
     for proc, address in procs:
         try:
             await wait_ready(address, timeout=180)
@@ -113,27 +139,26 @@ async def test_a_stopped_workers_items_are_continued_elsewhere_from_their_prefix
             raise AssertionError(logs) from None
     _, tok = load_model_and_tokenizer(spec.model)
     slow = StopsOnFirstPrefix(procs[0][1], "slow", procs[0][0].pid)
-    fast = GrpcRolloutClient(procs[1][1], "fast")
+    fast = FinishesAfter(procs[1][1], "fast")
+    dispatcher = Dispatcher([slow, fast])
     originals = {f"q{i}": Prompt(f"q{i}", i, tuple(tok.encode(f"{i} + {i} =")), f"{i}+{i}") for i in range(2)}
     work = [(p, k) for p in originals.values() for k in range(2)]
     try:
-        # The slow worker is stopped right after its first prefix reaches us; if it had already finished its
-        # share by then (a very busy machine), nothing needed continuing: let it go and try another step.
-        # Each try has a dispatcher of its own, both workers measured first: a worker hedged in one try
-        # would sit out the next (its probation) and leave nothing to stop.
-        for _ in range(3):
-            dispatcher = Dispatcher([slow, fast])
-            slow.armed = False
-            await dispatcher.run(work, LONG, 0)  # both measured
-            slow.armed, slow.stopped = True, False
+        await dispatcher.run(work, LONG, 0)  # both measured
+        # The slow worker is stopped right after its first prefix reaches us; the fast one finishes its own
+        # share only then, and is handed the stopped share's items to continue.
+        slow.armed, fast.after = True, slow.stopped
+        try:
             samples, report = await asyncio.wait_for(dispatcher.run(work, LONG, 0), 300)
-            keys = [s.key for s in samples]
-            assert sorted(keys) == sorted((p.prompt_id, k) for p, k in work) and len(set(keys)) == len(keys)
-            os.kill(procs[0][0].pid, signal.SIGCONT)
-            if report.continued:
-                break
-        # Hedged when its share ran late, or re-dispatched if its stream broke first (a keepalive timeout).
-        assert report.continued > 0 and report.hedged + report.redispatched >= report.continued
+        except TimeoutError:
+            raise AssertionError(
+                f"the step never ended: slow stopped {slow.stopped.is_set()}, benched {dispatcher._skip}, "
+                f"down {dispatcher.gate.down}"
+            ) from None
+        keys = [s.key for s in samples]
+        assert sorted(keys) == sorted((p.prompt_id, k) for p, k in work) and len(set(keys)) == len(keys)
+        assert slow.stopped.is_set() and report.assigned["slow"] >= 1, report
+        assert report.continued > 0 and report.hedged >= report.continued, report
         continued = [s for s in samples if s.parts]
         assert len(continued) == report.continued
         for s in continued:

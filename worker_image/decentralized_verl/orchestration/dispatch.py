@@ -242,9 +242,9 @@ class Dispatcher:
         is hedged: its unanswered items also go to a worker that finished its own share, and whichever
         answers first is kept (the other's answer is counted as a duplicate and dropped), so a worker
         that went slow or silent, cut off by a partition or a slow link, holds the step seconds, not
-        until its deadline. Once every item of the round is answered, shares still running are cancelled
-        and their workers held out until their Health answers (a stopped worker stays out; a volunteer,
-        which cannot be probed, is left to discovery); they are not counted as failed. An item whose
+        until its deadline. Once every item of the round is answered, shares still running are cancelled;
+        the workers of hedged ones are held out until their Health answers (a stopped worker stays out; a
+        volunteer, which cannot be probed, is left to discovery); none is counted as failed. An item whose
         worker sent a prefix before going late or failing is continued from that prefix
         (`continuation.py`), not generated again."""
         started = time.monotonic()
@@ -302,7 +302,10 @@ class Dispatcher:
         finally:
             for task in running:
                 task.cancel()
-                if task in main:  # late and outdone: held out until its Health answers (a stopped worker)
+                # Late and outdone: held out until its Health answers (a stopped worker). A share that was
+                # never hedged had every item answered by its own worker, only its stream's end was still
+                # on the way (a busy machine): that worker was on time and keeps its place.
+                if task in main and main[task] in hedged:
                     wid = shares[main[task]][0]
                     self.gate.mark_down(wid, clients[wid])
                     self._strikes[wid] = strikes = self._strikes.get(wid, 0) + 1

@@ -1,4 +1,5 @@
-"""Serving processes (workers, volunteers) run until SIGTERM/SIGINT, which pods and `dverl run` send."""
+"""Serving processes (workers, volunteers) run until SIGTERM/SIGINT, which pods and `dverl run` send, and
+their background loops end when they stop."""
 
 from __future__ import annotations
 
@@ -40,3 +41,19 @@ async def serve_until_stopped(
     if served is not None:
         announce(served())
     return 0
+
+
+async def cancel_and_wait(task: asyncio.Task | None, *, again_after_s: float = 1.0) -> None:
+    """End a background loop (a heartbeat, a poller) and wait until it has ended.
+
+    One cancel is not always enough on Python 3.11: `asyncio.wait_for` returns its call's result and drops
+    the cancellation when the two arrive in the same turn of the event loop (more likely the busier the
+    machine), and the loop then runs on, so awaiting it once would wait forever. The task is cancelled
+    again until it ends; an error it ended with is raised here."""
+    if task is None:
+        return
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=again_after_s)
+    if not task.cancelled():
+        task.result()

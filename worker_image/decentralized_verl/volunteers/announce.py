@@ -9,12 +9,13 @@ join token to it over an authenticated stream (see discovery.py); the record say
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+
+from decentralized_verl.runtime.lifecycle import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +147,8 @@ class Heartbeat:
         hold that answer for longer than the record lives: waiting for it would let the record lapse."""
         record = self.make_record(time.time() + self.ttl)
         try:
-            stored = await asyncio.wait_for(store_record(self.dht, self.job, record), self.interval)
+            async with asyncio.timeout(self.interval):  # unlike wait_for, never drops a stop's cancellation
+                stored = await store_record(self.dht, self.job, record)
         except TimeoutError:
             log.info(
                 "a DHT replica is slow to confirm the announcement; beating again in %.0fs", self.interval
@@ -169,7 +171,4 @@ class Heartbeat:
         self._task = asyncio.create_task(self._loop(), name="volunteer-heartbeat")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)

@@ -11,14 +11,18 @@ job does.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import shutil
 import signal
 import tempfile
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from decentralized_verl.errors import PeerUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +66,10 @@ class PeerOptions:
         return kwargs
 
 
-def start_dht(options: PeerOptions, *, wait_timeout: float = 60.0):
+def start_dht(options: PeerOptions, *, wait_timeout: float = 60.0, ready_timeout_s: float = 600.0):
     """Start a hivemind.DHT (its own process, which starts `p2pd`) and return it once it is running; a
-    watchdog ends both should this process be killed without cleaning up (`orphans`).
+    watchdog ends both should this process be killed without cleaning up (`orphans`). A process that dies
+    before it serves, or serves nothing for `ready_timeout_s`, is an error (`_started`).
 
     With `signed_job` every record under that job's volunteer key must be signed by the peer it names,
     and this peer signs its own: its identity is then one this process holds (`identity_seed`, else a
@@ -85,16 +90,45 @@ def start_dht(options: PeerOptions, *, wait_timeout: float = 60.0):
         options = dataclasses.replace(options, identity_path=str(write_identity(seed, folder)))
     validators = [OwnedRecords(options.signed_job, seed)] if options.signed_job is not None else []
     try:
-        return hivemind.DHT(
-            start=True,
-            await_ready=True,
-            wait_timeout=wait_timeout,
-            record_validators=validators,
-            **options.dht_kwargs(),
+        dht = hivemind.DHT(
+            start=False, wait_timeout=wait_timeout, record_validators=validators, **options.dht_kwargs()
         )
+        return _started(dht, ready_timeout_s)
     finally:
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def _started(dht, ready_timeout_s: float):
+    """Fork the DHT's process and return `dht` once it serves.
+
+    The process is forked from this one, which runs gRPC threads (a learner's server and channels). Had the
+    child inherited garbage and collected it, destroying gRPC objects whose threads stayed here would abort
+    it, and its crash report can hang it for good (seen on a busy machine, the learner then waiting for it
+    forever): everything alive at the fork is kept out of the child's collections. The wait ends with an
+    error naming what happened when the process dies, or stays up without serving for `ready_timeout_s`
+    (hivemind itself would wait forever)."""
+    gc.collect()
+    gc.freeze()
+    try:
+        dht.run_in_background(await_ready=False)
+    finally:
+        gc.unfreeze()
+    deadline = time.monotonic() + ready_timeout_s
+    while True:
+        try:
+            dht.wait_until_ready(timeout=1.0)
+            return dht
+        except TimeoutError:
+            if not dht.is_alive():
+                raise PeerUnavailable(
+                    f"the DHT peer's process exited with code {dht.exitcode} before it served"
+                ) from None
+            if time.monotonic() > deadline:
+                dht.terminate()
+                raise PeerUnavailable(
+                    f"the DHT peer's process did not serve within {ready_timeout_s:.0f}s; ended it"
+                ) from None
 
 
 def pick_initial_peers_line(maddrs: Sequence[object]) -> str:

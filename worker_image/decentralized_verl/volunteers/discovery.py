@@ -17,7 +17,6 @@ The number of active volunteers is written to `JobStatus.volunteers` (Status RPC
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from decentralized_verl.planning.devices import GPU_PRIORS
+from decentralized_verl.runtime.lifecycle import cancel_and_wait
 from decentralized_verl.security.trust import weights_verify_key
 from decentralized_verl.transport import messages as m
 from decentralized_verl.volunteers.announce import VolunteerRecord, read_records
@@ -315,9 +315,8 @@ class VolunteerHub:
         # times out must not expire every record whose heartbeat it was blind to.
         began = time.time()
         try:
-            records, problems = await asyncio.wait_for(
-                read_records(self.dht, self.config.job), max(5.0, 4 * self.config.poll_s)
-            )
+            async with asyncio.timeout(max(5.0, 4 * self.config.poll_s)):  # a close's cancel is never dropped
+                records, problems = await read_records(self.dht, self.config.job)
         except TimeoutError:
             log.info(
                 "volunteer discovery: a DHT read timed out (a peer is unreachable); keeping what is known"
@@ -379,10 +378,7 @@ class VolunteerHub:
         }
 
     async def close(self, output: Path | None = None) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
         for hook in self.after_poll:  # a last word with the fronts, so the report holds what they saw
             try:
                 await asyncio.wait_for(hook(list(self._seen.values())), 30.0)
