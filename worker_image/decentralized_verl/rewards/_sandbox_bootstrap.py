@@ -7,9 +7,11 @@ writes outside the workdir and reads outside the stdlib; then exec of workdir/so
 The audit hook is defence in depth next to the OS limits, not a security boundary on its own.
 """
 
+import ctypes
 import json
 import os
 import resource
+import stat
 import sys
 
 _BLOCKED_EVENTS = frozenset(
@@ -55,7 +57,6 @@ def _unshare_network():
             return True
         except OSError:
             return False
-    import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
     ok = libc.unshare(_CLONE_NEWNET) == 0
@@ -66,8 +67,6 @@ def _unshare_network():
 
 def _world_readable(directory):
     """True when a user with no special rights can list `directory` and traverse all its parents."""
-    import stat
-
     path = directory
     need = stat.S_IROTH | stat.S_IXOTH
     while True:

@@ -15,6 +15,7 @@ machine). Process identity is (pid, start time), so a reused pid is never killed
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -151,8 +152,6 @@ def die_with_parent(expected: int | None) -> None:
     if not expected or not Path("/proc/self/stat").exists():
         return
     with contextlib.suppress(OSError, AttributeError):
-        import ctypes
-
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != expected:
         os.kill(os.getpid(), signal.SIGTERM)

@@ -12,9 +12,12 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+
+import torch
 
 log = logging.getLogger(__name__)
 
@@ -83,15 +86,8 @@ class VolunteerRecord:
 
 def hardware_summary() -> str:
     """`cuda:NVIDIA H100 80GB x1` or `cpu:16 cores`: what the dispatcher's prior is read from."""
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return f"cuda:{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}"
-    except ImportError:
-        pass
-    import os
-
+    if torch.cuda.is_available():
+        return f"cuda:{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}"
     return f"cpu:{os.cpu_count()} cores"
 
 
