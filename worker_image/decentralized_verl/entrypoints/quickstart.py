@@ -330,8 +330,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     )
 
 
-def main_quickstart(options: QuickstartOptions) -> int:
-    configure_from_environment(WorkerSettings.from_env())  # this process trains: torch sized to its cores
+def main_quickstart(options: QuickstartOptions, settings: WorkerSettings) -> int:
+    configure_from_environment(settings)  # this process trains: torch sized to its cores
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     summary = asyncio.run(run_quickstart(options))
     print(format_summary(summary), flush=True)

@@ -7,7 +7,6 @@ writes outside the workdir and reads outside the stdlib; then exec of workdir/so
 The audit hook is defence in depth next to the OS limits, not a security boundary on its own.
 """
 
-import ctypes
 import json
 import os
 import resource
@@ -57,6 +56,8 @@ def _unshare_network():
             return True
         except OSError:
             return False
+    # Loaded only here: a module already loaded imports with no audit event, so the program would find it.
+    import ctypes  # noqa: PLC0415 light: ctypes; the sandboxed program must not find it loaded
 
     libc = ctypes.CDLL(None, use_errno=True)
     ok = libc.unshare(_CLONE_NEWNET) == 0

@@ -50,9 +50,9 @@ def run_stage(stage: str, config_path: str | Path) -> StageResult:
     return StageResult("all", last, {r.stage: r.metrics for r in results}, results)
 
 
-def main_stage(stage: str, config_path: str | Path) -> int:
+def main_stage(stage: str, config_path: str | Path, settings: WorkerSettings) -> int:
     """`dverl train --stage`: run the stage(s) and print one line of metrics (and checkpoint) for each."""
-    configure_from_environment(WorkerSettings.from_env())  # this process trains: torch sized to its cores
+    configure_from_environment(settings)  # this process trains: torch sized to its cores
     result = run_stage(stage, config_path)
     for one in result.stages or [result]:
         metrics = ", ".join(

@@ -7,6 +7,7 @@ import json
 import time
 
 from decentralized_verl.cli.commands.registry import Command, command
+from decentralized_verl.settings import WorkerSettings
 from decentralized_verl.spec.catalogue.algorithms import PRESETS
 from decentralized_verl.volunteers.rewards import QUICKSTART_REWARD
 
@@ -169,6 +170,7 @@ def _train(parser: argparse.ArgumentParser) -> Command:
     quick.add_argument("--port", type=int, default=0, help="this peer's P2P port (0: any free one)")
 
     def run(args: argparse.Namespace) -> int:
+        settings = WorkerSettings.from_env()  # this process trains: its entry reads the settings
         if args.initial_peers:
             from decentralized_verl.entrypoints.quickstart import QuickstartOptions, main_quickstart  # noqa: PLC0415 entry: the command's body
 
@@ -193,12 +195,13 @@ def _train(parser: argparse.ArgumentParser) -> Command:
                     wait_workers_s=args.wait_workers,
                     output=args.output,
                     port=args.port,
-                )
+                ),
+                settings,
             )
         if args.stage is None or args.config is None:
             parser.error("give --stage and --config (or --initial-peers ... for the DHT quick start)")
         from decentralized_verl.stages.runner import main_stage  # noqa: PLC0415 entry: the command's body
 
-        return main_stage(args.stage, args.config)
+        return main_stage(args.stage, args.config, settings)
 
     return run
