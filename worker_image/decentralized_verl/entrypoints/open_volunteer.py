@@ -47,7 +47,6 @@ from decentralized_verl.spec.catalogue.backends import HF
 from decentralized_verl.training.value_model import build_value_model
 from decentralized_verl.transport import messages as m
 from decentralized_verl.transport import p2p as wire
-from decentralized_verl.transport.p2p import Unauthorized
 from decentralized_verl.volunteers.announce import VolunteerRecord, hardware_summary
 from decentralized_verl.volunteers.session import PeerReach, volunteer_session
 
@@ -82,7 +81,7 @@ class CallerBinding:
             self.last_seen = now
             return False
         if self.bound is not None and now - self.last_seen < self.idle_s:
-            raise Unauthorized(
+            raise wire.Unauthorized(
                 f"busy: serving trainer {self.bound} (free again {self.idle_s:g}s after its last request)"
             )
         rebound = self.bound is not None

@@ -23,7 +23,6 @@ from decentralized_verl.spans.volunteer import serve_for_job
 from decentralized_verl.spec import JobSpec
 from decentralized_verl.transport import messages as m
 from decentralized_verl.transport import p2p as wire
-from decentralized_verl.transport.p2p import connect
 from decentralized_verl.transport.weights.delta_p2p import DeltaP2PWeightSource
 from decentralized_verl.volunteers.announce import VolunteerRecord, hardware_summary, read_records
 from decentralized_verl.volunteers.prefetch import WeightPrefetch
@@ -76,7 +75,7 @@ async def _dial_coordinator(dht, p2p, job: str, coordinator: str) -> bool:
         return False
     for record in records:
         if record.peer_id == coordinator and record.role == "coordinator":
-            return await connect(p2p, coordinator, record.maddrs)
+            return await wire.connect(p2p, coordinator, record.maddrs)
     return False
 
 

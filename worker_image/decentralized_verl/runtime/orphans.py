@@ -15,7 +15,6 @@ machine). Process identity is (pid, start time), so a reused pid is never killed
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
@@ -151,6 +150,8 @@ def die_with_parent(expected: int | None) -> None:
     os.environ.pop(PARENT_VARIABLE, None)
     if not expected or not Path("/proc/self/stat").exists():
         return
+    import ctypes  # noqa: PLC0415 light: ctypes, for a process started to die with its launcher only
+
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != expected:

@@ -40,7 +40,6 @@ from decentralized_verl.runtime import compute_thread
 from decentralized_verl.runtime.cpus import configure_from_environment
 from decentralized_verl.runtime.lifecycle import serve_until_stopped
 from decentralized_verl.security import trust
-from decentralized_verl.security.trust import weights_verify_key
 from decentralized_verl.settings import WorkerSettings
 from decentralized_verl.spans import signed
 from decentralized_verl.spans.blocks import build_span, spec_parts
@@ -385,7 +384,7 @@ async def serve_span_role(spec: Any, job: str, index: int, port: int, host: str)
     span = even_layout(int(config.num_hidden_layers), spec.roles.rollout.spans.count)[position]
 
     server = load_span_server(
-        spec.model, span, server_id=planned[index].name, verify_key=weights_verify_key()
+        spec.model, span, server_id=planned[index].name, verify_key=trust.weights_verify_key()
     )
     return await _serve_until_stopped(server, port, host, f"layers {span} of rollout {front}", 30.0)
 
@@ -394,7 +393,7 @@ async def _main(args: argparse.Namespace) -> int:
     spec = ModelSpec.model_validate(json.loads(args.model))
     span = parse_span(args.layers, field="--layers")
     try:
-        verify_key = bytes.fromhex(args.weights_key) if args.weights_key else weights_verify_key()
+        verify_key = bytes.fromhex(args.weights_key) if args.weights_key else trust.weights_verify_key()
     except ValueError:
         raise WireError("--weights-key", "must be the learner's public key in hex") from None
     server = load_span_server(

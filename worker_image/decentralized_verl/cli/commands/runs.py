@@ -9,7 +9,6 @@ import time
 from decentralized_verl.cli.commands.registry import Command, command
 from decentralized_verl.settings import WorkerSettings
 from decentralized_verl.spec.catalogue.algorithms import PRESETS
-from decentralized_verl.volunteers.rewards import QUICKSTART_REWARD
 
 OUTPUT_HELP = "run folder (default: runs/<job name>)"
 
@@ -176,6 +175,7 @@ def _train(parser: argparse.ArgumentParser) -> Command:
 
             if not args.prompts_file:
                 parser.error("--initial-peers: give --prompts-file prompts.json")
+            reward = {"reward_type": args.reward_type} if args.reward_type else {}  # else the quick start's
             return main_quickstart(
                 QuickstartOptions(
                     initial_peers=tuple(args.initial_peers),
@@ -187,7 +187,6 @@ def _train(parser: argparse.ArgumentParser) -> Command:
                     batch_size=args.batch_size,
                     samples_per_prompt=args.samples_per_prompt,
                     max_new_tokens=args.max_new_tokens,
-                    reward_type=args.reward_type or QUICKSTART_REWARD,
                     reward_model=args.reward_model,
                     learning_rate=args.learning_rate,
                     verify_fraction=args.verify_fraction,
@@ -195,6 +194,7 @@ def _train(parser: argparse.ArgumentParser) -> Command:
                     wait_workers_s=args.wait_workers,
                     output=args.output,
                     port=args.port,
+                    **reward,
                 ),
                 settings,
             )
