@@ -19,7 +19,7 @@ import tokenize
 import tomllib
 from pathlib import Path
 
-ROOT = Path(__file__).parents[1]
+ROOT = next(p for p in Path(__file__).parents if (p / "pyproject.toml").is_file())  # wherever this file sits
 PACKAGES = (ROOT / "worker_image" / "decentralized_verl", ROOT / "operator" / "dverl_operator")
 GENERATED = ("_pb2.py", "_pb2_grpc.py")
 KINDS = {
