@@ -1,0 +1,1 @@
+"""Real processes, servers, DHT peers and network namespaces, each test short."""
