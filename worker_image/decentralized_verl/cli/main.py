@@ -86,7 +86,7 @@ def _adopt(settings: WorkerSettings) -> None:
     credentials (every server, channel and weight receiver uses them) and the converted-model cache.
     Each is imported only by a process given it: `dverl validate` and `plan` load neither."""
     if settings.tls_dir:
-        from decentralized_verl.security import trust  # noqa: PLC0415 light: only a process given credentials
+        from decentralized_verl.security import trust  # noqa: PLC0415 light: credentials, for a process given them
 
         trust.adopt(settings)
     if settings.cache_dir:
