@@ -10,8 +10,8 @@ import torch
 import yaml
 from transformers import AutoModelForSequenceClassification
 
-import decentralized_verl.launch as launch
 from decentralized_verl.errors import DataError, DverlError, ManifestError, ModelError
+from decentralized_verl.stages import runner
 from decentralized_verl.stages.batching import encode_completion
 from decentralized_verl.stages.reward import bradley_terry_loss, score_texts
 from decentralized_verl.stages.runner import run_stage
@@ -154,7 +154,7 @@ def test_reward_init_from_sft_needs_a_checkpoint(tmp_path):
 def test_rlhf_stage_hands_the_job_to_the_runtime(tmp_path, monkeypatch):
     config = write_config(tmp_path, rlhf={"job": "job.yaml"})
     seen = []
-    monkeypatch.setattr(launch, "run_job", lambda path: seen.append(path) or "ok", raising=False)
+    monkeypatch.setattr(runner, "run_job", lambda path: seen.append(path) or "ok")
     result = run_stage("rlhf", config)
     assert seen == [tmp_path / "job.yaml"] and result.metrics["result"] == "ok"
 

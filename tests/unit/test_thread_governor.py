@@ -81,11 +81,28 @@ class Machine:
         governor.end()
 
 
+class GovernorOn(ThreadGovernor):
+    """The governor of a two-core machine whose I/O edges are `machine`'s."""
+
+    def __init__(self, machine: Machine) -> None:
+        super().__init__(2, {0, 1})
+        self.machine = machine
+
+    def read_stat(self) -> str:
+        return self.machine.stat()
+
+    def set_threads(self, threads: int) -> None:
+        self.machine.set_to.append(threads)
+
+    def clock(self) -> float:
+        return self.machine.now
+
+    def cpu_clock(self) -> float:
+        return self.machine.own
+
+
 def governor_on(machine: Machine) -> ThreadGovernor:
-    return ThreadGovernor(
-        2, {0, 1}, read_stat=machine.stat, set_threads=machine.set_to.append,
-        clock=lambda: machine.now, cpu_clock=lambda: machine.own,
-    )  # fmt: skip
+    return GovernorOn(machine)
 
 
 def test_a_rival_process_takes_a_thread_away_and_gives_it_back() -> None:

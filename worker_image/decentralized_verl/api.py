@@ -16,8 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from decentralized_verl.orchestration.assemble import build_loop
+from decentralized_verl.orchestration.wiring import connect_roles
 from decentralized_verl.spec.catalogue.algorithms import PRESETS
 from decentralized_verl.spec.manifest import parse_spec
+from decentralized_verl.training.trainer import PolicyTrainer
 
 Algorithm = enum.StrEnum("Algorithm", {name.upper(): name for name in PRESETS})
 """Every preset name of `spec.algorithm.name` (Algorithm.GRPO == "grpo"), read from the preset registry."""
@@ -167,10 +170,6 @@ class DecentralizedTrainer:
         self, prompts: Sequence[str] | Sequence[dict[str, str]], num_epochs: int = 1
     ) -> list[dict[str, Any]]:
         """`prompts`: strings, or dicts with `prompt` and optional `answer` for verifiable rewards."""
-        from decentralized_verl.orchestration.assemble import build_loop
-        from decentralized_verl.orchestration.wiring import connect_roles
-        from decentralized_verl.training.trainer import PolicyTrainer
-
         self.output_dir.mkdir(parents=True, exist_ok=True)
         train_file = self.output_dir / "prompts.jsonl"
         with train_file.open("w") as handle:

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from decentralized_verl.backends.base import FinishReason, GenerationOutput, GenerationRequest, SamplingParams
 from decentralized_verl.backends.weight_copy import plan_weight_copy
+from decentralized_verl.core.kv_cache import cache_keyword, decode_cache
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # spreads (seed, sample_index) pairs over the 63-bit seed space
 _SEED_MASK = (1 << 63) - 1
@@ -187,7 +188,6 @@ class HFBackend:
         self.pad_token_id = pad if pad is not None else min(self.eos_token_ids, default=0)
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
         self._logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
-        from decentralized_verl.core.kv_cache import cache_keyword
 
         self._cache_keyword = cache_keyword(model)
 
@@ -346,8 +346,6 @@ class HFBackend:
 
     def _new_cache(self, capacity: int) -> Any:
         """One micro-batch's cache for ``capacity`` positions (a span chain's front returns a session)."""
-        from decentralized_verl.core.kv_cache import decode_cache
-
         return decode_cache(self.model.config, capacity)
 
     def _forward(self, input_ids: Tensor, attention: Tensor, positions: Tensor, cache: Any) -> Tensor:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import save_file
 from torch import Tensor
 
 from decentralized_verl.backends.base import GenerationOutput, GenerationRequest, SamplingParams
@@ -52,7 +53,7 @@ def to_vllm_params(params: SamplingParams, eos_token_ids: Iterable[int]) -> Any:
     ``ignore_eos``, so an empty set really means "stop only at max tokens or a stop string", as in
     the hf backend).
     """
-    from vllm import SamplingParams as VllmSamplingParams
+    from vllm import SamplingParams as VllmSamplingParams  # noqa: PLC0415 optional: vllm (the vllm extra); this module loads without it
 
     greedy = params.temperature == 0
     return VllmSamplingParams(
@@ -119,7 +120,7 @@ class VLLMBackend:
         if not isinstance(version, int) or version < 0:
             raise ValueError(f"version: must be an integer >= 0 (got {version!r})")
         try:
-            from vllm import LLM
+            from vllm import LLM  # noqa: PLC0415 optional: vllm (the vllm extra); this module loads without it
         except ImportError as exc:
             raise ImportError(
                 f"generation backend 'vllm' is not installed ({exc}); on CPU run scripts/install-vllm.sh "
@@ -340,8 +341,6 @@ def _default_eos(model: Any, tokenizer: Any) -> set[int]:
 
 def _write_model_dir(model: Any, tokenizer: Any, folder: Path) -> None:
     """A transformers checkpoint folder of ``model``'s current (merged) weights that vLLM can load."""
-    from safetensors.torch import save_file
-
     folder.mkdir(parents=True, exist_ok=True)
     _inner_config(model).save_pretrained(folder)
     tokenizer.save_pretrained(folder)

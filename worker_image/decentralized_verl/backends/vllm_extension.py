@@ -13,13 +13,15 @@ not do are done here: a tied ``lm_head`` shares the embedding's tensor but keeps
 copy, so it is re-tied and re-processed; the driver then resets the prefix cache, whose KV entries
 were computed with the old weights.
 
-This module imports vLLM lazily: importing it must not need vLLM (it is found by name).
+This module imports no vLLM: importing it must not need vLLM (the engine finds it by name).
 """
 
 from __future__ import annotations
 
 import time
 from typing import Any
+
+from safetensors.torch import load_file
 
 QUALNAME = "decentralized_verl.backends.vllm_extension.WeightRefreshExtension"
 
@@ -33,8 +35,6 @@ class WeightRefreshExtension:
         The caller validated names, shapes and dtypes beforehand: a reload that fails half way leaves
         layers on the meta device and the engine unusable. Returns timing and counts for the log.
         """
-        from safetensors.torch import load_file
-
         began = time.perf_counter()
         tensors = load_file(path)
         read = time.perf_counter()
@@ -42,11 +42,6 @@ class WeightRefreshExtension:
         _refresh_tied_head(self.model_runner.get_model())  # type: ignore[attr-defined]
         done = time.perf_counter()
         return {"tensors": len(tensors), "read_s": read - began, "reload_s": done - read}
-
-    def dverl_weight_checksum(self, name: str) -> float:
-        """Sum of one parameter as the engine holds it (float64), so tests can see a refresh landed."""
-        model = self.model_runner.get_model()  # type: ignore[attr-defined]
-        return float(model.get_parameter(name).detach().double().sum())
 
 
 def _refresh_tied_head(model: Any) -> None:

@@ -12,9 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from peft.tuners.lora import LoraLayer
+from safetensors.torch import save_file
 from torch import Tensor
 
 from decentralized_verl.errors import ModelError
+from decentralized_verl.models.lora import is_lora
 
 
 def export_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
@@ -25,8 +28,6 @@ def export_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
     another (a tied ``lm_head``) appear once, under their first name, because safetensors refuses
     shared storage and the engine re-ties them itself. Tensors are detached and contiguous.
     """
-    from decentralized_verl.models.lora import is_lora
-
     state = _merged_lora_state_dict(model) if is_lora(model) else model.state_dict()
     out: dict[str, Tensor] = {}
     seen: set[tuple[int, int, tuple[int, ...]]] = set()
@@ -40,8 +41,6 @@ def export_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
 
 
 def _merged_lora_state_dict(model: Any) -> dict[str, Tensor]:
-    from peft.tuners.lora import LoraLayer
-
     base = model.get_base_model()
     deltas: dict[str, Tensor] = {}
     for module_name, module in base.named_modules():
@@ -67,8 +66,6 @@ def _merged_lora_state_dict(model: Any) -> dict[str, Tensor]:
 
 def write_weights_file(tensors: Mapping[str, Tensor], folder: str | os.PathLike[str] | None = None) -> Path:
     """Write ``tensors`` to a fresh safetensors file in RAM (``/dev/shm`` when present) and return it."""
-    from safetensors.torch import save_file
-
     if folder is None:
         folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
     path = Path(folder) / f"dverl-weights-{os.getpid()}-{uuid.uuid4().hex}.safetensors"

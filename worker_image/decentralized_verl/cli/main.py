@@ -12,8 +12,10 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
+from decentralized_verl import __version__
+from decentralized_verl.cli.commands import load_all
+from decentralized_verl.cli.commands.peers import run_operator
 from decentralized_verl.errors import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -22,9 +24,8 @@ from decentralized_verl.errors import (
     ManifestError,
     OperationFailed,
 )
-
-if TYPE_CHECKING:
-    from decentralized_verl.settings import WorkerSettings
+from decentralized_verl.runtime.orphans import die_with_parent
+from decentralized_verl.settings import SettingsError, WorkerSettings
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -38,9 +39,6 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from decentralized_verl import __version__
-    from decentralized_verl.cli.commands import load_all
-
     parser = argparse.ArgumentParser(prog="dverl", description="Decentralized veRL: RL fine-tuning of LLMs")
     parser.add_argument("--version", action="version", version=f"dverl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -86,21 +84,18 @@ def _quiet_closed_pipe() -> int:
 def _adopt(settings: WorkerSettings) -> None:
     """Hand the process-wide settings to the modules that hold them for the whole process: its job
     credentials (every server, channel and weight receiver uses them) and the converted-model cache.
-    Imported lazily: `dverl validate` and the operator must not pay for torch."""
+    Each is imported only by a process given it: `dverl validate` and `plan` load neither."""
     if settings.tls_dir:
-        from decentralized_verl.security import trust
+        from decentralized_verl.security import trust  # noqa: PLC0415 light: credentials, for a process given them
 
         trust.adopt(settings)
     if settings.cache_dir:
-        from decentralized_verl.models import loading
+        from decentralized_verl.models import loading  # noqa: PLC0415 light: torch, in a process given a cache
 
         loading.use_cache_dir(settings.cache_dir)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from decentralized_verl.runtime.orphans import die_with_parent
-    from decentralized_verl.settings import SettingsError, WorkerSettings
-
     try:
         settings = WorkerSettings.from_env()  # this process's entry: every `dverl` command starts here
     except SettingsError as exc:
@@ -109,10 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     die_with_parent(settings.die_with_parent)  # a worker `dverl run` started ends with it
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["operator"]:
-        # The operator owns its flags (and its --help); hand them over untouched.
-        from dverl_operator.main import main as operator_main
-
-        return operator_main(argv[1:])
+        return run_operator(argv[1:])  # the operator owns its flags (and its --help)
     _adopt(settings)
     try:
         args = build_parser().parse_args(argv)

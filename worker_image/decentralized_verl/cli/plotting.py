@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from matplotlib.figure import Figure
+
 from decentralized_verl.errors import DataError
 from decentralized_verl.reporting.metrics import EVAL_FILE, read_evals, read_metrics
 
@@ -45,11 +47,6 @@ def plot_run(run_dir: str | Path, smooth: float = 0.6) -> list[Path]:
     the moving average's weight (0 draws the raw values only)."""
     if not 0 <= smooth < 1:
         raise ValueError(f"smooth must be in [0, 1) (got {smooth})")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     folder = Path(run_dir)
     records = read_metrics(folder / "metrics.jsonl")
     if not records:
@@ -61,12 +58,15 @@ def plot_run(run_dir: str | Path, smooth: float = 0.6) -> list[Path]:
         records = [{k: v for k, v in r.items() if not k.startswith("eval_")} for r in records] + evals
     present = [(key, title) for key, title in PANELS if any(r.get(key) is not None for r in records)]
     written: list[Path] = []
-    fig, axes = plt.subplots(len(present), 1, figsize=(7, 2.4 * len(present)), sharex=True, squeeze=False)
+    # Figures of their own, not pyplot's: no GUI backend and no process-wide figure registry to close.
+    fig = Figure(figsize=(7, 2.4 * len(present)))
+    axes = fig.subplots(len(present), 1, sharex=True, squeeze=False)
     for ax, (key, title) in zip(axes[:, 0], present, strict=True):
         points = sorted((r["step"], r[key]) for r in records if r.get(key) is not None)
         xs, ys = zip(*points, strict=True)
         band = _interval_band(records, key)
-        single, single_ax = plt.subplots(figsize=(6, 3.5))
+        single = Figure(figsize=(6, 3.5))
+        single_ax = single.subplots()
         marker = "o" if len(xs) < 30 else None
         for target in (ax, single_ax):
             if smooth and key not in RAW_PANELS and len(xs) > 2:
@@ -86,13 +86,11 @@ def plot_run(run_dir: str | Path, smooth: float = 0.6) -> list[Path]:
         path = out_dir / f"{key}.png"
         single.tight_layout()
         single.savefig(path, dpi=100)
-        plt.close(single)
         written.append(path)
     axes[-1, 0].set_xlabel("step")
     fig.tight_layout()
     overview = out_dir / "overview.png"
     fig.savefig(overview, dpi=100)
-    plt.close(fig)
     return [overview, *written]
 
 

@@ -9,6 +9,9 @@ Pure: nothing here reads model files or data.
 from __future__ import annotations
 
 from decentralized_verl.convert.common import Conversion, Unmapped
+from decentralized_verl.convert.openrlhf import convert_openrlhf
+from decentralized_verl.convert.trl import convert_trl
+from decentralized_verl.convert.verl import convert_verl
 
 __all__ = ["Conversion", "Unmapped", "convert"]
 
@@ -20,17 +23,11 @@ def convert(
 ) -> Conversion:
     """`text` (a YAML/JSON config, or a shell command line for openrlhf) as a manifest."""
     if source == "verl":
-        from decentralized_verl.convert.verl import convert_verl
-
         return convert_verl(text, overrides or [], name)
     if overrides:
         raise ValueError("overrides (key=value) apply to veRL configs only")
     if source == "trl":
-        from decentralized_verl.convert.trl import convert_trl
-
         return convert_trl(text, name)
     if source == "openrlhf":
-        from decentralized_verl.convert.openrlhf import convert_openrlhf
-
         return convert_openrlhf(text, name)
     raise ValueError(f"unknown source {source!r}; expected {', '.join(SOURCES)}")

@@ -21,6 +21,7 @@ from decentralized_verl.convert.common import (
     Conversion,
     Rule,
     Unmapped,
+    apply_rules,
     as_bool,
     as_float,
     as_int,
@@ -206,7 +207,6 @@ def convert_verl(text: str, overrides: list[str], name: str | None = None) -> Co
         for key in (f"{A}.model.lora_alpha", f"{A}.model.target_modules"):
             if key in simple:
                 result.unmapped.append(Unmapped(key, simple.pop(key), "LoRA is off (lora_rank 0)"))
-    from decentralized_verl.convert.common import apply_rules
 
     apply_rules(simple, RULES, DROPPED, spec, result)
     if lora_rank:

@@ -17,15 +17,17 @@ cache cannot be found, take the plain forward with `logits_to_keep`; results are
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from decentralized_verl.core.samples import position_ids_from_mask
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
-if TYPE_CHECKING:
-    import torch
-    from torch import nn
-
-    from decentralized_verl.core.samples import TrainBatch
+from decentralized_verl.core.kv_cache import cache_keyword, returned_cache
+from decentralized_verl.core.samples import TrainBatch, position_ids_from_mask
+from decentralized_verl.core.token_logprobs import token_logprobs
 
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 """Config fields of models whose logits are not the LM head's output alone."""
@@ -66,8 +68,6 @@ def shared_prompts(prompt_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 
     Rows with equal left-padded prompt ids hold the same prompt, whatever group they came from.
     """
-    import torch
-
     unique, inverse = torch.unique(prompt_ids, dim=0, return_inverse=True)
     if unique.shape[0] == prompt_ids.shape[0]:
         return None
@@ -94,9 +94,6 @@ def parts_of(model: nn.Module) -> tuple[nn.Module, nn.Module] | None:
 
 def _expanded_cache(cache: Any, index: torch.Tensor) -> Any | None:
     """A fresh DynamicCache whose row i holds the keys/values of the prompt row `index[i]` (in the graph)."""
-    from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
-
     layers = getattr(cache, "layers", None)
     if not layers or any(type(layer) is not DynamicLayer for layer in layers):
         return None
@@ -108,8 +105,6 @@ def _expanded_cache(cache: Any, index: torch.Tensor) -> Any | None:
 def response_hidden(decoder: nn.Module, t: Trimmed) -> torch.Tensor:
     """[B, R', H] hidden states at the columns that predict each response token (the last prompt column
     for the first response token, response column j for token j + 1)."""
-    import torch
-
     plan = shared_prompts(t.prompt_ids)
     if plan is not None:
         hidden = _shared_hidden(decoder, t, plan)
@@ -126,10 +121,6 @@ def response_hidden(decoder: nn.Module, t: Trimmed) -> torch.Tensor:
 def _shared_hidden(
     decoder: nn.Module, t: Trimmed, plan: tuple[torch.Tensor, torch.Tensor]
 ) -> torch.Tensor | None:
-    import torch
-
-    from decentralized_verl.core.kv_cache import cache_keyword, returned_cache
-
     first_row, inverse = plan
     prompt_mask = t.prompt_mask[first_row]
     prompt_positions = position_ids_from_mask(prompt_mask)
@@ -161,8 +152,6 @@ def _shared_hidden(
 
 
 def _pad_back(values: torch.Tensor, width: int) -> torch.Tensor:
-    import torch.nn.functional as F
-
     missing = width - values.shape[1]
     return F.pad(values, (0, missing)) if missing > 0 else values[:, :width]
 
@@ -178,10 +167,6 @@ def response_logprobs(
     """([B, R] log p(response token | prefix) at `temperature`, [B, R] entropy or None); zero at padding.
 
     `plain` forces the model's own call over the padded batch (the baseline benchmarks compare with)."""
-    import torch
-
-    from decentralized_verl.core.token_logprobs import token_logprobs
-
     parts = None if plain else parts_of(model)
     if parts is None:
         return _plain_logprobs(model, batch, temperature, entropy=entropy)
@@ -205,8 +190,6 @@ def response_logprobs(
 
 def _scattered(values: torch.Tensor, valid: torch.Tensor, width: int) -> torch.Tensor:
     """[B, width] with `values` (one per True in `valid`, row-major) at their positions, zero elsewhere."""
-    import torch
-
     out = torch.zeros(valid.shape, dtype=values.dtype, device=values.device).masked_scatter(valid, values)
     return _pad_back(out, width)
 
@@ -214,8 +197,6 @@ def _scattered(values: torch.Tensor, valid: torch.Tensor, width: int) -> torch.T
 def _plain_logprobs(
     model: nn.Module, batch: TrainBatch, temperature: float, *, entropy: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    import torch
-
     logits = _response_logits(model, batch, temperature)
     logp = _token_logprobs(logits, batch)
     ent = None
@@ -252,8 +233,6 @@ def _response_logits(model, batch: TrainBatch, temperature: float = 1.0) -> torc
 def _token_logprobs(logits: torch.Tensor, batch: TrainBatch) -> torch.Tensor:
     """log p(response token) from response logits (already over the temperature), zero at padding; through
     the same kernel as the trimmed forward, so the two forwards agree."""
-    from decentralized_verl.core.token_logprobs import token_logprobs
-
     p = batch.prompt_length
     rows, width, vocab = logits.shape
     targets = batch.input_ids[:, p : p + width]

@@ -10,6 +10,7 @@ model's config made them.
 
 from __future__ import annotations
 
+import inspect
 from functools import lru_cache, partial
 from typing import Any
 
@@ -96,8 +97,6 @@ def cache_keyword(module: Any) -> str:
 @lru_cache(maxsize=256)
 def _cache_keyword_of(forward: Any) -> str:
     """Looked up once per model class: the learner asks on every micro-batch."""
-    import inspect
-
     parameters = inspect.signature(forward).parameters
     return "cache" if "cache" in parameters else "past_key_values"
 

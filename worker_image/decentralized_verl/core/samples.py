@@ -11,10 +11,8 @@ Pure: no I/O, no model.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    import torch
+import torch
 
 
 @dataclass(frozen=True)
@@ -115,8 +113,6 @@ class TrainBatch:
     def to(self, device: torch.device | str) -> TrainBatch:
         """Every tensor on `device` (this batch itself when they are there already): batches are collated
         on the CPU, where samples arrive, and a learner on a GPU computes them there."""
-        import torch
-
         device = torch.device(device)
         if self.input_ids.device == device:
             return self
@@ -128,8 +124,6 @@ class TrainBatch:
 
 
 def _pad_rows(rows: list[tuple[float, ...] | tuple[int, ...]], width: int, value: float, dtype, left: bool):
-    import torch
-
     out = torch.full((len(rows), width), value, dtype=dtype)
     for i, row in enumerate(rows):
         if not row:
@@ -144,8 +138,6 @@ def _pad_rows(rows: list[tuple[float, ...] | tuple[int, ...]], width: int, value
 
 def collate(samples: list[Sample], pad_token_id: int) -> TrainBatch:
     """Stack samples into the left-prompt / right-response layout."""
-    import torch
-
     if not samples:
         raise ValueError("collate: no samples")
     prompts = [s.prompt.token_ids for s in samples]

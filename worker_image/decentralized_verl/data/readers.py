@@ -139,8 +139,8 @@ def _read_json(path: Path) -> Iterator[RawRow]:
 
 
 def _read_parquet(path: Path) -> Iterator[RawRow]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pyarrow as pa  # noqa: PLC0415 light: pyarrow, for parquet files only (`dverl run` reads data with this module)
+    import pyarrow.parquet as pq  # noqa: PLC0415 light: pyarrow, for parquet files only (`dverl run` reads data with this module)
 
     try:
         table = pq.read_table(path)

@@ -13,15 +13,29 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+import torch.distributed as dist
+
+from decentralized_verl.backends.factory import make_backend
+from decentralized_verl.errors import ManifestError, Problem
+from decentralized_verl.models.loading import load_model_and_tokenizer
+from decentralized_verl.planning.plan import worker_resources
+from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc
 from decentralized_verl.runtime.lifecycle import CALL_GRACE_S, serve_until_stopped
+from decentralized_verl.serving import scoring, servicers
+from decentralized_verl.serving.critic_state import PersistentCritic
+from decentralized_verl.serving.rollout import RolloutWorker
+from decentralized_verl.serving.sharded_critic import serve_sharded_critic
 from decentralized_verl.settings import WorkerSettings
+from decentralized_verl.spans.backend import SpanBackend, parse_span_addresses
+from decentralized_verl.spans.front_volunteers import start_front_volunteers
+from decentralized_verl.spans.server import serve_span_role
 from decentralized_verl.spec import JobSpec
-from decentralized_verl.spec.manifest import load_job
-
-if TYPE_CHECKING:
-    from decentralized_verl.serving.rollout import RolloutWorker
+from decentralized_verl.spec.manifest import load_job, load_yaml_text, parse_spec
+from decentralized_verl.training.distributed import exit_process
+from decentralized_verl.transport.weights.fanout import RelayWeightSource
+from decentralized_verl.transport.weights.publish import WeightPublisher
+from decentralized_verl.transport.weights.relay import WeightRelay, serve_relay
 
 log = logging.getLogger(__name__)
 
@@ -43,20 +57,10 @@ async def serve_role(
     *,
     settings: WorkerSettings,
 ) -> int:
-    from decentralized_verl.backends.factory import make_backend
-    from decentralized_verl.models.loading import load_model_and_tokenizer
-    from decentralized_verl.planning.plan import worker_resources
-    from decentralized_verl.serving import scoring, servicers
-    from decentralized_verl.serving.rollout import RolloutWorker
-
     worker_id = f"{job}-{role}-{index}"
     if role == "span":
-        from decentralized_verl.spans.server import serve_span_role
-
         return await serve_span_role(spec, job, index, port, settings.server_host())
     if role == "rollout" and spec.roles.rollout.spans is not None:
-        from decentralized_verl.spans.backend import SpanBackend, parse_span_addresses
-
         servers = parse_span_addresses(settings.span_addrs or "")
         checks = {"check_fraction": spec.volunteers.verify_fraction}  # of span volunteers' hops
         backend = SpanBackend.from_spec(
@@ -93,14 +97,10 @@ async def serve_role(
     if role == "reference":
         handler = servicers.ReferenceServicer(scoring.ReferenceWorker.from_spec(spec, worker_id=worker_id))
     elif role == "critic" and spec.roles.critic is not None and spec.roles.critic.sharding == "fsdp":
-        from decentralized_verl.serving.sharded_critic import serve_sharded_critic
-
         return await serve_sharded_critic(spec, worker_id, port, settings, output)
     elif role == "critic":
         critic = scoring.CriticWorker.from_spec(spec, worker_id=worker_id)
         if output is not None:  # a restarted critic continues from what it had learned
-            from decentralized_verl.serving.critic_state import PersistentCritic
-
             critic = PersistentCritic(critic, output / worker_id)
         handler = servicers.CriticServicer(critic)
     elif role == "reward":
@@ -127,7 +127,6 @@ async def _take_span_volunteers(backend, spec: JobSpec, job: str, index: int, se
         and settings.dht_addr
     ):
         return None
-    from decentralized_verl.spans.front_volunteers import start_front_volunteers
 
     started = await start_front_volunteers(backend, job, index, settings.dht_addr, settings)
     return None if started is None else started[1]
@@ -139,12 +138,6 @@ async def serve_rollout(worker: RolloutWorker, port: int, *, learner: str | None
     With a learner address the worker's weights come from the relay (versions the learner pushed)
     or, when a push missed it, from a pull from the learner; without one it keeps its own weights.
     """
-    from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc
-    from decentralized_verl.serving import servicers
-    from decentralized_verl.transport.weights.fanout import RelayWeightSource
-    from decentralized_verl.transport.weights.publish import WeightPublisher
-    from decentralized_verl.transport.weights.relay import WeightRelay, serve_relay
-
     # A rollout worker only ever needs the newest version, and takes a pushed one only while its learner
     # publishes it (a signed replay or a version the learner never made is refused).
     relay = WeightRelay(WeightPublisher(keep=1), learner=learner or None)
@@ -171,9 +164,6 @@ async def serve_rollout(worker: RolloutWorker, port: int, *, learner: str | None
 
 def load_worker_config(path: Path, job_name: str | None) -> tuple[JobSpec, str, Path]:
     """A whole RLHFJob manifest (`dverl run`) or the bare spec the operator's ConfigMap holds."""
-    from decentralized_verl.errors import ManifestError, Problem
-    from decentralized_verl.spec.manifest import load_yaml_text, parse_spec
-
     document = load_yaml_text(path.read_text(encoding="utf-8"), str(path))
     if isinstance(document, dict) and "kind" in document:
         job = load_job(path)
@@ -198,11 +188,10 @@ def main_cluster_worker(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     spec, name, base = load_worker_config(Path(config), job)
     if role == "learner":
-        from decentralized_verl.entrypoints.learner import run
+        from decentralized_verl.entrypoints.learner import run  # noqa: PLC0415 entry: the learner's process
 
         out = Path(output or settings.output or Path("runs") / name)
         return run(spec, name, port=port, output=out, base_dir=base, resume=resume, settings=settings)
-    import torch.distributed as dist
 
     code = 1
     try:
@@ -216,7 +205,5 @@ def main_cluster_worker(
             raise
         log.exception("%s %d failed", role, index)
     if dist.is_initialized():  # a sharded critic's rank: leave without tearing the process group down
-        from decentralized_verl.training.distributed import exit_process
-
         exit_process(code)
     return code

@@ -22,12 +22,26 @@ import torch.distributed as dist
 
 from decentralized_verl.core.final_report import write_final
 from decentralized_verl.core.status import StatusBoard
+from decentralized_verl.orchestration.assemble import build_loop
 from decentralized_verl.orchestration.coordinator import TrainingStopped
+from decentralized_verl.orchestration.membership import follow_scaling
+from decentralized_verl.orchestration.status_service import CoordinatorServicer
+from decentralized_verl.orchestration.volunteering import join_volunteers
+from decentralized_verl.orchestration.wiring import connect_roles
+from decentralized_verl.serving.metrics_exporter import TrainingMetricsExporter
+from decentralized_verl.serving.servicers import HealthServicer, serve
 from decentralized_verl.settings import WorkerSettings
+from decentralized_verl.spans.blocks import spec_parts
+from decentralized_verl.spans.layout import even_layout
+from decentralized_verl.spans.signed import bundle_metadata
 from decentralized_verl.spec import JobSpec
 from decentralized_verl.training import distributed, learner_group, rank0_weights
+from decentralized_verl.training.checkpoints.learner import checkpoint_root
 from decentralized_verl.training.learner_group import LearnerGroup
 from decentralized_verl.training.trainer import PolicyTrainer
+from decentralized_verl.transport.weights.delta_publish import DeltaPublisher
+from decentralized_verl.transport.weights.publish import WeightPublisher
+from decentralized_verl.transport.weights.service import WeightsServicer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -90,17 +104,6 @@ async def _coordinate(
     resume: bool,
     settings: WorkerSettings,
 ) -> int:
-    from decentralized_verl.orchestration.assemble import build_loop
-    from decentralized_verl.orchestration.membership import follow_scaling
-    from decentralized_verl.orchestration.status_service import CoordinatorServicer
-    from decentralized_verl.orchestration.volunteering import join_volunteers
-    from decentralized_verl.orchestration.wiring import connect_roles
-    from decentralized_verl.serving.servicers import HealthServicer, serve
-    from decentralized_verl.training.checkpoints.learner import checkpoint_root
-    from decentralized_verl.transport.weights.delta_publish import DeltaPublisher
-    from decentralized_verl.transport.weights.publish import WeightPublisher
-    from decentralized_verl.transport.weights.service import WeightsServicer
-
     trainer = group.trainer
     model = trainer.model
     status = StatusBoard()
@@ -127,8 +130,6 @@ async def _coordinate(
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     try:
         if metrics_port:
-            from decentralized_verl.serving.metrics_exporter import TrainingMetricsExporter
-
             exporter = TrainingMetricsExporter(metrics_port, job)
         start = group.restore(checkpoint_root(spec, output)) if resume else None
         connecting = connect_roles(
@@ -239,9 +240,6 @@ def _span_manifests(spec: Any):
     """When the rollout is served as layer spans, each span's share is signed on publish."""
     if spec.roles.rollout.spans is None:
         return None
-    from decentralized_verl.spans.blocks import spec_parts
-    from decentralized_verl.spans.layout import even_layout
-    from decentralized_verl.spans.signed import bundle_metadata
 
     layers = int(spec_parts(spec.model)[0].num_hidden_layers)
     return bundle_metadata(even_layout(layers, spec.roles.rollout.spans.count))

@@ -28,9 +28,27 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from decentralized_verl.backends.factory import make_backend
 from decentralized_verl.errors import VolunteerError
+from decentralized_verl.models.loading import load_model_and_tokenizer, load_sequence_classifier
+from decentralized_verl.rewards import RewardModelScorer
+from decentralized_verl.rewards.servable import is_reward_model_folder
 from decentralized_verl.runtime.lifecycle import serve_until_stopped
-from decentralized_verl.volunteers.session import PeerReach
+from decentralized_verl.serving.p2p_endpoints import (
+    CriticEndpoint,
+    ReferenceEndpoint,
+    RewardEndpoint,
+    RolloutEndpoint,
+)
+from decentralized_verl.serving.rollout import RolloutWorker
+from decentralized_verl.serving.scoring import CriticWorker, ReferenceWorker, RewardWorker
+from decentralized_verl.spec import ModelSpec
+from decentralized_verl.spec.catalogue.backends import HF
+from decentralized_verl.training.value_model import build_value_model
+from decentralized_verl.transport import messages as m
+from decentralized_verl.transport import p2p as wire
+from decentralized_verl.volunteers.announce import VolunteerRecord, hardware_summary
+from decentralized_verl.volunteers.session import PeerReach, volunteer_session
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +81,7 @@ class CallerBinding:
             self.last_seen = now
             return False
         if self.bound is not None and now - self.last_seen < self.idle_s:
-            from decentralized_verl.transport.p2p import Unauthorized
-
-            raise Unauthorized(
+            raise wire.Unauthorized(
                 f"busy: serving trainer {self.bound} (free again {self.idle_s:g}s after its last request)"
             )
         rebound = self.bound is not None
@@ -74,8 +90,6 @@ class CallerBinding:
 
 
 def _model_spec(path: str):
-    from decentralized_verl.spec import ModelSpec
-
     folder = Path(path).expanduser()
     if not folder.is_dir():
         raise VolunteerError(
@@ -85,14 +99,6 @@ def _model_spec(path: str):
 
 
 async def _serve_actor(p2p, me: str, options: OpenWorkerOptions):
-    from decentralized_verl.backends.factory import make_backend
-    from decentralized_verl.models.loading import load_model_and_tokenizer
-    from decentralized_verl.serving.p2p_endpoints import RolloutEndpoint
-    from decentralized_verl.serving.rollout import RolloutWorker
-    from decentralized_verl.spec.catalogue.backends import HF
-    from decentralized_verl.transport import messages as m
-    from decentralized_verl.transport import p2p as wire
-
     model, tokenizer = await asyncio.to_thread(load_model_and_tokenizer, _model_spec(options.model))
     backend = make_backend(HF, model, tokenizer, seed=0, version=-1)
     source = wire.P2PWeightSource(p2p, "", asyncio.get_running_loop())
@@ -126,11 +132,6 @@ async def _serve_actor(p2p, me: str, options: OpenWorkerOptions):
 
 
 async def _serve_critic(p2p, me: str, options: OpenWorkerOptions):
-    from decentralized_verl.serving.p2p_endpoints import CriticEndpoint
-    from decentralized_verl.serving.scoring import CriticWorker
-    from decentralized_verl.training.value_model import build_value_model
-    from decentralized_verl.transport import messages as m
-
     critic, tokenizer = await asyncio.to_thread(build_value_model, _model_spec(options.model))
     worker = CriticWorker(critic, None, pad_token_id=tokenizer.pad_token_id, worker_id=f"critic-{me[-8:]}")
     endpoint = CriticEndpoint(p2p, worker, coordinator=None, limits=m.WireLimits(vocab_size=len(tokenizer)))
@@ -147,16 +148,9 @@ async def _serve_critic(p2p, me: str, options: OpenWorkerOptions):
 
 
 async def _serve_reward(p2p, me: str, options: OpenWorkerOptions):
-    from decentralized_verl.rewards.servable import is_reward_model_folder
-    from decentralized_verl.serving.p2p_endpoints import RewardEndpoint
-    from decentralized_verl.serving.scoring import RewardWorker
-
     folder = _model_spec(options.model).path
     scorer = None
     if is_reward_model_folder(folder):
-        from decentralized_verl.models.loading import load_sequence_classifier
-        from decentralized_verl.rewards import RewardModelScorer
-
         model, tokenizer = await asyncio.to_thread(load_sequence_classifier, folder, field="--model")
         scorer = RewardModelScorer(model, tokenizer)
     worker = RewardWorker(None, scorer)
@@ -171,11 +165,6 @@ async def _serve_reward(p2p, me: str, options: OpenWorkerOptions):
 
 
 async def _serve_reference(p2p, me: str, options: OpenWorkerOptions):
-    from decentralized_verl.models.loading import load_model_and_tokenizer
-    from decentralized_verl.serving.p2p_endpoints import ReferenceEndpoint
-    from decentralized_verl.serving.scoring import ReferenceWorker
-    from decentralized_verl.transport import messages as m
-
     model, tokenizer = await asyncio.to_thread(load_model_and_tokenizer, _model_spec(options.model))
     worker = ReferenceWorker(
         model, REFERENCE_TEMPERATURE, pad_token_id=tokenizer.pad_token_id, worker_id=f"reference-{me[-8:]}"
@@ -192,10 +181,6 @@ async def _serve_reference(p2p, me: str, options: OpenWorkerOptions):
 
 async def run_open_worker(options: OpenWorkerOptions, *, stop: asyncio.Event | None = None) -> int:
     """Join the DHT, serve the role, announce it with a heartbeat; run until `stop` or a signal."""
-    from decentralized_verl.transport import p2p as wire
-    from decentralized_verl.volunteers.announce import VolunteerRecord, hardware_summary
-    from decentralized_verl.volunteers.session import volunteer_session
-
     if options.role not in OPEN_ROLES:
         raise VolunteerError(
             f"--role {options.role}: an open quick-start worker serves actor, critic, reward or reference "

@@ -27,12 +27,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from decentralized_verl.core.status import StatusBoard
+from decentralized_verl.data import load_prompts
 from decentralized_verl.entrypoints.open_volunteer import OPEN_JOB
 from decentralized_verl.entrypoints.quickstart_scoring import scoring_roles
 from decentralized_verl.errors import VolunteerError
+from decentralized_verl.models.loading import load_model_and_tokenizer
+from decentralized_verl.orchestration.assemble import build_loop
+from decentralized_verl.orchestration.prompts import prepare_prompts
+from decentralized_verl.orchestration.wiring import RoleClients
+from decentralized_verl.runtime.cpus import configure_from_environment
+from decentralized_verl.settings import WorkerSettings
+from decentralized_verl.spec.manifest import parse_spec
+from decentralized_verl.training.trainer import PolicyTrainer, rollout_state_dict
+from decentralized_verl.transport import messages as m
+from decentralized_verl.transport.clients import P2PCriticClient
+from decentralized_verl.transport.p2p import CoordinatorEndpoints, connect
+from decentralized_verl.transport.weights.publish import WeightPublisher
+from decentralized_verl.volunteers.dht import start_dht
+from decentralized_verl.volunteers.discovery import HubConfig, VolunteerHub
 from decentralized_verl.volunteers.open_peers import find_workers
 from decentralized_verl.volunteers.rewards import QUICKSTART_REWARD
 from decentralized_verl.volunteers.session import PeerReach
+from decentralized_verl.volunteers.verify import verifier_for
 
 if TYPE_CHECKING:
     from decentralized_verl.orchestration.assemble import Closer, LoopContext
@@ -80,8 +97,6 @@ def prompt_texts(path: Path) -> list[str] | None:
 
 def training_file(prompts_file: str, folder: Path) -> tuple[str, int]:
     """A file the data readers accept, and how many records it has (strings become prompt-only records)."""
-    from decentralized_verl.data import load_prompts
-
     path = Path(prompts_file).expanduser()
     if not path.is_file():
         raise VolunteerError(f"--prompts-file: {prompts_file} is not a file")
@@ -96,8 +111,6 @@ def training_file(prompts_file: str, folder: Path) -> tuple[str, int]:
 
 def build_spec(options: QuickstartOptions, model_path: str, train_file: str, n_prompts: int):
     """The RLHFJob spec the flags mean (validated like any manifest)."""
-    from decentralized_verl.spec.manifest import parse_spec
-
     algorithm = options.algorithm
     n = options.samples_per_prompt or (4 if algorithm in GROUP_ALGORITHMS else 1)
     batch = max(1, min(options.batch_size, n_prompts))
@@ -133,17 +146,6 @@ def build_spec(options: QuickstartOptions, model_path: str, train_file: str, n_p
 
 async def run_quickstart(options: QuickstartOptions) -> dict[str, Any]:
     """Discover, train, and return the summary (also written to OUTPUT/summary.json)."""
-    from decentralized_verl.core.status import StatusBoard
-    from decentralized_verl.models.loading import load_model_and_tokenizer
-    from decentralized_verl.orchestration.assemble import build_loop
-    from decentralized_verl.orchestration.prompts import prepare_prompts
-    from decentralized_verl.orchestration.wiring import RoleClients
-    from decentralized_verl.training.trainer import PolicyTrainer, rollout_state_dict
-    from decentralized_verl.transport.clients import P2PCriticClient
-    from decentralized_verl.transport.p2p import connect
-    from decentralized_verl.transport.weights.publish import WeightPublisher
-    from decentralized_verl.volunteers.dht import start_dht
-
     _check_options(options)
     output = Path(options.output or f"runs/{options.job}").expanduser()
     output.mkdir(parents=True, exist_ok=True)
@@ -276,11 +278,6 @@ class OpenActors:
         """The VolunteerHub, once attached (its report goes into the summary)."""
 
     async def __call__(self, context: LoopContext) -> Closer:
-        from decentralized_verl.transport import messages as m
-        from decentralized_verl.transport.p2p import CoordinatorEndpoints
-        from decentralized_verl.volunteers.discovery import HubConfig, VolunteerHub
-        from decentralized_verl.volunteers.verify import verifier_for
-
         model = context.trainer.model
         verifier = verifier_for(
             model,
@@ -333,7 +330,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     )
 
 
-def main_quickstart(options: QuickstartOptions) -> int:
+def main_quickstart(options: QuickstartOptions, settings: WorkerSettings) -> int:
+    configure_from_environment(settings)  # this process trains: torch sized to its cores
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     summary = asyncio.run(run_quickstart(options))
     print(format_summary(summary), flush=True)

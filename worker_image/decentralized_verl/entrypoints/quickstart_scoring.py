@@ -5,18 +5,17 @@ back to it too (`volunteers.fallback`).
 
 from __future__ import annotations
 
+from decentralized_verl.models.loading import load_model_and_tokenizer
+from decentralized_verl.serving import local, scoring
+from decentralized_verl.transport.clients import P2PReferenceClient, P2PRewardClient
+from decentralized_verl.transport.p2p import connect
+from decentralized_verl.volunteers.announce import read_records
+from decentralized_verl.volunteers.fallback import FallbackReference, FallbackReward
 from decentralized_verl.volunteers.open_peers import pick_reference_peer, pick_reward_peer
 
 
 async def scoring_roles(p2p, dht, spec, *, job: str, model_path: str, temperature: float, pad_token_id):
     """(reward client, reference client or None, description lines): volunteers when usable, else local."""
-    from decentralized_verl.models.loading import load_model_and_tokenizer
-    from decentralized_verl.serving import local, scoring
-    from decentralized_verl.transport.clients import P2PReferenceClient, P2PRewardClient
-    from decentralized_verl.transport.p2p import connect
-    from decentralized_verl.volunteers.announce import read_records
-    from decentralized_verl.volunteers.fallback import FallbackReference, FallbackReward
-
     records, _ = await read_records(dht, job)
     lines = []
     chosen, why = pick_reward_peer(records, spec)

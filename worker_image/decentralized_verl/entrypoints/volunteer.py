@@ -13,9 +13,21 @@ import logging
 import time
 from dataclasses import dataclass
 
+from decentralized_verl.backends.factory import make_backend
 from decentralized_verl.errors import PeerUnavailable, VolunteerError
+from decentralized_verl.models.loading import load_model_and_tokenizer
 from decentralized_verl.runtime.lifecycle import serve_until_stopped
-from decentralized_verl.volunteers.session import PeerReach
+from decentralized_verl.serving.p2p_endpoints import RolloutEndpoint
+from decentralized_verl.serving.rollout import RolloutWorker
+from decentralized_verl.spans.volunteer import serve_for_job
+from decentralized_verl.spec import JobSpec
+from decentralized_verl.transport import messages as m
+from decentralized_verl.transport import p2p as wire
+from decentralized_verl.transport.weights.delta_p2p import DeltaP2PWeightSource
+from decentralized_verl.volunteers.announce import VolunteerRecord, hardware_summary, read_records
+from decentralized_verl.volunteers.prefetch import WeightPrefetch
+from decentralized_verl.volunteers.session import PeerReach, volunteer_session
+from decentralized_verl.volunteers.tokens import TokenError, read_claims
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +52,6 @@ class VolunteerOptions(PeerReach):
 async def _join_with_retry(p2p, coordinator: str, request, timeout: float, dht=None):
     """Join, retrying while the coordinator is not up or not reachable; between tries, dial the addresses
     the coordinator signs into the job's DHT (`dht`), for when libp2p's routing cannot find it."""
-    from decentralized_verl.transport import p2p as wire
-
     deadline = time.monotonic() + timeout
     last = ""
     while time.monotonic() < deadline:
@@ -58,9 +68,6 @@ async def _join_with_retry(p2p, coordinator: str, request, timeout: float, dht=N
 
 async def _dial_coordinator(dht, p2p, job: str, coordinator: str) -> bool:
     """Dial the coordinator at the addresses of its own signed record, when the DHT holds one."""
-    from decentralized_verl.transport.p2p import connect
-    from decentralized_verl.volunteers.announce import read_records
-
     try:
         records, _ = await asyncio.wait_for(read_records(dht, job), 10.0)
     except Exception as exc:  # the DHT itself is not reachable yet: the next try reads again
@@ -68,7 +75,7 @@ async def _dial_coordinator(dht, p2p, job: str, coordinator: str) -> bool:
         return False
     for record in records:
         if record.peer_id == coordinator and record.role == "coordinator":
-            return await connect(p2p, coordinator, record.maddrs)
+            return await wire.connect(p2p, coordinator, record.maddrs)
     return False
 
 
@@ -78,19 +85,6 @@ async def run_volunteer(
     stop: asyncio.Event | None = None,
 ) -> int:
     """Run until `stop` (or a signal)."""
-    from decentralized_verl.backends.factory import make_backend
-    from decentralized_verl.models.loading import load_model_and_tokenizer
-    from decentralized_verl.serving.p2p_endpoints import RolloutEndpoint
-    from decentralized_verl.serving.rollout import RolloutWorker
-    from decentralized_verl.spec import JobSpec
-    from decentralized_verl.transport import messages as m
-    from decentralized_verl.transport import p2p as wire
-    from decentralized_verl.transport.weights.delta_p2p import DeltaP2PWeightSource
-    from decentralized_verl.volunteers.announce import VolunteerRecord, hardware_summary
-    from decentralized_verl.volunteers.prefetch import WeightPrefetch
-    from decentralized_verl.volunteers.session import volunteer_session
-    from decentralized_verl.volunteers.tokens import TokenError, read_claims
-
     claims = read_claims(options.token)
     if claims.job != options.job:
         raise TokenError(f"the token is for job {claims.job!r}, not {options.job!r}")
@@ -126,8 +120,6 @@ async def run_volunteer(
             raise VolunteerError(f"the coordinator refused to let this peer join: {reply.reason}")
         spec = JobSpec.model_validate_json(await wire.fetch_spec(p2p, claims.coordinator, options.job))
         if role == "span":
-            from decentralized_verl.spans.volunteer import serve_for_job
-
             key = reply.weights_verify_key or None
             return await serve_for_job(session, claims.coordinator, spec, key, options.layers, stop=stop)
         model_spec = spec.model

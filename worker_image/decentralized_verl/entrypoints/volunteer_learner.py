@@ -38,7 +38,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+from hivemind.optim.grad_averager import GradientAverager
+from safetensors.torch import save_file
+
+from decentralized_verl.data.readers import read_rows
+from decentralized_verl.entrypoints.open_volunteer import _model_spec
 from decentralized_verl.errors import PeerUnavailable, VolunteerError
+from decentralized_verl.models.loading import load_model_and_tokenizer
+from decentralized_verl.training.optimizer_step import optimizer_step
+from decentralized_verl.volunteers.announce import (
+    VolunteerRecord,
+    hardware_summary,
+    read_records,
+    store_record,
+)
+from decentralized_verl.volunteers.averaging import average_with_group
+from decentralized_verl.volunteers.dht import start_dht
+from decentralized_verl.volunteers.param_sync import ParameterSync
 from decentralized_verl.volunteers.session import PeerReach
 
 log = logging.getLogger(__name__)
@@ -68,8 +85,6 @@ class LearnerOptions(PeerReach):
 
 def read_pairs(path: str) -> list[tuple[str, str]]:
     """(prompt, completion) per record: {prompt, completion} or {text} (all of it is learned)."""
-    from decentralized_verl.data.readers import read_rows
-
     pairs = []
     for row in read_rows(path):
         value = row.value
@@ -98,8 +113,6 @@ def batch_for_step(items: list[Any], step: int, batch_size: int) -> list[Any]:
 
 def lm_loss(model, tokenizer, pairs: list[tuple[str, str]]):
     """Mean cross-entropy of the completion tokens given their prompts (prompt tokens are not learned)."""
-    import torch
-
     rows, labels = [], []
     for prompt, completion in pairs:
         p = tokenizer(prompt, add_special_tokens=False)["input_ids"] if prompt else []
@@ -116,8 +129,6 @@ def lm_loss(model, tokenizer, pairs: list[tuple[str, str]]):
 
 def parameters_digest(model) -> str:
     """sha256 over every parameter's name and bytes, in name order."""
-    import torch
-
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
         digest.update(name.encode())
@@ -126,13 +137,6 @@ def parameters_digest(model) -> str:
 
 
 async def _announce_and_wait(dht, job: str, me: str, peers: int, timeout: float) -> int:
-    from decentralized_verl.volunteers.announce import (
-        VolunteerRecord,
-        hardware_summary,
-        read_records,
-        store_record,
-    )
-
     record = VolunteerRecord(me, "learner", hardware_summary(), 0.0, 0, time.time() + timeout + 600)
     await store_record(dht, job, record)
     deadline = time.monotonic() + timeout
@@ -170,16 +174,6 @@ def _stop_loop(loop: asyncio.AbstractEventLoop, thread: threading.Thread, p2p) -
 
 
 def run_learner(options: LearnerOptions) -> dict[str, Any]:
-    import torch
-    from hivemind.optim.grad_averager import GradientAverager
-
-    from decentralized_verl.entrypoints.open_volunteer import _model_spec
-    from decentralized_verl.models.loading import load_model_and_tokenizer
-    from decentralized_verl.training.optimizer_step import optimizer_step
-    from decentralized_verl.volunteers.averaging import average_with_group
-    from decentralized_verl.volunteers.dht import start_dht
-    from decentralized_verl.volunteers.param_sync import ParameterSync
-
     if options.peers < 1 or options.steps < 1 or options.batch_size < 1:
         raise VolunteerError("--peers, --steps and --batch-size must be >= 1")
     torch.manual_seed(0)
@@ -262,8 +256,6 @@ def run_learner(options: LearnerOptions) -> dict[str, Any]:
             "sha256": parameters_digest(model),
         }
         if options.digest_out:
-            from safetensors.torch import save_file
-
             out = Path(options.digest_out)
             out.parent.mkdir(parents=True, exist_ok=True)
             save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out) + ".safetensors")

@@ -13,6 +13,7 @@ from fractions import Fraction
 
 from decentralized_verl.environments.arithmetic import NotArithmetic, evaluate
 from decentralized_verl.rewards.extract import last_boxed
+from decentralized_verl.rewards.scoring import score
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
 
@@ -42,8 +43,6 @@ def score_answer(
 ) -> tuple[float, str]:
     """(reward, reason) of the final turn against the record's reference."""
     if answer_reward is not None:
-        from decentralized_verl.rewards.scoring import score
-
         result = score(answer_reward, turn, reference, prompt=prompt)
         return float(result.score), result.reason
     gold = as_number(reference)

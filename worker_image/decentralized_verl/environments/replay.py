@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from decentralized_verl.environments.base import EpisodeRecord
 from decentralized_verl.environments.episode import StepFailure
+from decentralized_verl.environments.registry import make_environment
 from decentralized_verl.environments.rollout import record_seed
 from decentralized_verl.environments.settings import EpisodeSettings
 from decentralized_verl.environments.stepping import Stepper
@@ -68,8 +69,6 @@ def replay(
     prompt_text: str = "",
 ) -> RewardResult:
     """The episode's reward from a fresh environment stepped on `turns`; never raises."""
-    from decentralized_verl.environments.registry import make_environment
-
     if len(turns) > settings.max_turns:
         return zero(f"{len(turns)} turns, more than maxTurns {settings.max_turns}")
     try:

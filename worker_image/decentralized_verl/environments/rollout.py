@@ -15,6 +15,7 @@ from typing import Any
 
 from decentralized_verl.environments.base import EpisodeRecord
 from decentralized_verl.environments.episode import Episode, EpisodeResult, TurnOutput
+from decentralized_verl.environments.registry import make_environment, preflight
 from decentralized_verl.environments.settings import EpisodeSettings
 from decentralized_verl.environments.stepping import Stepper
 from decentralized_verl.environments.turns import TurnFormat, turn_format
@@ -52,8 +53,6 @@ class EpisodeRunner:
         context_tokens: int | None = None,
         fmt: TurnFormat | None = None,
     ) -> None:
-        from decentralized_verl.environments.registry import make_environment, preflight
-
         preflight(settings.name, settings.options)  # a bad option or a missing package fails here
         self.settings = settings
         self.tokenizer = tokenizer

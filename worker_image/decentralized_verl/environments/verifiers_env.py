@@ -70,7 +70,7 @@ def taskset_class(name: str) -> type:
     if ":" in name:
         cls = _import_class(name, field)
     else:
-        from verifiers.v1.utils.loaders import taskset_class as by_id
+        from verifiers.v1.utils.loaders import taskset_class as by_id  # noqa: PLC0415 optional: verifiers (the verifiers extra); options are checked without it
 
         try:
             cls = by_id(name)
@@ -85,9 +85,9 @@ def env_class(options: VerifiersOptions) -> type:
     """The env that plays the tasks: the named one, else the one the taskset's module exports (verifiers'
     own convention), else single-turn."""
     vf = require_verifiers()
-    from verifiers.v1.utils.loaders import environment_class
+    from verifiers.v1.utils.loaders import environment_class  # noqa: PLC0415 optional: verifiers (the verifiers extra); options are checked without it
 
-    from decentralized_verl.environments.verifiers_play import SingleTurn
+    from decentralized_verl.environments.verifiers_play import SingleTurn  # noqa: PLC0415 optional: verifiers_play imports verifiers (the verifiers extra)
 
     field = "data.environment.options.env"
     if ":" in options.env:
@@ -108,7 +108,7 @@ def env_class(options: VerifiersOptions) -> type:
 def _exported_env(module: Any) -> type:
     """The Env subclass a taskset's module exports in `__all__` (verifiers' convention), else single-turn."""
     vf = require_verifiers()
-    from verifiers.v1.utils.loaders import _plugin_class
+    from verifiers.v1.utils.loaders import _plugin_class  # noqa: PLC0415 optional: verifiers (the verifiers extra); options are checked without it
 
     try:
         return _plugin_class(module, vf.Env, "environment")
@@ -117,7 +117,7 @@ def _exported_env(module: Any) -> type:
 
 
 def _config(cls: type, base: type, origin: type, values: Mapping[str, Any], field: str) -> Any:
-    from verifiers.v1.utils.generic import concrete_type
+    from verifiers.v1.utils.generic import concrete_type  # noqa: PLC0415 optional: verifiers (the verifiers extra); options are checked without it
 
     config_cls = concrete_type(cls, base, origin=origin) or base
     try:
@@ -201,7 +201,7 @@ class VerifiersEnvironment:
         _env(options.env, options.taskset, json.dumps(options.env_config, sort_keys=True))
 
     def reset(self, record: EpisodeRecord) -> None:
-        from decentralized_verl.environments.verifiers_play import EpisodePlay
+        from decentralized_verl.environments.verifiers_play import EpisodePlay  # noqa: PLC0415 optional: verifiers_play imports verifiers (the verifiers extra)
 
         task = task_index(self.options).find(record.ground_truth)
         if task.data.prompt is None:
@@ -215,7 +215,7 @@ class VerifiersEnvironment:
         weakref.finalize(self, self.play.cancel)  # an episode cut short by a limit stops its env too
 
     def step(self, turn: str) -> StepResult:
-        from decentralized_verl.environments.verifiers_play import Failed, Finished
+        from decentralized_verl.environments.verifiers_play import Failed, Finished  # noqa: PLC0415 optional: verifiers_play imports verifiers (the verifiers extra)
 
         assert self.play is not None, "reset before step"
         event = self.play.reply(turn, self.options.reply_timeout_s)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from decentralized_verl.backends.hf import find_stop
 from decentralized_verl.environments.base import EpisodeRecord
 from decentralized_verl.environments.episode import TurnOutput
 from decentralized_verl.environments.rollout import EpisodeRunner, TurnRequest, record_seed
@@ -45,8 +46,6 @@ def model_runs(response_ids: Sequence[int], loss_mask: Sequence[int]) -> list[tu
 def turn_text(tokenizer: Any, tokens: Sequence[int], stop: Sequence[str]) -> str:
     """A turn's text as a generation backend reports it: decoded without special tokens, cut after the
     earliest stop string."""
-    from decentralized_verl.backends.hf import find_stop
-
     text = tokenizer.decode(list(tokens), skip_special_tokens=True)
     end = find_stop(text, stop) if stop else None
     return text if end is None else text[:end]

@@ -7,13 +7,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from decentralized_verl.data.dataset import load_prompts
 from decentralized_verl.errors import DverlError, Problem
+from decentralized_verl.reporting.trackers import INSTALL, missing_packages
+from decentralized_verl.rewards.registry import reward_function
 from decentralized_verl.spec import JobSpec
 
 
 def preflight_problems(spec: JobSpec, base: Path) -> list[Problem]:
-    from decentralized_verl.data.dataset import load_prompts
-
     problems: list[Problem] = []
     data = spec.data
     for field, path in (("train", data.train), ("eval", data.eval)):
@@ -32,8 +33,6 @@ def preflight_problems(spec: JobSpec, base: Path) -> list[Problem]:
 
 
 def _tracker_problems(names: list[str]) -> list[Problem]:
-    from decentralized_verl.reporting.trackers import INSTALL, missing_packages
-
     return [
         Problem("spec.training.logging", f"{name} is not installed here ({INSTALL})")
         for name in missing_packages(names)
@@ -41,8 +40,6 @@ def _tracker_problems(names: list[str]) -> list[Problem]:
 
 
 def _reward_problems(name: str, base: Path) -> list[Problem]:
-    from decentralized_verl.rewards.registry import reward_function
-
     # Workers import a user module from the manifest's folder as well as the installed packages.
     added = str(base) not in sys.path
     if added:

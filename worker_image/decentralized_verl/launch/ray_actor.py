@@ -16,6 +16,9 @@ import sys
 import time
 from pathlib import Path
 
+import ray
+
+from decentralized_verl.launch.worker_process import start_worker
 from decentralized_verl.runtime.orphans import PARENT_VARIABLE
 from decentralized_verl.runtime.ports import free_port
 
@@ -31,8 +34,6 @@ class WorkerHost:
 
     def where(self, want_dist_port: bool) -> dict[str, object]:
         """The node this actor runs on and free ports there for the worker's gRPC (and rendezvous)."""
-        import ray
-
         host = ray.util.get_node_ip_address()
         return {
             "host": host,
@@ -58,8 +59,6 @@ class WorkerHost:
         """Start the worker (any earlier one of this actor must have ended); returns its pid. `secrets`
         (the role's token, the learner's signing key) reach the worker through a pipe it reads once at
         start, as under `dverl run`: never a file on the node, never the environment."""
-        from decentralized_verl.launch.worker_process import start_worker
-
         if self.process is not None and self.process.poll() is None:
             raise RuntimeError(f"{self.name} is still running (pid {self.process.pid})")
         environment = dict(os.environ)

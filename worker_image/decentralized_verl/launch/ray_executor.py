@@ -27,11 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from decentralized_verl.errors import DverlError
-from decentralized_verl.launch.ray_actor import JobRecord, WorkerHost
 from decentralized_verl.launch.ray_placement import (
     NAMESPACE,
     PlacementError,
+    RayUnavailable,
     actor_options,
     learner_gang,
     record_name,
@@ -42,6 +41,18 @@ from decentralized_verl.planning.plan import Plan, PlannedWorker, worker_env
 from decentralized_verl.security.credentials import LocalCredentials
 from decentralized_verl.settings import env_name
 
+try:
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import (
+        NodeAffinitySchedulingStrategy,
+        PlacementGroupSchedulingStrategy,
+    )
+except ImportError as missing:  # the `ray` extra is optional: only `--ray` comes here
+    raise RayUnavailable("--ray needs Ray installed: pip install 'decentralized-verl[ray]'") from missing
+
+from decentralized_verl.launch.ray_actor import JobRecord, WorkerHost  # after the check: it imports ray too
+
 log = logging.getLogger(__name__)
 
 CALL_TIMEOUT_S = 60.0
@@ -51,16 +62,8 @@ ACTOR_LOST = -9
 SIGKILL)."""
 
 
-class RayUnavailable(DverlError):
-    pass
-
-
 def connect(address: str) -> Any:
     """Join the Ray cluster at `address` (`auto`: the one this machine belongs to); returns the module."""
-    try:
-        import ray
-    except ImportError as exc:
-        raise RayUnavailable("--ray needs Ray installed: pip install 'decentralized-verl[ray]'") from exc
     if not ray.is_initialized():
         _reachable(address)
         try:
@@ -138,8 +141,6 @@ class RayWorker:
 
     def log_tail(self, lines: int = 30) -> str:
         with contextlib.suppress(Exception):
-            import ray
-
             return ray.get(self.actor.log_tail.remote(lines), timeout=CALL_TIMEOUT_S)
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
@@ -180,8 +181,6 @@ class RayCluster:
         self.group = None
         gang = learner_gang(plan)
         if gang is not None:
-            from ray.util.placement_group import placement_group
-
             labels = {"bundle_label_selector": list(gang.label_selectors)} if gang.label_selectors else {}
             self.group = placement_group(
                 list(gang.bundles), strategy=gang.strategy, name=f"{plan.job}-learners", **labels
@@ -199,11 +198,6 @@ class RayCluster:
     def _make_actor(self, rw: RayWorker, node_id: str | None = None) -> None:
         """The worker's actor, placed by its role's resources (learners inside their placement group;
         a replacement on `node_id`, its predecessor's node, when that node still has room)."""
-        from ray.util.scheduling_strategies import (
-            NodeAffinitySchedulingStrategy,
-            PlacementGroupSchedulingStrategy,
-        )
-
         options = actor_options(rw.worker)
         if rw.worker.role == "learner" and self.group is not None:
             options.pop("label_selector", None)
@@ -419,8 +413,6 @@ class RayCluster:
         with contextlib.suppress(Exception):
             self.ray.kill(self.record, no_restart=True)
         if self.group is not None:
-            from ray.util.placement_group import remove_placement_group
-
             with contextlib.suppress(Exception):
                 remove_placement_group(self.group)
 

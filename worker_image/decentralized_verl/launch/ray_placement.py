@@ -23,6 +23,10 @@ NAMESPACE = "dverl"
 """The Ray namespace every job's named actors live in (`dverl status --ray` looks them up there)."""
 
 
+class RayUnavailable(DverlError):
+    """No Ray to run on: the extra is not installed, or no cluster answers at the address given."""
+
+
 class PlacementError(DverlError, ValueError):
     """A role's resources that Ray cannot express; names the worker and the field."""
 

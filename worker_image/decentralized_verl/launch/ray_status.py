@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from decentralized_verl.errors import DverlError
+from decentralized_verl.launch.ray_executor import connect
 from decentralized_verl.launch.ray_placement import NAMESPACE, record_name
 
 CALL_TIMEOUT_S = 10.0
@@ -89,8 +90,6 @@ def format_status(status: dict[str, Any]) -> str:
 
 
 def main_ray_status(address: str, job: str, *, as_json: bool = False) -> int:
-    from decentralized_verl.launch.ray_executor import connect
-
     status = read_status(connect(address), job)
     print(json.dumps(status, indent=2) if as_json else format_status(status))
     return 0

@@ -18,7 +18,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import grpc
 import yaml
+from tqdm import tqdm
 
 from decentralized_verl.core.status import JobStatus
 from decentralized_verl.errors import EXIT_USAGE as EXIT_REFUSED_INPUT
@@ -28,13 +30,19 @@ from decentralized_verl.launch.preflight import preflight_problems
 from decentralized_verl.launch.watchdog import ProgressClock
 from decentralized_verl.planning.fitting_job import load_fitting_job
 from decentralized_verl.planning.plan import plan_job
+from decentralized_verl.proto import dverl_pb2, dverl_pb2_grpc
+from decentralized_verl.reporting.metrics import read_evals, read_metrics
 from decentralized_verl.reporting.progress import eta_seconds, progress_line
+from decentralized_verl.reporting.stats import difference_interval
 from decentralized_verl.runtime.orphans import guard_descendants
 from decentralized_verl.security.credentials import CallerCredentials, run_folder_credentials
+from decentralized_verl.sources.fetch import Endpoints, fetch
 from decentralized_verl.sources.local import Fetcher, env_cache, localized
 from decentralized_verl.spec import with_defaults
 from decentralized_verl.spec.manifest import load_job
 from decentralized_verl.spec.sources import SourceSpec
+from decentralized_verl.transport import secure
+from decentralized_verl.transport.wire.status import job_status_from_proto
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +74,6 @@ def absolute_paths(spec: dict[str, Any], base: Path) -> dict[str, Any]:
 
 def fetch_into_cache(source: SourceSpec, folder: Path) -> Path:
     """A URI source, downloaded once into the local cache (its digest checked), for `dverl run`."""
-    from decentralized_verl.sources.fetch import Endpoints, fetch
-
     assert source.uri is not None
     return fetch(source.uri.url, folder, source.uri.sha256, Endpoints.from_env(os.environ))
 
@@ -102,12 +108,6 @@ def write_config(
 def coordinator_status(address: str, credentials: CallerCredentials | None = None) -> JobStatus | None:
     """The learner's progress from its Status RPC, validated like every message; None while it cannot
     answer (starting, restarting) or when its reply is malformed."""
-    import grpc
-
-    from decentralized_verl.proto import dverl_pb2, dverl_pb2_grpc
-    from decentralized_verl.transport import secure
-    from decentralized_verl.transport.wire.status import job_status_from_proto
-
     try:
         with secure.sync_channel(address, credentials) as channel:
             reply = dverl_pb2_grpc.CoordinatorStub(channel).Status(dverl_pb2.StatusRequest(), timeout=2)
@@ -186,7 +186,7 @@ def _cluster_for(job, plan, config: Path, output: Path, *, resume: bool, ray: st
     they share. The secured path, as in a cluster: TLS and the job token on every call, signed weights."""
     extra_args = {"learner": ["--resume"]} if resume else {}
     if ray is not None:
-        from decentralized_verl.launch.ray_executor import RayCluster, node_addresses
+        from decentralized_verl.launch.ray_executor import RayCluster, node_addresses  # noqa: PLC0415 optional: ray (the ray extra), for `--ray` only
 
         # The servers listen on the Ray nodes' addresses, so the certificate names each of them.
         credentials = run_folder_credentials(output, job.metadata.name, hosts=node_addresses(ray))
@@ -305,8 +305,6 @@ class _ProgressDisplay:
 
     def open(self) -> None:
         if self.want_bar:
-            from tqdm import tqdm
-
             self.bar = tqdm(
                 total=self.job.spec.training.steps or 0,
                 desc=self.job.metadata.name,
@@ -389,8 +387,6 @@ class StepLines:
 
     def catch_up(self, metrics: Path) -> None:
         """Print the steps the learner finished after the last poll, from its metrics file."""
-        from decentralized_verl.reporting.metrics import read_metrics
-
         for record in read_metrics(metrics):
             if int(record.get("step", 0)) > self.printed:
                 status = JobStatus(
@@ -419,8 +415,6 @@ def _show(bar: Any, status: JobStatus) -> None:
 
 def _reward_window(metrics: Path) -> dict[str, float] | None:
     """First and last rewards over the whole run (every learner incarnation), as the summary states them."""
-    from decentralized_verl.reporting.metrics import read_metrics
-
     rewards = [float(r["reward_mean"]) for r in read_metrics(metrics) if r.get("reward_mean") is not None]
     if not rewards:
         return None
@@ -433,9 +427,6 @@ def _reward_window(metrics: Path) -> dict[str, float] | None:
 
 def _eval_ends(evals: Path) -> dict[str, Any] | None:
     """The first evaluation (before training, even if the learner restarted since) and the last one."""
-    from decentralized_verl.reporting.metrics import read_evals
-    from decentralized_verl.reporting.stats import difference_interval
-
     rows = read_evals(evals)
     if not rows:
         return None

@@ -23,6 +23,9 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 NAME = "dverl_grouped"
 """The name registered with transformers' attention and mask interfaces."""
@@ -46,8 +49,6 @@ def grouped_attention(
 ) -> tuple[Tensor, None]:
     """[B, Q, H, D] attention output for query [B, H, Q, D] and key/value [B, KV, K, D] (H = KV x groups)."""
     if any(kwargs.get(name) is not None for name in _UNSUPPORTED_KWARGS):
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs
         )
@@ -96,9 +97,6 @@ def _additive_mask(
 
 def register() -> None:
     """Make ``NAME`` known to transformers (attention function and its mask: eager's additive one)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask
-
     AttentionInterface.register(NAME, grouped_attention)
     AttentionMaskInterface.register(NAME, eager_mask)
 

@@ -28,6 +28,7 @@ from transformers import (
 
 from decentralized_verl.errors import ModelError
 from decentralized_verl.models.grouped_attention import use_grouped_attention
+from decentralized_verl.models.lora import apply_lora
 from decentralized_verl.models.tiny import build_tiny, tiny_config
 from decentralized_verl.models.tokenizer import build_char_tokenizer
 from decentralized_verl.runtime import compute_thread
@@ -213,8 +214,6 @@ def _load_model_and_tokenizer(
     use_grouped_attention(wrapped)  # on a CPU: the faster attention for small grouped-query models
     lora = getattr(spec, "lora", None)
     if lora is not None:
-        from decentralized_verl.models.lora import apply_lora
-
         wrapped = apply_lora(wrapped, lora, field=f"{field}.lora")
     return wrapped, tokenizer
 

@@ -5,15 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict
 
 from decentralized_verl.errors import ModelError
 
 
 def is_lora(model: torch.nn.Module) -> bool:
-    try:
-        from peft import PeftModel
-    except ImportError:
-        return False
     return isinstance(model, PeftModel)
 
 
@@ -28,10 +25,6 @@ def apply_lora(
 
     `modules_to_save` stay fully trainable (a reward model's new `score` head must learn too).
     """
-    try:
-        from peft import LoraConfig, get_peft_model
-    except ImportError:
-        raise ModelError(f"{field}: LoRA needs the 'peft' package (pip install peft)") from None
     names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
     missing = sorted(set(lora.target_modules) - names)
     if missing:
@@ -50,7 +43,5 @@ def apply_lora(
 def trainable_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """What a learner must ship after a step: the adapter weights for LoRA, the full weights otherwise."""
     if is_lora(model):
-        from peft import get_peft_model_state_dict
-
         return {k: v.detach() for k, v in get_peft_model_state_dict(model).items()}
     return {k: v.detach() for k, v in model.state_dict().items()}

@@ -17,14 +17,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from decentralized_verl.core.samples import Prompt
 from decentralized_verl.core.status import StatusBoard
+from decentralized_verl.data import PromptSampler
 from decentralized_verl.orchestration.coordinator import Coordinator, LoopParts
 from decentralized_verl.orchestration.dispatch import Dispatcher
+from decentralized_verl.orchestration.prompts import prepare_prompts
 from decentralized_verl.orchestration.wiring import RoleClients
 from decentralized_verl.reporting.metrics import EVAL_FILE, MetricsLog, truncate_after
-from decentralized_verl.spec import JobSpec
-from decentralized_verl.training.checkpoints.learner import ResumePoint
+from decentralized_verl.reporting.trackers import RunInfo
+from decentralized_verl.spec import JobSpec, with_defaults
+from decentralized_verl.training.checkpoints.learner import (
+    CheckpointClock,
+    CheckpointWriter,
+    ResumePoint,
+    ShardedCheckpointWriter,
+    checkpoint_root,
+)
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +98,6 @@ def restore_colocated_critic(roles: RoleClients, folder: Path) -> None:
     critic = colocated_critic(roles)
     path = folder / CRITIC_STATE
     if critic is not None and path.exists():
-        import torch
-
         critic.load_state(torch.load(path, map_location="cpu", weights_only=True))
 
 
@@ -120,9 +129,6 @@ async def build_loop(
     every rank together (None: rank 0 snapshots the whole model and writes it in the background). `stop`,
     once set, makes the loop checkpoint its last finished step and raise `TrainingStopped`.
     """
-    from decentralized_verl.data import PromptSampler
-    from decentralized_verl.orchestration.prompts import prepare_prompts
-
     status = status or StatusBoard()
     closers: list[Closer] = [roles.close]
     try:
@@ -230,13 +236,6 @@ def _checkpointing(
     """The checkpoint writer and the clock that says when to use it. A sharded learner saves on every
     rank together (`save`); otherwise rank 0 snapshots the whole model, with a colocated critic's state
     beside it so a resume restores both."""
-    from decentralized_verl.training.checkpoints.learner import (
-        CheckpointClock,
-        CheckpointWriter,
-        ShardedCheckpointWriter,
-        checkpoint_root,
-    )
-
     keep = spec.training.checkpoint.keep
     root = checkpoint_root(spec, output)
     if save is not None:
@@ -251,9 +250,6 @@ def _checkpointing(
 def _metrics_log(spec: JobSpec, job: str, output: Path) -> MetricsLog:
     """metrics.jsonl in `output`, mirrored to the trackers the spec names, which are told the run's name
     and its full spec (defaults included) so a run can be told apart from its neighbours there."""
-    from decentralized_verl.reporting.trackers import RunInfo
-    from decentralized_verl.spec import with_defaults
-
     tracking = spec.training.tracking
     run = RunInfo(tracking.run_name or job, tracking.project, output, {"job": job, **with_defaults(spec)})
     return MetricsLog(output / "metrics.jsonl", list(spec.training.logging), run=run)

@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from decentralized_verl.core.interfaces import CriticClient, ReferenceClient, RewardClient
 from decentralized_verl.core.samples import Prompt, Sample, collate
 from decentralized_verl.core.sampling import SamplingParams
@@ -339,8 +341,6 @@ class Coordinator:
         return kept[:usable]
 
     def _update(self, batch) -> dict[str, float]:
-        import torch
-
         world = self.spec.roles.learner.replicas
         if world == 1 or self.p.scatter is None:
             return self.p.trainer.update(batch)

@@ -24,6 +24,7 @@ from decentralized_verl.core.interfaces import RolloutClient
 from decentralized_verl.orchestration.dispatch import Dispatcher
 from decentralized_verl.planning.devices import GPU_PRIORS
 from decentralized_verl.settings import WorkerSettings
+from decentralized_verl.transport import clients
 
 if TYPE_CHECKING:
     from decentralized_verl.orchestration.assemble import Attachment, Closer, LoopContext
@@ -193,8 +194,6 @@ async def connect_when_ready(
     member: Member, timeout_s: float = 2.0, *, allow_newer: bool = False
 ) -> RolloutClient | None:
     """The learner's `Connect`: a gRPC rollout client once the worker's Health answers ready."""
-    from decentralized_verl.transport import clients
-
     try:
         await clients.wait_ready(member.address, timeout=timeout_s)
     except TimeoutError as exc:

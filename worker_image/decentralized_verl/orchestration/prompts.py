@@ -14,6 +14,7 @@ from typing import Any
 from decentralized_verl.core.samples import Prompt
 from decentralized_verl.data import load_prompts, prompt_records, render_prompt
 from decentralized_verl.data.records import PromptRecord
+from decentralized_verl.environments.registry import instructions
 from decentralized_verl.errors import DataError
 from decentralized_verl.spec import JobSpec
 
@@ -44,8 +45,6 @@ def prepare_prompts(
     few_shot = [m.model_dump() for m in data.few_shot] or None
     system_prompt = data.system_prompt
     if system_prompt is None and data.environment is not None:  # how to use the tool, unless the job says
-        from decentralized_verl.environments.registry import instructions
-
         system_prompt = instructions(data.environment.name) or None
     prompts: list[Prompt] = []
     rejected = 0

@@ -11,10 +11,20 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from decentralized_verl.security.peer_identity import bootstrap_maddr, coordinator_seed
+from decentralized_verl.security.trust import process_credentials
 from decentralized_verl.settings import WorkerSettings, env_name
+from decentralized_verl.spans.roster import start_span_roster
+from decentralized_verl.training.trainer import rollout_state_dict
 from decentralized_verl.transport import messages as m
+from decentralized_verl.transport.p2p import CoordinatorEndpoints, listen_maddrs
+from decentralized_verl.transport.weights.delta_p2p import DeltaEndpoint
+from decentralized_verl.transport.weights.delta_publish import DeltaPublisher
+from decentralized_verl.volunteers.announce import Heartbeat, VolunteerRecord
+from decentralized_verl.volunteers.dht import PeerOptions, start_dht
 from decentralized_verl.volunteers.discovery import HubConfig, VolunteerHub
-from decentralized_verl.volunteers.tokens import TokenError
+from decentralized_verl.volunteers.tokens import TokenError, load_secret
+from decentralized_verl.volunteers.verify import episode_check, verifier_for
 
 if TYPE_CHECKING:
     from decentralized_verl.orchestration.assemble import Attachment, Closer, LoopContext
@@ -24,8 +34,6 @@ log = logging.getLogger(__name__)
 
 def job_secret(settings: WorkerSettings) -> bytes:
     """The join secret: DVERL_JOIN_SECRET_FILE (a mounted Secret) or DVERL_JOIN_SECRET."""
-    from decentralized_verl.volunteers.tokens import load_secret
-
     if settings.join_secret_file:
         return load_secret(secret_file=settings.join_secret_file)
     if settings.join_secret is None:
@@ -53,16 +61,6 @@ async def start_volunteer_discovery(
     From the settings: the bootstrap's address, the join secret, where to listen and what to announce, and
     optionally how many volunteers to wait for before training starts (tests and benchmarks).
     """
-    from decentralized_verl.security.peer_identity import bootstrap_maddr, coordinator_seed
-    from decentralized_verl.security.trust import process_credentials
-    from decentralized_verl.spans.roster import start_span_roster
-    from decentralized_verl.training.trainer import rollout_state_dict
-    from decentralized_verl.transport.p2p import CoordinatorEndpoints
-    from decentralized_verl.transport.weights.delta_p2p import DeltaEndpoint
-    from decentralized_verl.transport.weights.delta_publish import DeltaPublisher
-    from decentralized_verl.volunteers.dht import PeerOptions, start_dht
-    from decentralized_verl.volunteers.verify import episode_check, verifier_for
-
     secret = job_secret(settings)
     addr = settings.dht_addr
     host = settings.bind_host or "127.0.0.1"
@@ -131,9 +129,6 @@ async def _announce_coordinator(dht, job: str, settings: WorkerSettings):
     """Keep a signed record of where the coordinator listens: a volunteer whose libp2p routing cannot find
     the coordinator's peer id (its routing table lost the bootstrap, or it asked before the coordinator
     joined) dials these addresses instead. Only the coordinator's key can sign a record under its id."""
-    from decentralized_verl.transport.p2p import listen_maddrs
-    from decentralized_verl.volunteers.announce import Heartbeat, VolunteerRecord
-
     me, maddrs = dht.peer_id.to_base58(), listen_maddrs(dht)
 
     def record(expires_at: float) -> VolunteerRecord:

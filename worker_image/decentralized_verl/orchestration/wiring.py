@@ -18,10 +18,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from decentralized_verl.backends.factory import make_backend
 from decentralized_verl.core.interfaces import CriticClient, ReferenceClient, RewardClient, RolloutClient
 from decentralized_verl.orchestration.failover import ScoringPool
 from decentralized_verl.planning.devices import GPU_PRIORS
+from decentralized_verl.serving import local, scoring
+from decentralized_verl.serving.rollout import RolloutWorker
 from decentralized_verl.spec import JobSpec
+from decentralized_verl.training.trainer import rollout_state_dict
+from decentralized_verl.transport import clients
+from decentralized_verl.transport.weights.fanout import WeightFanout
 
 log = logging.getLogger(__name__)
 
@@ -99,9 +105,6 @@ async def connect_roles(
     """Reach every serving role: the remote workers `addresses(role)` names, once ready, else a worker in
     this process. Rollout is remote only with a `publisher` to send it weights; `pools(role)` names the
     GPU pool of each remote worker, so the dispatcher can weigh them before it has measured them."""
-    from decentralized_verl.serving import local, scoring
-    from decentralized_verl.training.trainer import rollout_state_dict
-    from decentralized_verl.transport import clients
 
     def current() -> Any:
         """The weights to send: `weights_source()` (a sharded learner's gathered stream), else the model's."""
@@ -162,8 +165,6 @@ async def _remote_pool(
 ) -> ScoringPool | None:
     """The role's remote workers behind failover (all replicas, not only the first), once ready; None
     when the plan put none elsewhere."""
-    from decentralized_verl.transport import clients
-
     for address in found:
         await clients.wait_ready(address, timeout=timeout)
     if not found:
@@ -184,9 +185,6 @@ async def _remote_rollout(
 ) -> _RolloutSide:
     """Rollout workers in processes of their own, fed weights through a `WeightFanout`. They get the
     starting weights before the first step, under a version number none of them has used already."""
-    from decentralized_verl.transport import clients
-    from decentralized_verl.transport.weights.fanout import WeightFanout
-
     for address in remote:
         await clients.wait_ready(address, timeout=ready_timeout)
     rollout: list[RolloutClient] = [
@@ -212,10 +210,6 @@ def _colocated_rollout(
 ) -> _RolloutSide:
     """Rollout in this process on the learner's own model: publishing a version only renames what the
     backend already shares, nothing is copied."""
-    from decentralized_verl.backends.factory import make_backend
-    from decentralized_verl.serving import local
-    from decentralized_verl.serving.rollout import RolloutWorker
-
     backend = make_backend(
         spec.roles.rollout.backend_kind,
         model,
@@ -235,8 +229,6 @@ def _colocated_rollout(
 def _local_reference(spec: JobSpec, model: Any, tokenizer: Any, temperature: float) -> ReferenceClient:
     """A reference in this process: a frozen copy of the policy as it starts, so the KL penalty measures
     drift from where training began however far the learner's own weights move."""
-    from decentralized_verl.serving import local, scoring
-
     frozen = copy.deepcopy(model).eval()
     for param in frozen.parameters():
         param.requires_grad_(False)

@@ -18,6 +18,7 @@ from decentralized_verl.planning.devices import GIB, Placement
 from decentralized_verl.planning.memory import Estimate, MicroBatch, Trainable, TrainingSetup
 from decentralized_verl.planning.workers import Job
 from decentralized_verl.spec import JobSpec
+from decentralized_verl.spec.manifest import problems_from_validation_error
 
 DEFAULT_LORA = Trainable(lora_rank=8, lora_targets=("q_proj", "v_proj"))
 """What `model.lora: {}` gives (the spec's defaults): the LoRA a fix proposes."""
@@ -54,8 +55,6 @@ def _role_patch(role: str, **fields: Any) -> dict[str, Any]:
 
 def then_needed(spec: JobSpec, change: Change) -> str:
     """What the spec's rules say once `change` is applied: the first problem, or ''."""
-    from decentralized_verl.spec.manifest import problems_from_validation_error
-
     document = _merged(spec.model_dump(mode="json", by_alias=True, exclude_none=True), change.patch)
     try:
         JobSpec.model_validate(document)

@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 
 from decentralized_verl.planning.fitting_job import load_planned_job
+from decentralized_verl.planning.plan import plan_job
+from decentralized_verl.planning.report import render, to_json
 
 
 def print_workers(file: str, as_json: bool = False) -> int:
     """One line per worker process of the job: role, index, pool, GPUs and the command it runs."""
-    from decentralized_verl.planning.plan import plan_job
-
     job, _ = load_planned_job(file)  # with the spans the planner chose, as `dverl run` starts them
     workers = plan_job(job.spec, job.metadata.name).workers
     if as_json:
@@ -46,7 +46,6 @@ def main_plan(file: str, *, as_json: bool = False, workers: bool = False) -> int
     """Print the job's memory plan (or its workers); 2 when the plan has problems, else 0."""
     if workers:
         return print_workers(file, as_json)
-    from decentralized_verl.planning.report import render, to_json
 
     _, plan = load_planned_job(file)
     print(json.dumps(to_json(plan), indent=2) if as_json else render(plan))

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from decentralized_verl.planning import memory as mem
 from decentralized_verl.planning.devices import GIB, quantity_bytes
 from decentralized_verl.planning.memory import (
     Component,
@@ -150,8 +151,6 @@ def chain_estimate(shape: ModelShape, b: int, gen: Any, on_gpu: bool, count: int
     front (embeddings, LM head, sampling logits) or the largest span (its layers' weights, their share of
     the KV cache, one layer's temporaries). Every process of the chain gets the rollout role's resources,
     so the role fits when its heaviest process does."""
-    from decentralized_verl.planning import memory as mem
-
     device = "gpu" if on_gpu else "host"
     rows = min(gen.sequences, HF_DECODE_ROWS)
     length = gen.prompt_tokens + gen.response_tokens

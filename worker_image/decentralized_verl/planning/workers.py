@@ -19,6 +19,7 @@ from decentralized_verl.planning.memory import (
 )
 from decentralized_verl.planning.rollout_memory import Generation
 from decentralized_verl.planning.shapes import ModelShape
+from decentralized_verl.planning.spans import chain_estimate
 from decentralized_verl.spec import JobSpec, ModelSpec, RoleSpec
 
 
@@ -189,8 +190,6 @@ def rollout(
         return Estimate(tuple([*parts, mem.runtime_components(False)[0]]))
     spans = job.spec.roles.rollout.spans
     if spans is not None:  # a chain of span processes, each with the role's resources
-        from decentralized_verl.planning.spans import chain_estimate
-
         return chain_estimate(shape, b, gen, on_gpu, spans.count)
     parts = rollout_mem.hf_generation_components(shape, b, gen, on_gpu, own_weights=True)
     return Estimate(tuple(parts + mem.runtime_components(on_gpu)))

@@ -17,6 +17,8 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
+from grpc_tools import protoc  # grpcio-tools, a dev dependency: this module is a source checkout's tool
+
 PACKAGE_DIR = Path(__file__).resolve().parent
 """Where the generated modules live (this package)."""
 
@@ -56,8 +58,6 @@ def generate(out_dir: Path, proto_root: Path | None = None) -> list[Path]:
     Stale generated files in out_dir (from a removed .proto) are deleted so the folder matches exactly.
     Returns the written paths.
     """
-    from grpc_tools import protoc  # dev-only dependency: imported here, not at module import
-
     root = (proto_root or default_proto_root()).resolve()
     sources = proto_files(root)
     well_known = resources.files("grpc_tools") / "_proto"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -97,7 +98,7 @@ def _markdown_table(rows: list[dict[str, Any]]) -> str:
 
 class TensorBoardTracker:
     def __init__(self, run: RunInfo) -> None:
-        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415 optional: tensorboard (the trackers extra), for a job that names it
 
         self.writer = SummaryWriter(str(run.folder / "tensorboard" / run.name))
         self.writer.add_text("config", "```\n" + json.dumps(run.config, indent=2) + "\n```", 0)
@@ -117,7 +118,7 @@ class TensorBoardTracker:
 
 class WandbTracker:
     def __init__(self, run: RunInfo) -> None:
-        import wandb
+        import wandb  # noqa: PLC0415 optional: wandb (the trackers extra), for a job that names it
 
         self.wandb = wandb
         self.run = wandb.init(
@@ -146,9 +147,7 @@ class WandbTracker:
 
 class MlflowTracker:
     def __init__(self, run: RunInfo) -> None:
-        import os
-
-        import mlflow
+        import mlflow  # noqa: PLC0415 optional: mlflow (the trackers extra), for a job that names it
 
         self.mlflow = mlflow
         uri = os.environ.get("MLFLOW_TRACKING_URI")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import sys
 
+from math_verify import parse, verify
+
 
 def _parse(parse, text: str, timeout: int) -> list:
     parsed = parse(f"${text}$", parsing_timeout=timeout)
@@ -17,8 +19,6 @@ def _parse(parse, text: str, timeout: int) -> list:
 
 
 def main() -> None:
-    from math_verify import parse, verify
-
     sys.stdout.write(json.dumps({"ready": True}) + "\n")
     sys.stdout.flush()
     for line in sys.stdin:

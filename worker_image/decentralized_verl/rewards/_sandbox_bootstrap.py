@@ -10,6 +10,7 @@ The audit hook is defence in depth next to the OS limits, not a security boundar
 import json
 import os
 import resource
+import stat
 import sys
 
 _BLOCKED_EVENTS = frozenset(
@@ -55,7 +56,8 @@ def _unshare_network():
             return True
         except OSError:
             return False
-    import ctypes
+    # Loaded only here: a module already loaded imports with no audit event, so the program would find it.
+    import ctypes  # noqa: PLC0415 light: ctypes; the sandboxed program must not find it loaded
 
     libc = ctypes.CDLL(None, use_errno=True)
     ok = libc.unshare(_CLONE_NEWNET) == 0
@@ -66,8 +68,6 @@ def _unshare_network():
 
 def _world_readable(directory):
     """True when a user with no special rights can list `directory` and traverse all its parents."""
-    import stat
-
     path = directory
     need = stat.S_IROTH | stat.S_IXOTH
     while True:

@@ -33,10 +33,10 @@ class RewardModelScorer:
         device: str = "cpu",
         use_chat_template: bool = True,
     ) -> None:
-        import torch  # noqa: F401  (fail here, not mid-training, when torch is missing)
+        import torch  # noqa: F401, PLC0415 light: torch (checked here, not mid-training); `rewards` loads none
 
         if isinstance(model, str | Path):
-            from transformers import AutoModelForSequenceClassification, AutoTokenizer
+            from transformers import AutoModelForSequenceClassification, AutoTokenizer  # noqa: PLC0415 light: transformers, for a model given by its folder
 
             tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(model))
             model = AutoModelForSequenceClassification.from_pretrained(str(model), num_labels=1)
@@ -65,7 +65,7 @@ class RewardModelScorer:
 
     def score(self, prompts: Sequence[str], completions: Sequence[str]) -> list[float]:
         """One float per pair, computed `batch_size` pairs at a time."""
-        import torch
+        import torch  # noqa: PLC0415 light: torch; `decentralized_verl.rewards` exports this class and loads no torch
 
         if len(prompts) != len(completions):
             raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")

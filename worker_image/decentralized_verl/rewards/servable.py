@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from decentralized_verl.spec.catalogue.rewards import BUILTIN_REWARD_TYPES
+
 SHIPPED_REWARD_MODULES = ("decentralized_verl.rewards", "decentralized_verl.volunteers.rewards")
 
 
 def servable_reward(kind: str, *, has_reward_model: bool) -> str | None:
     """None when this volunteer may run reward `kind`; otherwise why not."""
-    from decentralized_verl.spec.catalogue.rewards import BUILTIN_REWARD_TYPES
-
     if kind == "reward_model":
         return None if has_reward_model else "this reward volunteer holds no reward model"
     if kind in BUILTIN_REWARD_TYPES:

@@ -16,6 +16,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from decentralized_verl.runtime import compute_thread, thread_governor
+from decentralized_verl.runtime.heap import keep_freed_memory
+
 if TYPE_CHECKING:
     from decentralized_verl.settings import WorkerSettings
 
@@ -85,7 +88,7 @@ def configure_torch(threads: int) -> None:
 
     The inter-op pool can be sized only before torch's first parallel work, so a failure there is ignored.
     """
-    import torch
+    import torch  # noqa: PLC0415 light: torch; `dverl run`'s supervisor shares cores with this module
 
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[name] = str(threads)
@@ -116,9 +119,6 @@ def configure_from_environment(settings: WorkerSettings) -> int:
     """Size torch's pools for this process, let the compute thread shrink them while other programs take
     cores (`thread_governor`), and keep freed tensor memory for reuse (`heap`); computing entry points call
     this first, before any worker thread starts. Returns the thread count."""
-    from decentralized_verl.runtime import compute_thread, thread_governor
-    from decentralized_verl.runtime.heap import keep_freed_memory
-
     threads = available_cpus(settings.cpus)
     configure_torch(threads)
     keep_freed_memory()

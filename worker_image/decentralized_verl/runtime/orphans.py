@@ -150,9 +150,9 @@ def die_with_parent(expected: int | None) -> None:
     os.environ.pop(PARENT_VARIABLE, None)
     if not expected or not Path("/proc/self/stat").exists():
         return
-    with contextlib.suppress(OSError, AttributeError):
-        import ctypes
+    import ctypes  # noqa: PLC0415 light: ctypes, for a process started to die with its launcher only
 
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != expected:
         os.kill(os.getpid(), signal.SIGTERM)

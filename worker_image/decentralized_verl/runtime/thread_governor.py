@@ -22,7 +22,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,24 +86,12 @@ class _Window:
 class ThreadGovernor:
     """`begin` before and `end` after each work item on the compute thread (`compute_thread.govern`).
 
-    ``read_stat`` and ``set_threads`` are the I/O edges (``/proc/stat`` and ``torch.set_num_threads``),
-    replaceable in tests."""
+    Its I/O edges are the four methods at the end: the machine's per-core busy time (``/proc/stat``),
+    torch's pool and the two clocks."""
 
-    def __init__(
-        self,
-        ceiling: int,
-        cpus: Collection[int],
-        *,
-        read_stat: Callable[[], str] = PROC_STAT.read_text,
-        set_threads: Callable[[int], None] | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        cpu_clock: Callable[[], float] = time.process_time,
-    ) -> None:
+    def __init__(self, ceiling: int, cpus: Collection[int]) -> None:
         self.ceiling = max(1, ceiling)
         self.cpus = frozenset(cpus)
-        self.read_stat = read_stat
-        self.set_threads = set_threads or _set_torch_threads
-        self.clock, self.cpu_clock = clock, cpu_clock
         self.hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
         self.others_busy = 0.0
         self.windows = 0
@@ -154,11 +142,19 @@ class ThreadGovernor:
         except (OSError, ValueError):
             return None
 
+    def read_stat(self) -> str:
+        return PROC_STAT.read_text()
 
-def _set_torch_threads(threads: int) -> None:
-    import torch
+    def set_threads(self, threads: int) -> None:
+        import torch  # noqa: PLC0415 light: torch; `dverl run`'s supervisor imports this module
 
-    torch.set_num_threads(threads)
+        torch.set_num_threads(threads)
+
+    def clock(self) -> float:
+        return time.monotonic()
+
+    def cpu_clock(self) -> float:
+        return time.process_time()
 
 
 def for_this_process(ceiling: int) -> ThreadGovernor | None:

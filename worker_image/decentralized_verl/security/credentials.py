@@ -119,7 +119,7 @@ class IssuedCredentials:
 
     @property
     def dht_peer(self) -> str:
-        from decentralized_verl.security.peer_identity import peer_id_of_seed
+        from decentralized_verl.security.peer_identity import peer_id_of_seed  # noqa: PLC0415 light: cryptography; the operator's import path stays without it
 
         return peer_id_of_seed(self.dht_seed) if self.dht_seed else ""
 
@@ -197,10 +197,10 @@ def _validity(now: datetime.datetime | None) -> tuple[datetime.datetime, datetim
 
 
 def new_authority(common_name: str, *, now: datetime.datetime | None = None) -> Authority:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
+    from cryptography import x509  # noqa: PLC0415 light: cryptography, where credentials are issued; the operator imports this module
+    from cryptography.hazmat.primitives import hashes, serialization  # noqa: PLC0415 light: cryptography, where credentials are issued; the operator imports this module
+    from cryptography.hazmat.primitives.asymmetric import ec  # noqa: PLC0415 light: cryptography, where credentials are issued; the operator imports this module
+    from cryptography.x509.oid import NameOID  # noqa: PLC0415 light: cryptography, where credentials are issued; the operator imports this module
 
     start, end = _validity(now)
     key = ec.generate_private_key(ec.SECP256R1())
@@ -245,10 +245,10 @@ def issue(
     derives it from its own key) and a new weight-signing key pair. The certificate names the job's
     Service names, 127.0.0.1 and the IP addresses in `hosts` (the nodes of a Ray cluster the servers
     listen on)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec, ed25519
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    from cryptography import x509  # noqa: PLC0415 light: cryptography, where credentials are issued; the operator imports this module
+    from cryptography.hazmat.primitives import hashes, serialization  # noqa: PLC0415 light: cryptography, where credentials are issued; the operator imports this module
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519  # noqa: PLC0415 light: cryptography, where credentials are issued; the operator imports this module
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID  # noqa: PLC0415 light: cryptography, where credentials are issued; the operator imports this module
 
     authority = authority or new_authority(f"dverl job {job} CA", now=now)
     ca_cert = x509.load_pem_x509_certificate(authority.cert)
@@ -402,7 +402,7 @@ class LocalCredentials:
 
 def certificate_ips(cert: bytes) -> set[str]:
     """The IP addresses a PEM server certificate names."""
-    from cryptography import x509
+    from cryptography import x509  # noqa: PLC0415 light: cryptography, where credentials are issued; the operator imports this module
 
     loaded = x509.load_pem_x509_certificate(cert)
     try:

@@ -16,7 +16,36 @@ import hmac
 import os
 from pathlib import Path
 
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 _PROTO_ED25519 = 1  # libp2p crypto.proto KeyType.Ed25519
+_BASE58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+"""Bitcoin's base58 alphabet, the one libp2p writes peer ids in."""
+
+
+def b58encode(raw: bytes) -> str:
+    """`raw` in base58, each leading zero byte as a leading "1" (what libp2p and the `base58` package
+    write; done here because the operator, which issues peer ids, installs no libp2p)."""
+    number, digits = int.from_bytes(raw, "big"), []
+    while number:
+        number, digit = divmod(number, 58)
+        digits.append(_BASE58[digit])
+    zeros = len(raw) - len(raw.lstrip(b"\0"))
+    return "1" * zeros + "".join(reversed(digits))
+
+
+def b58decode(text: str) -> bytes:
+    """The bytes `text` encodes in base58; ValueError naming the first character outside the alphabet."""
+    text = text.rstrip()
+    number = 0
+    for char in text:
+        digit = _BASE58.find(char)
+        if digit < 0:
+            raise ValueError(f"invalid base58 character {char!r}")
+        number = number * 58 + digit
+    zeros = len(text) - len(text.lstrip("1"))
+    return b"\0" * zeros + number.to_bytes((number.bit_length() + 7) // 8, "big")
 
 
 def _pb_key(data: bytes) -> bytes:
@@ -26,9 +55,6 @@ def _pb_key(data: bytes) -> bytes:
 
 def keypair(seed: bytes) -> tuple[bytes, bytes]:
     """(raw private, raw public) Ed25519 key of the identity `seed` derives."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
     key = Ed25519PrivateKey.from_private_bytes(hashlib.sha256(seed).digest())
     public = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     private = key.private_bytes(
@@ -44,19 +70,15 @@ def peer_id_of_seed(seed: bytes) -> str:
 
 def peer_id_of_public(public: bytes) -> str:
     """The peer id of a raw Ed25519 public key: the identity multihash of its protobuf encoding."""
-    import base58
-
     encoded = _pb_key(public)
-    return base58.b58encode(bytes([0x00, len(encoded)]) + encoded).decode()
+    return b58encode(bytes([0x00, len(encoded)]) + encoded)
 
 
 def public_key_of_peer(peer_id: str) -> bytes:
     """The raw Ed25519 public key a peer id names (an Ed25519 id *is* its key); ValueError for any other
     id (an RSA peer's hashed id names no key one could check a signature with)."""
-    import base58
-
     try:
-        raw = base58.b58decode(peer_id)
+        raw = b58decode(peer_id)
     except ValueError:
         raise ValueError(f"peer id {peer_id[:60]!r}: not base58") from None
     prefix = bytes([0x00, 36, 0x08, _PROTO_ED25519, 0x12, 32])

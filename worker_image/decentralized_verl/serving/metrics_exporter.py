@@ -8,6 +8,8 @@ import logging
 import re
 from typing import Any
 
+from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
 log = logging.getLogger(__name__)
 PREFIX = "dverl_train_"
 
@@ -21,8 +23,6 @@ class TrainingMetricsExporter:
     """Serves the latest step's numbers; `observe` is the training loop's per-step callback."""
 
     def __init__(self, port: int, job: str, host: str = "0.0.0.0") -> None:
-        from prometheus_client import CollectorRegistry, start_http_server
-
         self.registry = CollectorRegistry()
         self.job = job
         self._gauges: dict[str, Any] = {}
@@ -31,8 +31,6 @@ class TrainingMetricsExporter:
         log.info("training metrics for Prometheus on :%d/metrics", self.port)
 
     def observe(self, record: dict[str, Any]) -> None:
-        from prometheus_client import Gauge
-
         for key, value in record.items():
             if isinstance(value, bool) or not isinstance(value, int | float) or key == "time":
                 continue

@@ -21,13 +21,16 @@ from decentralized_verl.core.interfaces import WorkItem
 from decentralized_verl.core.samples import Sample
 from decentralized_verl.core.sampling import SamplingParams
 from decentralized_verl.core.seeds import item_seed, turn_seed
+from decentralized_verl.environments.base import EpisodeRecord
+from decentralized_verl.environments.episode import TurnOutput
+from decentralized_verl.environments.rollout import EpisodeRunner, record_seed
 from decentralized_verl.environments.settings import EpisodeSettings, episode_settings
+from decentralized_verl.models.lora import is_lora
 from decentralized_verl.spec.catalogue.backends import HF, backend_kind
+from decentralized_verl.transport.weights.codec import cast_like
 
 if TYPE_CHECKING:
     from torch import Tensor
-
-    from decentralized_verl.environments.rollout import EpisodeRunner
 
 
 class WeightSource(Protocol):
@@ -114,9 +117,6 @@ class RolloutWorker:
     def _load_weights(self, state_dict: Mapping[str, Tensor], version: int) -> None:
         model = getattr(self.backend, "model", None)
         if model is not None:
-            from decentralized_verl.models.lora import is_lora
-            from decentralized_verl.transport.weights.codec import cast_like
-
             state_dict = cast_like(state_dict, model.state_dict())
             if is_lora(model):  # LoRA jobs ship only the adapter; the frozen base stays as loaded
                 self.backend.load_weights(state_dict, version, partial=True)
@@ -165,9 +165,6 @@ class RolloutWorker:
         self, items: Sequence[WorkItem], sampling: SamplingParams, version: int
     ) -> Iterator[Sample]:
         """One multi-turn episode per item, each yielded as it ends (the others play on)."""
-        from decentralized_verl.environments.base import EpisodeRecord
-        from decentralized_verl.environments.rollout import record_seed
-
         with self._lock:
             self._ensure_version(version)
             runner = self._episode_runner()
@@ -213,8 +210,6 @@ class RolloutWorker:
 
     def _episode_runner(self) -> EpisodeRunner:
         if self._runner is None:
-            from decentralized_verl.environments.rollout import EpisodeRunner
-
             assert self.environment is not None
             tokenizer = self.backend.tokenizer
             eos = getattr(self.backend, "eos_token_ids", None)
@@ -232,7 +227,6 @@ class RolloutWorker:
     def _turn_generator(self, items: Sequence[WorkItem], sampling: SamplingParams, versions: dict[int, int]):
         """Episode turns through the backend: one n=1 request per turn, seeded by (item, turn), so a
         re-dispatched episode plays out the same."""
-        from decentralized_verl.environments.episode import TurnOutput
 
         def generate(turns):
             requests = []

@@ -8,6 +8,7 @@ log-prob of a token are computed identically; results are cut back to each sampl
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from collections.abc import Sequence
@@ -17,14 +18,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from decentralized_verl.algorithms.value_loss import clipped_value_loss
 from decentralized_verl.core.forward import ForwardChooser, response_logprobs
 from decentralized_verl.core.samples import Prompt, Sample, TrainBatch, collate
-from decentralized_verl.environments.replay import ENVIRONMENT_REWARD
+from decentralized_verl.environments.replay import ENVIRONMENT_REWARD, parse_transcript, replay
 from decentralized_verl.environments.settings import episode_settings
+from decentralized_verl.models.loading import load_model_and_tokenizer, load_sequence_classifier
+from decentralized_verl.rewards import RewardModelScorer, score_batch
 from decentralized_verl.rewards.servable import servable_reward
 from decentralized_verl.training.optimizer_step import optimizer_step
 from decentralized_verl.training.rank_group import collective_device, split_rounds, world_of
 from decentralized_verl.training.sharding import is_sharded, shard_model
+from decentralized_verl.training.value_model import build_value_model
 from decentralized_verl.transport.messages import Score, ScoreItem, SequencePair
 
 
@@ -92,8 +97,6 @@ class ReferenceWorker:
     @classmethod
     def from_spec(cls, spec: Any, *, device: str = "cpu", worker_id: str = "reference") -> ReferenceWorker:
         """The policy's initial weights (LoRA off), at spec.data.temperature."""
-        from decentralized_verl.models.loading import load_model_and_tokenizer
-
         model_spec = spec.model.model_copy(update={"lora": None}) if spec.model.lora else spec.model
         model, tokenizer = load_model_and_tokenizer(model_spec, device=device)
         role = spec.roles.reference
@@ -178,8 +181,6 @@ class CriticWorker:
 
     @classmethod
     def from_spec(cls, spec: Any, *, device: str = "cpu", worker_id: str = "critic") -> CriticWorker:
-        from decentralized_verl.training.value_model import build_value_model
-
         role = spec.roles.critic
         model_spec = (role.model if role is not None else None) or spec.model
         critic, tokenizer = build_value_model(model_spec, device=device)
@@ -200,8 +201,6 @@ class CriticWorker:
 
     def state(self) -> dict[str, Any]:
         """A copy of everything the critic has learned (weights, optimizer, updates taken)."""
-        import copy
-
         with self._lock:
             return {
                 "model": copy.deepcopy(self.model.state_dict()),
@@ -241,8 +240,6 @@ class CriticWorker:
     ) -> float:
         """One optimizer step over the whole batch (micro-batches accumulate, weighted by token count so
         the result equals a token mean over the batch); returns that mean loss."""
-        from decentralized_verl.algorithms.value_loss import clipped_value_loss
-
         if not (len(samples) == len(returns) == len(old_values)):
             raise ValueError(f"{len(samples)} samples, {len(returns)} returns, {len(old_values)} old values")
         for i, (s, r, v) in enumerate(zip(samples, returns, old_values, strict=True)):
@@ -339,9 +336,6 @@ class RewardWorker:
     def from_spec(cls, spec: Any, *, device: str = "cpu", workers: int = 1) -> RewardWorker:
         scorer = None
         if spec.data.reward_type == "reward_model":
-            from decentralized_verl.models.loading import load_sequence_classifier
-            from decentralized_verl.rewards import RewardModelScorer
-
             model, tokenizer = load_sequence_classifier(
                 spec.data.reward_model, device=device, field="spec.data.rewardModel"
             )
@@ -357,8 +351,6 @@ class RewardWorker:
 
     def score_items(self, items: Sequence[ScoreItem]) -> list[Score]:
         """Scores in request order; items are grouped by reward type so a reward model runs batched."""
-        from decentralized_verl.rewards import score_batch
-
         out: list[Score | None] = [None] * len(items)
         groups: dict[str, list[int]] = {}
         for i, it in enumerate(items):
@@ -395,8 +387,6 @@ class RewardWorker:
 
     def _replay(self, item: ScoreItem) -> Score:
         """An episode's reward: its environment played again here on the model's turns (`replay.py`)."""
-        from decentralized_verl.environments.replay import parse_transcript, replay
-
         if self.environment is None:
             return Score(0.0, "the environment reward needs the job's data.environment")
         try:

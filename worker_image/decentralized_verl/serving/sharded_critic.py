@@ -24,8 +24,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from decentralized_verl.core.samples import Sample
+from decentralized_verl.runtime.lifecycle import CALL_GRACE_S, serve_until_stopped
+from decentralized_verl.serving import servicers
+from decentralized_verl.serving.scoring import CriticWorker
 from decentralized_verl.training import rank_group
 from decentralized_verl.training.checkpoints.folders import checkpoint_dir
+from decentralized_verl.training.checkpoints.learner import prune
+from decentralized_verl.training.checkpoints.sharded import load_sharded, newest_usable, save_sharded
+from decentralized_verl.training.distributed import init_distributed
 from decentralized_verl.training.rank_group import Command
 
 if TYPE_CHECKING:
@@ -41,9 +47,6 @@ KEEP = 2
 def save_critic(worker: Any, root: Path) -> Path:
     """Collective: every rank writes its shards of the critic's weights and optimizer as
     `checkpoint-<updates taken>` under `root`; rank 0 then drops all but the newest KEEP."""
-    from decentralized_verl.training.checkpoints.learner import prune
-    from decentralized_verl.training.checkpoints.sharded import save_sharded
-
     folder = checkpoint_dir(root, worker.version)
     save_sharded(worker.model, worker.optimizer, None, folder, {"version": worker.version})
     if worker.rank == 0:
@@ -54,8 +57,6 @@ def save_critic(worker: Any, root: Path) -> Path:
 def restore_critic(worker: Any, root: Path) -> Path | None:
     """Collective: load the newest intact critic checkpoint under `root` into every rank's shards; None
     (and nothing changed) when there is none."""
-    from decentralized_verl.training.checkpoints.sharded import load_sharded, newest_usable
-
     folder = newest_usable(root, worker.model)
     if folder is None:
         return None
@@ -142,11 +143,6 @@ async def serve_sharded_critic(
     spec: Any, worker_id: str, port: int, settings: WorkerSettings, output: Path | None
 ) -> int:
     """One rank of a sharded critic, until stopped (rank 0) or released by rank 0 (the others)."""
-    from decentralized_verl.runtime.lifecycle import CALL_GRACE_S, serve_until_stopped
-    from decentralized_verl.serving import servicers
-    from decentralized_verl.serving.scoring import CriticWorker
-    from decentralized_verl.training.distributed import init_distributed
-
     host = settings.server_host()
     rank = settings.rank
     world = settings.world_size or spec.roles.critic.replicas

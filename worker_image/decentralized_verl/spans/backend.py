@@ -20,6 +20,7 @@ from torch import Tensor
 from decentralized_verl.backends.hf import HFBackend, _Row
 from decentralized_verl.backends.weight_copy import plan_weight_copy
 from decentralized_verl.errors import WireError
+from decentralized_verl.runtime import compute_thread
 from decentralized_verl.security.trust import PROCESS_KEY, weights_verify_key
 from decentralized_verl.spans import signed
 from decentralized_verl.spans.blocks import FrontModel, build_front, spec_parts
@@ -55,8 +56,6 @@ class SpanBackend(HFBackend):
     ) -> SpanBackend:
         """The front of `spec.model`'s model (reading only the front's tensors) over the given servers;
         `spans` is the layout, or a count to split the layers evenly."""
-        from decentralized_verl.runtime import compute_thread
-
         config, tokenizer, source, dtype = spec_parts(spec)
         if isinstance(spans, int):  # a count: the layers split evenly
             spans = even_layout(int(config.num_hidden_layers), spans)

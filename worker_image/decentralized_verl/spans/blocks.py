@@ -21,9 +21,14 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from torch import Tensor, nn
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from decentralized_verl.errors import ModelError
+from decentralized_verl.models.grouped_attention import use_grouped_attention
+from decentralized_verl.models.loading import load_tokenizer, resolve_hf_dir, torch_dtype
+from decentralized_verl.models.tiny import build_tiny, tiny_config
 from decentralized_verl.spans.layout import FRONT_PREFIXES, Span, is_front, to_span_name
 
 SUPPORTED = frozenset({"llama", "mistral", "qwen2", "qwen3"})
@@ -79,8 +84,6 @@ def _fill(module: nn.Module, tensors: Mapping[str, Tensor], dtype: torch.dtype, 
 
 def build_span(config: Any, span: Span, source: TensorSource, dtype: torch.dtype) -> nn.Module:
     """The decoder of layers [span.start, span.end), with its tensors read from `source`."""
-    from transformers import AutoModel
-
     check_supported(config)
     cfg = span_config(config, span)
     with torch.device("meta"):
@@ -97,8 +100,6 @@ def build_span(config: Any, span: Span, source: TensorSource, dtype: torch.dtype
 
 
 def _use_fast_attention(module: nn.Module) -> None:
-    from decentralized_verl.models.grouped_attention import use_grouped_attention
-
     use_grouped_attention(module)
 
 
@@ -109,7 +110,6 @@ class FrontModel(nn.Module):
 
     def __init__(self, config: Any) -> None:
         super().__init__()
-        from transformers import AutoModelForCausalLM
 
         with torch.device("meta"):
             whole = AutoModelForCausalLM.from_config(_no_layers(config))
@@ -172,19 +172,14 @@ def _with_tied(front: FrontModel, tensors: dict[str, Tensor]) -> dict[str, Tenso
 
 def spec_parts(spec: Any, *, field: str = "spec.model") -> tuple[Any, Any, TensorSource, torch.dtype]:
     """(config, tokenizer, tensor source, dtype) for a model spec, reading no tensor yet."""
-    from decentralized_verl.models.loading import load_tokenizer, resolve_hf_dir, torch_dtype
-
     if getattr(spec, "lora", None) is not None:
         raise ModelError(f"{field}.lora: a LoRA model cannot be served as spans")
     dtype = torch_dtype(getattr(spec, "dtype", "float32"), field=f"{field}.dtype")
     tokenizer = load_tokenizer(spec, field=field)
     folder = resolve_hf_dir(spec, field=field)
     if folder is None:
-        from decentralized_verl.models.tiny import tiny_config
-
         config = tiny_config(spec.tiny, tokenizer, field=f"{field}.tiny")
         return config, tokenizer, _tiny_source(config, spec.tiny.seed), dtype
-    from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(folder)
     if getattr(config, "pad_token_id", None) is None:
@@ -196,8 +191,6 @@ def _tiny_source(config: Any, seed: int) -> TensorSource:
     """The tiny model is defined by its seed: build it whole (it is tiny) and hand out the asked part."""
 
     def read(wanted: Callable[[str], bool]) -> dict[str, Tensor]:
-        from decentralized_verl.models.tiny import build_tiny
-
         whole = build_tiny(config, seed)
         return {k: v.detach().clone() for k, v in whole.state_dict().items() if wanted(k)}
 
@@ -215,8 +208,6 @@ def folder_source(folder: Path, field: str = "spec.model") -> TensorSource:
         raise ModelError(f"{field}: {str(folder)!r} has no safetensors weights (spans read only safetensors)")
 
     def read(wanted: Callable[[str], bool]) -> dict[str, Tensor]:
-        from safetensors import safe_open
-
         files: dict[str, list[str] | None] = {}
         if weight_map:
             for name, file in weight_map.items():
@@ -237,8 +228,6 @@ def folder_source(folder: Path, field: str = "spec.model") -> TensorSource:
 def part_bytes(config: Any, dtype_bytes: int = 2) -> tuple[int, int]:
     """(bytes of one decoder layer, bytes of the front), from the config alone (no weights read)."""
     with torch.device("meta"):
-        from transformers import AutoModelForCausalLM
-
         one = AutoModelForCausalLM.from_config(_layers(config, 1))
     layer = sum(p.numel() for n, p in one.named_parameters() if n.startswith("model.layers."))
     front = sum(p.numel() for n, p in one.named_parameters() if n.startswith(FRONT_PREFIXES))

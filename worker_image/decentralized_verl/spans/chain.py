@@ -33,6 +33,7 @@ from decentralized_verl.spans.client import SpanCalls, SpanClient, SpanFailure
 from decentralized_verl.spans.codec import HopRequest
 from decentralized_verl.spans.layout import Span
 from decentralized_verl.spans.signed import SpanManifest
+from decentralized_verl.transport.weights.codec import encode_state_dict
 
 log = logging.getLogger(__name__)
 
@@ -252,8 +253,6 @@ def _stage(client: SpanCalls, part: Mapping[str, Tensor], version: int) -> None:
 
 
 def _blob(tensors: Mapping[str, Tensor], version: int) -> bytes:
-    from decentralized_verl.transport.weights.codec import encode_state_dict
-
     bundle = encode_state_dict(tensors, version, dtype=None, chunk_bytes=1 << 40)
     return b"".join(chunk.data for chunk in bundle.chunks)
 

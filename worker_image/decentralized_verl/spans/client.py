@@ -12,7 +12,8 @@ from torch import Tensor
 
 from decentralized_verl.errors import DverlError, WireError
 from decentralized_verl.spans.codec import HopRequest, decode_hidden, encode_request
-from decentralized_verl.spans.server import SERVICE
+from decentralized_verl.spans.server import SERVICE, encode_commit
+from decentralized_verl.transport import secure
 
 REPLACEABLE = frozenset(
     {
@@ -75,8 +76,6 @@ class SpanCalls:
 
     def commit(self, version: int, manifest: Any = None) -> None:
         """Load the staged version; `manifest` is the learner's signed `SpanManifest` of this span."""
-        from decentralized_verl.spans.server import encode_commit
-
         self._call("Commit", encode_commit(version, manifest))
 
     def shutdown(self) -> None:
@@ -87,8 +86,6 @@ class SpanClient(SpanCalls):
     """A span server over gRPC (TLS and the job token when this process holds job credentials)."""
 
     def __init__(self, address: str, *, timeout_s: float = 60.0, credentials: Any = None) -> None:
-        from decentralized_verl.transport import secure
-
         self.address = address
         self.timeout_s = timeout_s
         self._channel = secure.sync_channel(address, secure.PROCESS if credentials is None else credentials)

@@ -19,10 +19,18 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from google.protobuf.wrappers_pb2 import BytesValue
+
 from decentralized_verl.errors import DverlError
+from decentralized_verl.security.peer_identity import bootstrap_maddr, front_seed
+from decentralized_verl.security.trust import process_credentials
 from decentralized_verl.spans.backend import SpanBackend
 from decentralized_verl.spans.layout import parse_span
 from decentralized_verl.spans.p2p import P2PSpanClient
+from decentralized_verl.spans.roster import PUSH, open_push
+from decentralized_verl.transport.p2p import connect, listen_maddrs
+from decentralized_verl.volunteers.announce import Heartbeat, VolunteerRecord, hardware_summary
+from decentralized_verl.volunteers.dht import PeerOptions, start_dht
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +53,6 @@ class FrontVolunteers:
     _tasks: set[asyncio.Task] = field(default_factory=set)
 
     async def register(self) -> None:
-        from google.protobuf.wrappers_pb2 import BytesValue
-
-        from decentralized_verl.spans.roster import PUSH
-
         await self.p2p.add_protobuf_handler(PUSH, self._push, BytesValue)
         self.backend.chain.on_drop = self._on_drop
         self.backend.chain.on_lost = self._on_lost
@@ -86,10 +90,6 @@ class FrontVolunteers:
         return ""
 
     async def _push(self, request: Any, context: Any) -> Any:
-        from google.protobuf.wrappers_pb2 import BytesValue
-
-        from decentralized_verl.spans.roster import open_push
-
         try:
             payload = open_push(request.value, self.verify_key)
             seq = float(payload["seq"])
@@ -115,8 +115,6 @@ class FrontVolunteers:
         return BytesValue(value=json.dumps(self.reply()).encode())
 
     async def _attach(self, peer_id: str, span_text: str, maddrs: list[str]) -> None:
-        from decentralized_verl.transport.p2p import connect
-
         try:
             await connect(self.p2p, peer_id, [str(a) for a in maddrs])
             client = P2PSpanClient(self.p2p, peer_id, self.loop, timeout_s=self.timeout_s)
@@ -136,12 +134,6 @@ async def start_front_volunteers(
 ) -> tuple[FrontVolunteers, Any] | None:
     """Join the job's DHT as front `index` and take span volunteers; None for a job without credentials
     (the coordinator refuses span volunteers then, saying why)."""
-    from decentralized_verl.security.peer_identity import bootstrap_maddr, front_seed
-    from decentralized_verl.security.trust import process_credentials
-    from decentralized_verl.transport.p2p import listen_maddrs
-    from decentralized_verl.volunteers.announce import Heartbeat, VolunteerRecord, hardware_summary
-    from decentralized_verl.volunteers.dht import PeerOptions, start_dht
-
     credentials = process_credentials()
     if credentials is None or not credentials.verify_key:
         log.warning("span volunteers: this front holds no job credentials, so it takes none")

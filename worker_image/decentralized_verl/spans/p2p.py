@@ -18,9 +18,12 @@ from collections.abc import Collection
 from typing import Any
 
 import grpc
+from google.protobuf.wrappers_pb2 import BytesValue
 
+from decentralized_verl.runtime import compute_thread
 from decentralized_verl.spans.client import SpanCalls, SpanFailure, failure
 from decentralized_verl.spans.server import SERVICE, SpanServer, span_methods, status_of
+from decentralized_verl.transport.p2p import peer
 
 log = logging.getLogger(__name__)
 
@@ -32,17 +35,11 @@ def handler_name(method: str) -> str:
 
 
 def _failed(code: str, details: str) -> Any:
-    from google.protobuf.wrappers_pb2 import BytesValue
-
     return BytesValue(value=FAILED + json.dumps({"code": code, "details": details}).encode())
 
 
 async def serve_span_p2p(p2p: Any, server: SpanServer, fronts: Collection[str]) -> None:
     """Register the span service on `p2p`, answering only the peers in `fronts` (base58 peer ids)."""
-    from google.protobuf.wrappers_pb2 import BytesValue
-
-    from decentralized_verl.runtime import compute_thread
-
     allowed = frozenset(fronts)
 
     def wrap(method: str, fn: Any) -> Any:
@@ -91,10 +88,6 @@ class P2PSpanClient(SpanCalls):
         self.trusted = trusted
 
     def _call(self, method: str, data: bytes, timeout_s: float | None = None) -> bytes:
-        from google.protobuf.wrappers_pb2 import BytesValue
-
-        from decentralized_verl.transport.p2p import peer
-
         timeout = timeout_s or self.timeout_s
         call = self.p2p.call_protobuf_handler(
             peer(self.peer_id), handler_name(method), BytesValue(value=data), BytesValue

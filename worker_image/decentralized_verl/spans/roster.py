@@ -18,6 +18,7 @@ each served) and which it dropped and why.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -25,8 +26,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from google.protobuf.wrappers_pb2 import BytesValue
+
 from decentralized_verl.errors import WireError
-from decentralized_verl.spans.layout import Span, parse_span
+from decentralized_verl.planning.plan import plan_job
+from decentralized_verl.security.peer_identity import front_seed, peer_id_of_seed
+from decentralized_verl.security.trust import process_credentials
+from decentralized_verl.spans.layout import Span, even_layout, parse_span
+from decentralized_verl.transport.p2p import connect, peer
 from decentralized_verl.volunteers.announce import VolunteerRecord
 
 log = logging.getLogger(__name__)
@@ -40,17 +49,12 @@ DOMAIN = b"dverl-span-roster-v1\x00"
 
 def sign_push(payload: dict[str, Any], signing_key: bytes) -> bytes:
     """The JSON payload followed by the learner's Ed25519 signature over it."""
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
     body = json.dumps(payload, sort_keys=True).encode()
     return body + Ed25519PrivateKey.from_private_bytes(signing_key).sign(DOMAIN + body)
 
 
 def open_push(data: bytes, verify_key: bytes) -> dict[str, Any]:
     """The payload of a signed push; `WireError` when the learner's key did not sign it."""
-    from cryptography.exceptions import InvalidSignature
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
     if len(data) < 64:
         raise WireError("span roster", "too short to carry a signature")
     body, signature = data[:-64], data[-64:]
@@ -92,8 +96,6 @@ class SpanRoster:
     assigned: dict[str, Span] = field(default_factory=dict)
 
     async def register(self) -> None:
-        from google.protobuf.wrappers_pb2 import BytesValue
-
         await self.p2p.add_protobuf_handler(ASSIGN, self._assign, BytesValue)
         self.hub.after_poll.append(self.push)
 
@@ -113,8 +115,6 @@ class SpanRoster:
         return {"ok": True, "span": str(span), "fronts": list(self.fronts)}
 
     async def _assign(self, request: Any, context: Any) -> Any:
-        from google.protobuf.wrappers_pb2 import BytesValue
-
         caller = context.remote_id.to_base58()
         try:
             named = json.loads(request.value or b"{}").get("layers")
@@ -135,8 +135,6 @@ class SpanRoster:
 
     async def push(self, records: list[VolunteerRecord]) -> None:
         """Give every announced front its volunteers; take in what it attached and whom it dropped."""
-        from decentralized_verl.transport.p2p import connect
-
         offered = self.volunteers(records)
         for record in records:
             if record.role != "front" or record.peer_id not in self.fronts:
@@ -151,12 +149,6 @@ class SpanRoster:
             self.take_reply(record.peer_id, reply)
 
     async def _call(self, front: str, data: bytes) -> dict[str, Any]:
-        import asyncio
-
-        from google.protobuf.wrappers_pb2 import BytesValue
-
-        from decentralized_verl.transport.p2p import peer
-
         reply = await asyncio.wait_for(
             self.p2p.call_protobuf_handler(peer(front), PUSH, BytesValue(value=data), BytesValue), 30.0
         )
@@ -180,18 +172,12 @@ class SpanRoster:
 
 
 def front_peer_ids(job_key: bytes, job: str, fronts: int) -> tuple[str, ...]:
-    from decentralized_verl.security.peer_identity import front_seed, peer_id_of_seed
-
     return tuple(peer_id_of_seed(front_seed(job_key, job, i)) for i in range(fronts))
 
 
 async def start_span_roster(spec: Any, job: str, hub: Any, p2p: Any, num_layers: int) -> SpanRoster | None:
     """The roster of a job whose volunteers may serve spans; None (and span joins refused, with the
     reason) when the job's rollout has no spans or the job runs without credentials."""
-    from decentralized_verl.planning.plan import plan_job
-    from decentralized_verl.security.trust import process_credentials
-    from decentralized_verl.spans.layout import even_layout
-
     if "span" not in spec.volunteers.roles:
         return None
     credentials = process_credentials()

@@ -22,18 +22,33 @@ import argparse
 import asyncio
 import json
 import logging
+import struct
 import time
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
 import torch
 from torch import Tensor
 
+from decentralized_verl.backends.weight_copy import plan_weight_copy
+from decentralized_verl.core.kv_cache import cache_keyword, decode_cache
 from decentralized_verl.errors import DverlError, WireError
+from decentralized_verl.models import loading
+from decentralized_verl.planning.plan import plan_job
+from decentralized_verl.runtime import compute_thread
+from decentralized_verl.runtime.cpus import configure_from_environment
+from decentralized_verl.runtime.lifecycle import serve_until_stopped
+from decentralized_verl.security import trust
+from decentralized_verl.settings import WorkerSettings
 from decentralized_verl.spans import signed
+from decentralized_verl.spans.blocks import build_span, spec_parts
 from decentralized_verl.spans.codec import HopRequest, decode_request, encode_hidden
-from decentralized_verl.spans.layout import Span
+from decentralized_verl.spans.layout import Span, even_layout, parse_span
 from decentralized_verl.spans.signed import SpanManifest
+from decentralized_verl.spec.model import ModelSpec
+from decentralized_verl.transport import secure
+from decentralized_verl.transport.weights.codec import cast_like, decode_state_dict
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +106,6 @@ class SpanServer:
         self.staged_version: int | None = None
         self.hops = 0
         self.weight_bytes_received = 0
-        from decentralized_verl.core.kv_cache import cache_keyword
 
         self._cache_keyword = cache_keyword(module)
 
@@ -144,8 +158,6 @@ class SpanServer:
 
     def _session_for(self, request: HopRequest) -> tuple[_Session, Any]:
         """The request's session with its rows selected, every check made before anything changes."""
-        from decentralized_verl.core.kv_cache import decode_cache
-
         tokens = int(request.hidden.shape[1])
         if request.open:
             if request.session in self.sessions:
@@ -189,8 +201,6 @@ class SpanServer:
 
     def stage(self, data: bytes) -> int:
         """Keep a blob's tensors for the version it is tagged with; the count staged so far."""
-        from decentralized_verl.transport.weights.codec import decode_state_dict
-
         version = _tagged_version(data)
         tensors = decode_state_dict(data, version)
         self.weight_bytes_received += len(data)
@@ -206,9 +216,6 @@ class SpanServer:
     def commit(self, version: int, manifest: SpanManifest | None = None) -> None:
         """Load the staged tensors as `version` (every one checked first, against the learner's signed
         manifest of this span when one is given or required), or change nothing."""
-        from decentralized_verl.backends.weight_copy import plan_weight_copy
-        from decentralized_verl.transport.weights.codec import cast_like
-
         if self.staged_version != version:
             raise WireError(
                 "weights.version", f"nothing staged for version {version} (staged: {self.staged_version})"
@@ -260,8 +267,6 @@ def _capacity(cache: Any) -> int:
 
 
 def _tagged_version(data: bytes) -> int:
-    import struct
-
     try:
         (length,) = struct.unpack("<Q", data[:8])
         tagged = json.loads(data[8 : 8 + length])["__metadata__"]["dverl.version"]
@@ -308,9 +313,6 @@ def status_of(exc: Exception) -> str:
 
 def span_handler(server: SpanServer) -> Any:
     """The `dverl.Span` service over raw bytes: Forward, Close, Info, Stage, Commit."""
-    import grpc
-
-    from decentralized_verl.runtime import compute_thread
 
     def wrap(fn: Any) -> Any:
         async def call(request: bytes, context: Any) -> bytes:
@@ -331,8 +333,6 @@ def span_handler(server: SpanServer) -> Any:
 
 async def serve_span(server: SpanServer, port: int, host: str = "127.0.0.1", credentials: Any = None) -> Any:
     """Start a gRPC server for `server` (credentials: `transport.secure`'s; None is plaintext)."""
-    from decentralized_verl.transport import secure
-
     grpc_server = secure.aio_server(credentials=secure.PROCESS if credentials is None else credentials)
     grpc_server.add_generic_rpc_handlers((span_handler(server),))
     bound = secure.bind(grpc_server, host, port)
@@ -344,8 +344,6 @@ async def serve_span(server: SpanServer, port: int, host: str = "127.0.0.1", cre
 
 
 async def _sweeper(server: SpanServer, every_s: float) -> None:
-    from decentralized_verl.runtime import compute_thread
-
     while True:
         await asyncio.sleep(every_s)
         await compute_thread.run(server.sweep)
@@ -354,8 +352,6 @@ async def _sweeper(server: SpanServer, every_s: float) -> None:
 async def _serve_until_stopped(server: SpanServer, port: int, host: str, what: str, sweep_s: float) -> int:
     """Serve `server` over gRPC, freeing idle sessions every `sweep_s`, until the process is told to stop;
     its ready line names it, `what` it serves and the port it bound."""
-    from decentralized_verl.runtime.lifecycle import serve_until_stopped
-
     grpc_server = await serve_span(server, port, host)
     sweeper = asyncio.create_task(_sweeper(server, sweep_s))
     try:
@@ -370,8 +366,6 @@ async def _serve_until_stopped(server: SpanServer, port: int, host: str, what: s
 
 def load_span_server(spec: Any, span: Span, **kw: Any) -> SpanServer:
     """Build the span's module from a model spec (reading only its layers) and wrap it."""
-    from decentralized_verl.runtime import compute_thread
-    from decentralized_verl.spans.blocks import build_span, spec_parts
 
     def build() -> torch.nn.Module:
         config, _, source, dtype = spec_parts(spec)
@@ -382,33 +376,24 @@ def load_span_server(spec: Any, span: Span, **kw: Any) -> SpanServer:
 
 async def serve_span_role(spec: Any, job: str, index: int, port: int, host: str) -> int:
     """`dverl worker --role span --index I`: the span the job's plan gives span worker I, until stopped."""
-    from decentralized_verl.planning.plan import plan_job
-    from decentralized_verl.spans.blocks import spec_parts
-    from decentralized_verl.spans.layout import even_layout
-
     planned = plan_job(spec, job).by_role("span")
     if not 0 <= index < len(planned) or planned[index].span is None:
         raise ValueError(f"--index: the job plans {len(planned)} span workers, so no span worker {index}")
     front, position = planned[index].span
     config = spec_parts(spec.model)[0]
     span = even_layout(int(config.num_hidden_layers), spec.roles.rollout.spans.count)[position]
-    from decentralized_verl.security.trust import weights_verify_key
 
     server = load_span_server(
-        spec.model, span, server_id=planned[index].name, verify_key=weights_verify_key()
+        spec.model, span, server_id=planned[index].name, verify_key=trust.weights_verify_key()
     )
     return await _serve_until_stopped(server, port, host, f"layers {span} of rollout {front}", 30.0)
 
 
 async def _main(args: argparse.Namespace) -> int:
-    from decentralized_verl.security.trust import weights_verify_key
-    from decentralized_verl.spans.layout import parse_span
-    from decentralized_verl.spec.model import ModelSpec
-
     spec = ModelSpec.model_validate(json.loads(args.model))
     span = parse_span(args.layers, field="--layers")
     try:
-        verify_key = bytes.fromhex(args.weights_key) if args.weights_key else weights_verify_key()
+        verify_key = bytes.fromhex(args.weights_key) if args.weights_key else trust.weights_verify_key()
     except ValueError:
         raise WireError("--weights-key", "must be the learner's public key in hex") from None
     server = load_span_server(
@@ -425,11 +410,6 @@ async def _main(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m decentralized_verl.spans.server --model JSON --layers a:b --port N`."""
-    from decentralized_verl.models import loading
-    from decentralized_verl.runtime.cpus import configure_from_environment
-    from decentralized_verl.security import trust
-    from decentralized_verl.settings import WorkerSettings
-
     parser = argparse.ArgumentParser(description="Serve decoder layers [a, b) of a model as one span.")
     parser.add_argument("--model", required=True, help="the job's spec.model as JSON")
     parser.add_argument("--layers", required=True, help="start:end, the span's decoder layers")

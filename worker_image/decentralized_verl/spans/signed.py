@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from torch import Tensor
 
 from decentralized_verl.errors import WireError
@@ -124,8 +126,6 @@ def span_manifests(
 
 
 def _sign(manifest: SpanManifest, signing_key: bytes) -> SpanManifest:
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
     key = Ed25519PrivateKey.from_private_bytes(signing_key)
     return SpanManifest(manifest.version, manifest.span, manifest.tensors, key.sign(manifest.signed_bytes()))
 
@@ -207,9 +207,6 @@ def check(
 
 
 def _check_signature(manifest: SpanManifest, verify_key: bytes, where: str) -> None:
-    from cryptography.exceptions import InvalidSignature
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
     if not manifest.signature:
         raise WireError("weights.manifest.signature", f"{where}: the manifest is not signed")
     try:

@@ -19,7 +19,20 @@ import json
 import logging
 from typing import Any
 
+from google.protobuf.wrappers_pb2 import BytesValue
+
 from decentralized_verl.errors import DverlError, VolunteerError, WireError
+from decentralized_verl.runtime.cpus import configure_from_environment
+from decentralized_verl.runtime.lifecycle import serve_until_stopped
+from decentralized_verl.settings import WorkerSettings
+from decentralized_verl.spans.layout import parse_span
+from decentralized_verl.spans.p2p import serve_span_p2p
+from decentralized_verl.spans.roster import ASSIGN
+from decentralized_verl.spans.server import load_span_server
+from decentralized_verl.spec.model import ModelSpec
+from decentralized_verl.transport.p2p import listen_maddrs, peer
+from decentralized_verl.volunteers.announce import VolunteerRecord, hardware_summary
+from decentralized_verl.volunteers.dht import PeerOptions, start_dht
 
 
 async def serve_for_job(
@@ -33,13 +46,6 @@ async def serve_for_job(
 ) -> int:
     """Serve the span the coordinator assigns until stopped; `session` is the admitted volunteer's
     (`volunteers.session.VolunteerSession`)."""
-    from decentralized_verl.runtime.lifecycle import serve_until_stopped
-    from decentralized_verl.spans.layout import parse_span
-    from decentralized_verl.spans.p2p import serve_span_p2p
-    from decentralized_verl.spans.server import load_span_server
-    from decentralized_verl.transport.p2p import listen_maddrs
-    from decentralized_verl.volunteers.announce import VolunteerRecord, hardware_summary
-
     p2p = await session.p2p()
     me = session.me
     answer = await ask_assignment(p2p, coordinator, layers)
@@ -66,11 +72,6 @@ async def serve_for_job(
 
 async def ask_assignment(p2p: Any, coordinator: str, layers: str | None) -> dict[str, Any]:
     """The coordinator's answer: {"ok", "span", "fronts"} or {"ok": False, "error"}."""
-    from google.protobuf.wrappers_pb2 import BytesValue
-
-    from decentralized_verl.spans.roster import ASSIGN
-    from decentralized_verl.transport.p2p import peer
-
     request = BytesValue(value=json.dumps({"layers": layers or ""}).encode())
     reply = await asyncio.wait_for(
         p2p.call_protobuf_handler(peer(coordinator), ASSIGN, request, BytesValue), 30.0
@@ -80,13 +81,6 @@ async def ask_assignment(p2p: Any, coordinator: str, layers: str | None) -> dict
 
 async def serve(args: argparse.Namespace) -> int:
     """Serve the span the arguments name until stopped."""
-    from decentralized_verl.runtime.lifecycle import serve_until_stopped
-    from decentralized_verl.spans.layout import parse_span
-    from decentralized_verl.spans.p2p import serve_span_p2p
-    from decentralized_verl.spans.server import load_span_server
-    from decentralized_verl.spec.model import ModelSpec
-    from decentralized_verl.volunteers.dht import PeerOptions, start_dht
-
     span = parse_span(args.layers, field="--layers")
     fronts = [f.strip() for f in args.front.split(",") if f.strip()]
     if not fronts:
@@ -124,9 +118,6 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from decentralized_verl.runtime.cpus import configure_from_environment
-    from decentralized_verl.settings import WorkerSettings
-
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings = WorkerSettings.from_env()  # this process's entry: `python -m` starts a span volunteer here

@@ -5,8 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from decentralized_verl.errors import DverlError
+from decentralized_verl.launch.run import run_job
+from decentralized_verl.runtime.cpus import configure_from_environment
+from decentralized_verl.settings import WorkerSettings
 from decentralized_verl.stages.common import StageResult
 from decentralized_verl.stages.config import STAGES, TrainConfig, load_train_config, require_stage
+from decentralized_verl.stages.reward import run_reward
+from decentralized_verl.stages.sft import run_sft
 
 CHOICES = (*STAGES, "all")
 
@@ -15,7 +20,6 @@ def run_rlhf(config: TrainConfig) -> StageResult:
     """Hand the RLHFJob manifest to the runtime that `dverl run` uses."""
     section = config.rlhf
     assert section is not None
-    from decentralized_verl.launch import run_job
 
     job = config.resolve(section.job)
     outcome = run_job(job)
@@ -24,12 +28,8 @@ def run_rlhf(config: TrainConfig) -> StageResult:
 
 def _run_one(stage: str, config: TrainConfig) -> StageResult:
     if stage == "sft":
-        from decentralized_verl.stages.sft import run_sft
-
         return run_sft(config)
     if stage == "reward":
-        from decentralized_verl.stages.reward import run_reward
-
         return run_reward(config)
     return run_rlhf(config)
 
@@ -50,8 +50,9 @@ def run_stage(stage: str, config_path: str | Path) -> StageResult:
     return StageResult("all", last, {r.stage: r.metrics for r in results}, results)
 
 
-def main_stage(stage: str, config_path: str | Path) -> int:
+def main_stage(stage: str, config_path: str | Path, settings: WorkerSettings) -> int:
     """`dverl train --stage`: run the stage(s) and print one line of metrics (and checkpoint) for each."""
+    configure_from_environment(settings)  # this process trains: torch sized to its cores
     result = run_stage(stage, config_path)
     for one in result.stages or [result]:
         metrics = ", ".join(

@@ -12,7 +12,9 @@ learner that wrote its summary and never exited). The group is left to the opera
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -44,10 +46,6 @@ def weights_digest(model: torch.nn.Module) -> str:
 def exit_process(code: int) -> None:
     """End a learner of a distributed group now: flush what it wrote, then leave without running
     destructors (see the module docstring)."""
-    import logging
-    import os
-    import sys
-
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -23,6 +23,9 @@ from torch import Tensor, nn
 
 from decentralized_verl.core.streamed_weights import StreamedWeights, TensorSlot
 from decentralized_verl.training import rank_group
+from decentralized_verl.training.checkpoints.learner import restore_latest
+from decentralized_verl.training.checkpoints.sharded import save_sharded
+from decentralized_verl.training.distributed import weights_digest
 from decentralized_verl.training.rank_group import Command
 from decentralized_verl.training.sharding import (
     full_cpu,
@@ -31,6 +34,7 @@ from decentralized_verl.training.sharding import (
     named_state,
     tied_names,
 )
+from decentralized_verl.training.trainer import rollout_state_dict
 
 
 def layout(model: nn.Module) -> tuple[tuple[TensorSlot, ...], dict[str, str]]:
@@ -69,15 +73,11 @@ def _weights(trainer: Any, _: Any) -> None:
 
 
 def _save(trainer: Any, payload: tuple[Path, dict[str, Any]]) -> None:
-    from decentralized_verl.training.checkpoints.sharded import save_sharded
-
     folder, state = payload
     save_sharded(trainer.model, trainer.optimizer, trainer.scheduler, folder, state)
 
 
 def _restore(trainer: Any, root: Path) -> Any:
-    from decentralized_verl.training.checkpoints.learner import restore_latest
-
     return restore_latest(trainer, root)
 
 
@@ -97,8 +97,6 @@ def follow(trainer: Any) -> int:
 
 
 def _digests(model: nn.Module) -> list[str]:
-    from decentralized_verl.training.distributed import weights_digest
-
     if is_sharded(model):  # each rank holds different shards: one digest of the gathered weights
         return [gathered_digest(model)]
     digests: list[Any] = [None] * dist.get_world_size()
@@ -128,8 +126,6 @@ class LearnerGroup:
     def weights(self) -> Any:
         """What the rollout workers are sent: rank 0's state dict, or with sharding a stream gathered
         tensor by tensor by every rank together."""
-        from decentralized_verl.training.trainer import rollout_state_dict
-
         if not self.sharded:
             return rollout_state_dict(self.trainer.model)
         self._announce([Command("weights")] * self.world)

@@ -13,10 +13,8 @@ Pure: tensors in, index tensors and floats out.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    import torch
+import torch
 
 
 @dataclass(frozen=True)
@@ -61,8 +59,6 @@ def minibatches(
     groups: list[Group], groups_per_minibatch: int, generator: torch.Generator
 ) -> list[list[Group]]:
     """Groups shuffled (one permutation per epoch, from the trainer's seeded generator) and cut in order."""
-    import torch
-
     order = torch.randperm(len(groups), generator=generator).tolist()
     size = max(1, groups_per_minibatch)
     return [[groups[i] for i in order[k : k + size]] for k in range(0, len(order), size)]

@@ -20,6 +20,17 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from decentralized_verl.models.loading import (
+    load_model_and_tokenizer,
+    load_tokenizer,
+    resolve_hf_dir,
+    torch_dtype,
+)
+from decentralized_verl.models.tiny import build_tiny, tiny_config
+from decentralized_verl.training.sharding import named_state, tied_names
 
 T = TypeVar("T")
 BLOCK_BYTES = 16 * 1024 * 1024
@@ -36,8 +47,6 @@ def load_for_rank(
 ) -> tuple[nn.Module, Any]:
     """Rank 0 (or any rank when `meta` is False): the loaded model and tokenizer. Ranks > 0 with `meta`: the
     same architecture on the meta device, and the tokenizer."""
-    from decentralized_verl.models.loading import load_model_and_tokenizer, load_tokenizer
-
     if not meta or rank == 0:
         return load_model_and_tokenizer(model_spec, field=field)
     tokenizer = load_tokenizer(model_spec, field=field)
@@ -49,11 +58,6 @@ def load_for_rank(
 
 
 def _skeleton(model_spec: Any, tokenizer: Any, field: str) -> nn.Module:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from decentralized_verl.models.loading import resolve_hf_dir, torch_dtype
-    from decentralized_verl.models.tiny import build_tiny, tiny_config
-
     dtype = torch_dtype(getattr(model_spec, "dtype", "float32"), field=f"{field}.dtype")
     folder = resolve_hf_dir(model_spec, field=field)
     if folder is None:
@@ -79,8 +83,6 @@ def _broadcast_weights(model: nn.Module) -> None:
     sharded or not): rank 0 sends, every other rank receives the block and copies the rows of it that fall
     in its shard (FSDP2 shards dim 0 as `torch.chunk` does), so none holds more than its shards and one
     block; a whole-tensor broadcast of a large embedding would cost a transient copy of it."""
-
-    from decentralized_verl.training.sharding import named_state, tied_names
 
     rank, world = dist.get_rank(), dist.get_world_size()
     wire = "cuda" if dist.get_backend() == "nccl" else "cpu"
@@ -109,8 +111,6 @@ def _broadcast_weights(model: nn.Module) -> None:
 
 def _local_rows(target: torch.Tensor, rank: int, world: int) -> tuple[torch.Tensor | None, int]:
     """A shard's local tensor and the first global row it holds; (None, 0) for a tensor held whole."""
-    from torch.distributed.tensor import DTensor
-
     if not isinstance(target, DTensor) or target.dim() == 0:
         return None, 0
     per_rank = -(-target.shape[0] // world)

@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from decentralized_verl.errors import CheckpointError
+from decentralized_verl.spec.manifest import load_job
 from decentralized_verl.training.checkpoints.folders import checkpoint_dir, checkpoints, latest_checkpoint
+from decentralized_verl.training.checkpoints.learner import checkpoint_root
 from decentralized_verl.training.checkpoints.sharded import export_hf, is_sharded_checkpoint, require_empty
 
 log = logging.getLogger(__name__)
@@ -33,8 +35,6 @@ def run_checkpoints(run_dir: Path) -> RunCheckpoints:
     job_file = run_dir / JOB_FILE
     if not job_file.is_file():
         return RunCheckpoints(run_dir / "checkpoints", None)
-    from decentralized_verl.spec.manifest import load_job
-    from decentralized_verl.training.checkpoints.learner import checkpoint_root
 
     spec = load_job(job_file).spec
     return RunCheckpoints(checkpoint_root(spec, run_dir), spec.model)

@@ -27,6 +27,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+from torch.utils.checkpoint import checkpoint
+from transformers import Cache
 
 SHARDINGS = ("ddp", "fsdp")
 _WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
@@ -60,8 +65,6 @@ def shard_model(
             checkpoint_layer(layer)
     if sharding == "ddp":
         return model
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     param = next(model.parameters())
     dtype = dtype or param.dtype
@@ -153,18 +156,12 @@ def _checkpointed_class(cls: type) -> type:
                 _restore_cache(cache, state)
             return base_forward(self, *inner, **kwargs)
 
-        from torch.utils.checkpoint import checkpoint
-
         return checkpoint(run, *args, use_reentrant=False)
 
     return type(f"Checkpointed{cls.__name__}", (cls,), {"forward": forward, "_dverl_checkpointed": True})
 
 
 def _is_cache(value: Any) -> bool:
-    try:
-        from transformers import Cache
-    except ImportError:
-        return False
     return isinstance(value, Cache)
 
 
@@ -188,8 +185,6 @@ def _restore_cache(cache: Any, state: tuple[dict[str, Any], list[Any], list[dict
 
 def is_sharded(model: nn.Module) -> bool:
     """Whether any of the model's parameters is a DTensor shard (FSDP2), so reading weights is collective."""
-    from torch.distributed.tensor import DTensor
-
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
@@ -244,8 +239,6 @@ def tied_names(model: nn.Module) -> dict[str, str]:
 def full_cpu(value: torch.Tensor) -> torch.Tensor:
     """The whole tensor on the CPU: a DTensor shard is all-gathered (from the CPU shard of an offloaded
     model, copied to the mesh's device first, since the collective runs there)."""
-    from torch.distributed.tensor import DTensor
-
     value = value.detach()
     if isinstance(value, DTensor):
         mesh = value.device_mesh

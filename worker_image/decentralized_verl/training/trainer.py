@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from decentralized_verl.algorithms import registry
 from decentralized_verl.algorithms.kl import kl_in_loss
@@ -30,6 +31,7 @@ from decentralized_verl.algorithms.policy_loss import aggregate
 from decentralized_verl.algorithms.rollout_correction import correct_rollout
 from decentralized_verl.core.forward import ForwardChooser, response_logprobs
 from decentralized_verl.core.samples import TrainBatch
+from decentralized_verl.models.lora import is_lora
 from decentralized_verl.spec import JobSpec
 from decentralized_verl.training import microbatches
 from decentralized_verl.training.advantage_step import AlgorithmSettings
@@ -101,8 +103,6 @@ class PolicyTrainer:
             forward.whole_outputs = True
             self.module: nn.Module = forward
         elif distributed:
-            from torch.nn.parallel import DistributedDataParallel
-
             self.module = DistributedDataParallel(forward)
         else:
             self.module = forward
@@ -313,8 +313,6 @@ def rollout_state_dict(model: nn.Module) -> dict[str, Any]:
     under the same names the rollout side's own LoRA model uses (its state_dict keys).
 
     A sharded (fsdp) model's weights must be gathered by every replica together (`LearnerGroup.weights`)."""
-    from decentralized_verl.models.lora import is_lora
-
     if is_sharded(model):
         raise ValueError(
             "model: its weights are sharded over the learner replicas (fsdp); every replica must gather "

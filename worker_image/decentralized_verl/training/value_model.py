@@ -15,6 +15,7 @@ from torch import nn
 
 from decentralized_verl.core.forward import response_values
 from decentralized_verl.core.samples import TrainBatch
+from decentralized_verl.models.loading import load_model_and_tokenizer
 
 
 def backbone_of(causal_lm: nn.Module) -> nn.Module:
@@ -59,8 +60,6 @@ class ValueModel(nn.Module):
 def build_value_model(model_spec: Any, *, device: str | torch.device = "cpu") -> tuple[ValueModel, Any]:
     """A critic from a spec.model-like section (the critic role's model, else the policy's) and its
     tokenizer. LoRA settings are ignored: the critic trains all its weights."""
-    from decentralized_verl.models.loading import load_model_and_tokenizer
-
     if getattr(model_spec, "lora", None) is not None:
         model_spec = model_spec.model_copy(update={"lora": None})
     lm, tokenizer = load_model_and_tokenizer(model_spec, device=device, field="spec.roles.critic.model")

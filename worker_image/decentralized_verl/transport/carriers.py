@@ -19,6 +19,7 @@ import grpc
 
 from decentralized_verl.core.interfaces import closed_under_us
 from decentralized_verl.transport import secure
+from decentralized_verl.transport.p2p import peer
 from decentralized_verl.transport.rpc_errors import rpc_reason
 
 
@@ -128,8 +129,6 @@ class P2PCarrier:
         self.worker_id = worker_id or peer_id
 
     def _peer(self) -> Any:
-        from decentralized_verl.transport.p2p import peer
-
         return peer(self.peer_id)
 
     async def unary(self, method: Method, request: Any, reply_type: type, timeout: float) -> Any:

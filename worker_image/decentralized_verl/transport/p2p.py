@@ -23,6 +23,8 @@ from decentralized_verl.errors import WireError
 from decentralized_verl.proto import dverl_pb2 as pb
 from decentralized_verl.security.trust import PROCESS_KEY
 from decentralized_verl.transport import messages as m
+from decentralized_verl.transport.weights.receive import ChunkFetch, decode_held
+from decentralized_verl.transport.weights.service import WeightsServicer
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +40,7 @@ class Unauthorized(PermissionError):
 
 
 def peer(peer_id: str):
-    from hivemind.p2p import PeerID
+    from hivemind.p2p import PeerID  # noqa: PLC0415 optional: hivemind (the volunteer extra); every gRPC client imports this module
 
     return PeerID.from_base58(peer_id)
 
@@ -50,7 +52,7 @@ def listen_maddrs(dht) -> tuple[str, ...]:
 
 async def connect(p2p, peer_id: str, maddrs: Sequence[str], *, timeout: float = 10.0) -> bool:
     """Dial `peer_id` at its announced addresses; False (logged) when none answers."""
-    from hivemind.utils.multiaddr import Multiaddr
+    from hivemind.utils.multiaddr import Multiaddr  # noqa: PLC0415 optional: hivemind (the volunteer extra); every gRPC client imports this module
 
     if not maddrs:
         return False
@@ -117,8 +119,6 @@ class CoordinatorEndpoints:
         return m.manifest_to_proto(held.manifest)
 
     async def _fetch(self, request: pb.FetchRequest, context) -> AsyncIterator[pb.WeightChunk]:
-        from decentralized_verl.transport.weights.service import WeightsServicer
-
         self._authorize(context)
         held = self.publisher.get(request.version)
         if held is None:
@@ -193,14 +193,10 @@ class P2PWeightSource:
         return m.manifest_from_proto(msg)
 
     async def _fetch_async(self, manifest: m.WeightManifest):
-        from decentralized_verl.transport.weights.receive import decode_held
-
         return decode_held(await self._fetch_published(manifest))
 
     async def _fetch_published(self, manifest: m.WeightManifest):
         """Every chunk of `manifest`'s version, verified (not decoded)."""
-        from decentralized_verl.transport.weights.receive import ChunkFetch
-
         fetch = ChunkFetch(manifest, self.coordinator, self.verify_key)
         while (start := fetch.next_start()) is not None:
             self.fetch_calls.append((manifest.version, start))

@@ -1,4 +1,5 @@
 """Volunteers: machines outside the cluster that join a job through its Hivemind DHT.
 
-Submodules import hivemind and torch only when used; this package's import stays light.
+hivemind is imported only by what joins a DHT (`dht.start_dht`, the P2P calls); this package's own import
+stays light.
 """

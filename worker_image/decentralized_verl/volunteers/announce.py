@@ -11,9 +11,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+
+import torch
 
 from decentralized_verl.runtime.lifecycle import cancel_and_wait
 
@@ -84,15 +87,8 @@ class VolunteerRecord:
 
 def hardware_summary() -> str:
     """`cuda:NVIDIA H100 80GB x1` or `cpu:16 cores`: what the dispatcher's prior is read from."""
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return f"cuda:{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}"
-    except ImportError:
-        pass
-    import os
-
+    if torch.cuda.is_available():
+        return f"cuda:{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}"
     return f"cpu:{os.cpu_count()} cores"
 
 

@@ -23,6 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from decentralized_verl.errors import PeerUnavailable
+from decentralized_verl.runtime.orphans import guard_descendants
+from decentralized_verl.security.peer_identity import random_seed, write_identity
+from decentralized_verl.security.trust import process_credentials
 
 log = logging.getLogger(__name__)
 
@@ -74,11 +77,9 @@ def start_dht(options: PeerOptions, *, wait_timeout: float = 60.0, ready_timeout
     With `signed_job` every record under that job's volunteer key must be signed by the peer it names,
     and this peer signs its own: its identity is then one this process holds (`identity_seed`, else a
     random one). The key file p2pd reads is removed once the peer has started."""
-    import hivemind
+    import hivemind  # noqa: PLC0415 optional: hivemind (the volunteer extra), for a process that joins a DHT
 
-    from decentralized_verl.runtime.orphans import guard_descendants
-    from decentralized_verl.security.peer_identity import random_seed, write_identity
-    from decentralized_verl.volunteers.signed_records import OwnedRecords
+    from decentralized_verl.volunteers.signed_records import OwnedRecords  # noqa: PLC0415 optional: signed_records imports hivemind (the volunteer extra)
 
     guard_descendants()
     seed = options.identity_seed
@@ -187,3 +188,25 @@ def run_bootstrap(
         return 0
     finally:
         dht.shutdown()
+
+
+def main_dht(
+    port: int,
+    *,
+    job: str | None,
+    host_maddrs: Sequence[str],
+    announce_maddrs: Sequence[str],
+    initial_peers: Sequence[str],
+) -> int:
+    """`dverl dht`: a job's bootstrap peer holds the identity issued with the job's credentials (when this
+    process was given them), any other a random one."""
+    logging.basicConfig(level=logging.WARNING)
+    credentials = process_credentials()
+    return run_bootstrap(
+        port,
+        job=job,
+        host_maddrs=host_maddrs,
+        announce_maddrs=announce_maddrs,
+        initial_peers=initial_peers,
+        identity_seed=credentials.dht_seed if credentials is not None else None,
+    )

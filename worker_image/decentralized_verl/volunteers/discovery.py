@@ -28,8 +28,11 @@ from typing import TYPE_CHECKING, Any
 from decentralized_verl.planning.devices import GPU_PRIORS
 from decentralized_verl.runtime.lifecycle import cancel_and_wait
 from decentralized_verl.security.trust import weights_verify_key
+from decentralized_verl.training.trainer import rollout_state_dict
 from decentralized_verl.transport import messages as m
+from decentralized_verl.transport.p2p import connect
 from decentralized_verl.volunteers.announce import VolunteerRecord, read_records
+from decentralized_verl.volunteers.client import VolunteerRolloutClient
 from decentralized_verl.volunteers.tokens import TokenError, verify_token
 
 if TYPE_CHECKING:
@@ -221,8 +224,6 @@ class VolunteerHub:
 
     # ------------------------------------------------------------------------------- discovery
     def make_client(self, record: VolunteerRecord):
-        from decentralized_verl.volunteers.client import VolunteerRolloutClient
-
         return VolunteerRolloutClient(
             self.p2p,
             record.peer_id,
@@ -309,8 +310,6 @@ class VolunteerHub:
         return [r for r in self._seen.values() if r.role == role and r.expires_at > now]
 
     async def poll_once(self) -> None:
-        from decentralized_verl.transport.p2p import connect
-
         # Records lapse against the time this read began: a read that hangs while a partitioned DHT peer
         # times out must not expire every record whose heartbeat it was blind to.
         began = time.time()
@@ -354,7 +353,6 @@ class VolunteerHub:
 
     def wrap_publish(self, publish: Callable[[int], None], model) -> Callable[[int], None]:
         """Make sure every version also reaches the publisher volunteers pull from."""
-        from decentralized_verl.training.trainer import rollout_state_dict
 
         def wrapped(version: int) -> None:
             publish(version)

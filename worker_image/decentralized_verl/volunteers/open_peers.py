@@ -15,12 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from decentralized_verl.errors import VolunteerError
+from decentralized_verl.volunteers.announce import job_key, read_records
 
 
 async def find_workers(dht, job: str, *, need_critic: bool, timeout: float, poll_s: float = 0.5):
     """(actor records, critic records) once at least one actor (and a critic, for PPO) is announced."""
-    from decentralized_verl.volunteers.announce import job_key, read_records
-
     deadline = time.monotonic() + timeout
     while True:
         records, _ = await read_records(dht, job)

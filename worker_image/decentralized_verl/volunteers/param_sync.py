@@ -31,6 +31,7 @@ import torch
 from decentralized_verl.errors import VolunteerError, WireError
 from decentralized_verl.proto import dverl_pb2 as pb
 from decentralized_verl.transport import messages as m
+from decentralized_verl.transport.p2p import peer
 
 DIGESTS = "dverl.Learner/Digests"
 CHUNKS = "dverl.Learner/Chunks"
@@ -231,8 +232,6 @@ class ParameterSync:
         self, leader: str, epoch: int, todo: Sequence[int], theirs: Sequence[bytes]
     ) -> list[bytes]:
         """The leader's bytes for `todo`, each checked against its digest; nothing is written here."""
-        from decentralized_verl.transport.p2p import peer
-
         request = m.param_chunks_request_to_proto(epoch, todo)
         stream = await self.p2p.iterate_protobuf_handler(peer(leader), CHUNKS, request, pb.ParamChunk)
         received: list[bytes] = []
@@ -252,8 +251,6 @@ class ParameterSync:
         return received
 
     async def _follow(self, leader: str, epoch: int) -> SyncResult:
-        from decentralized_verl.transport.p2p import peer
-
         ask = m.param_digests_request_to_proto(epoch)
         reply = await self.p2p.call_protobuf_handler(peer(leader), DIGESTS, ask, pb.ParamDigests)
         try:

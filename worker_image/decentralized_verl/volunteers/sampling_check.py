@@ -24,8 +24,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import torch
+
+from decentralized_verl.backends.hf import row_seed, sampling_probs
 from decentralized_verl.core.sampling import SamplingParams
 from decentralized_verl.core.seeds import item_seed, turn_seed
+from decentralized_verl.environments.verify import model_spans
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -40,8 +44,6 @@ def episode_seed(
 ) -> int | None:
     """The seed the volunteer's backend drew this episode's tokens with, or those of its model turn `turn`
     (a multi-turn episode's); None: the request had none."""
-    from decentralized_verl.backends.hf import row_seed
-
     if sampling.seed is None:
         return None
     if turn is None:
@@ -60,10 +62,6 @@ def draw_problem(
     """None when every token of `response_ids` is what the seeded sampler draws from `logits` (one row
     of raw model logits per response token, the row predicting it); else the first token that is not,
     with the token the seed draws."""
-    import torch
-
-    from decentralized_verl.backends.hf import sampling_probs
-
     count = len(response_ids)
     if count == 0:
         return None
@@ -101,8 +99,6 @@ def sample_problem(logits: Tensor, sample, sampling: SamplingParams, tol: float)
     """None when every model token of `sample` is its seed's draw (`logits`: one row per response token,
     the row predicting it); else which token of which model turn is not. A multi-turn episode (one with a
     loss mask) is replayed turn by turn, each with its own seed; its environment tokens are not draws."""
-    from decentralized_verl.environments.verify import model_spans
-
     prompt_id, index = sample.prompt.prompt_id, sample.sample_index
     if sample.loss_mask is None:
         seed = episode_seed(sampling, prompt_id, index)
@@ -123,8 +119,6 @@ def response_logits(model, samples: Sequence, pad_token_id: int | None, microbat
     """Per sample, [len(response), vocab] logits predicting each response token: one forward pass over
     prompt + response per micro-batch, padded on the right (a causal model's real positions never see
     the padding after them)."""
-    import torch
-
     device = next(model.parameters()).device
     out: list[Tensor] = []
     for start in range(0, len(samples), microbatch):

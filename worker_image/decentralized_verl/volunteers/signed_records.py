@@ -14,6 +14,10 @@ from __future__ import annotations
 
 import struct
 
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from hivemind.dht.protocol import DHTProtocol
+from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 
 from decentralized_verl.security.peer_identity import keypair, peer_id_of_public, public_key_of_peer
@@ -42,9 +46,6 @@ class OwnedRecords(RecordValidatorBase):
     bootstrap and the coordinator)."""
 
     def __init__(self, job: str, seed: bytes | None = None) -> None:
-        from hivemind.dht.protocol import DHTProtocol
-        from hivemind.dht.routing import DHTID
-
         self.job = job
         self.key_id = DHTID.generate(source=job_key(job)).to_bytes()
         self._serializer = DHTProtocol.serializer
@@ -71,8 +72,6 @@ class OwnedRecords(RecordValidatorBase):
         value = record.value
         if len(value) < SIGNED_TAIL or value[-SIGNED_TAIL:-64] != MARK:
             return False
-        from cryptography.exceptions import InvalidSignature
-        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
         try:
             Ed25519PublicKey.from_public_bytes(public).verify(
@@ -85,7 +84,6 @@ class OwnedRecords(RecordValidatorBase):
     def sign_value(self, record: DHTRecord) -> bytes:
         if record.key != self.key_id or self._private is None or record.subkey != self._own_subkey:
             return record.value  # not ours to sign: peers refuse it (validate)
-        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
         signature = Ed25519PrivateKey.from_private_bytes(self._private).sign(
             signed_bytes(record, record.value)

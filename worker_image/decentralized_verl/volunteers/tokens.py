@@ -16,11 +16,14 @@ import base64
 import hashlib
 import hmac
 import json
+import os
 import secrets
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from decentralized_verl.errors import VolunteerError
+from decentralized_verl.security.peer_identity import coordinator_peer_id
 
 PREFIX = "dvt1"
 MIN_SECRET_BYTES = 16
@@ -63,8 +66,6 @@ def _signature(secret: bytes, signed: str) -> bytes:
 
 def issue_token(secret: bytes, job: str, ttl: float, *, now: float | None = None) -> str:
     """A token for `job` valid for `ttl` seconds; the coordinator peer id comes from the same secret."""
-    from decentralized_verl.security.peer_identity import coordinator_peer_id
-
     _check_secret(secret)
     if not job:
         raise TokenError("the job name must not be empty")
@@ -129,9 +130,6 @@ def load_secret(
 ) -> bytes:
     """The job secret from a file (a mounted Secret), an environment variable or a value already read,
     stripped of newlines."""
-    import os
-    from pathlib import Path
-
     if secret_file:
         data = Path(secret_file).read_bytes().strip()
     elif secret_env:

@@ -12,15 +12,29 @@ Wrong versions, shapes and NaNs never get here (`transport.messages.completion_f
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from decentralized_verl.core.samples import Sample
+import torch
+
+from decentralized_verl.core.forward import response_logprobs
+from decentralized_verl.core.samples import Sample, collate
 from decentralized_verl.core.sampling import SamplingParams
-from decentralized_verl.volunteers.sampling_check import checkable
+from decentralized_verl.environments.rollout import EpisodeRunner
+from decentralized_verl.environments.settings import EpisodeSettings
+from decentralized_verl.environments.verify import episode_problem
+from decentralized_verl.transport.weights.codec import cast_like
+from decentralized_verl.transport.weights.receive import decode_held
+from decentralized_verl.volunteers.sampling_check import (
+    DEFAULT_TOL,
+    checkable,
+    response_logits,
+    sample_problem,
+)
 
 DEFAULT_ATOL = {"float32": 0.02, "float16": 0.1, "bfloat16": 0.25}
 """Largest |claimed - recomputed| per token accepted: incremental decoding and a full forward differ by
@@ -86,11 +100,6 @@ def model_logprobs(
     model, samples: Sequence[Sample], temperature: float, pad_token_id: int, microbatch: int = 8
 ) -> list[tuple[float, ...]]:
     """log p(response token | prefix) under `model` for each sample, in the learner's layout."""
-    import torch
-
-    from decentralized_verl.core.forward import response_logprobs
-    from decentralized_verl.core.samples import collate
-
     out: list[tuple[float, ...]] = []
     with torch.no_grad():
         for start in range(0, len(samples), microbatch):
@@ -119,9 +128,6 @@ class PublishedPolicy:
         self._lock = threading.Lock()
 
     def _load(self, version: int) -> None:
-        from decentralized_verl.transport.weights.codec import cast_like
-        from decentralized_verl.transport.weights.receive import decode_held
-
         held = self.publisher.get(version)
         if held is None:
             raise LookupError(f"policy version {version} is no longer held (held: {self.publisher.versions})")
@@ -139,8 +145,6 @@ class PublishedPolicy:
         self, samples: Sequence[Sample], version: int, sampling: SamplingParams, tol: float
     ) -> list[str | None]:
         """For each sample: None when its tokens are the seeded draws from this version's policy."""
-        from decentralized_verl.volunteers.sampling_check import response_logits, sample_problem
-
         with self._lock:
             if self.version != version:
                 self._load(version)
@@ -242,10 +246,6 @@ def verifier_for(
     the model dtype's tolerance in DEFAULT_ATOL; `episodes` checks a multi-turn job's episodes
     (`episode_check`). `replay_draws`: also replay each checked response's seeded draws (the hf
     backend's sampler; another engine's draws cannot be replayed here)."""
-    import copy
-
-    from decentralized_verl.volunteers.sampling_check import DEFAULT_TOL
-
     if fraction <= 0:
         return None
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
@@ -262,9 +262,6 @@ def episode_check(spec, tokenizer, model) -> Callable[[Sample], str | None] | No
     (`environments.verify`); None for single-turn jobs."""
     if spec.data.environment is None:
         return None
-    from decentralized_verl.environments.rollout import EpisodeRunner
-    from decentralized_verl.environments.settings import EpisodeSettings
-    from decentralized_verl.environments.verify import episode_problem
 
     runner = EpisodeRunner(
         EpisodeSettings.from_spec(spec.data.environment),

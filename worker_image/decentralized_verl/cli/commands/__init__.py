@@ -10,11 +10,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from decentralized_verl.cli.commands import jobs, peers, runs  # noqa: F401
 from decentralized_verl.cli.commands.registry import COMMANDS
 
 
 def load_all() -> dict[str, tuple[Callable[[argparse.ArgumentParser], None], str]]:
     """Import every command module (each registers its commands) in the order `--help` lists them."""
-    from decentralized_verl.cli.commands import jobs, peers, runs  # noqa: F401
-
     return COMMANDS

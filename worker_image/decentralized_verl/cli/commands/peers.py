@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
+from dataclasses import fields
 
 from decentralized_verl.cli.commands.registry import Command, command
-from decentralized_verl.entrypoints.worker import ROLES
+from decentralized_verl.entrypoints.worker_args import ROLES, WorkerArgs, WorkerUsageError, worker_kind
 
 ROLE_HELP = (
     "rollout, learner, critic, reward, reference: a role of the job (--config); actor: an open volunteer "
@@ -74,14 +76,7 @@ def _worker(parser: argparse.ArgumentParser) -> Command:
     parser.add_argument("--resume", action="store_true", help="learner: continue from the newest checkpoint")
 
     def run(args: argparse.Namespace) -> int:
-        from dataclasses import fields
-
-        from decentralized_verl.entrypoints.worker import (
-            WorkerArgs,
-            WorkerUsageError,
-            main_worker,
-            worker_kind,
-        )
+        from decentralized_verl.entrypoints.worker import main_worker  # noqa: PLC0415 entry: the worker process
 
         given = {f.name: getattr(args, f.name) for f in fields(WorkerArgs)}
         for name in ("initial_peers", "host_maddrs", "announce_maddrs"):
@@ -123,20 +118,14 @@ def _dht(parser: argparse.ArgumentParser) -> Command:
     )
 
     def run(args: argparse.Namespace) -> int:
-        import logging
+        from decentralized_verl.volunteers.dht import main_dht  # noqa: PLC0415 entry: the command's body
 
-        from decentralized_verl.security.trust import process_credentials
-        from decentralized_verl.volunteers.dht import run_bootstrap
-
-        logging.basicConfig(level=logging.WARNING)
-        credentials = process_credentials()  # a job's bootstrap: the identity issued with the job
-        return run_bootstrap(
+        return main_dht(
             args.port,
             job=args.job,
             host_maddrs=args.host_maddrs or (),
             announce_maddrs=args.announce_maddrs or (),
             initial_peers=args.initial_peers,
-            identity_seed=credentials.dht_seed if credentials is not None else None,
         )
 
     return run
@@ -151,7 +140,7 @@ def _token(parser: argparse.ArgumentParser) -> Command:
     parser.add_argument("--ttl", type=float, default=24 * 3600.0, help="seconds the token stays valid")
 
     def run(args: argparse.Namespace) -> int:
-        from decentralized_verl.volunteers.tokens import issue_token, load_secret
+        from decentralized_verl.volunteers.tokens import issue_token, load_secret  # noqa: PLC0415 entry: the command's body
 
         secret = load_secret(secret_file=args.secret_file, secret_env=args.secret_env)
         print(issue_token(secret, args.job, args.ttl))
@@ -165,8 +154,13 @@ def _operator(parser: argparse.ArgumentParser) -> Command:
     parser.add_argument("operator_args", nargs=argparse.REMAINDER, help="see `dverl operator --help`")
 
     def run(args: argparse.Namespace) -> int:
-        from dverl_operator.main import main as operator_main
-
-        return operator_main(args.operator_args)
+        return run_operator(args.operator_args)
 
     return run
+
+
+def run_operator(argv: Sequence[str]) -> int:
+    """The operator's own command line, handed over untouched (`dverl operator --help` is its help)."""
+    from dverl_operator.main import main as operator_main  # noqa: PLC0415 entry: the operator process
+
+    return operator_main(list(argv))

@@ -7,6 +7,8 @@ import json
 import time
 
 from decentralized_verl.cli.commands.registry import Command, command
+from decentralized_verl.settings import WorkerSettings
+from decentralized_verl.spec.catalogue.algorithms import PRESETS
 
 OUTPUT_HELP = "run folder (default: runs/<job name>)"
 
@@ -24,7 +26,7 @@ def _run(parser: argparse.ArgumentParser) -> Command:
     )
 
     def run(args: argparse.Namespace) -> int:
-        from decentralized_verl.launch.run import main_run
+        from decentralized_verl.launch.run import main_run  # noqa: PLC0415 entry: the command's body
 
         return main_run(args.file, args.output, args.resume, ray=args.ray)
 
@@ -56,12 +58,12 @@ def _status(parser: argparse.ArgumentParser) -> Command:
     )
 
     def run(args: argparse.Namespace) -> int:
-        from decentralized_verl.launch.run_status import render_status, run_status
-
         if args.ray is not None:
-            from decentralized_verl.launch.ray_status import main_ray_status
+            from decentralized_verl.launch.ray_status import main_ray_status  # noqa: PLC0415 entry: the command's body
 
             return main_ray_status(args.ray, args.run_dir, as_json=args.json)
+        from decentralized_verl.launch.run_status import render_status, run_status  # noqa: PLC0415 entry: the command's body
+
         while True:
             status = run_status(args.run_dir)
             print(json.dumps(status, default=str) if args.json else render_status(status), flush=True)
@@ -83,7 +85,7 @@ def _plot(parser: argparse.ArgumentParser) -> Command:
     )
 
     def run(args: argparse.Namespace) -> int:
-        from decentralized_verl.cli.plotting import plot_run
+        from decentralized_verl.cli.plotting import plot_run  # noqa: PLC0415 entry: the command's body
 
         if not 0 <= args.smooth < 1:
             parser.error(f"--smooth must be in [0, 1) (got {args.smooth})")
@@ -111,7 +113,7 @@ def _export(parser: argparse.ArgumentParser) -> Command:
     )
 
     def run(args: argparse.Namespace) -> int:
-        from decentralized_verl.training.run_export import main_export
+        from decentralized_verl.training.run_export import main_export  # noqa: PLC0415 entry: the command's body
 
         return main_export(args.run_dir, args.step, args.output)
 
@@ -127,8 +129,6 @@ def _train(parser: argparse.ArgumentParser) -> Command:
         "--config", default=None, metavar="FILE.yaml", help="the stages config (examples/stages.yaml)"
     )
     # The DHT quick start: train with the open actor/critic workers found through the DHT.
-    from decentralized_verl.spec.catalogue.algorithms import PRESETS
-
     quick = parser.add_argument_group("quick start over the DHT (--initial-peers ...)")
     quick.add_argument(
         "--initial-peers", nargs="+", default=None, metavar="MADDR", help="the DHT's bootstrap peer(s)"
@@ -169,16 +169,13 @@ def _train(parser: argparse.ArgumentParser) -> Command:
     quick.add_argument("--port", type=int, default=0, help="this peer's P2P port (0: any free one)")
 
     def run(args: argparse.Namespace) -> int:
-        from decentralized_verl.runtime.cpus import configure_from_environment
-        from decentralized_verl.settings import WorkerSettings
-
-        configure_from_environment(WorkerSettings.from_env())
+        settings = WorkerSettings.from_env()  # this process trains: its entry reads the settings
         if args.initial_peers:
-            from decentralized_verl.entrypoints.quickstart import QuickstartOptions, main_quickstart
-            from decentralized_verl.volunteers.rewards import QUICKSTART_REWARD
+            from decentralized_verl.entrypoints.quickstart import QuickstartOptions, main_quickstart  # noqa: PLC0415 entry: the command's body
 
             if not args.prompts_file:
                 parser.error("--initial-peers: give --prompts-file prompts.json")
+            reward = {"reward_type": args.reward_type} if args.reward_type else {}  # else the quick start's
             return main_quickstart(
                 QuickstartOptions(
                     initial_peers=tuple(args.initial_peers),
@@ -190,7 +187,6 @@ def _train(parser: argparse.ArgumentParser) -> Command:
                     batch_size=args.batch_size,
                     samples_per_prompt=args.samples_per_prompt,
                     max_new_tokens=args.max_new_tokens,
-                    reward_type=args.reward_type or QUICKSTART_REWARD,
                     reward_model=args.reward_model,
                     learning_rate=args.learning_rate,
                     verify_fraction=args.verify_fraction,
@@ -198,12 +194,14 @@ def _train(parser: argparse.ArgumentParser) -> Command:
                     wait_workers_s=args.wait_workers,
                     output=args.output,
                     port=args.port,
-                )
+                    **reward,
+                ),
+                settings,
             )
         if args.stage is None or args.config is None:
             parser.error("give --stage and --config (or --initial-peers ... for the DHT quick start)")
-        from decentralized_verl.stages.runner import main_stage
+        from decentralized_verl.stages.runner import main_stage  # noqa: PLC0415 entry: the command's body
 
-        return main_stage(args.stage, args.config)
+        return main_stage(args.stage, args.config, settings)
 
     return run

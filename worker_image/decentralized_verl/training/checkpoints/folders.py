@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from peft import PeftModel
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 from decentralized_verl.errors import ModelError
@@ -123,8 +124,6 @@ def load_checkpoint(
     kwargs: dict[str, Any] = {} if dtype is None else {"dtype": dtype}
     model = classes[head].from_pretrained(folder, **kwargs)
     if (folder / ADAPTER_DIR).is_dir():
-        from peft import PeftModel
-
         model = PeftModel.from_pretrained(model, folder / ADAPTER_DIR, is_trainable=not merge_lora)
         if merge_lora:
             model = model.merge_and_unload()

@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file
+from transformers.utils import logging as hf_logging
 
 from decentralized_verl.errors import CheckpointError
 from decentralized_verl.spec import JobSpec
@@ -32,6 +34,12 @@ from decentralized_verl.training.checkpoints.folders import (
     checkpoints,
     remove_stale_temporaries,
     save_checkpoint,
+)
+from decentralized_verl.training.checkpoints.sharded import (
+    is_sharded_checkpoint,
+    is_sharded_model,
+    load_sharded,
+    newest_usable,
 )
 
 log = logging.getLogger(__name__)
@@ -100,8 +108,6 @@ class CheckpointWriter:
         extras: dict[str, Callable[[], Any]] | None = None,
     ) -> None:
         """`extras`: file name -> a function returning a copy of more state to keep with each checkpoint."""
-        from transformers.utils import logging as hf_logging
-
         hf_logging.disable_progress_bar()  # a bar per checkpoint would fill the learner's log
         remove_stale_temporaries(root)
         self.root = root
@@ -192,13 +198,6 @@ def restore_latest(trainer: Any, root: Path) -> ResumePoint | None:
     A sharded checkpoint (`training.sharded_checkpoint`) loads whatever the learner count that wrote it;
     for an FSDP2 trainer this is a collective every rank calls, and it accepts only sharded checkpoints.
     """
-    from decentralized_verl.training.checkpoints.sharded import (
-        is_sharded_checkpoint,
-        is_sharded_model,
-        load_sharded,
-        newest_usable,
-    )
-
     remove_stale_temporaries(root)
     folder = newest_usable(root, trainer.model)
     if folder is None:
@@ -246,8 +245,6 @@ def _restore_newest_loadable(trainer: Any, root: Path, newest: Path) -> tuple[di
 
 
 def _restore(trainer: Any, folder: Path) -> dict[str, Any]:
-    from safetensors.torch import load_file
-
     state: dict[str, torch.Tensor] = {}
     for file in sorted(folder.glob("*.safetensors")):
         state.update(load_file(str(file)))

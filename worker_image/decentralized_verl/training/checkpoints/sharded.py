@@ -48,8 +48,10 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 from torch.distributed.tensor import DTensor
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from decentralized_verl.errors import CheckpointError
+from decentralized_verl.models.loading import load_tokenizer
 from decentralized_verl.training.checkpoints.folders import (
     ADAPTER_DIR,
     MANIFEST,
@@ -57,6 +59,7 @@ from decentralized_verl.training.checkpoints.folders import (
     TRAINER_STATE,
     checkpoint_problem,
     latest_checkpoint,
+    load_checkpoint,
     replace_folder,
     write_manifest,
 )
@@ -295,8 +298,6 @@ def export_hf(folder: str | Path, out: str | Path, *, model_spec: Any | None = N
         if is_sharded_checkpoint(folder):
             _export_sharded(folder, tmp, model_spec)
         elif (folder / ADAPTER_DIR).is_dir():
-            from decentralized_verl.training.checkpoints.folders import load_checkpoint
-
             merged = load_checkpoint(folder, merge_lora=True)
             merged.model.save_pretrained(tmp)
             merged.tokenizer.save_pretrained(tmp)
@@ -311,8 +312,6 @@ def export_hf(folder: str | Path, out: str | Path, *, model_spec: Any | None = N
 
 
 def _export_sharded(folder: Path, tmp: Path, model_spec: Any | None) -> None:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     info = sharded_info(folder)
     config = AutoConfig.from_pretrained(folder / CONFIG_DIR)
     model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, info["dtype"]))
@@ -325,8 +324,6 @@ def _export_sharded(folder: Path, tmp: Path, model_spec: Any | None) -> None:
     if (folder / CONFIG_DIR / "generation_config.json").is_file():
         shutil.copy2(folder / CONFIG_DIR / "generation_config.json", tmp / "generation_config.json")
     if model_spec is not None:
-        from decentralized_verl.models.loading import load_tokenizer
-
         load_tokenizer(model_spec).save_pretrained(tmp)
 
 

@@ -21,6 +21,7 @@ import struct
 from dataclasses import dataclass
 
 import numpy as np
+import zstandard
 
 from decentralized_verl.errors import WireError
 
@@ -28,14 +29,6 @@ MAGIC = b"DVD1"
 CODEC = "xor-zstd"
 ZSTD_LEVEL = 3
 MAX_FRAME_HEADER = 4096
-
-
-def _zstd():
-    try:
-        import zstandard
-    except ImportError:  # pragma: no cover - the worker extra installs it
-        raise WireError("weights.delta", "the zstandard package is missing (pip install zstandard)") from None
-    return zstandard
 
 
 def split_safetensors(blob: bytes | memoryview) -> tuple[memoryview, memoryview]:
@@ -94,7 +87,7 @@ def encode_delta(
             raise WireError("weights.delta", f"{changed:.0%} of the bytes changed: not worth a delta")
     info = DeltaInfo(base_version, version, len(target_header), len(target_data))
     head = json.dumps(vars(info), sort_keys=True).encode()
-    compressor = _zstd().ZstdCompressor(level=ZSTD_LEVEL)
+    compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
     body = compressor.compress(bytes(target_header) + xor.tobytes())
     return MAGIC + struct.pack("<I", len(head)) + head + body
 
@@ -141,7 +134,7 @@ def apply_delta(base: bytes | memoryview, frame: bytes | memoryview, base_versio
             f"held v{base_version} has {len(base_data)} data bytes, the frame {info.data_bytes}",
         )
     try:
-        raw = _zstd().ZstdDecompressor().decompress(bytes(body), max_output_size=info.total_bytes)
+        raw = zstandard.ZstdDecompressor().decompress(bytes(body), max_output_size=info.total_bytes)
     except Exception as exc:  # zstandard.ZstdError and friends: a damaged stream
         raise WireError("weights.delta", f"cannot be decompressed ({exc})") from None
     if len(raw) != info.total_bytes:

@@ -27,6 +27,7 @@ from decentralized_verl.transport.weights.delta import apply_chain
 from decentralized_verl.transport.weights.delta_publish import DeltaPublisher, NoDelta
 from decentralized_verl.transport.weights.digest import digest_hex
 from decentralized_verl.transport.weights.publish import Published
+from decentralized_verl.transport.weights.receive import BundleBuilder, decode_held
 
 log = logging.getLogger(__name__)
 
@@ -132,8 +133,6 @@ class DeltaP2PWeightSource(P2PWeightSource):
             self.wait_s_total += time.perf_counter() - started
 
     async def _fetch_async(self, manifest: m.WeightManifest):
-        from decentralized_verl.transport.weights.receive import decode_held
-
         published, used = None, self.deltas_used
         if self.held is not None and self.held.manifest.version < manifest.version:
             try:
@@ -157,8 +156,6 @@ class DeltaP2PWeightSource(P2PWeightSource):
         return decode_held(published)
 
     async def _via_delta(self, manifest: m.WeightManifest) -> Published:
-        from decentralized_verl.transport.weights.receive import BundleBuilder
-
         assert self.held is not None
         base = self.held.manifest.version
         box: list[dict | None] = [None]  # the stream's header, once one arrived

@@ -27,6 +27,7 @@ from decentralized_verl.transport import messages as m
 from decentralized_verl.transport.weights import signing
 from decentralized_verl.transport.weights.codec import (
     DEFAULT_CHUNK_BYTES,
+    WIRE_DTYPES,
     BundleHeader,
     WeightBundle,
     decode_bundle,
@@ -132,8 +133,6 @@ class WeightPublisher:
         return manifest
 
     def _metadata(self, state_dict: Mapping[str, Tensor], version: int) -> dict[str, str]:
-        from decentralized_verl.transport.weights.codec import WIRE_DTYPES
-
         wire = WIRE_DTYPES[self.dtype] if self.dtype else None
         key = self.signing_key if isinstance(self.signing_key, bytes) else None
         return self.bundle_metadata(state_dict, version, key, wire)

@@ -11,6 +11,9 @@ from __future__ import annotations
 import dataclasses
 import struct
 
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
 from decentralized_verl.errors import WireError
 from decentralized_verl.transport.wire.weights import WeightManifest
 
@@ -29,17 +32,12 @@ def signed_bytes(manifest: WeightManifest) -> bytes:
 
 
 def sign(manifest: WeightManifest, signing_key: bytes) -> WeightManifest:
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
     key = Ed25519PrivateKey.from_private_bytes(signing_key)
     return dataclasses.replace(manifest, signature=key.sign(signed_bytes(manifest)))
 
 
 def check(manifest: WeightManifest, verify_key: bytes, path: str = "manifest.signature") -> None:
     """Raise WireError unless `manifest` carries a valid signature by the holder of `verify_key`'s pair."""
-    from cryptography.exceptions import InvalidSignature
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
     if not manifest.signature:
         raise WireError(
             path, f"weights v{manifest.version} are not signed; this job accepts signed weights only"

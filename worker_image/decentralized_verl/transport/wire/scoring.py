@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from decentralized_verl.environments.replay import ENVIRONMENT_REWARD, transcript
 from decentralized_verl.transport.wire.common import (
     LOGPROB_SLACK,
     WireError,
@@ -167,8 +168,6 @@ class ScoreItem:
     def of(cls, sample: Any, reward_type: str) -> ScoreItem:
         """The item that scores `sample`: its text, or for the `environment` reward its episode's transcript
         (the model's turns, which the reward worker replays its environment on)."""
-        from decentralized_verl.environments.replay import ENVIRONMENT_REWARD, transcript
-
         text = sample.text
         if reward_type == ENVIRONMENT_REWARD:
             text = transcript(sample.prompt.prompt_id, sample.turns)
