@@ -45,7 +45,7 @@ from pathlib import Path
 
 from _weight_sync_nodes import Learner, receiver_cpu, run_grpc, run_raw, start_receivers, stop_receivers
 
-from decentralized_verl.transport.weights.digest import digest_hex
+from decentralized_verl.transport.digest import digest_hex
 
 BF16_BYTES = 2
 VOCAB, HIDDEN, INTER, HEADS_KV = 49152, 576, 1536, 3 * 64  # SmolLM2-135M: 30 layers, 9 heads, 3 kv heads

@@ -293,7 +293,7 @@ class CountingHash:
     """Stands in for `digest_hex` in `transport.wire.weights` (chunk checks): counts the bytes hashed."""
 
     def __init__(self) -> None:
-        from decentralized_verl.transport.weights.digest import digest_hex
+        from decentralized_verl.transport.digest import digest_hex
 
         self.real = digest_hex
         self.bytes = 0

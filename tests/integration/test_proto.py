@@ -14,12 +14,12 @@ from decentralized_verl.errors import WireError
 from decentralized_verl.proto import dverl_pb2 as pb
 from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc
 from decentralized_verl.transport import messages as m
+from decentralized_verl.transport.digest import digest_hex
 from decentralized_verl.transport.grpc_options import (
     MAX_MESSAGE_BYTES,
     channel_options,
     server_options,
 )
-from decentralized_verl.transport.weights.digest import digest_hex
 
 # ------------------------------------------------------------------------------------------------
 # A real grpc.aio server on 127.0.0.1

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from decentralized_verl.errors import WireError
+from decentralized_verl.transport.delta_p2p import DeltaEndpoint, DeltaP2PWeightSource, cut
 from decentralized_verl.transport.p2p import CoordinatorEndpoints
-from decentralized_verl.transport.weights.delta_p2p import DeltaEndpoint, DeltaP2PWeightSource, cut
 from decentralized_verl.transport.weights.delta_publish import DeltaPublisher
 from tests.support.weight_states import trained_states
 

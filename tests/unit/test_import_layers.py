@@ -101,3 +101,30 @@ def test_no_circle_closes_through_imports_for_type_checkers() -> None:
 def test_the_circle_finder_finds_circles() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def _sibling_graph(modules: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Each import as an edge between the two siblings under the importer's and the imported's deepest
+    common package: `a.b.x -> a.c.y` is `a.b -> a.c`, so a circle between packages shows even when no
+    module circle closes (a module of `b` importing `c`, another of `c` importing `b`)."""
+    edges: dict[str, set[str]] = {}
+    for importer, imported in ((m, i) for m, targets in modules.items() for i in targets):
+        left, right = importer.split("."), imported.split(".")
+        common = 0
+        while common < min(len(left), len(right)) and left[common] == right[common]:
+            common += 1
+        if common in (len(left), len(right)):
+            continue  # a module importing its own package, or a package one of its modules
+        edges.setdefault(".".join(left[: common + 1]), set()).add(".".join(right[: common + 1]))
+    return edges
+
+
+def test_no_package_imports_a_sibling_that_imports_it_back() -> None:
+    """Packages at every depth form no circle, type-only imports and imports inside functions included."""
+    assert _cycles(_sibling_graph(_import_graph(type_checking=True))) == []
+
+
+def test_the_sibling_graph_joins_modules_under_their_packages() -> None:
+    graph = _sibling_graph({"p.a.x": {"p.b.y"}, "p.b.z": {"p.a.w"}, "p.c": {"p"}})
+    assert graph == {"p.a": {"p.b"}, "p.b": {"p.a"}}
+    assert _cycles(graph) == [["p.a", "p.b"]]

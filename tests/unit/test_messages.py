@@ -11,7 +11,7 @@ from blake3 import blake3
 from decentralized_verl.errors import DverlError, WireError
 from decentralized_verl.proto import dverl_pb2 as pb
 from decentralized_verl.transport import messages as m
-from decentralized_verl.transport.weights.digest import digest_hex
+from decentralized_verl.transport.digest import digest_hex
 
 LIMITS = m.WireLimits(vocab_size=50, max_batch=8, max_prompt_tokens=6, max_new_tokens=16)
 NAN, INF = math.nan, math.inf

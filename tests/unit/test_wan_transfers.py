@@ -13,8 +13,8 @@ import pytest
 
 from decentralized_verl.errors import WireError
 from decentralized_verl.transport import messages as m
+from decentralized_verl.transport.delta_p2p import cut, uncut
 from decentralized_verl.transport.weights.codec import encode_state_dict
-from decentralized_verl.transport.weights.delta_p2p import cut, uncut
 from decentralized_verl.transport.weights.publish import manifest_of
 from decentralized_verl.transport.weights.receive import ChunkFetch
 from tests.support.weight_states import trained_states

@@ -9,6 +9,7 @@ import itertools
 import pytest
 
 from decentralized_verl.errors import WireError
+from decentralized_verl.transport.digest import digest_hex
 from decentralized_verl.transport.weights.codec import WeightChunk, encode_state_dict
 from decentralized_verl.transport.weights.delta import (
     apply_chain,
@@ -18,7 +19,6 @@ from decentralized_verl.transport.weights.delta import (
     read_info,
 )
 from decentralized_verl.transport.weights.delta_publish import DeltaPublisher, NoDelta
-from decentralized_verl.transport.weights.digest import digest_hex
 from decentralized_verl.transport.weights.publish import Published, manifest_of
 from decentralized_verl.transport.weights.receive import BundleBuilder
 from tests.support.weight_states import trained_states

@@ -10,6 +10,7 @@ import torch
 from blake3 import blake3
 
 from decentralized_verl.errors import WireError
+from decentralized_verl.transport.digest import digest_hex
 from decentralized_verl.transport.weights.codec import (
     WeightAssembler,
     WeightChunk,
@@ -19,7 +20,6 @@ from decentralized_verl.transport.weights.codec import (
     decode_state_dict,
     encode_state_dict,
 )
-from decentralized_verl.transport.weights.digest import digest_hex
 
 
 def sample_state_dict(seed: int = 0) -> dict[str, torch.Tensor]:

@@ -23,7 +23,7 @@ from decentralized_verl.spans.volunteer import serve_for_job
 from decentralized_verl.spec import JobSpec
 from decentralized_verl.transport import messages as m
 from decentralized_verl.transport import p2p as wire
-from decentralized_verl.transport.weights.delta_p2p import DeltaP2PWeightSource
+from decentralized_verl.transport.delta_p2p import DeltaP2PWeightSource
 from decentralized_verl.volunteers.announce import VolunteerRecord, hardware_summary, read_records
 from decentralized_verl.volunteers.prefetch import WeightPrefetch
 from decentralized_verl.volunteers.session import PeerReach, volunteer_session

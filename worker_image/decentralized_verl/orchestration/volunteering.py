@@ -17,8 +17,8 @@ from decentralized_verl.settings import WorkerSettings, env_name
 from decentralized_verl.spans.roster import start_span_roster
 from decentralized_verl.training.trainer import rollout_state_dict
 from decentralized_verl.transport import messages as m
+from decentralized_verl.transport.delta_p2p import DeltaEndpoint
 from decentralized_verl.transport.p2p import CoordinatorEndpoints, listen_maddrs
-from decentralized_verl.transport.weights.delta_p2p import DeltaEndpoint
 from decentralized_verl.transport.weights.delta_publish import DeltaPublisher
 from decentralized_verl.volunteers.announce import Heartbeat, VolunteerRecord
 from decentralized_verl.volunteers.dht import PeerOptions, start_dht

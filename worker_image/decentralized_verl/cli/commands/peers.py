@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from collections.abc import Sequence
 from dataclasses import fields
+from typing import NoReturn
 
 from decentralized_verl.cli.commands.registry import Command, command
 from decentralized_verl.entrypoints.worker_args import ROLES, WorkerArgs, WorkerUsageError, worker_kind
@@ -159,8 +162,10 @@ def _operator(parser: argparse.ArgumentParser) -> Command:
     return run
 
 
-def run_operator(argv: Sequence[str]) -> int:
-    """The operator's own command line, handed over untouched (`dverl operator --help` is its help)."""
-    from dverl_operator.main import main as operator_main  # noqa: PLC0415 entry: the operator process
+def run_operator(argv: Sequence[str]) -> NoReturn:
+    """The operator's own command line, handed over untouched (`dverl operator --help` is its help).
 
-    return operator_main(list(argv))
+    The process becomes `python -m dverl_operator` (same pid, so the chart's Deployment signals the
+    operator itself): the runtime never imports the operator, which imports the runtime's spec.
+    """
+    os.execv(sys.executable, [sys.executable, "-m", "dverl_operator", *argv])

@@ -47,10 +47,10 @@ from decentralized_verl.errors import WireError
 from decentralized_verl.proto import dverl_pb2 as pb
 from decentralized_verl.transport import messages as m
 from decentralized_verl.transport import secure
+from decentralized_verl.transport.digest import digest_hex
 from decentralized_verl.transport.weights import bulk_wire as bw
 from decentralized_verl.transport.weights.bulk_send import NO_LISTENER, BulkSession
 from decentralized_verl.transport.weights.codec import WeightChunk
-from decentralized_verl.transport.weights.digest import digest_hex
 from decentralized_verl.transport.weights.push import SERVICE, identity, metadata_value
 from decentralized_verl.transport.weights.receive import BundleBuilder
 from decentralized_verl.transport.weights.route import ROUTE_KEY, Hop, route_from_json, route_to_json

@@ -7,7 +7,7 @@ Trust model: the ``BundleHeader`` (version, chunk count, sizes, bundle digest) c
 learner; every chunk is checked against its own digest on arrival (so a corrupted chunk is named and can
 be re-requested) and, at the end, the chunk digests in order against the header's digest.
 
-Digests are BLAKE3 (`transport.weights.digest`): hashing is the receivers' largest cost, so the hash sets the
+Digests are BLAKE3 (`transport.digest`): hashing is the receivers' largest cost, so the hash sets the
 rate a receiver can verify weights at.
 
 The bundle digest is ``bundle_digest``: the BLAKE3 of the chunks' digests concatenated in order
@@ -39,7 +39,7 @@ from safetensors.torch import save as safetensors_save
 from torch import Tensor
 
 from decentralized_verl.errors import WireError
-from decentralized_verl.transport.weights.digest import blake3, digest_hex
+from decentralized_verl.transport.digest import blake3, digest_hex
 
 WIRE_DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,

@@ -22,6 +22,7 @@ from collections.abc import Iterable
 import torch
 
 from decentralized_verl.core.streamed_weights import StreamedWeights, TensorSlot
+from decentralized_verl.transport.digest import digest_hex
 from decentralized_verl.transport.weights.codec import (
     _ALIASES_KEY,
     _VERSION_KEY,
@@ -32,7 +33,6 @@ from decentralized_verl.transport.weights.codec import (
     bundle_digest,
     encoding_dtype,
 )
-from decentralized_verl.transport.weights.digest import digest_hex
 
 SAFETENSORS_DTYPES: dict[torch.dtype, str] = {
     torch.float64: "F64",

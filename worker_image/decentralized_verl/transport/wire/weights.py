@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from decentralized_verl.transport.weights.digest import digest_hex
+from decentralized_verl.transport.digest import digest_hex
 from decentralized_verl.transport.wire.common import (
     _HEX64,
     WEIGHT_FORMATS,

@@ -21,11 +21,11 @@ from google.protobuf import wrappers_pb2
 
 from decentralized_verl.errors import WireError
 from decentralized_verl.transport import messages as m
+from decentralized_verl.transport.digest import digest_hex
 from decentralized_verl.transport.p2p import P2PWeightSource, Unauthorized, peer
 from decentralized_verl.transport.weights.codec import WeightChunk
 from decentralized_verl.transport.weights.delta import apply_chain
 from decentralized_verl.transport.weights.delta_publish import DeltaPublisher, NoDelta
-from decentralized_verl.transport.weights.digest import digest_hex
 from decentralized_verl.transport.weights.publish import Published
 from decentralized_verl.transport.weights.receive import BundleBuilder, decode_held
 
