@@ -64,6 +64,7 @@ class Machine:
     def __init__(self) -> None:
         self.now = 0.0
         self.own = 0.0
+        self.ready = 0.0
         self.jiffies = 0
         self.set_to: list[int] = []
         self.readable = True
@@ -73,10 +74,21 @@ class Machine:
             raise OSError("no /proc")
         return f"cpu0 {self.jiffies} 0 0 0 0 0 0 0\ncpu1 0 0 0 0 0 0 0 0\n"
 
-    def item(self, governor: ThreadGovernor, *, seconds: float, own_cores: float, rival_cores: float) -> None:
+    def item(
+        self,
+        governor: ThreadGovernor,
+        *,
+        seconds: float,
+        own_cores: float,
+        rival_cores: float,
+        ready_cores: float = 0.0,
+    ) -> None:
+        """One work item: this process computes on `own_cores` and stands ready, kept off a core, on
+        `ready_cores` more, while a rival computes on `rival_cores`."""
         governor.begin()
         self.now += seconds
         self.own += own_cores * seconds
+        self.ready += ready_cores * seconds
         self.jiffies += round((own_cores + rival_cores) * seconds * governor.hz)
         governor.end()
 
@@ -99,6 +111,9 @@ class GovernorOn(ThreadGovernor):
 
     def cpu_clock(self) -> float:
         return self.machine.own
+
+    def ready_clock(self) -> float:
+        return self.machine.ready
 
 
 def governor_on(machine: Machine) -> ThreadGovernor:
@@ -133,6 +148,22 @@ def test_short_idle_and_waiting_items_move_nothing() -> None:
     for _ in range(10):
         machine.item(governor, seconds=0.1, own_cores=1.0, rival_cores=1.0)
     assert governor.threads == 2
+
+
+def test_a_process_starved_by_others_is_measured_and_gives_up_a_thread() -> None:
+    """Kept off its cores by a machine full of other work, the process computes little but is ready to
+    compute all the time: that is contention, not waiting on the network."""
+    machine = Machine()
+    governor = governor_on(machine)
+    for _ in range(5):
+        machine.item(governor, seconds=0.1, own_cores=0.2, rival_cores=1.8, ready_cores=1.5)
+    assert governor.threads == 1 and machine.set_to == [1]
+
+
+def test_ready_clock_reads_this_process_run_delay() -> None:
+    governor = ThreadGovernor(2, {0})
+    first = governor.ready_clock()
+    assert first >= 0.0 and governor.ready_clock() >= first
 
 
 def test_compute_thread_calls_the_governor_around_each_item() -> None:

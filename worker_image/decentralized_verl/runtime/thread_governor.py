@@ -29,6 +29,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 PROC_STAT = Path("/proc/stat")
+SELF_TASKS = Path("/proc/self/task")
 WINDOW_S = 0.3
 """Compute time gathered before the estimate moves: jiffies are 10 ms, so shorter windows are noise."""
 SPARE = 0.3
@@ -36,8 +37,10 @@ SPARE = 0.3
 that shares its core with a busy process holds up every barrier, while one thread too few costs at most
 that thread's share."""
 MIN_UTILISATION = 0.5
-"""Items whose process used less than this many cores on average (waiting on the network, not
-computing) are not measured: the point is the cores free while this process computes."""
+"""Items whose process used, or stood ready to use, less than this many cores on average (waiting on the
+network, not computing) are not measured: the point is the cores free while this process computes. Time
+its threads spent runnable but kept off a core counts as wanting to compute: a process starved by others
+is the one that most needs fewer threads, and by its CPU time alone it would look idle."""
 SMOOTHING = 0.5
 """Weight of the newest window in the estimate of other processes' busy cores (the first is taken whole)."""
 
@@ -86,8 +89,8 @@ class _Window:
 class ThreadGovernor:
     """`begin` before and `end` after each work item on the compute thread (`compute_thread.govern`).
 
-    Its I/O edges are the four methods at the end: the machine's per-core busy time (``/proc/stat``),
-    torch's pool and the two clocks."""
+    Its I/O edges are the five methods at the end: the machine's per-core busy time (``/proc/stat``),
+    torch's pool and the three clocks."""
 
     def __init__(self, ceiling: int, cpus: Collection[int]) -> None:
         self.ceiling = max(1, ceiling)
@@ -97,7 +100,7 @@ class ThreadGovernor:
         self.windows = 0
         self.threads = self.ceiling
         self._window = _Window()
-        self._start: tuple[int, float, float] | None = None
+        self._start: tuple[int, float, float, float] | None = None
 
     def begin(self) -> None:
         wanted = threads_for(self.ceiling, len(self.cpus), self.others_busy)
@@ -112,18 +115,18 @@ class ThreadGovernor:
             self.set_threads(wanted)
             self.threads = wanted
         busy = self._busy()
-        self._start = None if busy is None else (busy, self.cpu_clock(), self.clock())
+        self._start = None if busy is None else (busy, self.cpu_clock(), self.clock(), self.ready_clock())
 
     def end(self) -> None:
         if self._start is None:
             return
-        busy0, cpu0, t0 = self._start
+        busy0, cpu0, t0, ready0 = self._start
         self._start = None
         busy = self._busy()
         if busy is None:
             return
         own, wall = self.cpu_clock() - cpu0, self.clock() - t0
-        if wall <= 0 or own < MIN_UTILISATION * wall:
+        if wall <= 0 or own + (self.ready_clock() - ready0) < MIN_UTILISATION * wall:
             return
         w = self._window
         w.machine_busy_s += (busy - busy0) / self.hz
@@ -155,6 +158,17 @@ class ThreadGovernor:
 
     def cpu_clock(self) -> float:
         return time.process_time()
+
+    def ready_clock(self) -> float:
+        """Seconds this process's threads have spent runnable, waiting for a core (the kernel's run
+        delay, ``/proc/self/task/*/schedstat``); 0 where the kernel does not keep it."""
+        total = 0
+        for task in SELF_TASKS.glob("*/schedstat"):
+            try:
+                total += int(task.read_text().split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # a thread that ended between the listing and the read
+        return total / 1e9
 
 
 def for_this_process(ceiling: int) -> ThreadGovernor | None:
