@@ -40,3 +40,11 @@ def to_sources() -> str:
         cells = [", ".join(sorted(paths[path].get(title, []))) or "-" for title, _ in SOURCES]
         lines.append(f"| `{path}` | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def openrlhf_legacy() -> str:
+    """OpenRLHF's underscore flags (v0.10.1 and earlier) and the dotted flag each became."""
+    lines = ["| flag before v0.10.2 | flag since |", "|---|---|"]
+    for old, new in sorted(openrlhf.LEGACY.items()):
+        lines.append(f"| `--{old}` | `--{new}` |")
+    return "\n".join(lines) + "\n"

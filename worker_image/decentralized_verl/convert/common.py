@@ -12,6 +12,9 @@ Rule = tuple[str, Convert | None]
 """(spec path, value conversion or None for as-is); a spec path is dotted camelCase under `spec`."""
 
 
+NO_EQUIVALENT = "no dverl equivalent known to the converter"
+
+
 @dataclass(frozen=True)
 class Unmapped:
     """A source field the manifest does not carry, and why."""
@@ -139,7 +142,7 @@ def apply_rules(
         elif key in dropped:
             result.unmapped.append(Unmapped(key, value, dropped[key]))
         else:
-            result.unmapped.append(Unmapped(key, value, "no dverl equivalent known to the converter"))
+            result.unmapped.append(Unmapped(key, value, NO_EQUIVALENT))
 
 
 def per_learner(spec: dict[str, Any], result: Conversion, total_paths: tuple[str, ...] = ()) -> None:
@@ -154,7 +157,61 @@ def per_learner(spec: dict[str, Any], result: Conversion, total_paths: tuple[str
         if value % learners:
             result.notes.append(f"{path}: {value} over {learners} learners is not whole; {share} each")
         put(spec, path, share)
+    _fit_micro(spec, result)
     rollouts = int(get(spec, "roles.rollout.replicas", 1) or 1)
     step = learners * int(get(spec, "training.batchSize", 8))
     if rollouts > 1 and step % rollouts == 0:
         put(spec, "roles.rollout.batchSize", step // rollouts)
+
+
+def _fit_micro(spec: dict[str, Any], result: Conversion) -> None:
+    """A micro-batch must divide its mini-batch: samples per GPU turned into prompts rarely do, so take
+    the largest that does."""
+    micro = get(spec, "training.microbatchSize")
+    mini = get(spec, "training.minibatchSize", get(spec, "training.batchSize"))
+    if micro is None or mini is None or mini % micro == 0:
+        return
+    fitted = max(d for d in range(1, min(micro, mini) + 1) if mini % d == 0)
+    put(spec, "training.microbatchSize", fitted)
+    result.notes.append(f"training.microbatchSize {micro} does not divide the mini-batch of {mini}: {fitted}")
+
+
+GROUP_OVER = 3
+"""More unmapped keys of one group than this, all without an equivalent, print as one line."""
+
+
+def group_of(field: str, depth: int) -> str:
+    """The section a dotted key belongs to: its first `depth` parts (one more under veRL's
+    actor_rollout_ref), never the whole key."""
+    parts = field.split(".")
+    depth += parts[0] == "actor_rollout_ref"
+    return ".".join(parts[: max(1, min(depth, len(parts) - 1))])
+
+
+def summary_lines(unmapped: list[Unmapped]) -> list[str]:
+    """One line per unmapped field, except that many fields without an equivalent in one section (a fully
+    composed config has hundreds: profiler, engine and checkpoint knobs) become one line with their count:
+    by subsection first (`critic.profiler.*: 13 keys`), and what is left by section."""
+    generic = [e for e in unmapped if e.why == NO_EQUIVALENT and "." in e.field]
+    where: dict[int, str] = {}
+    for depth in (2, 1):
+        groups: dict[str, list[Unmapped]] = {}
+        for entry in generic:
+            if id(entry) not in where:
+                groups.setdefault(group_of(entry.field, depth), []).append(entry)
+        for group, members in groups.items():
+            if len(members) > GROUP_OVER:
+                where.update((id(m), group) for m in members)
+    lines: list[str] = []
+    shown: set[str] = set()
+    for entry in unmapped:
+        group = where.get(id(entry))
+        if group is None:
+            lines.append(f"unmapped: {entry}")
+        elif group not in shown:
+            shown.add(group)
+            members = [e for e in generic if where.get(id(e)) == group]
+            names = ", ".join(m.field[len(group) + 1 :] for m in members[:4])
+            more = ", ..." if len(members) > 4 else ""
+            lines.append(f"unmapped: {group}.*: {len(members)} keys, {NO_EQUIVALENT} ({names}{more})")
+    return lines

@@ -1,0 +1,356 @@
+"""`dverl convert` on configs taken from OpenRLHF, veRL and TRL as they ship today and in their last
+release formats (tests/support/fixtures/convert, sources in its README): every flag of either OpenRLHF era
+read, scripts with variables and bash arrays, veRL's Hydra defaults composed, environment variables
+reported, and a fully composed config summarized instead of printed key by key."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from decentralized_verl.cli.main import main
+from decentralized_verl.convert import convert
+from decentralized_verl.convert.common import flatten
+from decentralized_verl.convert.hydra import compose, resolve
+from decentralized_verl.planning.fitting_job import load_fitting_job
+from tests.support.paths import FIXTURES
+
+CONVERT = FIXTURES / "convert"
+OPENRLHF = CONVERT / "openrlhf"
+VERL = CONVERT / "verl"
+TRL = CONVERT / "trl"
+
+
+def _run(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(["convert", *args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _convert(tmp_path: Path, capsys, *args: str) -> tuple[dict, str]:
+    out = tmp_path / "job.yaml"
+    code, _, err = _run(capsys, *args, "--output", str(out))
+    assert code == 0, err
+    assert "Traceback" not in err
+    assert load_fitting_job(out) is not None  # validates, as `dverl validate` checks it
+    return yaml.safe_load(out.read_text())["spec"], err
+
+
+def test_openrlhf_head_ppo_example_maps_every_dotted_flag(tmp_path: Path, capsys) -> None:
+    spec, err = _convert(
+        tmp_path, capsys, "openrlhf", str(OPENRLHF / "head" / "train_ppo_ray_hybrid_engine.sh")
+    )
+    assert "not a train_ppo_ray flag" not in err and "no dverl equivalent known" not in err
+    assert spec["model"] == {"dtype": "bfloat16", "path": "OpenRLHF/Llama-3-8b-sft-mixture"}
+    assert spec["algorithm"]["name"] == "ppo" and spec["algorithm"]["klCoef"] == 0.01
+    assert spec["algorithm"]["rolloutCorrection"] == {
+        "enabled": True,
+        "importanceSampling": "token",
+        "cap": 5.0,
+    }
+    assert spec["data"]["maxPromptTokens"] + spec["data"]["maxNewTokens"] == 2048  # --data.max_len
+    assert spec["data"]["rewardModel"] == {"path": "OpenRLHF/Llama-3-8b-rm-700k"}
+    assert spec["roles"]["reward"]["replicas"] == 8 and spec["roles"]["critic"]["replicas"] == 8
+    training = spec["training"]
+    assert training["microbatchTokens"] == 16384 and "microbatchSize" not in training
+    assert training["learningRate"] == 5e-7 and training["criticLearningRate"] == 9e-6
+    assert training["batchSize"] * spec["roles"]["learner"]["replicas"] == 1024
+    assert "unmapped: ds.zero_stage='3': sharding is roles.learner.sharding" in err
+    assert "read as OpenRLHF v0.10.1" not in err
+
+
+def test_openrlhf_bash_arrays_and_script_variables(tmp_path: Path, capsys) -> None:
+    script = OPENRLHF / "head" / "train_reinforce_baseline_hybrid_engine.sh"
+    spec, err = _convert(tmp_path, capsys, "openrlhf", str(script))
+    assert spec["model"]["path"] == "Qwen/Qwen3-4B-Thinking-2507"  # --actor.model_name_or_path ${MODEL_PATH}
+    assert spec["algorithm"]["name"] == "reinforce_plus_plus_baseline"
+    assert spec["algorithm"]["rolloutCorrection"] == {
+        "enabled": True,
+        "importanceSampling": "token",
+        "cap": 5.0,
+        "rejection": "token",
+        "rejectLow": 0.5,
+        "rejectHigh": 5.0,
+    }  # icepop: tokens outside [0.5, 5] rejected
+    assert spec["algorithm"]["dynamicFilter"] == {"enabled": True, "low": 0.0, "high": 1.0}
+    assert spec["data"] == {
+        "maxNewTokens": 64000,
+        "maxPromptTokens": 74240 - 64000,
+        "train": "zhuzilin/dapo-math-17k",
+        "rewardType": "boxed",
+    }
+    assert spec["training"]["microbatchTokens"] == 16192
+    assert spec["training"]["checkpoint"] == {
+        "dir": "${WORK_DIR}/exp/Qwen3-4B-Thinking/ckpt",
+        "keep": 3,
+        "every": 10,
+    }
+    assert "note: $WORK_DIR is not set in the script" in err  # set by $(cd ... && pwd): not computed here
+    assert "OPTIMIZER_ARGS" not in err and "expected true or false" not in err
+
+
+@pytest.mark.parametrize(
+    "script", ["train_ppo_ray_hybrid_engine.sh", "train_reinforce_baseline_hybrid_engine.sh"]
+)
+def test_openrlhf_underscore_era_converts_to_the_same_job(tmp_path: Path, capsys, script: str) -> None:
+    dotted, _ = _convert(tmp_path, capsys, "openrlhf", str(OPENRLHF / "head" / script))
+    underscore, err = _convert(tmp_path, capsys, "openrlhf", str(OPENRLHF / "v0.10.1" / script))
+    assert underscore == dotted
+    assert "read as OpenRLHF v0.10.1 or earlier (underscore flags)" in err
+    assert "not a train_ppo_ray flag" not in err and "no dverl equivalent known" not in err
+
+
+def test_openrlhf_v0_9_script_keeps_dtype_lengths_correction_and_token_budget(tmp_path: Path, capsys) -> None:
+    spec, err = _convert(
+        tmp_path, capsys, "openrlhf", str(OPENRLHF / "v0.9.10" / "train_ppo_ray_hybrid_engine.sh")
+    )
+    assert spec["model"]["dtype"] == "bfloat16"  # --param_dtype bf16
+    assert spec["data"]["maxPromptTokens"] + spec["data"]["maxNewTokens"] == 2048  # --max_len
+    assert spec["algorithm"]["rolloutCorrection"]["enabled"] is True  # --enable_vllm_is_correction
+    assert spec["training"]["microbatchTokens"] == 16384  # --use_dynamic_batch --train_max_tokens_per_gpu
+    assert "unmapped: zero_stage='3'" in err  # named as the script wrote it
+
+
+def test_openrlhf_unknown_and_mixed_flags_are_named_not_fatal(capsys) -> None:
+    text = (
+        "python3 -m openrlhf.cli.train_ppo_ray --actor.model_name_or_path m --actor_learning_rate 1e-6 "
+        "--rollout.n_samples_per_prompt 4 --algo.advantage.estimator group_norm --actor.adam.betaz 0.9 0.9 "
+        "--train.max_tokens_per_gpu 8192 --ds.param_dtype fp16"
+    )
+    result = convert("openrlhf", text)
+    why = {u.field: u.why for u in result.unmapped}
+    assert why["actor.adam.betaz"].startswith("not a train_ppo_ray flag of OpenRLHF")
+    assert "only with --train.dynamic_batch_enable" in why["train.max_tokens_per_gpu"]
+    assert any("mixes OpenRLHF's dotted flags" in n for n in result.notes)
+    spec = result.manifest["spec"]
+    assert spec["training"]["learningRate"] == 1e-6 and spec["model"]["dtype"] == "float16"
+    assert "microbatchTokens" not in spec["training"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (
+            "--algo.advantage.is_correction_enable --algo.advantage.is_correction_type seq-mask-tis "
+            "--algo.advantage.is_correction_threshold 0.8 1.5",
+            {
+                "enabled": True,
+                "importanceSampling": "token",
+                "cap": 1.5,
+                "rejection": "sequence",
+                "rejectLow": 0.8,
+                "rejectHigh": 1.5,
+            },
+        ),
+        (
+            "--enable_vllm_is_correction --vllm_is_truncated_threshold 0.5 3",
+            {"enabled": True, "importanceSampling": "token", "cap": 3.0},
+        ),
+        ("", None),
+    ],
+)
+def test_openrlhf_importance_sampling_correction(flags: str, expected: dict | None) -> None:
+    result = convert("openrlhf", f"train_ppo_ray --pretrain m --advantage_estimator rloo {flags}")
+    assert result.manifest["spec"]["algorithm"].get("rolloutCorrection") == expected
+    if expected is None:
+        assert any("importance-sampling correction is off" in n for n in result.notes)
+
+
+def test_verl_compose_equals_verls_own_generated_config() -> None:
+    folder = VERL / "config"
+
+    def read(rel: str) -> str | None:
+        path = folder / rel
+        return path.read_text() if path.is_file() else None
+
+    composed = compose("ppo_trainer.yaml", read)
+    assert composed.missing == [] and "actor/actor.yaml" in composed.read
+    mine = flatten(composed.config)
+    theirs = flatten(yaml.safe_load((folder / "_generated_ppo_trainer.yaml").read_text()))
+    assert mine.keys() == theirs.keys()
+    differ = {
+        k
+        for k in mine
+        if mine[k] != theirs[k] and str(float(mine[k]) if _number(mine[k]) else mine[k]) != str(theirs[k])
+    }
+    assert differ == set()  # YAML 1.1 reads `1e-6` as a string; the number is the same
+    resolved = resolve(composed.config)
+    assert resolved.unresolved == {}
+    flat = flatten(resolved.config)
+    assert flat["actor_rollout_ref.rollout.prompt_length"] == flat["data.max_prompt_length"]
+
+
+def _number(value: object) -> bool:
+    try:
+        float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return isinstance(value, str)
+
+
+def test_verl_ppo_trainer_yaml_composed_and_summarized(tmp_path: Path, capsys) -> None:
+    spec, err = _convert(
+        tmp_path,
+        capsys,
+        "verl",
+        str(VERL / "config" / "ppo_trainer.yaml"),
+        "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct",
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.rollout.n=4",
+    )
+    assert "composed" in err and "Hydra defaults from 16 file(s)" in err
+    assert (
+        spec["model"]["path"] == "Qwen/Qwen2.5-0.5B-Instruct"
+    )  # actor_rollout_ref.model from model/hf_model
+    assert spec["data"]["maxPromptTokens"] == 512 and spec["data"]["maxNewTokens"] == 512  # data/legacy_data
+    assert spec["training"]["learningRate"] == 1e-6  # actor/actor.yaml's optim.lr
+    lines = err.splitlines()
+    assert len(lines) < 80, "\n".join(lines)
+    assert any(line.startswith("unmapped: actor_rollout_ref.actor.profiler.*: 13 keys") for line in lines)
+    assert "unmapped: critic.*='72 keys': grpo trains no critic" in err
+    assert "~, the home folder" in err and "??? in veRL" in err
+
+
+def test_verl_defaults_without_their_folder_say_so(tmp_path: Path, capsys, monkeypatch) -> None:
+    lone = tmp_path / "ppo_trainer.yaml"
+    shutil.copy(VERL / "config" / "ppo_trainer.yaml", lone)
+    code, _, err = _run(
+        capsys, "verl", str(lone), "actor_rollout_ref.model.path=m", "-o", str(tmp_path / "j.yaml")
+    )
+    assert "defaults name actor/dp_actor.yaml" in err and "not in its folder" in err
+    assert code == 0 and "Traceback" not in err
+    monkeypatch.setattr("sys.stdin", io.StringIO(lone.read_text()))
+    code, _, err = _run(capsys, "verl", "-", "actor_rollout_ref.model.path=m", "-o", str(tmp_path / "k.yaml"))
+    assert "its config folder is not at hand (read from stdin)" in err and code == 0
+
+
+@pytest.mark.parametrize("version", ["v0.7.0", "v0.6.1"])
+def test_verl_fully_composed_release_configs_are_summarized(tmp_path: Path, capsys, version: str) -> None:
+    spec, err = _convert(
+        tmp_path,
+        capsys,
+        "verl",
+        str(VERL / version / "_generated_ppo_trainer.yaml"),
+        "actor_rollout_ref.model.path=m",
+    )
+    assert len(err.splitlines()) < 90, err
+    assert spec["model"]["path"] == "m" and spec["algorithm"]["name"] == "ppo"
+
+
+@pytest.mark.parametrize("version", ["head", "v0.6.1"])
+def test_verl_run_script_variables_home_and_token_budget(tmp_path: Path, capsys, version: str) -> None:
+    spec, err = _convert(tmp_path, capsys, "verl", str(VERL / version / "run_qwen2-7b_seq_balance.sh"))
+    assert spec["data"]["train"] == "$HOME/data/gsm8k/train.parquet"
+    assert "note: $HOME is not set in the script (data.train_files, data.val_files)" in err
+    assert spec["training"]["microbatchTokens"] == 24000 and "microbatchSize" not in spec["training"]
+    assert spec["roles"]["rollout"]["backend"] == "vllm" and "rollout.name sglang" in err  # $rollout_name
+    assert "unmapped: data.return_raw_chat=True" in err  # $return_raw_chat expanded
+
+
+def test_verl_math_script_lists_and_micro_batch_fit(tmp_path: Path, capsys) -> None:
+    spec, err = _convert(tmp_path, capsys, "verl", str(VERL / "head" / "run_qwen2-7b_math.sh"))
+    assert spec["data"]["train"] == "$HOME/data/gsm8k/train.parquet"
+    assert "data.train takes one file" in err
+    assert spec["training"]["minibatchSize"] % spec["training"]["microbatchSize"] == 0
+
+
+def test_verl_environment_and_interpolations() -> None:
+    config = {
+        "data": {"train_files": "${oc.env:DATA_DIR}/train.parquet", "max_prompt_length": 300},
+        "actor_rollout_ref": {
+            "model": {"path": "m"},
+            "rollout": {"n": 4, "prompt_length": "${data.max_prompt_length}", "x": "${oc.select:no.such,7}"},
+        },
+        "algorithm": {"adv_estimator": "grpo"},
+        "trainer": {"experiment_name": "${oc.create:foo}"},
+    }
+    result = convert("verl", yaml.safe_dump(config))
+    why = {u.field: (u.value, u.why) for u in result.unmapped}
+    assert why["data.train_files"] == (
+        "${oc.env:DATA_DIR}",
+        "read from the environment variable DATA_DIR; give the value",
+    )
+    assert "naming nothing here" in why["trainer.experiment_name"][1]
+    assert why["actor_rollout_ref.rollout.prompt_length"][0] == 300  # resolved, then listed as unmapped
+    assert why["actor_rollout_ref.rollout.x"][0] == 7
+
+
+def test_verl_config_name_not_beside_the_script(capsys, tmp_path: Path) -> None:
+    script = tmp_path / "run.sh"
+    script.write_text(
+        "python3 -m verl.trainer.main_ppo --config-path=config --config-name='ppo_trainer_dapo' \\\n"
+        "  actor_rollout_ref.model.path=m algorithm.adv_estimator=grpo actor_rollout_ref.rollout.n=4\n"
+    )
+    code, _, err = _run(capsys, "verl", str(script), "-o", str(tmp_path / "j.yaml"))
+    assert code == 0 and "--config-name ppo_trainer_dapo (--config-path config), which is not beside" in err
+    shutil.copytree(VERL / "config", tmp_path / "config")
+    (tmp_path / "config" / "ppo_trainer_dapo.yaml").write_text(
+        "defaults:\n  - ppo_trainer\n  - _self_\ndata:\n  max_response_length: 2048\n"
+    )
+    code, _, err = _run(capsys, "verl", str(script), "-o", str(tmp_path / "j.yaml"))
+    assert code == 0 and "composed config/ppo_trainer_dapo.yaml" in err, err
+    assert yaml.safe_load((tmp_path / "j.yaml").read_text())["spec"]["data"]["maxNewTokens"] == 2048
+
+
+def test_trl_current_fields_and_system_prompt(tmp_path: Path, capsys) -> None:
+    spec, err = _convert(tmp_path, capsys, "trl", str(TRL / "1.16.0" / "grpo_config.yaml"))
+    assert spec["data"]["systemPrompt"] == "Reason step by step, then put the final answer in \\boxed{}."
+    assert spec["data"]["rewardType"] == "my_lib.rewards:accuracy"  # a dotted import path
+    assert spec["model"]["dtype"] == "bfloat16" and spec["algorithm"]["entropyCoef"] == 0.001
+    assert spec["algorithm"]["rolloutCorrection"] == {
+        "enabled": True,
+        "importanceSampling": "token",
+        "cap": 3.0,
+        "rejection": "token",
+        "rejectHigh": 3.0,
+        "rejectLow": 0.5,
+    }
+    assert spec["training"]["batchSize"] == 4 and spec["training"]["steps"] == 500  # 8 x 4 / 8 generations
+    assert "no dverl equivalent known" not in err
+
+
+def test_trl_release_command_line(tmp_path: Path, capsys) -> None:
+    spec, err = _convert(tmp_path, capsys, "trl", str(TRL / "v1.9.0" / "grpo_vlm.sh"))
+    assert spec["model"] == {
+        "dtype": "bfloat16",
+        "lora": {"targetModules": ["q_proj", "v_proj"]},
+        "path": "Qwen/Qwen2.5-VL-3B-Instruct",
+    }
+    assert spec["data"]["maxNewTokens"] == 1024 and spec["roles"]["rollout"]["backend"] == "vllm"
+    assert spec["algorithm"]["rolloutCorrection"]["rejection"] == "sequence"  # TRL's default sequence_mask
+    assert "unmapped: vllm_mode='colocate'" in err
+
+
+@pytest.mark.parametrize(
+    ("source", "text", "expected"),
+    [
+        ("openrlhf", "python3 -m openrlhf.cli.train_ppo_ray --pretrain 'unclosed\n", "unclosed quote"),
+        ("verl", 'python3 -m verl.trainer.main_ppo data.train_files="[a\n', "unclosed quote"),
+        ("openrlhf", "train_ppo_ray --actor.num_nodes two", "cannot convert"),
+        ("trl", "just words, no flags", "a GRPOConfig is a JSON or YAML mapping"),
+    ],
+)
+def test_unreadable_sources_exit_2_without_a_traceback(
+    tmp_path: Path, capsys, source, text, expected
+) -> None:
+    path = tmp_path / "in.sh"
+    path.write_text(text)
+    code, _, err = _run(capsys, source, str(path))
+    assert code == 2 and expected in err and "Traceback" not in err
+
+
+def test_json_keeps_every_unmapped_field(capsys) -> None:
+    code, out, _ = _run(
+        capsys,
+        "verl",
+        str(VERL / "v0.7.0" / "_generated_ppo_trainer.yaml"),
+        "actor_rollout_ref.model.path=m",
+        "--json",
+    )
+    assert code == 0
+    assert len(json.loads(out)["unmapped"]) > 300
