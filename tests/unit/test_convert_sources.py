@@ -354,3 +354,27 @@ def test_json_keeps_every_unmapped_field(capsys) -> None:
     )
     assert code == 0
     assert len(json.loads(out)["unmapped"]) > 300
+
+
+def test_verl_rollout_correction_and_keys_gone_from_veRL() -> None:
+    base = ["actor_rollout_ref.model.path=m", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4"]
+    rc = "algorithm.rollout_correction"
+    result = convert(
+        "verl",
+        "",
+        [
+            *base,
+            f"{rc}.rollout_is=sequence",
+            f"{rc}.rollout_is_threshold=3.0",
+            f"{rc}.rollout_token_veto_threshold=1e-4",
+        ],
+    )
+    assert result.manifest["spec"]["algorithm"]["rolloutCorrection"] == {
+        "enabled": True,
+        "importanceSampling": "sequence",
+        "cap": 3.0,
+    }
+    why = {u.field: u.why for u in result.unmapped}
+    assert why[f"{rc}.rollout_token_veto_threshold"] == "removed from veRL after v0.7.0"
+    bypass = convert("verl", "", [*base, f"{rc}.bypass_mode=true"])
+    assert bypass.manifest["spec"]["algorithm"]["rolloutCorrection"] == {"enabled": False}

@@ -38,6 +38,7 @@ from decentralized_verl.convert.shell import script_command
 from decentralized_verl.spec.catalogue.backends import HF, VLLM
 
 A = "actor_rollout_ref"
+RC = "algorithm.rollout_correction"
 
 RULES: dict[str, Rule] = {
     "data.train_batch_size": ("training.batchSize", as_int),
@@ -101,6 +102,9 @@ HANDLED = {
     f"{A}.rollout.name": "roles.rollout.backend (vllm, hf; sglang runs as vllm)",
     f"{A}.actor.use_dynamic_bsz": "training.microbatchTokens (with ppo_max_token_len_per_gpu)",
     f"{A}.actor.ppo_max_token_len_per_gpu": "training.microbatchTokens (with use_dynamic_bsz)",
+    f"{RC}.rollout_is": "algorithm.rolloutCorrection.importanceSampling (token, sequence)",
+    f"{RC}.rollout_is_threshold": "algorithm.rolloutCorrection.cap",
+    f"{RC}.bypass_mode": "algorithm.rolloutCorrection.enabled (bypass: the ratio is against the rollout)",
 }
 """Fields read by the converter's own code below (several fields make one setting)."""
 
@@ -133,6 +137,17 @@ DROPPED = {
     "trainer.resume_mode": "use `dverl run --resume` or the operator's automatic resume",
     "trainer.device": "the device follows roles.*.resources.gpus",
 }
+
+RETIRED = {
+    f"{A}.rollout.update_weights_bucket_megabytes": "moved to rollout.checkpoint_engine in veRL 2026-01; "
+    "weights travel over gRPC here",
+    f"{RC}.rollout_token_veto_threshold": "removed from veRL after v0.7.0",
+    f"{RC}.rollout_rs_threshold_lower": "removed from veRL after v0.7.0 (rollout_rs_threshold takes both)",
+    f"{RC}.use_policy_gradient": "removed from veRL after v0.6.1 (bypass_mode with loss_type reinforce)",
+    f"{A}.ref.model": "removed from veRL after v0.6.1: the reference loads actor_rollout_ref.model",
+}
+"""Keys of veRL's last releases that its current config no longer has."""
+DROPPED.update(RETIRED)
 
 ESTIMATORS = {
     "grpo": "grpo",
@@ -337,6 +352,7 @@ def _unused_sections(flat: dict[str, Any], result: Conversion) -> dict[str, Any]
 def _convert_flat(flat: dict[str, Any], name: str | None, result: Conversion) -> Conversion:
     spec: dict[str, Any] = {}
     _algorithm(flat, spec, result)
+    _correction(flat, spec, result)
     _data(flat, spec, result)
     _roles(flat, spec, result)
     _tracking(flat, spec, result)
@@ -363,6 +379,30 @@ def _convert_flat(flat: dict[str, Any], name: str | None, result: Conversion) ->
         result.notes.append(f"training.checkpoint.dir is veRL's default_local_dir, {folder}")
     result.manifest = manifest(job_name(name or experiment, "verl-job"), spec)
     return result
+
+
+def _correction(flat: dict[str, Any], spec: dict[str, Any], result: Conversion) -> None:
+    """veRL's algorithm.rollout_correction: `rollout_is` weights per token or sequence truncated at
+    `rollout_is_threshold`; `bypass_mode` takes the ratio against the rollout's log-probs (dverl's
+    enabled: false). Its rejection criteria (`rollout_rs`, KL-based) have no dverl twin and stay listed."""
+    level = flat.get(f"{RC}.rollout_is")
+    bypass = as_bool(flat.get(f"{RC}.bypass_mode", False))
+    if bypass:
+        put(spec, "algorithm.rolloutCorrection", {"enabled": False})
+        if level is not None:
+            result.notes.append(
+                f"{RC}.bypass_mode: rollout_is {level} is not applied (dverl's bypass has none)"
+            )
+        return
+    if level is None:
+        return
+    if level not in ("token", "sequence"):
+        result.unmapped.append(Unmapped(f"{RC}.rollout_is", level, "dverl weighs per token or per sequence"))
+        return
+    correction = {"enabled": True, "importanceSampling": level}
+    if f"{RC}.rollout_is_threshold" in flat:
+        correction["cap"] = max(1.0, as_float(flat[f"{RC}.rollout_is_threshold"]))
+    put(spec, "algorithm.rolloutCorrection", correction)
 
 
 def _algorithm(flat: dict[str, Any], spec: dict[str, Any], result: Conversion) -> None:
