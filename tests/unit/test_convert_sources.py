@@ -378,3 +378,15 @@ def test_verl_rollout_correction_and_keys_gone_from_veRL() -> None:
     assert why[f"{rc}.rollout_token_veto_threshold"] == "removed from veRL after v0.7.0"
     bypass = convert("verl", "", [*base, f"{rc}.bypass_mode=true"])
     assert bypass.manifest["spec"]["algorithm"]["rolloutCorrection"] == {"enabled": False}
+
+
+def test_hydra_defaults_null_options_and_hydra_groups_are_skipped() -> None:
+    files = {
+        "main.yaml": "defaults:\n  - override hydra/job_logging: disabled\n  - extra: null\n"
+        "  - part@a.b: one\n  - _self_\na:\n  b:\n    y: 2\n",
+        "part/one.yaml": "defaults:\n  - base\nx: 1\ny: 1\n",
+        "part/base.yaml": "z: 0\n",
+    }
+    composed = compose("main.yaml", files.get)
+    assert composed.config == {"a": {"b": {"z": 0, "x": 1, "y": 2}}}
+    assert composed.missing == [] and composed.read == ["main.yaml", "part/one.yaml", "part/base.yaml"]

@@ -64,12 +64,15 @@ def _join(parent: str, child: str) -> str:
 
 
 def _entry(item: Any) -> tuple[str, str | None, bool] | None:
-    """(target, option, optional) of one defaults entry; None for `_self_`."""
+    """(target, option, optional) of one defaults entry; None for `_self_`, for a group with no option
+    chosen (`group: null`) and for Hydra's own groups (`hydra/...`, `override hydra/...`)."""
     if isinstance(item, str):
-        return None if item == "_self_" else (item, None, False)
+        return None if item == "_self_" or item.startswith("hydra/") else (item, None, False)
     if isinstance(item, dict) and len(item) == 1:
         ((key, option),) = item.items()
         key = str(key).strip()
+        if option is None or key.removeprefix("override ").startswith("hydra/"):
+            return None
         optional = key.startswith("optional ")
         key = key.removeprefix("optional ").removeprefix("override ").strip()
         return key, None if option is None else str(option), optional
@@ -102,7 +105,8 @@ def _compose(name: str, package: str, read: ReadText, result: Composed, depth: i
     for item in defaults:
         entry = _entry(item)
         if entry is None:
-            self_at = len(parts)
+            if item == "_self_":
+                self_at = len(parts)
             continue
         target, option, optional = entry
         group, _, at = target.partition("@")

@@ -273,7 +273,7 @@ def _data(config: dict[str, Any], spec: dict[str, Any], result: Conversion) -> N
     else:
         result.notes.append("dataset_name not given: data.train is train.jsonl; set it")
     rewards = config.get("reward_funcs")
-    rewards = [rewards] if isinstance(rewards, str) else list(rewards or [])
+    rewards = rewards.replace(",", " ").split() if isinstance(rewards, str) else list(rewards or [])
     if rewards:
         reward = reward_callable(str(rewards[0]))
         put(spec, "data.rewardType", reward or "boxed")
