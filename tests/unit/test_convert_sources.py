@@ -390,3 +390,33 @@ def test_hydra_defaults_null_options_and_hydra_groups_are_skipped() -> None:
     composed = compose("main.yaml", files.get)
     assert composed.config == {"a": {"b": {"z": 0, "x": 1, "y": 2}}}
     assert composed.missing == [] and composed.read == ["main.yaml", "part/one.yaml", "part/base.yaml"]
+
+
+def test_verl_script_with_arithmetic_multiline_strings_and_word_split(tmp_path: Path, capsys) -> None:
+    """veRL's GSPO example builds its overrides in quoted multi-line variables (`ACTOR_CONFIG="..."`,
+    appended to in an `if`), computes lengths with `$((1024 * 2))` and reads GPU counts from the
+    environment."""
+    spec, err = _convert(tmp_path, capsys, "verl", str(VERL / "head" / "run_qwen30b_gspo.sh"))
+    assert spec["model"]["path"] == "$PWD/model/Qwen3-30B-A3B-Base"  # ${DATA_ROOT:-$PWD}, nested
+    assert spec["data"]["maxPromptTokens"] == 2048 and spec["data"]["maxNewTokens"] == 8192
+    assert spec["algorithm"]["policyLoss"] == "gspo" and spec["algorithm"]["samplesPerPrompt"] == 16
+    assert spec["algorithm"]["overlong"] == {"enabled": True, "cacheLength": 4096, "penaltyFactor": 1.0}
+    assert "dualClip" not in spec["algorithm"]
+    assert "unmapped: trainer.n_gpus_per_node='$ARNOLD_WORKER_GPU': set from a variable the script" in err
+    assert "note: $PWD is not set in the script" in err
+    assert "--config-name ppo_trainer (--config-path ./config), which is not beside the script" in err
+
+
+def test_verl_lora_example_learners_replicate(tmp_path: Path, capsys) -> None:
+    spec, err = _convert(tmp_path, capsys, "verl", str(VERL / "head" / "run_qwen2_5-3b_gsm8k_grpo_lora.sh"))
+    assert spec["model"]["lora"]["rank"] == 64 and spec["roles"]["learner"]["sharding"] == "ddp"
+    assert "model.lora: the learners replicate the model (sharding ddp)" in err
+    rollout, learner = spec["roles"]["rollout"], spec["roles"]["learner"]
+    assert rollout["replicas"] * rollout["batchSize"] == learner["replicas"] * spec["training"]["batchSize"]
+
+
+def test_verl_script_cut_short_by_a_comment_after_a_backslash(capsys, tmp_path: Path) -> None:
+    code, _, err = _run(capsys, "verl", str(VERL / "head" / "run_deepseek7b_llm_pfppo.sh"))
+    assert code == 2  # the shell runs no more of the command than this; neither does the converter
+    assert "note: the command ends before `algorithm.pf_ppo.weight_pow=2.0" in err
+    assert "invalid: spec.model" in err and "Traceback" not in err

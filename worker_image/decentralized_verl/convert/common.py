@@ -158,10 +158,39 @@ def per_learner(spec: dict[str, Any], result: Conversion, total_paths: tuple[str
             result.notes.append(f"{path}: {value} over {learners} learners is not whole; {share} each")
         put(spec, path, share)
     _fit_micro(spec, result)
+    _fit_sharding(spec, result)
+    if get(spec, "training.evalEvery", 0) and get(spec, "data.eval") is None:
+        every = spec["training"].pop("evalEvery")
+        result.notes.append(
+            f"evaluation every {every} steps needs an eval file (data.eval); none given, so none"
+        )
     rollouts = int(get(spec, "roles.rollout.replicas", 1) or 1)
     step = learners * int(get(spec, "training.batchSize", 8))
-    if rollouts > 1 and step % rollouts == 0:
+    if (rollouts > 1 or learners > 1) and step % rollouts == 0:
         put(spec, "roles.rollout.batchSize", step // rollouts)
+    elif rollouts > 1:
+        result.notes.append(
+            f"a step's {step} prompts do not split evenly over {rollouts} rollout workers; set "
+            "roles.rollout.batchSize and replicas so they do"
+        )
+
+
+def _fit_sharding(spec: dict[str, Any], result: Conversion) -> None:
+    """LoRA adapters train replicated (ddp), and only fsdp offloads to the CPU: the sources' GPU layouts
+    are adjusted to what the spec accepts, each change noted."""
+    learner = get(spec, "roles.learner", {})
+    if get(spec, "model.lora") is not None and learner.get("sharding") == "fsdp":
+        learner["sharding"] = "ddp"
+        result.notes.append("model.lora: the learners replicate the model (sharding ddp); adapters are small")
+    if learner.get("cpuOffload") and learner.get("sharding") != "fsdp":
+        del learner["cpuOffload"]
+        result.unmapped.append(
+            Unmapped(
+                "roles.learner.cpuOffload",
+                True,
+                "dverl offloads with fsdp only, and this learner is not sharded",
+            )
+        )
 
 
 def _fit_micro(spec: dict[str, Any], result: Conversion) -> None:

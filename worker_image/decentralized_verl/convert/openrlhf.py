@@ -29,7 +29,13 @@ from decentralized_verl.convert.common import (
     per_learner,
     put,
 )
-from decentralized_verl.convert.shell import command_flags, logical_lines, script_command, unresolved_names
+from decentralized_verl.convert.shell import (
+    command_flags,
+    cut_note,
+    logical_lines,
+    script_command,
+    unresolved_names,
+)
 from decentralized_verl.spec.catalogue.backends import VLLM
 
 RULES: dict[str, Rule] = {
@@ -100,6 +106,8 @@ HANDLED = {
     "algo.advantage.is_correction_enable": "algorithm.rolloutCorrection",
     "algo.advantage.is_correction_type": "algorithm.rolloutCorrection (tis, icepop, seq-mask-tis)",
     "algo.advantage.is_correction_threshold": "algorithm.rolloutCorrection (cap or reject band)",
+    "train.async_enable": "training.maxStaleness (the queue's size)",
+    "train.async_queue_size": "training.maxStaleness (with --train.async_enable)",
     "algo.dynamic_filtering_enable": "algorithm.dynamicFilter",
     "algo.dynamic_filtering_range": "algorithm.dynamicFilter.low and high",
     "reward.overlong_buffer_len": "algorithm.overlong.cacheLength",
@@ -150,6 +158,11 @@ DROPPED = {
     "actor_init_on_gpu": "removed from OpenRLHF in v0.10.2; models load onto their role's device",
     "perf": "removed from OpenRLHF in v0.10.2",
     "ptx_coef": "removed from OpenRLHF; dverl has no pretraining loss",
+    "train.partial_rollout_enable": "no switch in dverl: a cut-off rollout worker's unfinished responses are "
+    "continued by another",
+    "data.image_key": "dverl trains text models",
+    "data.max_images_per_prompt": "dverl trains text models",
+    "actor.freeze_visual_encoder": "dverl trains text models",
 }
 
 OTHER_FLAGS = (
@@ -160,7 +173,6 @@ OTHER_FLAGS = (
     "reward.clip_range",
     "reward.stop_properly_penalty_coef",
     "actor.aux_loss_coef",
-    "actor.freeze_visual_encoder",
     "actor.gradient_checkpointing_reentrant",
     "algo.kl.target",
     "algo.kl.horizon",
@@ -170,8 +182,6 @@ OTHER_FLAGS = (
     "critic.freezing_steps",
     "critic.model_name_or_path",
     "critic.save_value_network",
-    "data.image_key",
-    "data.max_images_per_prompt",
     "ds.deepcompile",
     "ds.experts_implementation",
     "ds.grad_accum_dtype",
@@ -183,12 +193,9 @@ OTHER_FLAGS = (
     "eval.n_samples_per_prompt",
     "eval.split",
     "eval.temperature",
-    "train.async_enable",
-    "train.async_queue_size",
     "train.ema_beta",
     "train.enable_ema",
     "train.full_determinism_enable",
-    "train.partial_rollout_enable",
     "vllm.enable_prefix_caching",
     "vllm.sync_with_ray",
     "actor.optim",
@@ -377,7 +384,7 @@ IS_TYPES = ("tis", "icepop", "seq-mask-tis")
 MARKER = "train_ppo_ray"
 
 
-def parse_command(text: str) -> tuple[dict[str, Any], list[str]]:
+def parse_command(text: str) -> tuple[dict[str, Any], list[str], str | None]:
     """The `--key value` and bare `--flag` (true) options of train_ppo_ray's command line in `text` (a run
     script, or the command line alone), and the variables left unexpanded in it."""
     command = script_command(text, MARKER)
@@ -387,7 +394,7 @@ def parse_command(text: str) -> tuple[dict[str, Any], list[str]]:
         words = shlex.split("\n".join(logical_lines(text)), comments=True)
         unresolved = unresolved_names(words)
     options = command_flags(words)
-    return options, unresolved
+    return options, unresolved, cut_note(command)
 
 
 def _canonical(raw: dict[str, Any], result: Conversion) -> tuple[dict[str, Any], dict[str, str]]:
@@ -431,8 +438,10 @@ def _canonical(raw: dict[str, Any], result: Conversion) -> tuple[dict[str, Any],
 
 
 def convert_openrlhf(text: str, name: str | None = None) -> Conversion:
-    raw, unresolved = parse_command(text)
+    raw, unresolved, cut = parse_command(text)
     result = Conversion(manifest={})
+    if cut:
+        result.notes.append(cut)
     options, written = _canonical(raw, result)
     spec: dict[str, Any] = {}
     estimator = str(options.get("algo.advantage.estimator", "gae"))
@@ -475,6 +484,16 @@ def convert_openrlhf(text: str, name: str | None = None) -> Conversion:
     _batches(options, spec, result, written)
     _correction(options, spec, result, written)
     _dapo(options, spec, result)
+    if as_bool(options.get("train.async_enable", False)):
+        put(spec, "training.maxStaleness", max(1, as_int(options.get("train.async_queue_size", 1))))
+    elif "train.async_queue_size" in options:
+        result.unmapped.append(
+            Unmapped(
+                written["train.async_queue_size"],
+                options["train.async_queue_size"],
+                "asynchronous training is off",
+            )
+        )
     if "actor.eps_clip_low_high" in options:
         low_high = str(options["actor.eps_clip_low_high"]).split()
         put(spec, "algorithm.clipLow", as_float(low_high[0]))

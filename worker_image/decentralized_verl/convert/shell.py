@@ -9,6 +9,8 @@ it belongs to the machine the job runs on, not to the one converting it.
 
 from __future__ import annotations
 
+import ast
+import operator
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -16,6 +18,8 @@ from typing import Any
 
 _ASSIGN = re.compile(r"^\s*(?:export\s+|local\s+|declare\s+(?:-a\s+)?)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
 _ARRAY_USE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\[[@*]\]\}$")
+_WHOLE_VAR = re.compile(r"^\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?$")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 
 
@@ -25,6 +29,9 @@ class ScriptCommand:
     """The command's words, variables and arrays expanded."""
     unresolved: list[str] = field(default_factory=list)
     """Variables left as written (from the environment, or set by a command substitution), in order."""
+    cut_at: str | None = None
+    """The line after the command when it looks like more of it (an indented `key=value` or `--flag`): a
+    backslash not at the very end of a line (a space or a comment after it) ends a shell command there."""
 
 
 def logical_lines(text: str) -> list[str]:
@@ -52,30 +59,118 @@ def _array_body(lines: list[str], start: int, first: str) -> tuple[str, int]:
     return joined[:-1] if joined.endswith(")") else joined, i + 1
 
 
+_OPERATORS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.FloorDiv: operator.floordiv,
+    ast.Div: operator.floordiv,  # shell arithmetic is integer arithmetic
+    ast.Mod: operator.mod,
+}
+
+
+def _arithmetic(text: str, scalars: dict[str, str]) -> str | None:
+    """The value of `$(( expression ))` over whole numbers and variables the script set, or None when it is
+    not one or names something unknown (then the shell's value stays unknown here too)."""
+    if not (text.startswith("$((") and text.endswith("))")):
+        return None
+    expression = re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", r"\1", text[3:-2])
+
+    def value(node: ast.AST) -> int:
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.Name) and scalars.get(node.id, "").lstrip("-").isdigit():
+            return int(scalars[node.id])
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+            return _OPERATORS[type(node.op)](value(node.left), value(node.right))
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -value(node.operand)
+        raise ValueError(ast.dump(node))
+
+    try:
+        return str(value(ast.parse(expression.strip(), mode="eval").body))
+    except (SyntaxError, ValueError, ZeroDivisionError, RecursionError):
+        return None
+
+
+def _closing(text: str, start: int) -> int | None:
+    """The index of the `}` closing the `{` at `start`, braces nesting."""
+    depth = 0
+    for i in range(start, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return i
+    return None
+
+
 class _Expander:
     def __init__(self) -> None:
         self.scalars: dict[str, str] = {}
         self.arrays: dict[str, list[str]] = {}
 
     def scalar(self, word: str) -> str:
-        def one(match: re.Match[str]) -> str:
-            name = match.group(1) or match.group(3)
-            if name in self.scalars:
-                return self.scalars[name]
-            if name in self.arrays:
-                return " ".join(self.arrays[name])
-            if match.group(2) is not None:  # ${NAME:-default}
-                return match.group(2)
-            return match.group(0)
+        """`word` with `$NAME`, `${NAME}` and `${NAME:-default}` (defaults may nest) expanded where the
+        script set NAME; every other reference is kept as written."""
+        out: list[str] = []
+        i = 0
+        while i < len(word):
+            if word[i] != "$" or i + 1 >= len(word):
+                out.append(word[i])
+                i += 1
+                continue
+            if word[i + 1] == "{":
+                end = _closing(word, i + 1)
+                if end is None:
+                    out.append(word[i:])
+                    break
+                out.append(self._braced(word[i + 2 : end], word[i : end + 1]))
+                i = end + 1
+                continue
+            match = _NAME.match(word, i + 1)
+            if match is None:
+                out.append(word[i])
+                i += 1
+                continue
+            name = match.group(0)
+            out.append(self._value(name) if self._known(name) else word[i : match.end()])
+            i = match.end()
+        return "".join(out)
 
-        return _VAR.sub(one, word)
+    def _known(self, name: str) -> bool:
+        return name in self.scalars or name in self.arrays
+
+    def _value(self, name: str) -> str:
+        return self.scalars[name] if name in self.scalars else " ".join(self.arrays[name])
+
+    def _braced(self, body: str, written: str) -> str:
+        match = _NAME.match(body)
+        if match is None:
+            return written
+        name, rest = match.group(0), body[match.end() :]
+        if rest == "" and self._known(name):
+            return self._value(name)
+        for fallback in (":-", "-"):
+            if rest.startswith(fallback):
+                return self._value(name) if self._known(name) else self.scalar(rest[len(fallback) :])
+        return written
 
     def words(self, words: list[str]) -> list[str]:
         out: list[str] = []
         for word in words:
             array = _ARRAY_USE.match(word)
+            whole = _WHOLE_VAR.match(word)
             if array and array.group(1) in self.arrays:
                 out.extend(self.arrays[array.group(1)])
+            elif (
+                whole
+                and whole.group(1) in self.scalars
+                and any(c.isspace() for c in self.scalars[whole.group(1)])
+            ):
+                # `$CONFIG` holding several overrides: the shell splits an unquoted variable into words
+                out.extend(_words(self.scalars[whole.group(1)]) or self.scalars[whole.group(1)].split())
             else:
                 out.append(self.scalar(word))
         return out
@@ -107,7 +202,18 @@ def script_command(text: str, marker: str) -> ScriptCommand | None:
                 body, i = _array_body(lines, i, rest.lstrip()[1:])
                 env.arrays[name] = env.words(_words(body) or [])
                 continue
-            words = _words(rest) if "$(" not in rest and "`" not in rest else None
+            arithmetic = _arithmetic(rest.strip(), env.scalars)
+            if arithmetic is not None:
+                env.scalars[name] = arithmetic
+                i += 1
+                continue
+            substituted = "$(" in rest or "`" in rest
+            words = _words(rest) if not substituted else None
+            if words is None and not substituted and rest.count('"') % 2:  # a quoted value over lines
+                end = next((k for k in range(i + 1, min(len(lines), i + 500)) if '"' in lines[k]), None)
+                if end is not None:
+                    rest = "\n".join([rest, *lines[i + 1 : end + 1]])
+                    words, i = _words(rest), end
             if words is not None and len(words) <= 1:
                 env.scalars[name] = env.scalar(words[0]) if words else ""
             else:  # a command substitution: its value is the shell's to compute
@@ -120,7 +226,12 @@ def script_command(text: str, marker: str) -> ScriptCommand | None:
         start = next((k for k, w in enumerate(words or []) if marker in w), None)
         if words is not None and start is not None:
             expanded = env.words(words[start:])
-            return ScriptCommand(expanded, unresolved_names(expanded))
+            following = next((ln for ln in lines[i + 1 :] if ln.strip()), "")
+            first = following.split()[0] if following.strip() else ""
+            looks_continued = following[:1].isspace() and ("=" in first or first.startswith("--"))
+            return ScriptCommand(
+                expanded, unresolved_names(expanded), following.strip() if looks_continued else None
+            )
         i += 1
     return None
 
@@ -148,3 +259,13 @@ def command_flags(words: list[str]) -> dict[str, Any]:
         options[key] = True if not values else (values[0] if len(values) == 1 else " ".join(values))
         i += 1
     return options
+
+
+def cut_note(command: ScriptCommand | None) -> str | None:
+    """A note when the command seems to stop early (see `ScriptCommand.cut_at`)."""
+    if command is None or command.cut_at is None:
+        return None
+    return (
+        f"the command ends before `{command.cut_at[:60]}`: a backslash followed by a space or a comment "
+        "ends a shell line, so the shell does not pass what follows either; it is not converted"
+    )

@@ -34,11 +34,12 @@ from decentralized_verl.convert.common import (
     put,
 )
 from decentralized_verl.convert.hydra import ReadText, compose, load_mapping, resolve
-from decentralized_verl.convert.shell import script_command
+from decentralized_verl.convert.shell import cut_note, script_command, unresolved_names
 from decentralized_verl.spec.catalogue.backends import HF, VLLM
 
 A = "actor_rollout_ref"
 RC = "algorithm.rollout_correction"
+OB = "reward_model.reward_kwargs.overlong_buffer_cfg"
 
 RULES: dict[str, Rule] = {
     "data.train_batch_size": ("training.batchSize", as_int),
@@ -102,6 +103,10 @@ HANDLED = {
     f"{A}.rollout.name": "roles.rollout.backend (vllm, hf; sglang runs as vllm)",
     f"{A}.actor.use_dynamic_bsz": "training.microbatchTokens (with ppo_max_token_len_per_gpu)",
     f"{A}.actor.ppo_max_token_len_per_gpu": "training.microbatchTokens (with use_dynamic_bsz)",
+    f"{A}.actor.policy_loss.loss_mode": "algorithm.policyLoss (vanilla, gspo, cispo)",
+    f"{OB}.enable": "algorithm.overlong.enabled",
+    f"{OB}.len": "algorithm.overlong.cacheLength",
+    f"{OB}.penalty_factor": "algorithm.overlong.penaltyFactor",
     f"{RC}.rollout_is": "algorithm.rolloutCorrection.importanceSampling (token, sequence)",
     f"{RC}.rollout_is_threshold": "algorithm.rolloutCorrection.cap",
     f"{RC}.bypass_mode": "algorithm.rolloutCorrection.enabled (bypass: the ratio is against the rollout)",
@@ -145,9 +150,15 @@ RETIRED = {
     f"{RC}.rollout_rs_threshold_lower": "removed from veRL after v0.7.0 (rollout_rs_threshold takes both)",
     f"{RC}.use_policy_gradient": "removed from veRL after v0.6.1 (bypass_mode with loss_type reinforce)",
     f"{A}.ref.model": "removed from veRL after v0.6.1: the reference loads actor_rollout_ref.model",
+    f"{OB}.log": "a logging switch of veRL's reward manager; no dverl equivalent",
+    "reward_model.reward_manager": "the reward comes from data.rewardType (the overlong buffer maps to "
+    "algorithm.overlong)",
 }
 """Keys of veRL's last releases that its current config no longer has."""
 DROPPED.update(RETIRED)
+
+POLICY_LOSSES = {"vanilla": "ppo_clip", "gspo": "gspo", "cispo": "cispo"}
+"""veRL's actor.policy_loss.loss_mode to dverl's policy losses."""
 
 ESTIMATORS = {
     "grpo": "grpo",
@@ -180,7 +191,7 @@ def parse_overrides(overrides: list[str]) -> tuple[dict[str, Any], list[str]]:
 MAIN = "verl.trainer.main_ppo"
 
 
-def command_overrides(text: str) -> tuple[list[str], list[str], dict[str, str]] | None:
+def command_overrides(text: str) -> tuple[list[str], list[str], dict[str, str], str | None] | None:
     """The `key=value` words of a `python -m verl.trainer.main_ppo ...` command line (a run script), the
     script variables left unexpanded in it, and its `--config-path`/`--config-name` if any; None when
     `text` holds no such command."""
@@ -200,7 +211,7 @@ def command_overrides(text: str) -> tuple[list[str], list[str], dict[str, str]] 
         elif "=" in word and not word.startswith("-"):
             overrides.append(word)
         i += 1
-    return overrides, command.unresolved, hydra
+    return overrides, command.unresolved, hydra, cut_note(command)
 
 
 def convert_verl(
@@ -216,7 +227,9 @@ def convert_verl(
     unset: list[str] = []
     config: dict[str, Any] = {}
     if from_command is not None:
-        words, unset, hydra = from_command
+        words, unset, hydra, cut = from_command
+        if cut:
+            result.notes.append(cut)
         overrides = [*words, *overrides]
         if hydra.get("name"):
             config = _config_named(hydra, read, result)
@@ -250,9 +263,15 @@ def convert_verl(
             "dverl's default is used"
         )
         flat = {k: v for k, v in flat.items() if k not in mandatory}
+    flat = _unset_values(flat, unset, result)
     _environment(flat, unset, resolved.environment, result)
     interpolated = {
-        k: v for k, v in flat.items() if isinstance(v, str) and "${" in v and k not in resolved.environment
+        k: v
+        for k, v in flat.items()
+        if isinstance(v, str)
+        and "${" in v
+        and k not in resolved.environment
+        and not _only_script_variables(v, unset)  # the script's environment, noted below
     }
     for key, value in interpolated.items():
         result.unmapped.append(
@@ -306,17 +325,48 @@ def _composed_notes(composed: Any, where: str, result: Conversion) -> None:
         )
 
 
+def _only_script_variables(value: str, unset: list[str]) -> bool:
+    names = set(unresolved_names([value]))
+    return bool(names) and names <= set(unset)
+
+
+def _unset_values(flat: dict[str, Any], unset: list[str], result: Conversion) -> dict[str, Any]:
+    """A value that is only an unset script variable (`${mini_batch_size}`, `$ARNOLD_WORKER_GPU`) or empty
+    cannot be converted; a path that starts with one (`$HOME/data/...`) is kept and noted."""
+    kept: dict[str, Any] = {}
+    for key, value in flat.items():
+        text = value if isinstance(value, str) else None
+        if text is not None and text.strip() == "":
+            result.unmapped.append(Unmapped(key, value, "empty in the script; give the value"))
+        elif (
+            text is not None
+            and unresolved_names([text])
+            and set(unresolved_names([text])) <= set(unset)
+            and "/" not in text
+        ):
+            result.unmapped.append(
+                Unmapped(
+                    key,
+                    value,
+                    "set from a variable the script does not set (the environment's?); give the value",
+                )
+            )
+        else:
+            kept[key] = value
+    return kept
+
+
 def _environment(
     flat: dict[str, Any], unset: list[str], from_env: dict[str, str], result: Conversion
 ) -> None:
     """Environment variables stay as written: they belong to the machines that run the job."""
     for variable in unset:
         keys = [k for k, v in flat.items() if f"${variable}" in str(v).replace("{", "")]
-        where = f" ({', '.join(keys)})" if keys else ""
-        result.notes.append(
-            f"${variable} is not set in the script{where}: kept as written; it must name a path on the "
-            "machines that run the job"
-        )
+        if keys:  # the others were listed as unmapped
+            result.notes.append(
+                f"${variable} is not set in the script ({', '.join(keys)}): kept as written; it must name a "
+                "path on the machines that run the job"
+            )
     home = [k for k, v in flat.items() if isinstance(v, str) and v.startswith("~/")]
     if home:
         result.notes.append(
@@ -353,6 +403,7 @@ def _convert_flat(flat: dict[str, Any], name: str | None, result: Conversion) ->
     spec: dict[str, Any] = {}
     _algorithm(flat, spec, result)
     _correction(flat, spec, result)
+    _overlong(flat, spec)
     _data(flat, spec, result)
     _roles(flat, spec, result)
     _tracking(flat, spec, result)
@@ -364,6 +415,7 @@ def _convert_flat(flat: dict[str, Any], name: str | None, result: Conversion) ->
                 result.unmapped.append(Unmapped(key, simple.pop(key), "LoRA is off (lora_rank 0)"))
 
     apply_rules(simple, RULES, DROPPED, spec, result)
+    _loss_settings(spec, result)
     if lora_rank:
         put(spec, "model.lora.rank", lora_rank)
     if "steps" in spec.get("training", {}) and "epochs" in spec["training"]:
@@ -379,6 +431,27 @@ def _convert_flat(flat: dict[str, Any], name: str | None, result: Conversion) ->
         result.notes.append(f"training.checkpoint.dir is veRL's default_local_dir, {folder}")
     result.manifest = manifest(job_name(name or experiment, "verl-job"), spec)
     return result
+
+
+def _loss_settings(spec: dict[str, Any], result: Conversion) -> None:
+    """veRL keeps clip_ratio_c and loss_agg_mode whatever the loss; dverl rejects settings a policy loss
+    does not read, so those are listed instead of carried."""
+    algorithm = spec.get("algorithm", {})
+    loss = algorithm.get("policyLoss")
+    if loss in ("gspo", "cispo") and "dualClip" in algorithm:
+        value = algorithm.pop("dualClip")
+        result.unmapped.append(
+            Unmapped(f"{A}.actor.clip_ratio_c", value, f"the {loss} loss has no dual clip")
+        )
+    if loss == "gspo" and algorithm.get("lossAggregation", "seq_mean_token_mean") != "seq_mean_token_mean":
+        value = algorithm.pop("lossAggregation")
+        result.unmapped.append(
+            Unmapped(
+                f"{A}.actor.loss_agg_mode",
+                value,
+                "dverl's gspo averages over sequences (seq-mean-token-mean)",
+            )
+        )
 
 
 def _correction(flat: dict[str, Any], spec: dict[str, Any], result: Conversion) -> None:
@@ -436,6 +509,37 @@ def _algorithm(flat: dict[str, Any], spec: dict[str, Any], result: Conversion) -
         ratio = as_float(flat[f"{A}.actor.clip_ratio"])
         put(spec, "algorithm.clipLow", ratio)
         put(spec, "algorithm.clipHigh", ratio)
+    mode = flat.get(f"{A}.actor.policy_loss.loss_mode")
+    if mode is not None:
+        if mode in POLICY_LOSSES:
+            put(spec, "algorithm.policyLoss", POLICY_LOSSES[mode])
+        else:
+            result.unmapped.append(
+                Unmapped(f"{A}.actor.policy_loss.loss_mode", mode, f"dverl maps {', '.join(POLICY_LOSSES)}")
+            )
+    low = flat.get(f"{A}.actor.clip_ratio_low")
+    if low is not None and as_float(low) >= 1:  # 1 - low <= 0: no lower clip at all
+        flat.pop(f"{A}.actor.clip_ratio_low")
+        spec.get("algorithm", {}).pop("clipLow", None)
+        result.unmapped.append(
+            Unmapped(
+                f"{A}.actor.clip_ratio_low",
+                low,
+                "1 - clip_ratio_low <= 0 clips nothing from below; dverl's default for the loss applies "
+                "(cispo: no lower clip)",
+            )
+        )
+
+
+def _overlong(flat: dict[str, Any], spec: dict[str, Any]) -> None:
+    """DAPO's soft overlong punishment, a reward-manager option in veRL, is algorithm.overlong here."""
+    if as_bool(flat.get(f"{OB}.enable", False)):
+        overlong: dict[str, Any] = {"enabled": True}
+        if f"{OB}.len" in flat:
+            overlong["cacheLength"] = as_int(flat[f"{OB}.len"])
+        if f"{OB}.penalty_factor" in flat:
+            overlong["penaltyFactor"] = as_float(flat[f"{OB}.penalty_factor"])
+        put(spec, "algorithm.overlong", overlong)
 
 
 def _data(flat: dict[str, Any], spec: dict[str, Any], result: Conversion) -> None:
@@ -465,9 +569,18 @@ def _data(flat: dict[str, Any], spec: dict[str, Any], result: Conversion) -> Non
         )
 
 
+def _count(flat: dict[str, Any], key: str, result: Conversion) -> int:
+    """A GPU count; one the script leaves to an environment variable (`$SLURM_GPUS_PER_NODE`) is 1, noted."""
+    try:
+        return as_int(flat.get(key, 1))
+    except (TypeError, ValueError):
+        result.unmapped.append(Unmapped(key, flat[key], "not a number (an environment variable?); 1 is used"))
+        return 1
+
+
 def _roles(flat: dict[str, Any], spec: dict[str, Any], result: Conversion) -> None:
-    gpus = as_int(flat.get("trainer.n_gpus_per_node", 1)) * as_int(flat.get("trainer.nnodes", 1))
-    tp = as_int(flat.get(f"{A}.rollout.tensor_model_parallel_size", 1))
+    gpus = _count(flat, "trainer.n_gpus_per_node", result) * _count(flat, "trainer.nnodes", result)
+    tp = _count(flat, f"{A}.rollout.tensor_model_parallel_size", result)
     learner = {"replicas": gpus, "resources": {"gpus": 1}}
     if gpus > 1:
         learner["sharding"] = "fsdp"
