@@ -2,10 +2,27 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import yaml
+
+
+def load_yaml(text: str) -> Any:
+    """The one way the importers read YAML (configs, defaults files, override values)."""
+    return yaml.safe_load(text)
+
+
+def load_json_or_yaml(text: str) -> Any:
+    """JSON when the text is JSON, else YAML."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return load_yaml(text)
+
 
 Convert = Callable[[Any], Any]
 Rule = tuple[str, Convert | None]

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
-import yaml
+from decentralized_verl.convert.common import load_yaml
 
 ReadText = Callable[[str], str | None]
 """A config file's text by its path relative to the config folder (None: no such file)."""
@@ -34,7 +34,7 @@ class Composed:
 
 
 def load_mapping(text: str, where: str) -> dict[str, Any]:
-    loaded = yaml.safe_load(text) if text.strip() else {}
+    loaded = load_yaml(text) if text.strip() else {}
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):
@@ -79,22 +79,28 @@ def _entry(item: Any) -> tuple[str, str | None, bool] | None:
     raise ValueError(f"defaults entry {item!r}: expected name, _self_ or group: option")
 
 
-def compose(name: str, read: ReadText) -> Composed:
-    """The config file `name` (relative to the config folder) with its defaults composed."""
+def compose(name: str, read: ReadText, primary: dict[str, Any] | None = None) -> Composed:
+    """The config file `name` (relative to the config folder; `primary` when already read) with its
+    defaults composed."""
     result = Composed(config={})
-    result.config = _compose(name, "", read, result, depth=0)
+    result.config = _compose(name, "", read, result, depth=0, own=primary)
     return result
 
 
-def _compose(name: str, package: str, read: ReadText, result: Composed, depth: int) -> dict[str, Any]:
+def _compose(
+    name: str, package: str, read: ReadText, result: Composed, depth: int, own: dict[str, Any] | None = None
+) -> dict[str, Any]:
     if depth > 20:
         raise ValueError(f"{name}: defaults nest more than 20 deep (a cycle?)")
-    text = read(name)
-    if text is None:
-        result.missing.append(name)
-        return {}
-    result.read.append(name)
-    own = load_mapping(text, name)
+    if own is None:
+        text = read(name)
+        if text is None:
+            result.missing.append(name)
+            return {}
+        result.read.append(name)
+        own = load_mapping(text, name)
+    else:
+        own = dict(own)
     defaults = own.pop("defaults", None) or []
     if not isinstance(defaults, list):
         raise ValueError(f"{name}: defaults must be a list")
@@ -220,7 +226,7 @@ def _interpolate(value: str, path: list[str], out: Resolved) -> Any:
                 return found
             if found is not _MISSING and _pending(found):
                 return _MISSING
-            return yaml.safe_load(default) if default.strip() else None
+            return load_yaml(default) if default.strip() else None
         if ":" in body:  # another resolver (oc.create, custom ones)
             out.unresolved[key] = value
             return _MISSING

@@ -8,7 +8,6 @@ prompts (`training.batchSize`, each with `algorithm.samplesPerPrompt` samples).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import yaml
@@ -24,6 +23,7 @@ from decentralized_verl.convert.common import (
     as_int,
     get,
     job_name,
+    load_json_or_yaml,
     lora_targets,
     manifest,
     put,
@@ -151,12 +151,9 @@ IS_MODES = {
 
 def _load(text: str) -> dict[str, Any]:
     try:
-        loaded = json.loads(text)
-    except json.JSONDecodeError:
-        try:
-            loaded = yaml.safe_load(text)
-        except yaml.YAMLError:
-            loaded = None
+        loaded = load_json_or_yaml(text)
+    except yaml.YAMLError:
+        loaded = None
     if not isinstance(loaded, dict):
         command = script_command(text, "grpo")
         if command is None:

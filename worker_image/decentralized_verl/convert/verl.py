@@ -9,9 +9,8 @@ plus the rollout's, and says so in its notes.
 from __future__ import annotations
 
 import math
+from pathlib import PurePath
 from typing import Any
-
-import yaml
 
 from decentralized_verl.convert.common import (
     GROUP_OVER,
@@ -28,6 +27,7 @@ from decentralized_verl.convert.common import (
     flatten,
     get,
     job_name,
+    load_yaml,
     lora_targets,
     manifest,
     per_learner,
@@ -183,7 +183,7 @@ def parse_overrides(overrides: list[str]) -> tuple[dict[str, Any], list[str]]:
         if "=" not in item:
             raise ValueError(f"override {item!r}: expected key=value")
         key, raw = item.lstrip("+").split("=", 1)
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = load_yaml(raw) if raw.strip() else None
         sets[key.strip()] = value
     return sets, removes
 
@@ -307,15 +307,13 @@ def _composed(
             "the sections it names (actor, rollout, model, data, ...) are left out; give the file's path"
         )
         return config
-    composed = compose(
-        "__primary__.yaml", lambda rel: yaml.safe_dump(config) if rel == "__primary__.yaml" else read(rel)
-    )
+    composed = compose(PurePath(where).name, read, primary=config)
     _composed_notes(composed, where, result)
     return composed.config
 
 
 def _composed_notes(composed: Any, where: str, result: Conversion) -> None:
-    files = [f for f in composed.read if f != "__primary__.yaml"]
+    files = composed.read
     if files:
         result.notes.append(f"composed {where}'s Hydra defaults from {len(set(files))} file(s) of its folder")
     if composed.missing:
