@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from decentralized_verl.cli.main import main
-from decentralized_verl.convert import convert
+from decentralized_verl.convert import convert, openrlhf
 from decentralized_verl.convert.common import flatten
 from decentralized_verl.convert.hydra import compose, resolve
 from decentralized_verl.planning.fitting_job import load_fitting_job
@@ -456,3 +456,16 @@ def test_trl_every_current_grpo_config_field_is_known() -> None:
     config = {**fields, "model_name_or_path": "m", "use_vllm": True}
     result = convert("trl", json.dumps({k: v for k, v in config.items() if v is not None}))
     assert [u.field for u in result.unmapped if "no dverl equivalent known" in u.why] == []
+
+
+@pytest.mark.parametrize("era", ["head", "v0.10.1"])
+def test_openrlhf_every_train_ppo_ray_flag_is_known(era: str) -> None:
+    """Every flag train_ppo_ray declares (listed from its argparse calls at each version) is read: today's
+    by name, the underscore era's through the dotted flag it became."""
+    flags = (OPENRLHF / era / "train_ppo_ray_flags.txt").read_text().split()
+    assert len(flags) > 140
+    known = [f for f in flags if f in openrlhf.KNOWN or openrlhf.LEGACY.get(f) in openrlhf.KNOWN]
+    assert known == flags
+    line = "train_ppo_ray " + " ".join(f"--{f} 1" for f in flags)
+    result = convert("openrlhf", line)
+    assert [u.field for u in result.unmapped if u.why.startswith("not a train_ppo_ray flag")] == []
