@@ -469,3 +469,12 @@ def test_openrlhf_every_train_ppo_ray_flag_is_known(era: str) -> None:
     line = "train_ppo_ray " + " ".join(f"--{f} 1" for f in flags)
     result = convert("openrlhf", line)
     assert [u.field for u in result.unmapped if u.why.startswith("not a train_ppo_ray flag")] == []
+
+
+def test_a_file_that_is_not_text_exits_2(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_bytes(b"\xff\xfe\x00binary")
+    with pytest.raises(SystemExit) as exited:
+        main(["convert", "verl", str(path)])
+    assert exited.value.code == 2
+    assert "not UTF-8 text" in capsys.readouterr().err
