@@ -237,27 +237,44 @@ def group_of(field: str, depth: int) -> str:
 def summary_lines(unmapped: list[Unmapped]) -> list[str]:
     """One line per unmapped field, except that many fields without an equivalent in one section (a fully
     composed config has hundreds: profiler, engine and checkpoint knobs) become one line with their count:
-    by subsection first (`critic.profiler.*: 13 keys`), and what is left by section."""
+    by subsection first (`critic.profiler.*: 13 keys`), and what is left by section; a subsection that
+    recurs in several sections (every role's `profiler`) is one line for all of them."""
     generic = [e for e in unmapped if e.why == NO_EQUIVALENT and "." in e.field]
-    where: dict[int, str] = {}
+    home: dict[int, str] = {}
     for depth in (2, 1):
         groups: dict[str, list[Unmapped]] = {}
         for entry in generic:
-            if id(entry) not in where:
+            if id(entry) not in home:
                 groups.setdefault(group_of(entry.field, depth), []).append(entry)
         for group, members in groups.items():
             if len(members) > GROUP_OVER:
-                where.update((id(m), group) for m in members)
+                home.update((id(m), group) for m in members)
+    sections_of: dict[str, set[str]] = {}
+    for group in set(home.values()):
+        if "." in group:
+            sections_of.setdefault(group.rsplit(".", 1)[-1], set()).add(group)
+    label = {
+        group: f"*.{leaf}"
+        for leaf, groups in sections_of.items()
+        if len(groups) >= GROUP_OVER
+        for group in groups
+    }
     lines: list[str] = []
     shown: set[str] = set()
     for entry in unmapped:
-        group = where.get(id(entry))
+        group = home.get(id(entry))
         if group is None:
             lines.append(f"unmapped: {entry}")
-        elif group not in shown:
-            shown.add(group)
-            members = [e for e in generic if where.get(id(e)) == group]
-            names = ", ".join(m.field[len(group) + 1 :] for m in members[:4])
-            more = ", ..." if len(members) > 4 else ""
-            lines.append(f"unmapped: {group}.*: {len(members)} keys, {NO_EQUIVALENT} ({names}{more})")
+            continue
+        shown_as = label.get(group, group)
+        if shown_as in shown:
+            continue
+        shown.add(shown_as)
+        members = [e for e in generic if id(e) in home and label.get(home[id(e)], home[id(e)]) == shown_as]
+        unique = list(dict.fromkeys(m.field[len(home[id(m)]) + 1 :] for m in members))
+        names = ", ".join(unique[:4]) + (", ..." if len(unique) > 4 else "")
+        where = ""
+        if shown_as != group:
+            where = " in " + ", ".join(sorted(g.rsplit(".", 1)[0] for g in label if label[g] == shown_as))
+        lines.append(f"unmapped: {shown_as}.*: {len(members)} keys{where}, {NO_EQUIVALENT} ({names})")
     return lines
