@@ -19,6 +19,7 @@ from decentralized_verl.cli.main import main
 from decentralized_verl.convert import convert, openrlhf
 from decentralized_verl.convert.common import flatten
 from decentralized_verl.convert.hydra import compose, resolve
+from decentralized_verl.convert.shell import script_command
 from decentralized_verl.planning.fitting_job import load_fitting_job
 from tests.support.paths import FIXTURES
 
@@ -479,3 +480,22 @@ def test_a_file_that_is_not_text_exits_2(tmp_path: Path, capsys) -> None:
         main(["convert", "verl", str(path)])
     assert exited.value.code == 2
     assert "not UTF-8 text" in capsys.readouterr().err
+
+
+def test_shell_reader_expands_what_the_script_sets_and_keeps_the_rest() -> None:
+    script = (
+        "LEN=$((1024 * 2 + 1))\n"
+        "HALF=$(( LEN / 2 ))\n"
+        "UNKNOWN=$((NOPE * 2))\n"
+        'MODEL=${MODEL:-"${ROOT}/models/q"}\n'
+        'EXTRA="\n    a=1 \\\n    b=$LEN"\n'
+        'ARGS=(\n   --x 1   # a comment\n   # --y 2\n   --z "two words"\n)\n'
+        "python3 -m tool.main ${ARGS[@]} $EXTRA m=$MODEL h=$HALF u=$UNKNOWN\n"
+    )
+    command = script_command(script, "tool.main")
+    assert command is not None
+    assert command.words == [
+        "tool.main", "--x", "1", "--z", "two words", "a=1", "b=2049", "m=${ROOT}/models/q", "h=1024",
+        "u=$UNKNOWN",
+    ]  # fmt: skip
+    assert command.unresolved == ["ROOT", "UNKNOWN"]

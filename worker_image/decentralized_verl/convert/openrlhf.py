@@ -379,6 +379,9 @@ ESTIMATORS = {
     "reinforce_baseline": "reinforce_plus_plus_baseline",
 }
 
+EITHER_ERA = frozenset({"local_rank", "use_ms"})
+"""Undotted flags OpenRLHF still has today."""
+
 DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 IS_TYPES = ("tis", "icepop", "seq-mask-tis")
 MARKER = "train_ppo_ray"
@@ -406,7 +409,10 @@ def _canonical(raw: dict[str, Any], result: Conversion) -> tuple[dict[str, Any],
     for key, value in raw.items():
         if key in KNOWN and key not in LEGACY:
             name = key
-            (dotted if "." in key else legacy if key in ("bf16", "prompt_max_len") else dotted).append(key)
+            if "." in key:
+                dotted.append(key)
+            elif key not in EITHER_ERA:
+                legacy.append(key)
         elif key in LEGACY:
             name = LEGACY[key]
             legacy.append(key)

@@ -2,7 +2,9 @@
 
 Training scripts build their command from shell variables (`MODEL_PATH=...`, `--pretrain ${MODEL_PATH}`)
 and, in OpenRLHF's newer examples, bash arrays (`OPTIMIZER_ARGS=( ... )`, `"${OPTIMIZER_ARGS[@]}"`). This is
-no shell: it reads assignments and arrays, expands them where the command uses them, and leaves every other
+no shell: it reads assignments (`${A:-default}`, `$(( ... ))` over numbers, quoted values over several
+lines) and arrays, expands them where the command uses them (an unquoted `$CONFIG` holding several words
+becomes those words, as the shell splits it), follows no control flow, and leaves every other
 `$NAME` (an environment variable such as `$HOME`, or a command substitution) as written, reporting it, since
 it belongs to the machine the job runs on, not to the one converting it.
 """
