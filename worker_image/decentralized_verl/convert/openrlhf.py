@@ -161,6 +161,10 @@ DROPPED = {
     "train.partial_rollout_enable": "no switch in dverl: a cut-off rollout worker's unfinished responses are "
     "continued by another",
     "data.image_key": "dverl trains text models",
+    "eval.temperature": "dverl evaluates with one greedy answer per prompt",
+    "eval.n_samples_per_prompt": "dverl evaluates with one greedy answer per prompt",
+    "reward.stop_properly_penalty_coef": "no penalty for cut-off responses (algorithm.maskTruncated leaves "
+    "them out of the loss)",
     "data.max_images_per_prompt": "dverl trains text models",
     "actor.freeze_visual_encoder": "dverl trains text models",
 }
@@ -171,7 +175,6 @@ OTHER_FLAGS = (
     "ref.offload",
     "reward.offload",
     "reward.clip_range",
-    "reward.stop_properly_penalty_coef",
     "actor.aux_loss_coef",
     "actor.gradient_checkpointing_reentrant",
     "algo.kl.target",
@@ -190,9 +193,7 @@ OTHER_FLAGS = (
     "ds.use_universal_ckpt",
     "ds.value_head_prefix",
     "ds.zpg",
-    "eval.n_samples_per_prompt",
     "eval.split",
-    "eval.temperature",
     "train.ema_beta",
     "train.enable_ema",
     "train.full_determinism_enable",

@@ -113,7 +113,7 @@ DROPPED = {
     "vllm_max_model_length": "the context follows data.maxPromptTokens + maxNewTokens",
     "trust_remote_code": "dverl loads models without remote code",
     "disable_dropout": "dverl's policies train without dropout",
-    "num_generations_eval": "evaluation samples one response per prompt",
+    "num_generations_eval": "dverl evaluates with one greedy answer per prompt",
     "dataset_config": "data.train is a file; save the configuration you want",
     "cast_lm_head_to_fp32": "no dverl switch for the LM head's dtype (model.dtype)",
     "ds3_gather_for_generation": "rollout workers hold whole models; nothing is gathered",

@@ -136,6 +136,10 @@ DROPPED = {
     f"{A}.ref.fsdp_config.param_offload": "a reference worker holds its model on its own GPU",
     f"{A}.hybrid_engine": "rollout workers have GPUs of their own (no hybrid engine)",
     "trainer.critic_warmup": "the critic trains from the first step",
+    **{
+        f"{A}.rollout.val_kwargs.{k}": "dverl evaluates with one greedy answer per prompt"
+        for k in ("top_k", "top_p", "temperature", "n", "do_sample")
+    },
     "reward_model.enable": "a reward model is data.rewardType reward_model with roles.reward",
     "trainer.val_before_train": "dverl always evaluates before training when data.eval is set",
     "trainer.log_val_generations": "samples are logged every training.tracking.samplesEvery steps",
