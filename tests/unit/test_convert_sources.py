@@ -499,3 +499,10 @@ def test_shell_reader_expands_what_the_script_sets_and_keeps_the_rest() -> None:
         "u=$UNKNOWN",
     ]  # fmt: skip
     assert command.unresolved == ["ROOT", "UNKNOWN"]
+
+
+def test_openrlhf_command_inside_bash_c_of_a_slurm_script(tmp_path: Path, capsys) -> None:
+    spec, err = _convert(tmp_path, capsys, "openrlhf", str(OPENRLHF / "head" / "train_ppo_ray_slurm.sh"))
+    assert spec["model"]["path"] == "OpenRLHF/Llama-3-8b-sft-mixture" and spec["algorithm"]["name"] == "ppo"
+    assert "not a train_ppo_ray flag" not in err
+    assert "JOBLOG" not in err  # a redirection's variable, not a setting

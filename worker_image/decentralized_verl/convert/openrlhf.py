@@ -446,6 +446,7 @@ def _canonical(raw: dict[str, Any], result: Conversion) -> tuple[dict[str, Any],
 
 def convert_openrlhf(text: str, name: str | None = None) -> Conversion:
     raw, unresolved, cut = parse_command(text)
+    unresolved = [v for v in unresolved if any(f"${v}" in str(x).replace("{", "") for x in raw.values())]
     result = Conversion(manifest={})
     if cut:
         result.notes.append(cut)

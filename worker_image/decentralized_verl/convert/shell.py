@@ -178,6 +178,29 @@ class _Expander:
         return out
 
 
+_OPERATOR = re.compile(r"^(\|\|?|&&|;|&|[0-9]*>>?(&[0-9])?|&>>?|<)$")
+
+
+def _until_operator(words: list[str]) -> list[str]:
+    """The command's own words: a pipe, `&&`, `;`, `&` or a redirection (`&>> log`, `2>&1`) ends them."""
+    end = next((k for k, w in enumerate(words) if _OPERATOR.match(w)), len(words))
+    return words[:end]
+
+
+def _inner(words: list[str], marker: str) -> list[str]:
+    """`words` from the marker on; when the marker sits inside one quoted word (`bash -c "... train ..."`,
+    as cluster launch scripts pass the command), that word's own words from the marker on."""
+    for _ in range(5):
+        if not any(c.isspace() for c in words[0]):
+            break
+        inner = _words(words[0]) or words[0].split()
+        at = next((k for k, w in enumerate(inner) if marker in w), None)
+        if at is None:
+            break
+        words = inner[at:] + words[1:]
+    return words
+
+
 def unresolved_names(words: list[str]) -> list[str]:
     """The `$NAME`s still in `words`, each once, in order."""
     names: list[str] = []
@@ -227,7 +250,8 @@ def script_command(text: str, marker: str) -> ScriptCommand | None:
             raise ValueError(f"the line starting the command has an unclosed quote: {line.strip()[:80]}")
         start = next((k for k, w in enumerate(words or []) if marker in w), None)
         if words is not None and start is not None:
-            expanded = env.words(words[start:])
+            words = _until_operator(_inner(words[start:], marker))
+            expanded = env.words(words)
             following = next((ln for ln in lines[i + 1 :] if ln.strip()), "")
             first = following.split()[0] if following.strip() else ""
             looks_continued = following[:1].isspace() and ("=" in first or first.startswith("--"))
