@@ -40,3 +40,33 @@ def to_sources() -> str:
         cells = [", ".join(sorted(paths[path].get(title, []))) or "-" for title, _ in SOURCES]
         lines.append(f"| `{path}` | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def openrlhf_legacy() -> str:
+    """OpenRLHF's underscore flags (v0.10.1 and earlier) and the dotted flag each became."""
+    lines = ["| flag before v0.10.2 | flag since |", "|---|---|"]
+    for old, new in sorted(openrlhf.LEGACY.items()):
+        lines.append(f"| `--{old}` | `--{new}` |")
+    return "\n".join(lines) + "\n"
+
+
+TABLES_HEADING = "## The mapping, framework by framework"
+
+
+def tables_section() -> str:
+    """Everything docs/convert.md shows from the tables, from its heading to the page's end. To refresh the
+    page after changing a table: `python testing/convert_tables.py` (from the checkout)."""
+    return (
+        f"{TABLES_HEADING}\n\n{from_sources()}\n### OpenRLHF flags before v0.10.2\n\nOpenRLHF v0.10.1 and "
+        "earlier (and `--bf16`, `--prompt_max_len`, `--generate_max_len` from before v0.9) spelled its flags "
+        "with underscores; each is read as the dotted flag it became:\n\n"
+        f"{openrlhf_legacy()}\n## Each spec field and its sources\n\n{to_sources()}"
+    )
+
+
+if __name__ == "__main__":
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parent.parent / "docs" / "convert.md"
+    text = page.read_text()
+    page.write_text(text[: text.index(TABLES_HEADING)] + tables_section())

@@ -3,12 +3,14 @@ command line, as an RLHFJob manifest, with every source field that has no place 
 
 Each importer is a table from the source's field to a spec path (and a value conversion) plus the
 fields it knowingly drops with a reason; the tables are the mapping docs/convert.md shows both ways.
-Pure: nothing here reads model files or data.
+Pure: nothing here reads model files or data; the files a veRL config's `defaults:` names come through the
+`read` function the command gives.
 """
 
 from __future__ import annotations
 
 from decentralized_verl.convert.common import Conversion, Unmapped
+from decentralized_verl.convert.hydra import ReadText
 from decentralized_verl.convert.openrlhf import convert_openrlhf
 from decentralized_verl.convert.trl import convert_trl
 from decentralized_verl.convert.verl import convert_verl
@@ -19,11 +21,17 @@ SOURCES = ("verl", "trl", "openrlhf")
 
 
 def convert(
-    source: str, text: str, overrides: list[str] | None = None, name: str | None = None
+    source: str,
+    text: str,
+    overrides: list[str] | None = None,
+    name: str | None = None,
+    read: ReadText | None = None,
+    where: str = "the config",
 ) -> Conversion:
-    """`text` (a YAML/JSON config, or a shell command line for openrlhf) as a manifest."""
+    """`text` (a YAML/JSON config, or a shell command line), read from `where`, as a manifest; `read`
+    gives the files of its folder by relative path (veRL composes its Hydra defaults from them)."""
     if source == "verl":
-        return convert_verl(text, overrides or [], name)
+        return convert_verl(text, overrides or [], name, read, where)
     if overrides:
         raise ValueError("overrides (key=value) apply to veRL configs only")
     if source == "trl":

@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from decentralized_verl.convert import convert
+from decentralized_verl.convert.common import summary_lines
 from decentralized_verl.errors import ManifestError
 from decentralized_verl.spec.manifest import parse_job
 
@@ -28,9 +29,21 @@ def main_convert(
     as_json: bool,
 ) -> int:
     """`text` (read from `where`) as a manifest: to `output` (else stdout), or everything as JSON."""
+    folder = None if where == "-" else Path(where).parent
+
+    def read(relative: str) -> str | None:
+        """A file of the config's folder (veRL's Hydra defaults), or None when it is not there."""
+        path = folder / relative if folder is not None else None
+        if path is None or not path.is_file():
+            return None
+        try:
+            return path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{path}: cannot be read: {exc}") from exc
+
     try:
-        result = convert(source, text, overrides, name)
-    except (ValueError, KeyError, yaml.YAMLError) as exc:
+        result = convert(source, text, overrides, name, read if folder is not None else None, where)
+    except (ValueError, KeyError, TypeError, yaml.YAMLError) as exc:
         print(f"{where}: cannot convert: {exc}", file=sys.stderr)
         return 2
     problems: list[str] = []
@@ -57,8 +70,8 @@ def main_convert(
     else:
         if not output:
             sys.stdout.write(document)
-        for unmapped in result.unmapped:
-            print(f"unmapped: {unmapped}", file=sys.stderr)
+        for line in summary_lines(result.unmapped):
+            print(line, file=sys.stderr)
         for note in result.notes:
             print(f"note: {note}", file=sys.stderr)
         for problem in problems:

@@ -2,14 +2,34 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import yaml
+
+
+def load_yaml(text: str) -> Any:
+    """The one way the importers read YAML (configs, defaults files, override values)."""
+    return yaml.safe_load(text)
+
+
+def load_json_or_yaml(text: str) -> Any:
+    """JSON when the text is JSON, else YAML."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return load_yaml(text)
+
+
 Convert = Callable[[Any], Any]
 Rule = tuple[str, Convert | None]
 """(spec path, value conversion or None for as-is); a spec path is dotted camelCase under `spec`."""
+
+
+NO_EQUIVALENT = "no dverl equivalent known to the converter"
 
 
 @dataclass(frozen=True)
@@ -139,7 +159,7 @@ def apply_rules(
         elif key in dropped:
             result.unmapped.append(Unmapped(key, value, dropped[key]))
         else:
-            result.unmapped.append(Unmapped(key, value, "no dverl equivalent known to the converter"))
+            result.unmapped.append(Unmapped(key, value, NO_EQUIVALENT))
 
 
 def per_learner(spec: dict[str, Any], result: Conversion, total_paths: tuple[str, ...] = ()) -> None:
@@ -154,7 +174,107 @@ def per_learner(spec: dict[str, Any], result: Conversion, total_paths: tuple[str
         if value % learners:
             result.notes.append(f"{path}: {value} over {learners} learners is not whole; {share} each")
         put(spec, path, share)
+    _fit_micro(spec, result)
+    _fit_sharding(spec, result)
+    if get(spec, "training.evalEvery", 0) and get(spec, "data.eval") is None:
+        every = spec["training"].pop("evalEvery")
+        result.notes.append(
+            f"evaluation every {every} steps needs an eval file (data.eval); none given, so none"
+        )
     rollouts = int(get(spec, "roles.rollout.replicas", 1) or 1)
     step = learners * int(get(spec, "training.batchSize", 8))
-    if rollouts > 1 and step % rollouts == 0:
+    if (rollouts > 1 or learners > 1) and step % rollouts == 0:
         put(spec, "roles.rollout.batchSize", step // rollouts)
+    elif rollouts > 1:
+        result.notes.append(
+            f"a step's {step} prompts do not split evenly over {rollouts} rollout workers; set "
+            "roles.rollout.batchSize and replicas so they do"
+        )
+
+
+def _fit_sharding(spec: dict[str, Any], result: Conversion) -> None:
+    """LoRA adapters train replicated (ddp), and only fsdp offloads to the CPU: the sources' GPU layouts
+    are adjusted to what the spec accepts, each change noted."""
+    learner = get(spec, "roles.learner", {})
+    if get(spec, "model.lora") is not None and learner.get("sharding") == "fsdp":
+        learner["sharding"] = "ddp"
+        result.notes.append("model.lora: the learners replicate the model (sharding ddp); adapters are small")
+    if learner.get("cpuOffload") and learner.get("sharding") != "fsdp":
+        del learner["cpuOffload"]
+        result.unmapped.append(
+            Unmapped(
+                "roles.learner.cpuOffload",
+                True,
+                "dverl offloads with fsdp only, and this learner is not sharded",
+            )
+        )
+
+
+def _fit_micro(spec: dict[str, Any], result: Conversion) -> None:
+    """A micro-batch must divide its mini-batch: samples per GPU turned into prompts rarely do, so take
+    the largest that does."""
+    micro = get(spec, "training.microbatchSize")
+    mini = get(spec, "training.minibatchSize", get(spec, "training.batchSize"))
+    if micro is None or mini is None or mini % micro == 0:
+        return
+    fitted = max(d for d in range(1, min(micro, mini) + 1) if mini % d == 0)
+    put(spec, "training.microbatchSize", fitted)
+    result.notes.append(f"training.microbatchSize {micro} does not divide the mini-batch of {mini}: {fitted}")
+
+
+GROUP_OVER = 3
+"""More unmapped keys of one group than this, all without an equivalent, print as one line."""
+
+
+def group_of(field: str, depth: int) -> str:
+    """The section a dotted key belongs to: its first `depth` parts (one more under veRL's
+    actor_rollout_ref), never the whole key."""
+    parts = field.split(".")
+    depth += parts[0] == "actor_rollout_ref"
+    return ".".join(parts[: max(1, min(depth, len(parts) - 1))])
+
+
+def summary_lines(unmapped: list[Unmapped]) -> list[str]:
+    """One line per unmapped field, except that many fields without an equivalent in one section (a fully
+    composed config has hundreds: profiler, engine and checkpoint knobs) become one line with their count:
+    by subsection first (`critic.profiler.*: 13 keys`), and what is left by section; a subsection that
+    recurs in several sections (every role's `profiler`) is one line for all of them."""
+    generic = [e for e in unmapped if e.why == NO_EQUIVALENT and "." in e.field]
+    home: dict[int, str] = {}
+    for depth in (2, 1):
+        groups: dict[str, list[Unmapped]] = {}
+        for entry in generic:
+            if id(entry) not in home:
+                groups.setdefault(group_of(entry.field, depth), []).append(entry)
+        for group, members in groups.items():
+            if len(members) > GROUP_OVER:
+                home.update((id(m), group) for m in members)
+    sections_of: dict[str, set[str]] = {}
+    for group in set(home.values()):
+        if "." in group:
+            sections_of.setdefault(group.rsplit(".", 1)[-1], set()).add(group)
+    label = {
+        group: f"*.{leaf}"
+        for leaf, groups in sections_of.items()
+        if len(groups) >= GROUP_OVER
+        for group in groups
+    }
+    lines: list[str] = []
+    shown: set[str] = set()
+    for entry in unmapped:
+        group = home.get(id(entry))
+        if group is None:
+            lines.append(f"unmapped: {entry}")
+            continue
+        shown_as = label.get(group, group)
+        if shown_as in shown:
+            continue
+        shown.add(shown_as)
+        members = [e for e in generic if id(e) in home and label.get(home[id(e)], home[id(e)]) == shown_as]
+        unique = list(dict.fromkeys(m.field[len(home[id(m)]) + 1 :] for m in members))
+        names = ", ".join(unique[:4]) + (", ..." if len(unique) > 4 else "")
+        where = ""
+        if shown_as != group:
+            where = " in " + ", ".join(sorted(g.rsplit(".", 1)[0] for g in label if label[g] == shown_as))
+        lines.append(f"unmapped: {shown_as}.*: {len(members)} keys{where}, {NO_EQUIVALENT} ({names})")
+    return lines

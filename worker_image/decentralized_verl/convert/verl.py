@@ -9,12 +9,11 @@ plus the rollout's, and says so in its notes.
 from __future__ import annotations
 
 import math
-import shlex
+from pathlib import PurePath
 from typing import Any
 
-import yaml
-
 from decentralized_verl.convert.common import (
+    GROUP_OVER,
     KL_ESTIMATORS,
     LOSS_AGGREGATIONS,
     TRACKERS,
@@ -28,14 +27,19 @@ from decentralized_verl.convert.common import (
     flatten,
     get,
     job_name,
+    load_yaml,
     lora_targets,
     manifest,
     per_learner,
     put,
 )
+from decentralized_verl.convert.hydra import ReadText, compose, load_mapping, resolve
+from decentralized_verl.convert.shell import cut_note, script_command, unresolved_names
 from decentralized_verl.spec.catalogue.backends import HF, VLLM
 
 A = "actor_rollout_ref"
+RC = "algorithm.rollout_correction"
+OB = "reward_model.reward_kwargs.overlong_buffer_cfg"
 
 RULES: dict[str, Rule] = {
     "data.train_batch_size": ("training.batchSize", as_int),
@@ -59,7 +63,6 @@ RULES: dict[str, Rule] = {
     f"{A}.actor.kl_loss_type": ("algorithm.klEstimator", lambda v: KL_ESTIMATORS[v]),
     f"{A}.actor.fsdp_config.param_offload": ("roles.learner.cpuOffload", as_bool),
     f"{A}.rollout.n": ("algorithm.samplesPerPrompt", as_int),
-    f"{A}.rollout.name": ("roles.rollout.backend", lambda v: {"vllm": VLLM.name, "hf": HF.name}[v]),
     f"{A}.rollout.temperature": ("data.temperature", as_float),
     f"{A}.rollout.top_p": ("data.topP", as_float),
     f"{A}.rollout.top_k": ("data.topK", lambda v: max(0, as_int(v))),
@@ -97,6 +100,16 @@ HANDLED = {
     "trainer.experiment_name": "metadata.name and training.tracking.runName",
     "custom_reward_function.path": "data.rewardType (module:function)",
     "custom_reward_function.name": "data.rewardType (module:function)",
+    f"{A}.rollout.name": "roles.rollout.backend (vllm, hf; sglang runs as vllm)",
+    f"{A}.actor.use_dynamic_bsz": "training.microbatchTokens (with ppo_max_token_len_per_gpu)",
+    f"{A}.actor.ppo_max_token_len_per_gpu": "training.microbatchTokens (with use_dynamic_bsz)",
+    f"{A}.actor.policy_loss.loss_mode": "algorithm.policyLoss (vanilla, gspo, cispo)",
+    f"{OB}.enable": "algorithm.overlong.enabled",
+    f"{OB}.len": "algorithm.overlong.cacheLength",
+    f"{OB}.penalty_factor": "algorithm.overlong.penaltyFactor",
+    f"{RC}.rollout_is": "algorithm.rolloutCorrection.importanceSampling (token, sequence)",
+    f"{RC}.rollout_is_threshold": "algorithm.rolloutCorrection.cap",
+    f"{RC}.bypass_mode": "algorithm.rolloutCorrection.enabled (bypass: the ratio is against the rollout)",
 }
 """Fields read by the converter's own code below (several fields make one setting)."""
 
@@ -112,8 +125,6 @@ DROPPED = {
     f"{A}.model.use_shm": "no dverl equivalent (models load from model.path)",
     f"{A}.actor.fsdp_config.optimizer_offload": "cpuOffload moves parameters, gradients, optimizer",
     f"{A}.actor.strategy": "the learner's sharding is roles.learner.sharding (set from the GPU count)",
-    f"{A}.actor.use_dynamic_bsz": "use training.microbatchTokens for token-budget micro-batches",
-    f"{A}.actor.ppo_max_token_len_per_gpu": "use training.microbatchTokens for token-budget micro-batches",
     f"{A}.actor.ulysses_sequence_parallel_size": "dverl has no sequence parallelism",
     f"{A}.rollout.gpu_memory_utilization": "dverl plan sizes vLLM's memory share itself",
     f"{A}.rollout.log_prob_micro_batch_size_per_gpu": "the log-prob pass uses the learner's micro-batch",
@@ -125,11 +136,33 @@ DROPPED = {
     f"{A}.ref.fsdp_config.param_offload": "a reference worker holds its model on its own GPU",
     f"{A}.hybrid_engine": "rollout workers have GPUs of their own (no hybrid engine)",
     "trainer.critic_warmup": "the critic trains from the first step",
+    **{
+        f"{A}.rollout.val_kwargs.{k}": "dverl evaluates with one greedy answer per prompt"
+        for k in ("top_k", "top_p", "temperature", "n", "do_sample")
+    },
+    "reward_model.enable": "a reward model is data.rewardType reward_model with roles.reward",
     "trainer.val_before_train": "dverl always evaluates before training when data.eval is set",
     "trainer.log_val_generations": "samples are logged every training.tracking.samplesEvery steps",
     "trainer.resume_mode": "use `dverl run --resume` or the operator's automatic resume",
     "trainer.device": "the device follows roles.*.resources.gpus",
 }
+
+RETIRED = {
+    f"{A}.rollout.update_weights_bucket_megabytes": "moved to rollout.checkpoint_engine in veRL 2026-01; "
+    "weights travel over gRPC here",
+    f"{RC}.rollout_token_veto_threshold": "removed from veRL after v0.7.0",
+    f"{RC}.rollout_rs_threshold_lower": "removed from veRL after v0.7.0 (rollout_rs_threshold takes both)",
+    f"{RC}.use_policy_gradient": "removed from veRL after v0.6.1 (bypass_mode with loss_type reinforce)",
+    f"{A}.ref.model": "removed from veRL after v0.6.1: the reference loads actor_rollout_ref.model",
+    f"{OB}.log": "a logging switch of veRL's reward manager; no dverl equivalent",
+    "reward_model.reward_manager": "the reward comes from data.rewardType (the overlong buffer maps to "
+    "algorithm.overlong)",
+}
+"""Keys of veRL's last releases that its current config no longer has."""
+DROPPED.update(RETIRED)
+
+POLICY_LOSSES = {"vanilla": "ppo_clip", "gspo": "gspo", "cispo": "cispo"}
+"""veRL's actor.policy_loss.loss_mode to dverl's policy losses."""
 
 ESTIMATORS = {
     "grpo": "grpo",
@@ -154,50 +187,225 @@ def parse_overrides(overrides: list[str]) -> tuple[dict[str, Any], list[str]]:
         if "=" not in item:
             raise ValueError(f"override {item!r}: expected key=value")
         key, raw = item.lstrip("+").split("=", 1)
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = load_yaml(raw) if raw.strip() else None
         sets[key.strip()] = value
     return sets, removes
 
 
-def command_overrides(text: str) -> list[str] | None:
-    """The `key=value` words of a `python -m verl.trainer.main_ppo ...` command line (a run script), or
-    None when `text` is not one."""
-    if "verl.trainer.main_ppo" not in text:
+MAIN = "verl.trainer.main_ppo"
+
+
+def command_overrides(text: str) -> tuple[list[str], list[str], dict[str, str], str | None] | None:
+    """The `key=value` words of a `python -m verl.trainer.main_ppo ...` command line (a run script), the
+    script variables left unexpanded in it, and its `--config-path`/`--config-name` if any; None when
+    `text` holds no such command."""
+    command = script_command(text, MAIN)
+    if command is None:
         return None
-    words = shlex.split(text.replace("\\\n", " "), comments=True)
-    start = next(i for i, w in enumerate(words) if "verl.trainer.main_ppo" in w)
-    return [w for w in words[start + 1 :] if "=" in w and not w.startswith("-")]
+    overrides, hydra = [], {}
+    words = command.words[1:]
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word.startswith("--config-") or word in ("-cp", "-cn"):
+            flag, _, value = word.partition("=")
+            if not value and i + 1 < len(words):
+                i, value = i + 1, words[i + 1]
+            hydra["path" if flag in ("--config-path", "-cp") else "name"] = value
+        elif "=" in word and not word.startswith("-"):
+            overrides.append(word)
+        i += 1
+    return overrides, command.unresolved, hydra, cut_note(command)
 
 
-def _load(text: str) -> dict[str, Any]:
-    if not text.strip():
-        return {}
-    loaded = yaml.safe_load(text)
-    if not isinstance(loaded, dict):
-        raise ValueError("a veRL config is a YAML mapping (or a main_ppo command line)")
-    return loaded
-
-
-def convert_verl(text: str, overrides: list[str], name: str | None = None) -> Conversion:
-    from_command = command_overrides(text)
-    if from_command is not None:
-        text, overrides = "", [*from_command, *overrides]
-    flat = flatten(_load(text))
-    for key in ("defaults", "hydra"):  # Hydra's own composition keys
-        flat = {k: v for k, v in flat.items() if k != key and not k.startswith(key + ".")}
-    sets, removes = parse_overrides(overrides)
-    flat.update(sets)
-    for key in removes:
-        flat = {k: v for k, v in flat.items() if k != key and not k.startswith(key + ".")}
-    flat = {k: v for k, v in flat.items() if v is not None}
-    spec: dict[str, Any] = {}
+def convert_verl(
+    text: str,
+    overrides: list[str],
+    name: str | None = None,
+    read: ReadText | None = None,
+    where: str = "the config",
+) -> Conversion:
+    """`read` gives the files beside `where` (the config folder), to compose a `defaults:` list from."""
     result = Conversion(manifest={})
-    interpolated = {k: v for k, v in flat.items() if isinstance(v, str) and "${" in v}
+    from_command = command_overrides(text)
+    unset: list[str] = []
+    config: dict[str, Any] = {}
+    if from_command is not None:
+        words, unset, hydra, cut = from_command
+        if cut:
+            result.notes.append(cut)
+        overrides = [*words, *overrides]
+        if hydra.get("name"):
+            config = _config_named(hydra, read, result)
+        else:
+            result.notes.append(
+                "a main_ppo command line sets only what differs from veRL's ppo_trainer.yaml; every other "
+                "setting takes dverl's default (convert the YAML with these overrides to carry veRL's)"
+            )
+    else:
+        config = load_mapping(text, where) if text.strip() else {}
+        if "defaults" in config:
+            config = _composed(config, read, where, result)
+    for key in ("defaults", "hydra"):  # Hydra's own keys
+        config.pop(key, None)
+    sets, removes = parse_overrides(overrides)
+    for key, value in sets.items():
+        put(config, key, value)
+    for key in removes:
+        parent, _, leaf = key.rpartition(".")
+        node = get(config, parent) if parent else config
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    resolved = resolve(config)
+    flat = {k: v for k, v in flatten(resolved.config).items() if v is not None}
+    flat = {k: v for k, v in flat.items() if k.rsplit(".", 1)[-1] != "_target_"}
+    flat = _unused_sections(flat, result)
+    mandatory = [k for k, v in flat.items() if v == "???"]
+    if mandatory:
+        result.notes.append(
+            f"{', '.join(mandatory)}: ??? in veRL (a value every run must give); not given here, so "
+            "dverl's default is used"
+        )
+        flat = {k: v for k, v in flat.items() if k not in mandatory}
+    flat = _unset_values(flat, unset, result)
+    _environment(flat, unset, resolved.environment, result)
+    interpolated = {
+        k: v
+        for k, v in flat.items()
+        if isinstance(v, str)
+        and "${" in v
+        and k not in resolved.environment
+        and not _only_script_variables(v, unset)  # the script's environment, noted below
+    }
     for key, value in interpolated.items():
-        result.unmapped.append(Unmapped(key, value, "a Hydra interpolation; give the value itself"))
-    flat = {k: v for k, v in flat.items() if k not in interpolated}
+        result.unmapped.append(
+            Unmapped(key, value, "a Hydra interpolation naming nothing here; give the value")
+        )
+    flat = {k: v for k, v in flat.items() if k not in interpolated and k not in resolved.environment}
+    return _convert_flat(flat, name, result)
 
+
+def _config_named(hydra: dict[str, str], read: ReadText | None, result: Conversion) -> dict[str, Any]:
+    name = hydra["name"].removesuffix(".yaml") + ".yaml"
+    path = hydra.get("path", "")
+    file = f"{path.rstrip('/')}/{name}" if path else name
+    text = read(file) if read is not None else None
+    if text is None:
+        result.notes.append(
+            f"the command composes --config-name {hydra['name']} (--config-path {path or '.'}), which is not "
+            "beside the script: only the command line's overrides are converted"
+        )
+        return {}
+    composed = compose(file, read) if read is not None else None
+    assert composed is not None
+    _composed_notes(composed, file, result)
+    return composed.config
+
+
+def _composed(
+    config: dict[str, Any], read: ReadText | None, where: str, result: Conversion
+) -> dict[str, Any]:
+    if read is None:
+        result.notes.append(
+            f"{where} has a Hydra defaults: list, and its config folder is not at hand (read from stdin): "
+            "the sections it names (actor, rollout, model, data, ...) are left out; give the file's path"
+        )
+        return config
+    composed = compose(PurePath(where).name, read, primary=config)
+    _composed_notes(composed, where, result)
+    return composed.config
+
+
+def _composed_notes(composed: Any, where: str, result: Conversion) -> None:
+    files = composed.read
+    if files:
+        result.notes.append(f"composed {where}'s Hydra defaults from {len(set(files))} file(s) of its folder")
+    if composed.missing:
+        result.notes.append(
+            f"{where}'s defaults name {', '.join(composed.missing)}, not in its folder: those sections are "
+            "left out (keep veRL's config folder beside the file)"
+        )
+
+
+def _only_script_variables(value: str, unset: list[str]) -> bool:
+    names = set(unresolved_names([value]))
+    return bool(names) and names <= set(unset)
+
+
+def _unset_values(flat: dict[str, Any], unset: list[str], result: Conversion) -> dict[str, Any]:
+    """A value that is only an unset script variable (`${mini_batch_size}`, `$ARNOLD_WORKER_GPU`) or empty
+    cannot be converted; a path that starts with one (`$HOME/data/...`) is kept and noted."""
+    kept: dict[str, Any] = {}
+    for key, value in flat.items():
+        text = value if isinstance(value, str) else None
+        if text is not None and text.strip() == "":
+            result.unmapped.append(Unmapped(key, value, "empty in the script; give the value"))
+        elif (
+            text is not None
+            and unresolved_names([text])
+            and set(unresolved_names([text])) <= set(unset)
+            and "/" not in text
+        ):
+            result.unmapped.append(
+                Unmapped(
+                    key,
+                    value,
+                    "set from a variable the script does not set (the environment's?); give the value",
+                )
+            )
+        else:
+            kept[key] = value
+    return kept
+
+
+def _environment(
+    flat: dict[str, Any], unset: list[str], from_env: dict[str, str], result: Conversion
+) -> None:
+    """Environment variables stay as written: they belong to the machines that run the job."""
+    for variable in unset:
+        keys = [k for k, v in flat.items() if f"${variable}" in str(v).replace("{", "")]
+        if keys:  # the others were listed as unmapped
+            result.notes.append(
+                f"${variable} is not set in the script ({', '.join(keys)}): kept as written; it must name a "
+                "path on the machines that run the job"
+            )
+    home = [k for k, v in flat.items() if isinstance(v, str) and v.startswith("~/")]
+    if home:
+        result.notes.append(
+            f"{', '.join(home)} start with ~, the home folder of whoever runs the job: kept as written; "
+            "give a path that exists on the machines that run it"
+        )
+    for key, variable in from_env.items():
+        result.unmapped.append(
+            Unmapped(
+                key,
+                f"${{oc.env:{variable}}}",
+                f"read from the environment variable {variable}; give the value",
+            )
+        )
+
+
+def _unused_sections(flat: dict[str, Any], result: Conversion) -> dict[str, Any]:
+    """A composed config carries every role's section; one for a role the run does not start (the critic
+    of a critic-free algorithm, a disabled reward model) is one line, not dozens."""
+    unused = {}
+    if flat.get("algorithm.adv_estimator", "gae") != "gae":
+        unused["critic"] = f"{flat.get('algorithm.adv_estimator')} trains no critic"
+    if "reward_model.enable" in flat and not as_bool(flat["reward_model.enable"]):
+        unused["reward_model"] = "reward_model.enable is false"
+    for section, why in unused.items():
+        keys = [k for k in flat if k.startswith(section + ".") and k != "reward_model.enable"]
+        if len(keys) > GROUP_OVER:
+            result.unmapped.append(Unmapped(f"{section}.*", f"{len(keys)} keys", why))
+            flat = {k: v for k, v in flat.items() if k not in keys}
+    return flat
+
+
+def _convert_flat(flat: dict[str, Any], name: str | None, result: Conversion) -> Conversion:
+    spec: dict[str, Any] = {}
     _algorithm(flat, spec, result)
+    _correction(flat, spec, result)
+    _overlong(flat, spec)
     _data(flat, spec, result)
     _roles(flat, spec, result)
     _tracking(flat, spec, result)
@@ -209,6 +417,7 @@ def convert_verl(text: str, overrides: list[str], name: str | None = None) -> Co
                 result.unmapped.append(Unmapped(key, simple.pop(key), "LoRA is off (lora_rank 0)"))
 
     apply_rules(simple, RULES, DROPPED, spec, result)
+    _loss_settings(spec, result)
     if lora_rank:
         put(spec, "model.lora.rank", lora_rank)
     if "steps" in spec.get("training", {}) and "epochs" in spec["training"]:
@@ -224,6 +433,51 @@ def convert_verl(text: str, overrides: list[str], name: str | None = None) -> Co
         result.notes.append(f"training.checkpoint.dir is veRL's default_local_dir, {folder}")
     result.manifest = manifest(job_name(name or experiment, "verl-job"), spec)
     return result
+
+
+def _loss_settings(spec: dict[str, Any], result: Conversion) -> None:
+    """veRL keeps clip_ratio_c and loss_agg_mode whatever the loss; dverl rejects settings a policy loss
+    does not read, so those are listed instead of carried."""
+    algorithm = spec.get("algorithm", {})
+    loss = algorithm.get("policyLoss")
+    if loss in ("gspo", "cispo") and "dualClip" in algorithm:
+        value = algorithm.pop("dualClip")
+        result.unmapped.append(
+            Unmapped(f"{A}.actor.clip_ratio_c", value, f"the {loss} loss has no dual clip")
+        )
+    if loss == "gspo" and algorithm.get("lossAggregation", "seq_mean_token_mean") != "seq_mean_token_mean":
+        value = algorithm.pop("lossAggregation")
+        result.unmapped.append(
+            Unmapped(
+                f"{A}.actor.loss_agg_mode",
+                value,
+                "dverl's gspo averages over sequences (seq-mean-token-mean)",
+            )
+        )
+
+
+def _correction(flat: dict[str, Any], spec: dict[str, Any], result: Conversion) -> None:
+    """veRL's algorithm.rollout_correction: `rollout_is` weights per token or sequence truncated at
+    `rollout_is_threshold`; `bypass_mode` takes the ratio against the rollout's log-probs (dverl's
+    enabled: false). Its rejection criteria (`rollout_rs`, KL-based) have no dverl twin and stay listed."""
+    level = flat.get(f"{RC}.rollout_is")
+    bypass = as_bool(flat.get(f"{RC}.bypass_mode", False))
+    if bypass:
+        put(spec, "algorithm.rolloutCorrection", {"enabled": False})
+        if level is not None:
+            result.notes.append(
+                f"{RC}.bypass_mode: rollout_is {level} is not applied (dverl's bypass has none)"
+            )
+        return
+    if level is None:
+        return
+    if level not in ("token", "sequence"):
+        result.unmapped.append(Unmapped(f"{RC}.rollout_is", level, "dverl weighs per token or per sequence"))
+        return
+    correction = {"enabled": True, "importanceSampling": level}
+    if f"{RC}.rollout_is_threshold" in flat:
+        correction["cap"] = max(1.0, as_float(flat[f"{RC}.rollout_is_threshold"]))
+    put(spec, "algorithm.rolloutCorrection", correction)
 
 
 def _algorithm(flat: dict[str, Any], spec: dict[str, Any], result: Conversion) -> None:
@@ -257,6 +511,37 @@ def _algorithm(flat: dict[str, Any], spec: dict[str, Any], result: Conversion) -
         ratio = as_float(flat[f"{A}.actor.clip_ratio"])
         put(spec, "algorithm.clipLow", ratio)
         put(spec, "algorithm.clipHigh", ratio)
+    mode = flat.get(f"{A}.actor.policy_loss.loss_mode")
+    if mode is not None:
+        if mode in POLICY_LOSSES:
+            put(spec, "algorithm.policyLoss", POLICY_LOSSES[mode])
+        else:
+            result.unmapped.append(
+                Unmapped(f"{A}.actor.policy_loss.loss_mode", mode, f"dverl maps {', '.join(POLICY_LOSSES)}")
+            )
+    low = flat.get(f"{A}.actor.clip_ratio_low")
+    if low is not None and as_float(low) >= 1:  # 1 - low <= 0: no lower clip at all
+        flat.pop(f"{A}.actor.clip_ratio_low")
+        spec.get("algorithm", {}).pop("clipLow", None)
+        result.unmapped.append(
+            Unmapped(
+                f"{A}.actor.clip_ratio_low",
+                low,
+                "1 - clip_ratio_low <= 0 clips nothing from below; dverl's default for the loss applies "
+                "(cispo: no lower clip)",
+            )
+        )
+
+
+def _overlong(flat: dict[str, Any], spec: dict[str, Any]) -> None:
+    """DAPO's soft overlong punishment, a reward-manager option in veRL, is algorithm.overlong here."""
+    if as_bool(flat.get(f"{OB}.enable", False)):
+        overlong: dict[str, Any] = {"enabled": True}
+        if f"{OB}.len" in flat:
+            overlong["cacheLength"] = as_int(flat[f"{OB}.len"])
+        if f"{OB}.penalty_factor" in flat:
+            overlong["penaltyFactor"] = as_float(flat[f"{OB}.penalty_factor"])
+        put(spec, "algorithm.overlong", overlong)
 
 
 def _data(flat: dict[str, Any], spec: dict[str, Any], result: Conversion) -> None:
@@ -286,17 +571,32 @@ def _data(flat: dict[str, Any], spec: dict[str, Any], result: Conversion) -> Non
         )
 
 
+def _count(flat: dict[str, Any], key: str, result: Conversion) -> int:
+    """A GPU count; one the script leaves to an environment variable (`$SLURM_GPUS_PER_NODE`) is 1, noted."""
+    try:
+        return as_int(flat.get(key, 1))
+    except (TypeError, ValueError):
+        result.unmapped.append(Unmapped(key, flat[key], "not a number (an environment variable?); 1 is used"))
+        return 1
+
+
 def _roles(flat: dict[str, Any], spec: dict[str, Any], result: Conversion) -> None:
-    gpus = as_int(flat.get("trainer.n_gpus_per_node", 1)) * as_int(flat.get("trainer.nnodes", 1))
-    tp = as_int(flat.get(f"{A}.rollout.tensor_model_parallel_size", 1))
+    gpus = _count(flat, "trainer.n_gpus_per_node", result) * _count(flat, "trainer.nnodes", result)
+    tp = _count(flat, f"{A}.rollout.tensor_model_parallel_size", result)
     learner = {"replicas": gpus, "resources": {"gpus": 1}}
     if gpus > 1:
         learner["sharding"] = "fsdp"
     put(spec, "roles.learner", {**get(spec, "roles.learner", {}), **learner})
     rollout = {"replicas": max(1, gpus // tp), "resources": {"gpus": tp}}
     put(spec, "roles.rollout", {**get(spec, "roles.rollout", {}), **rollout})
-    if get(spec, "roles.rollout.backend") is None:
-        put(spec, "roles.rollout.backend", VLLM.name)
+    backend = str(flat.get(f"{A}.rollout.name", "vllm"))
+    if backend not in ("vllm", "hf", "sglang"):
+        result.unmapped.append(
+            Unmapped(f"{A}.rollout.name", backend, "dverl's rollout backends are vllm and hf")
+        )
+    elif backend == "sglang":
+        result.notes.append("actor_rollout_ref.rollout.name sglang: dverl's rollout workers serve with vllm")
+    put(spec, "roles.rollout.backend", HF.name if backend == "hf" else VLLM.name)
     put(spec, "model.dtype", "bfloat16")
     result.notes.append(
         f"veRL time-shares {gpus} GPU(s) between actor and rollout; here {gpus} learner GPU(s) and "
@@ -320,6 +620,32 @@ def _tracking(flat: dict[str, Any], spec: dict[str, Any], result: Conversion) ->
 
 def _micro_batch(flat: dict[str, Any], spec: dict[str, Any], result: Conversion) -> None:
     micro = flat.get(f"{A}.actor.ppo_micro_batch_size_per_gpu")
+    budget = flat.get(f"{A}.actor.ppo_max_token_len_per_gpu")
+    if as_bool(flat.get(f"{A}.actor.use_dynamic_bsz", False)):
+        tokens = as_int(budget) if budget is not None else 16384
+        put(spec, "training.microbatchTokens", tokens)
+        if budget is None:
+            result.notes.append(
+                f"actor.use_dynamic_bsz without ppo_max_token_len_per_gpu: veRL's default {tokens}"
+            )
+        if micro is not None:
+            result.unmapped.append(
+                Unmapped(
+                    f"{A}.actor.ppo_micro_batch_size_per_gpu",
+                    micro,
+                    "dynamic batches: micro-batches are cut by training.microbatchTokens instead",
+                )
+            )
+        return
+    if budget is not None:
+        result.unmapped.append(
+            Unmapped(
+                f"{A}.actor.ppo_max_token_len_per_gpu",
+                budget,
+                "veRL reads it only with actor.use_dynamic_bsz; set training.microbatchTokens to pack "
+                "by tokens",
+            )
+        )
     if micro is None:
         return
     n = as_int(get(spec, "algorithm.samplesPerPrompt", 8))

@@ -83,6 +83,8 @@ def _convert(parser: argparse.ArgumentParser) -> Command:
             text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text(encoding="utf-8")
         except OSError as exc:
             parser.error(f"{args.file}: {exc.strerror or exc}")
+        except UnicodeDecodeError as exc:
+            parser.error(f"{args.file}: not UTF-8 text ({exc.reason} at byte {exc.start})")
         return main_convert(
             args.source,
             text,
