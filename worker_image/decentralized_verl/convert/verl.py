@@ -161,6 +161,8 @@ RETIRED = {
 """Keys of veRL's last releases that its current config no longer has."""
 DROPPED.update(RETIRED)
 
+VERL_ROLLOUT_ENGINES = {"vllm": VLLM, "hf": HF, "sglang": VLLM}
+"""veRL's rollout engines and the dverl backend each becomes (sglang's workers serve with vllm here)."""
 POLICY_LOSSES = {"vanilla": "ppo_clip", "gspo": "gspo", "cispo": "cispo"}
 """veRL's actor.policy_loss.loss_mode to dverl's policy losses."""
 
@@ -589,14 +591,14 @@ def _roles(flat: dict[str, Any], spec: dict[str, Any], result: Conversion) -> No
     put(spec, "roles.learner", {**get(spec, "roles.learner", {}), **learner})
     rollout = {"replicas": max(1, gpus // tp), "resources": {"gpus": tp}}
     put(spec, "roles.rollout", {**get(spec, "roles.rollout", {}), **rollout})
-    backend = str(flat.get(f"{A}.rollout.name", "vllm"))
-    if backend not in ("vllm", "hf", "sglang"):
-        result.unmapped.append(
-            Unmapped(f"{A}.rollout.name", backend, "dverl's rollout backends are vllm and hf")
-        )
-    elif backend == "sglang":
-        result.notes.append("actor_rollout_ref.rollout.name sglang: dverl's rollout workers serve with vllm")
-    put(spec, "roles.rollout.backend", HF.name if backend == "hf" else VLLM.name)
+    engine = str(flat.get(f"{A}.rollout.name", "vllm"))
+    backend = VERL_ROLLOUT_ENGINES.get(engine)
+    if backend is None:
+        reason = "dverl's rollout backends are vllm and hf"
+        result.unmapped.append(Unmapped(f"{A}.rollout.name", engine, reason))
+    elif backend.name != engine:
+        result.notes.append(f"{A}.rollout.name {engine}: dverl's rollout workers serve with {backend.name}")
+    put(spec, "roles.rollout.backend", (backend or VLLM).name)
     put(spec, "model.dtype", "bfloat16")
     result.notes.append(
         f"veRL time-shares {gpus} GPU(s) between actor and rollout; here {gpus} learner GPU(s) and "
