@@ -8,10 +8,7 @@ prompts (`training.batchSize`, each with `algorithm.samplesPerPrompt` samples).
 
 from __future__ import annotations
 
-import json
 from typing import Any
-
-import yaml
 
 from decentralized_verl.convert.common import (
     TRACKERS,
@@ -28,6 +25,7 @@ from decentralized_verl.convert.common import (
     manifest,
     put,
 )
+from decentralized_verl.spec import safe_yaml
 from decentralized_verl.spec.catalogue.backends import HF, VLLM
 
 RULES: dict[str, Rule] = {
@@ -113,10 +111,7 @@ LOSS_TYPES = {
 
 
 def _load(text: str) -> dict[str, Any]:
-    try:
-        loaded = json.loads(text)
-    except json.JSONDecodeError:
-        loaded = yaml.safe_load(text)
+    loaded = safe_yaml.load_json_or_yaml(text)
     if not isinstance(loaded, dict):
         raise ValueError("a GRPOConfig is a JSON or YAML mapping of its fields")
     return loaded

@@ -12,8 +12,6 @@ import math
 import shlex
 from typing import Any
 
-import yaml
-
 from decentralized_verl.convert.common import (
     KL_ESTIMATORS,
     LOSS_AGGREGATIONS,
@@ -33,6 +31,7 @@ from decentralized_verl.convert.common import (
     per_learner,
     put,
 )
+from decentralized_verl.spec import safe_yaml
 from decentralized_verl.spec.catalogue.backends import HF, VLLM
 
 A = "actor_rollout_ref"
@@ -154,7 +153,7 @@ def parse_overrides(overrides: list[str]) -> tuple[dict[str, Any], list[str]]:
         if "=" not in item:
             raise ValueError(f"override {item!r}: expected key=value")
         key, raw = item.lstrip("+").split("=", 1)
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = safe_yaml.load(raw) if raw.strip() else None
         sets[key.strip()] = value
     return sets, removes
 
@@ -172,7 +171,7 @@ def command_overrides(text: str) -> list[str] | None:
 def _load(text: str) -> dict[str, Any]:
     if not text.strip():
         return {}
-    loaded = yaml.safe_load(text)
+    loaded = safe_yaml.load(text)
     if not isinstance(loaded, dict):
         raise ValueError("a veRL config is a YAML mapping (or a main_ppo command line)")
     return loaded
