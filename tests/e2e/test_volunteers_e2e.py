@@ -2,8 +2,9 @@
 on 127.0.0.1, talking only through the Hivemind DHT and P2P streams.
 
 Run as a script (`python tests/e2e/test_volunteers_e2e.py MODE ...`) this file is also a volunteer that can
-misbehave on purpose: `slow` (to be killed mid-task), `cheat` (alters log-probs or tokens) or `chosen`
-(submits responses drawn with a seed of its own, log-probs honest).
+misbehave on purpose: `slow` (to be killed mid-task), `cheat` (alters log-probs or tokens), `chosen`
+(submits responses drawn with a seed of its own, log-probs honest) or `predict` (predicts which samples
+a verifier seeded from the job's `training.seed` would check, and forges only the others).
 """
 
 from __future__ import annotations
@@ -162,6 +163,27 @@ def test_a_volunteer_that_chooses_its_responses_is_caught_and_blocked(procs: Pro
     assert report["samples"][chooser]["accepted"] == 0
 
 
+def test_a_volunteer_that_predicts_the_checks_is_caught(procs: Procs, tmp_path: Path) -> None:
+    """It is the only volunteer, so it sees every batch the verifier checks, in order, and it knows the
+    job's seed and verify fraction (the spec it is served): picks drawn from that seed were predicted
+    (its forged samples trained, never caught); picks drawn from the learner's own randomness are not.
+    A batch escapes only if the secret picks fall exactly on its honest samples (1 in C(8, 4) = 70): it is
+    blocked at its first batch or, with a chance below 1e-5, one of the next two."""
+    job = "vol-predict"
+    maddr, out = start_job(procs, tmp_path, job, volunteers=1, steps=4, verify=0.5)
+    seed = "0"  # volunteer_job leaves training.seed at its default, and every volunteer is served it
+    procs.start("predictor", volunteer_cmd(maddr, job, token(job), "predict", seed, "0.5"))
+    predictor = procs.wait_for("predictor", r"volunteer (\S+) joined", 180).group(1)
+    records, report = finish(procs, out)
+    assert all(r["samples"] == r["expected_samples"] == r["unique_samples"] == 16 for r in records)
+    assert "forged" in procs.log("predictor")  # it did cheat, and on the samples it predicted unchecked
+    assert list(report["blocked"]) == [predictor]
+    assert "verification failed" in report["blocked"][predictor]
+    batches = procs.log("predictor").count("predict: batch of")
+    assert report["samples"][predictor]["accepted"] < sum(r["samples"] for r in records)
+    assert batches <= 4
+
+
 def test_volunteer_without_valid_token_gets_no_work(procs: Procs, tmp_path: Path) -> None:
     from decentralized_verl.volunteers.tokens import issue_token
 
@@ -233,6 +255,24 @@ def _misbehave(mode: str, maddr: str, job: str, tok: str, *args: str) -> int:
                 yield transform(completion)
 
         handlers.completions = cheating
+    elif mode == "predict":
+        import random
+
+        from decentralized_verl.volunteers.verify import choose_for_check
+
+        seeded, fraction = random.Random(int(args[0])), float(args[1])
+
+        async def predicting(worker, batch):
+            answers = [c async for c in honest(worker, batch)]
+            picked = set(choose_for_check(len(answers), fraction, seeded))
+            forged = [i for i in range(len(answers)) if i not in picked]
+            print(f"predict: batch of {len(answers)}, forged {forged}", flush=True)
+            for i, c in enumerate(answers):
+                yield (
+                    c if i in picked else dataclasses.replace(c, logprobs=tuple(x * 0.5 for x in c.logprobs))
+                )
+
+        handlers.completions = predicting
     elif mode == "chosen":  # samples with a seed of its own choosing; its log-probs stay honest
 
         def choosing(worker, batch):

@@ -22,7 +22,12 @@ GOOD = [
     {"name": "model", "mountPath": "/models", "uri": {"url": "hf://owner/repo/m.tar.gz", "sha256": DIGEST}},
     {"name": "small", "mountPath": "/small", "configMap": {"name": "small-data"}},
     {"name": "examples", "image": {"path": "/opt/dverl/examples"}},
-    {"name": "s3", "mountPath": "/s3", "roles": ["rollout"], "uri": {"url": "s3://bucket/key/file.bin"}},
+    {
+        "name": "s3",
+        "mountPath": "/s3",
+        "roles": ["rollout"],
+        "uri": {"url": "s3://bucket/key/file.bin", "insecureSkipDigest": True},
+    },
 ]
 
 
@@ -40,3 +45,20 @@ def test_dverl_validate_prints_problems_and_warnings(tmp_path: Path) -> None:
     result = subprocess.run(cli, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert f"{path}: warning: spec.data.train: '/elsewhere/t.jsonl' lies under no source" in result.stderr
+
+
+def test_dverl_validate_refuses_a_uri_without_a_digest_unless_the_manifest_accepts_it(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    document = {"apiVersion": "dverl.io/v1alpha1", "kind": "RLHFJob", "metadata": {"name": "j"}}
+    cli = [sys.executable, "-m", "decentralized_verl.cli", "validate", str(path)]
+    unchecked = {"name": "m", "mountPath": "/m", "uri": {"url": "https://example.org/m.bin"}}
+    path.write_text(yaml.safe_dump({**document, "spec": sources_spec([unchecked], model={"tiny": {}})}))
+    result = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert "spec.sources[0].uri.sha256: required: give the file's SHA-256, or set insecureSkipDigest" in (
+        result.stderr
+    )
+    unchecked["uri"]["insecureSkipDigest"] = True
+    path.write_text(yaml.safe_dump({**document, "spec": sources_spec([unchecked], model={"tiny": {}})}))
+    result = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr

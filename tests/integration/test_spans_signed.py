@@ -245,3 +245,33 @@ def test_a_learner_publish_reaches_each_span_process_with_only_its_share(tmp_pat
         front.close()
     finally:
         group.close()
+
+
+def test_a_span_process_never_goes_back_to_an_older_genuine_version(tmp_path, new_state):
+    """A span server process given v1 and then v2 (each with the learner's genuine signed manifest) is
+    sent v1's blob and manifest again over the wire, as anyone who recorded them could: refused, v2 kept.
+    The same version again (a front's retry) still loads."""
+    state, _ = new_state
+    older_state = {k: v + 0.5 for k, v in state.items()}
+    older, newer = split_state(older_state, TWO)[1][1], split_state(state, TWO)[1][1]
+    group = ProcessGroup(tmp_path)
+    port = free_port()
+    try:
+        group.start("span", _command(TWO[1], port))
+        group.wait_for("span", "ready on port")
+        client = SpanClient(f"127.0.0.1:{port}")
+        client.stage(_blob(older, 1))
+        client.commit(1, _manifest(older_state, version=1))
+        client.stage(_blob(newer, 2))
+        client.commit(2, _manifest(state, version=2))
+        assert client.info()["version"] == 2
+        with pytest.raises(WireError, match=r"v1 is older than v2 held here \(a rollback is refused\)"):
+            client.stage(_blob(older, 1))
+        with pytest.raises(WireError, match="a rollback is refused"):
+            client.commit(1, _manifest(older_state, version=1))
+        assert client.info()["version"] == 2
+        client.stage(_blob(newer, 2))
+        client.commit(2, _manifest(state, version=2))
+        assert client.info()["version"] == 2
+    finally:
+        group.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -47,6 +48,10 @@ def ray_head(tmp: Path, num_cpus: int = 6) -> Iterator[str]:
     paths = [str(ROOT / "worker_image"), str(ROOT / "operator"), env.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     env["RAY_USAGE_STATS_ENABLED"] = "0"
+    # Ray's token authentication, as docs/ray.md asks of every cluster a job runs on: the head refuses a
+    # client without the token; this test process (and the drivers it starts) holds it while the head runs.
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    env.update(auth)
     temp = Path("/tmp") / f"ray-{os.getpid()}"  # a Unix socket path under it must stay short
     log = (tmp / "ray-head.log").open("w")
     head = subprocess.Popen(
@@ -74,6 +79,8 @@ def ray_head(tmp: Path, num_cpus: int = 6) -> Iterator[str]:
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+    saved = {k: os.environ.get(k) for k in auth}
+    os.environ.update(auth)
     try:
         deadline = time.monotonic() + 120
         while not _reachable(port):
@@ -84,6 +91,11 @@ def ray_head(tmp: Path, num_cpus: int = 6) -> Iterator[str]:
     finally:
         _end_group(head)
         log.close()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def _session(pid: int) -> int | None:

@@ -1,5 +1,5 @@
 """A real local HTTP(S) server for the source fetcher's tests: serves files from a dict, lists a fake Hub
-repository, counts requests and can fail a path with a status."""
+repository, counts requests, can fail a path with a status or redirect it elsewhere."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ class Served:
     statuses: dict[str, int] = field(default_factory=dict)
     hits: collections.Counter[str] = field(default_factory=collections.Counter)
     headers: dict[str, dict[str, str]] = field(default_factory=dict)
+    redirects: dict[str, str] = field(default_factory=dict)
+    """path -> the Location a 302 answer sends the client to."""
     url: str = ""
 
     def repository(self, repo: str, revision: str, files: dict[str, bytes]) -> None:
@@ -37,6 +39,12 @@ def _handler(served: Served) -> type[BaseHTTPRequestHandler]:
             path = self.path.split("?", 1)[0]
             served.hits[path] += 1
             served.headers[path] = dict(self.headers.items())
+            if path in served.redirects:
+                self.send_response(302)
+                self.send_header("Location", served.redirects[path])
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             status = served.statuses.get(path)
             if status is None and path not in served.files:
                 status = 404

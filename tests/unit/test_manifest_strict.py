@@ -102,7 +102,7 @@ def test_errors_quote_a_few_hundred_characters_at_most(tmp_path: Path) -> None:
     with pytest.raises(ManifestError) as caught:
         load_job(path)
     message = "\n".join(str(p) for p in caught.value.problems)
-    assert "spec.training.steps" in message
+    assert "YAML limit maxNodes exceeded" in message  # refused by the loader, before anything walks it
     assert len(message) < 1000, len(message)
 
 

@@ -55,7 +55,11 @@ def test_pods_with_sources_and_templates_pass_restricted() -> None:
         tiny_spec(
             model={"path": "/models/m"},
             sources=[
-                {"name": "m", "mountPath": "/models", "uri": {"url": "https://h/m.tar.gz"}},
+                {
+                    "name": "m",
+                    "mountPath": "/models",
+                    "uri": {"url": "https://h/m.tar.gz", "insecureSkipDigest": True},
+                },
                 {"name": "d", "mountPath": "/data", "pvc": {"claimName": "c", "subPath": "toy"}},
             ],
             roles={

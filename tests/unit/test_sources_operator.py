@@ -173,3 +173,14 @@ def test_a_failed_fetch_is_named_in_the_jobs_event() -> None:
     ) in (decision.events)
     assert failure_reason({"status": {"phase": "Failed", "reason": "Evicted"}}) == "Evicted"
     assert failure_reason({"status": {"phase": "Failed"}}) == "Failed"
+
+
+def test_only_a_manifest_that_says_so_gets_an_unchecked_fetch() -> None:
+    unchecked = {
+        "name": "model",
+        "mountPath": "/models",
+        "uri": {"url": "https://h/m.bin", "insecureSkipDigest": True},
+    }
+    spec = {**with_sources(), "sources": [unchecked]}
+    [fetcher] = pods(**spec)["j-learner-0"]["spec"]["initContainers"]
+    assert fetcher["command"][-1] == "--insecure-skip-digest" and "--sha256" not in fetcher["command"]

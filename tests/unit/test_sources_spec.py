@@ -29,7 +29,12 @@ GOOD = [
     {"name": "model", "mountPath": "/models", "uri": {"url": "hf://owner/repo/m.tar.gz", "sha256": DIGEST}},
     {"name": "small", "mountPath": "/small", "configMap": {"name": "small-data"}},
     {"name": "examples", "image": {"path": "/opt/dverl/examples"}},
-    {"name": "s3", "mountPath": "/s3", "roles": ["rollout"], "uri": {"url": "s3://bucket/key/file.bin"}},
+    {
+        "name": "s3",
+        "mountPath": "/s3",
+        "roles": ["rollout"],
+        "uri": {"url": "s3://bucket/key/file.bin", "insecureSkipDigest": True},
+    },
 ]
 
 
@@ -58,6 +63,14 @@ def test_every_kind_of_source_is_accepted() -> None:
         ({"uri": {"url": "https://h/x", "sha256": "XYZ"}}, "sources[0].uri.sha256", "64 lowercase hex"),
         ({"uri": {"url": "https://h/x", "sha256": "AB" * 32}}, "sources[0].uri.sha256", "64 lowercase hex"),
         ({"uri": {"url": "hf://o/r", "sha256": DIGEST}}, "sources[0].uri.sha256", "checks one file"),
+        ({"uri": {"url": "https://h/x"}}, "sources[0].uri.sha256", "required: give the file's SHA-256"),
+        ({"uri": {"url": "hf://o/r/f.bin?revision=" + "a" * 40}}, "sources[0].uri.sha256", "required"),
+        ({"uri": {"url": "hf://o/r?revision=main"}}, "sources[0].uri.sha256", "?revision=<40-hex commit>"),
+        (
+            {"uri": {"url": "https://h/x", "sha256": DIGEST, "insecureSkipDigest": True}},
+            "sources[0].uri.insecureSkipDigest",
+            "contradicts",
+        ),
     ],
 )
 def test_bad_source_kinds_are_named(source: dict[str, Any], field: str, says: str) -> None:
@@ -172,3 +185,12 @@ def test_paths_under_no_source_are_flagged_for_cluster_use() -> None:
     warnings = cluster_warnings(parsed)
     assert [w.split(":")[0] for w in warnings] == ["spec.model.path", "spec.data.eval"]
     assert parse_spec(sources_spec(GOOD[:1], model={"tiny": {}})).model.path is None
+
+
+def test_an_unchecked_download_is_said_in_so_many_words() -> None:
+    pinned = {"url": "hf://o/r?revision=" + "0123456789" * 4}
+    skipped = {"url": "https://h/x.bin", "insecureSkipDigest": True}
+    parsed = parse_spec(sources_spec([{"name": "a", "mountPath": "/a", "uri": pinned}]))
+    assert parsed.sources[0].uri.sha256 is None
+    parsed = parse_spec(sources_spec([{"name": "b", "mountPath": "/b", "uri": skipped}]))
+    assert parsed.sources[0].uri.insecure_skip_digest is True

@@ -163,3 +163,50 @@ def test_every_front_of_a_job_taking_span_volunteers_is_told_where_the_dht_is():
     for front in plan.by_role("rollout"):
         assert worker_env(plan, front, addresses)["DVERL_DHT_ADDR"] == "j-dht-0:1"
     assert "DVERL_DHT_ADDR" not in worker_env(plan, plan.by_role("span")[0], addresses)
+
+
+class _Caller:
+    """The P2P context a front's Push handler is given: who called."""
+
+    class remote_id:  # hivemind's attribute name
+        @staticmethod
+        def to_base58() -> str:
+            return "caller"
+
+
+def _front(public: bytes, clock):
+    from decentralized_verl.spans.front_volunteers import FrontVolunteers
+
+    return FrontVolunteers(None, None, "job", "f", public, None, clock=clock)
+
+
+def _push(front, private: bytes, seq: float) -> dict:
+    import asyncio
+    import json
+
+    from google.protobuf.wrappers_pb2 import BytesValue
+
+    payload = {"job": "job", "front": "f", "seq": seq, "volunteers": []}
+    answer = asyncio.run(front._push(BytesValue(value=sign_push(payload, private)), _Caller()))
+    return json.loads(answer.value)
+
+
+def test_a_stolen_key_cannot_lock_a_front_out_of_genuine_rosters() -> None:
+    """A roster signed with the learner's key (stolen) and an enormous sequence is refused; one just
+    inside the clock bound holds genuine rosters off only until the front's clock passes it."""
+    from decentralized_verl.spans.front_volunteers import ROSTER_CLOCK_SKEW_S
+
+    private, public = _keys()
+    now = [1_000_000.0]
+    front = _front(public, lambda: now[0])
+    assert "error" not in _push(front, private, now[0])  # the coordinator's, at its send time
+    for enormous in (1e18, float("inf"), float("nan")):
+        assert "ahead of this front's clock" in _push(front, private, enormous)["error"]
+    now[0] += 1
+    assert "error" not in _push(front, private, now[0])  # genuine rosters still accepted
+    assert "error" not in _push(front, private, now[0] + ROSTER_CLOCK_SKEW_S - 1)  # the most a thief gets
+    now[0] += 5
+    assert "a replay" in _push(front, private, now[0])["error"]
+    now[0] += ROSTER_CLOCK_SKEW_S
+    assert "error" not in _push(front, private, now[0])
+    assert "a replay" in _push(front, private, now[0] - 10)["error"]  # an old one is still a replay

@@ -48,7 +48,7 @@ def test_choose_for_check_sizes() -> None:
 @pytest.mark.parametrize("fraction", [0.125, 0.25, 0.5])
 def test_detection_rate_matches_the_configured_fraction(fraction: float) -> None:
     """One forged sample in a batch of 8: caught with probability k/8 where k = ceil(fraction * 8)."""
-    verifier = Verifier(TruthPolicy(), fraction=fraction, seed=1)
+    verifier = Verifier(TruthPolicy(), fraction=fraction, picks=random.Random(1))
     trials = 2000
     caught = 0
     for t in range(trials):
@@ -155,3 +155,35 @@ def test_seeded_draws_replay_and_a_chosen_response_is_caught(
     differs = [c for c, h in zip(chosen, honest, strict=True) if c.response_ids != h.response_ids]
     assert differs and len(caught.mismatches) == len(differs)
     assert all("not sampled from the policy with its seed" in m.what for m in caught.mismatches)
+
+
+class PredictingCheater:
+    """A volunteer that knows the job's `training.seed` (every volunteer gets the spec) and replays the
+    picks a seeded verifier would make, forging only the samples it predicts go unchecked."""
+
+    def __init__(self, seed: int, fraction: float) -> None:
+        self.rng, self.fraction = random.Random(seed), fraction
+
+    def batch(self, n: int) -> list[Sample]:
+        picked = set(choose_for_check(n, self.fraction, self.rng))
+        return [sample(i, cheat=i not in picked) for i in range(n)]
+
+
+def test_picks_seeded_from_what_volunteers_know_are_predicted() -> None:
+    """The attack, against the picks drawn from `training.seed`: 40 batches of forgeries, none caught."""
+    seed, fraction = 42, 0.5
+    seeded = Verifier(TruthPolicy(), fraction=fraction, picks=random.Random(seed))
+    cheater = PredictingCheater(seed, fraction)
+    results = [seeded.check(cheater.batch(8), 3) for _ in range(40)]
+    assert all(r.ok for r in results) and seeded.rejected_batches == 0
+
+
+def test_the_verifiers_own_picks_cannot_be_predicted() -> None:
+    """The same cheater against the verifier as the job builds it: its first batch is caught unless the
+    secret picks happen to match (1 in 70 per batch): 5 of 10 batches missed has a chance below 1e-8."""
+    seed, fraction = 42, 0.5
+    verifier = Verifier(TruthPolicy(), fraction=fraction)
+    assert isinstance(verifier._rng, random.SystemRandom)
+    cheater = PredictingCheater(seed, fraction)
+    caught = sum(not verifier.check(cheater.batch(8), 3).ok for _ in range(10))
+    assert caught >= 5

@@ -17,7 +17,14 @@ from decentralized_verl.spec.source_paths import pod_roles_of
 from decentralized_verl.spec.sources import SourceSpec
 
 FETCH_MODULE = "decentralized_verl.sources.fetch"
-FETCH_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "HF_ENDPOINT", "HF_TOKEN", "SSL_CERT_FILE")
+FETCH_ENV = (
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_ENDPOINT_URL",
+    "HF_ENDPOINT",
+    "HF_TOKEN",
+    "SSL_CERT_FILE",
+    "FETCH_PRIVATE_REDIRECTS",
+)
 """Env a pod template may give the fetchers too (mirrors, tokens, a private CA)."""
 
 
@@ -44,6 +51,8 @@ def fetch_command(source: SourceSpec) -> list[str]:
     command = ["python", "-m", FETCH_MODULE, "--url", source.uri.url, "--dest", source.mount_path]
     if source.uri.sha256:
         command += ["--sha256", source.uri.sha256]
+    if source.uri.insecure_skip_digest:
+        command += ["--insecure-skip-digest"]
     return command
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from decentralized_verl.errors import ManifestError
-from decentralized_verl.spec import JobSpec
+from decentralized_verl.spec import JobSpec, safe_yaml
 from decentralized_verl.spec.manifest import parse_spec
 from dverl_operator.children.config_map import CONFIG_KEY
 from dverl_operator.status import conditions as cond
@@ -36,7 +36,7 @@ def applied_spec(config_map: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if not text:
         return None
     try:
-        loaded = yaml.safe_load(text)
+        loaded = safe_yaml.load(text)
     except yaml.YAMLError:
         return None
     return loaded if isinstance(loaded, dict) else None

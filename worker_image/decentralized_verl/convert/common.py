@@ -2,26 +2,23 @@
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
+from decentralized_verl.spec import safe_yaml
 
 
 def load_yaml(text: str) -> Any:
-    """The one way the importers read YAML (configs, defaults files, override values)."""
-    return yaml.safe_load(text)
+    """The one way the importers read YAML (configs, defaults files, override values): the project's
+    loader with its limits, so a file built to exhaust the parser stops at a named limit."""
+    return safe_yaml.load(text)
 
 
 def load_json_or_yaml(text: str) -> Any:
-    """JSON when the text is JSON, else YAML."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return load_yaml(text)
+    """JSON when the text is JSON, else YAML; both within the loader's limits."""
+    return safe_yaml.load_json_or_yaml(text)
 
 
 Convert = Callable[[Any], Any]

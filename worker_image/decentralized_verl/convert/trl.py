@@ -29,6 +29,7 @@ from decentralized_verl.convert.common import (
     put,
 )
 from decentralized_verl.convert.shell import command_flags, script_command
+from decentralized_verl.spec import safe_yaml
 from decentralized_verl.spec.catalogue.backends import HF, VLLM
 
 RULES: dict[str, Rule] = {
@@ -194,8 +195,10 @@ IS_MODES = {
 def _load(text: str) -> dict[str, Any]:
     try:
         loaded = load_json_or_yaml(text)
+    except safe_yaml.YamlLimitExceeded:
+        raise
     except yaml.YAMLError:
-        loaded = None
+        loaded = None  # not a mapping: perhaps a command line
     if not isinstance(loaded, dict):
         command = script_command(text, "grpo")
         if command is None:

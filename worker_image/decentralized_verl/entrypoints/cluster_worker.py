@@ -31,7 +31,7 @@ from decentralized_verl.spans.backend import SpanBackend, parse_span_addresses
 from decentralized_verl.spans.front_volunteers import start_front_volunteers
 from decentralized_verl.spans.server import serve_span_role
 from decentralized_verl.spec import JobSpec
-from decentralized_verl.spec.manifest import load_job, load_yaml_text, parse_spec
+from decentralized_verl.spec.manifest import load_job, load_yaml_text, parse_spec, read_yaml_file
 from decentralized_verl.training.distributed import exit_process
 from decentralized_verl.transport.weights.fanout import RelayWeightSource
 from decentralized_verl.transport.weights.publish import WeightPublisher
@@ -164,7 +164,7 @@ async def serve_rollout(worker: RolloutWorker, port: int, *, learner: str | None
 
 def load_worker_config(path: Path, job_name: str | None) -> tuple[JobSpec, str, Path]:
     """A whole RLHFJob manifest (`dverl run`) or the bare spec the operator's ConfigMap holds."""
-    document = load_yaml_text(path.read_text(encoding="utf-8"), str(path))
+    document = load_yaml_text(read_yaml_file(path), str(path))
     if isinstance(document, dict) and "kind" in document:
         job = load_job(path)
         extra = job.metadata.model_extra or {}

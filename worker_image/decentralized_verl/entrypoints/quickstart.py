@@ -285,7 +285,6 @@ class OpenActors:
             temperature=context.trainer.settings.temperature,
             pad_token_id=context.tokenizer.pad_token_id,
             fraction=self.options.verify_fraction,
-            seed=context.spec.training.seed,
         )
         vocab = getattr(model.config, "vocab_size", None)
         hub = VolunteerHub(

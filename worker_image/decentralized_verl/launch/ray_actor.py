@@ -22,6 +22,11 @@ from decentralized_verl.launch.worker_process import start_worker
 from decentralized_verl.runtime.orphans import PARENT_VARIABLE
 from decentralized_verl.runtime.ports import free_port
 
+RESULT_FILES = frozenset({"summary.json", "metrics.jsonl", "eval.jsonl"})
+"""The run files the driver may read back through an actor; nothing else on the node is readable so."""
+RAY_CREDENTIALS = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+"""Ray's token: the actor's process needs it, the `dverl worker` it starts does not."""
+
 
 class WorkerHost:
     """One worker process on whichever node Ray put this actor (used as a Ray actor class)."""
@@ -61,7 +66,7 @@ class WorkerHost:
         start, as under `dverl run`: never a file on the node, never the environment."""
         if self.process is not None and self.process.poll() is None:
             raise RuntimeError(f"{self.name} is still running (pid {self.process.pid})")
-        environment = dict(os.environ)
+        environment = {k: v for k, v in os.environ.items() if k not in RAY_CREDENTIALS}
         environment.update(env)
         environment[PARENT_VARIABLE] = str(os.getpid())
         python = environment.pop("DVERL_WORKER_PYTHON", "") or sys.executable
@@ -99,10 +104,16 @@ class WorkerHost:
         except OSError:
             return ""
 
-    def read(self, path: str) -> bytes | None:
-        """A file the worker wrote on this node (the learner's summary and metrics), None if absent."""
+    def read(self, name: str) -> bytes | None:
+        """One of the run's result files the worker wrote on this node (`RESULT_FILES`, in the run folder),
+        None if absent. Any other name is refused: a caller must not read the node's files (the job's
+        keys among them) through the job's actors."""
+        if name not in RESULT_FILES:
+            raise PermissionError(
+                f"{self.name}: only the run's result files are readable ({sorted(RESULT_FILES)})"
+            )
         with contextlib.suppress(OSError):
-            return Path(path).read_bytes()
+            return (self.output / name).read_bytes()
         return None
 
 

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import socket
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,9 +64,38 @@ ACTOR_LOST = -9
 SIGKILL)."""
 
 
+RAY_AUTH_MODE, RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH = "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"
+"""Ray's own token authentication (Ray >= 2.52): every RPC to the GCS, raylets and workers carries it."""
+
+
+def auth_problem(env: Mapping[str, str], home: Path) -> str | None:
+    """Why this driver would join a Ray cluster without Ray's token authentication, or None.
+
+    A Ray cluster runs whatever any client that reaches its GCS asks: without a token, anyone on the
+    network lists the job's actors, calls them, reads what they hold and runs tasks as their user. So the
+    job joins only with RAY_AUTH_MODE=token and a token, and a cluster started with the same setting
+    refuses every client that lacks it."""
+    if env.get(RAY_AUTH_MODE, "").lower() != "token":
+        return (
+            f"{RAY_AUTH_MODE}=token is not set: a Ray cluster without Ray's token authentication runs "
+            "whatever anyone who reaches it asks (the job's actors, its keys). Start the cluster and run "
+            f"dverl with {RAY_AUTH_MODE}=token and the cluster's token in {RAY_AUTH_TOKEN} (or "
+            f"{RAY_AUTH_TOKEN_PATH}); docs/ray.md says how"
+        )
+    path = env.get(RAY_AUTH_TOKEN_PATH)
+    token_file = Path(path) if path else home / ".ray" / "auth_token"
+    if env.get(RAY_AUTH_TOKEN) or token_file.is_file():
+        return None
+    return f"{RAY_AUTH_MODE}=token but no token: set {RAY_AUTH_TOKEN} or {RAY_AUTH_TOKEN_PATH}"
+
+
 def connect(address: str) -> Any:
-    """Join the Ray cluster at `address` (`auto`: the one this machine belongs to); returns the module."""
+    """Join the Ray cluster at `address` (`auto`: the one this machine belongs to) with Ray's token
+    authentication (`auth_problem`); returns the module."""
     if not ray.is_initialized():
+        problem = auth_problem(os.environ, Path.home())
+        if problem is not None:
+            raise RayUnavailable(f"--ray {address}: {problem}")
         _reachable(address)
         try:
             ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
@@ -397,7 +428,7 @@ class RayCluster:
         for name in names:
             path = self.output_dir / name
             with contextlib.suppress(Exception):
-                data = self.ray.get(learners[0].actor.read.remote(str(path)), timeout=CALL_TIMEOUT_S)
+                data = self.ray.get(learners[0].actor.read.remote(name), timeout=CALL_TIMEOUT_S)
                 if data is not None and (not path.exists() or path.read_bytes() != data):
                     path.write_bytes(data)
 

@@ -75,7 +75,13 @@ def absolute_paths(spec: dict[str, Any], base: Path) -> dict[str, Any]:
 def fetch_into_cache(source: SourceSpec, folder: Path) -> Path:
     """A URI source, downloaded once into the local cache (its digest checked), for `dverl run`."""
     assert source.uri is not None
-    return fetch(source.uri.url, folder, source.uri.sha256, Endpoints.from_env(os.environ))
+    return fetch(
+        source.uri.url,
+        folder,
+        source.uri.sha256,
+        Endpoints.from_env(os.environ),
+        insecure_skip_digest=source.uri.insecure_skip_digest,
+    )
 
 
 def write_config(

@@ -15,6 +15,7 @@ import yaml
 from decentralized_verl.errors import DverlError
 from decentralized_verl.reporting.metrics import EVAL_FILE, read_evals, read_metrics
 from decentralized_verl.reporting.progress import format_duration
+from decentralized_verl.spec import safe_yaml
 
 PACE_WINDOW = 20
 """Steps the ETA's pace is measured over (recent steps say more about the rest than the first ones)."""
@@ -29,7 +30,9 @@ def _total_steps(run_dir: Path, summary: dict[str, Any] | None) -> int | None:
     if job.exists():
         try:
             steps = (
-                ((yaml.safe_load(job.read_text()) or {}).get("spec") or {}).get("training", {}).get("steps")
+                ((safe_yaml.load(safe_yaml.read_limited(job)) or {}).get("spec") or {})
+                .get("training", {})
+                .get("steps")
             )
         except (yaml.YAMLError, AttributeError):
             steps = None

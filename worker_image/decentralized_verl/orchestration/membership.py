@@ -24,6 +24,7 @@ from decentralized_verl.core.interfaces import RolloutClient
 from decentralized_verl.orchestration.dispatch import Dispatcher
 from decentralized_verl.planning.devices import GPU_PRIORS
 from decentralized_verl.settings import WorkerSettings
+from decentralized_verl.spec import safe_yaml
 from decentralized_verl.transport import clients
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ class Member:
 def rollout_members(text: str, source: str = WORKERS_FILE) -> dict[str, Member]:
     """Parse the operator's `workers.yaml` (pod name -> role, index, address, pool); keep the rollout role."""
     try:
-        data = yaml.safe_load(text)
+        data = safe_yaml.load(text)
     except yaml.YAMLError as exc:
         raise WorkersFileError(f"{source}: not YAML ({exc})") from None
     if data is None:

@@ -83,7 +83,6 @@ async def start_volunteer_discovery(
         temperature=temperature,
         pad_token_id=pad_token_id,
         fraction=volunteers.verify_fraction,
-        seed=spec.training.seed,
         atol=settings.verify_atol,
         episodes=episode_check(spec, tokenizer, model) if tokenizer is not None else None,
         replay_draws=spec.roles.rollout.backend_kind.replayable_draws,

@@ -1,7 +1,10 @@
-"""`python -m decentralized_verl.sources.fetch --url URI --dest DIR [--sha256 HEX]`: put a source into DIR.
+"""`python -m decentralized_verl.sources.fetch --url URI --dest DIR (--sha256 HEX | --insecure-skip-digest)`:
+put a source into DIR.
 
 The init container of a pod whose source is a URI runs this (and `dverl run` calls `fetch` for its local
-cache). A file is checked against its digest before anything lands in DIR; an archive is unpacked there
+cache). A file is checked against its digest before anything lands in DIR, and without a digest nothing
+is downloaded unless the caller says it accepts an unchecked download (a whole hf repository pinned by a
+commit hash excepted); redirects are followed as `redirects` allows. An archive is unpacked there
 (no member may escape DIR), any other file keeps its name. A marker file records what DIR holds, so a
 restarted init container or a second `dverl run` does not download it again. When it cannot, it says why
 on stderr and in the container's termination message, and exits 1.
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from decentralized_verl.errors import DverlError
+from decentralized_verl.sources.redirects import GuardedRedirects, Network, RedirectRefused, networks_from_env
 from decentralized_verl.spec.uri import Uri, UriProblem, download_url, listing_url, parse_uri
 
 MARKER = ".dverl-source.json"
@@ -45,13 +49,20 @@ class Endpoints:
     s3: str | None = None
     hf: str | None = None
     hf_token: str | None = None
+    private_redirects: tuple[Network, ...] = ()
+    """Networks a redirect to another origin may lead to although they are not public."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Endpoints:
+        try:
+            private = networks_from_env(env)
+        except RedirectRefused as exc:
+            raise FetchError(str(exc)) from None
         return cls(
             s3=env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL"),
             hf=env.get("HF_ENDPOINT"),
             hf_token=env.get("HF_TOKEN"),
+            private_redirects=private,
         )
 
 
@@ -64,15 +75,18 @@ def _request(url: str, uri: Uri, endpoints: Endpoints) -> urllib.request.Request
 
 def _download(url: str, uri: Uri, endpoints: Endpoints, target: Path) -> str:
     """Stream `url` into `target`; its hex SHA-256. Retries connection failures and 5xx answers."""
+    opener = urllib.request.build_opener(GuardedRedirects(endpoints.private_redirects))
     for attempt in range(1, ATTEMPTS + 1):
         digest = hashlib.sha256()
         try:
             request = _request(url, uri, endpoints)
-            with urllib.request.urlopen(request, timeout=TIMEOUT_S) as answer, target.open("wb") as out:
+            with opener.open(request, timeout=TIMEOUT_S) as answer, target.open("wb") as out:
                 while chunk := answer.read(CHUNK):
                     digest.update(chunk)
                     out.write(chunk)
             return digest.hexdigest()
+        except RedirectRefused as exc:
+            raise FetchError(str(exc)) from None
         except urllib.error.HTTPError as exc:
             if exc.code < 500 or attempt == ATTEMPTS:
                 raise FetchError(f"{url}: the server answered HTTP {exc.code} {exc.reason}") from None
@@ -117,12 +131,20 @@ def _marker(dest: Path) -> dict | None:
         return None
 
 
-def fetch(url: str, dest: Path, sha256: str | None, endpoints: Endpoints) -> Path:
-    """Put the source at `url` into `dest` (created when missing); returns `dest`."""
+def fetch(
+    url: str, dest: Path, sha256: str | None, endpoints: Endpoints, *, insecure_skip_digest: bool = False
+) -> Path:
+    """Put the source at `url` into `dest` (created when missing); returns `dest`. Without `sha256` the
+    caller must say `insecure_skip_digest` (a whole hf repository pinned by a commit hash excepted)."""
     try:
         uri = parse_uri(url)
     except UriProblem as exc:
         raise FetchError(f"{url}: {exc}") from None
+    if sha256 is None and not insecure_skip_digest and not uri.pinned_by_commit:
+        raise FetchError(
+            f"{url}: no SHA-256 to check it against: refusing an unchecked download "
+            "(give its digest, or say insecureSkipDigest: true to accept one)"
+        )
     wanted = {"url": url, "sha256": sha256}
     if _marker(dest) == wanted:
         return dest
@@ -176,11 +198,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url", required=True)
     parser.add_argument("--dest", required=True)
     parser.add_argument("--sha256")
+    parser.add_argument(
+        "--insecure-skip-digest",
+        action="store_true",
+        help="download without a digest to check (only when the manifest says insecureSkipDigest: true)",
+    )
     parser.add_argument("--termination-log", default=TERMINATION_LOG)
     args = parser.parse_args(argv)
     dest = Path(args.dest)
     try:
-        fetch(args.url, dest, args.sha256, Endpoints.from_env(os.environ))
+        endpoints = Endpoints.from_env(os.environ)
+        fetch(args.url, dest, args.sha256, endpoints, insecure_skip_digest=args.insecure_skip_digest)
     except FetchError as exc:
         _report(str(exc), Path(args.termination_log))
         return 1

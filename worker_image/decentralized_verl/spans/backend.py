@@ -40,6 +40,7 @@ class SpanBackend(HFBackend):
         check_layout([r.span for r in chain.routes], int(front.config.num_hidden_layers), field="spans")
         super().__init__(front, tokenizer, **kw)
         self.chain = chain
+        chain.head = front.head  # the token check carries checked hops through to the next-token logits
         self.verify_key = weights_verify_key() if verify_key is PROCESS_KEY else verify_key
         chain.version = self._version
         self._sessions: list[ChainSession] = []

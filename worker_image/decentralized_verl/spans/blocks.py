@@ -124,6 +124,11 @@ class FrontModel(nn.Module):
     def get_input_embeddings(self) -> nn.Module:
         return self.model.embed_tokens
 
+    def head(self, hidden: Tensor) -> Tensor:
+        """Logits from the last span's hidden states: the final norm and the LM head."""
+        with torch.no_grad():
+            return self.lm_head(self.model.norm(hidden.to(self.lm_head.weight.dtype)))
+
     def forward(
         self,
         input_ids: Tensor,

@@ -92,12 +92,21 @@ class Chain:
         credentials: object = None,
         check_fraction: float = 0.25,
         check_tolerance: float = 1e-3,
+        token_tolerance: float | None = 0.05,
         seed: int | None = None,
     ) -> None:
         """`replicas`: per span, addresses of the job's span servers or ready clients (`SpanCalls`, e.g. a
         volunteer's `P2PSpanClient`). An untrusted client's hops are recomputed by a trusted replica of
-        its span with probability `check_fraction`; a hop whose output differs by more than
-        `check_tolerance` (relative to the largest activation) drops that client."""
+        its span with probability `check_fraction` (drawn from the OS's randomness unless `seed` is given,
+        so a volunteer cannot tell which hops are checked); a hop whose output differs by more than
+        `check_tolerance` (relative to the largest activation) drops that client.
+
+        An elementwise tolerance alone lets a volunteer steer: a perturbation inside it, aimed along the
+        direction that raises a chosen token's logit, moves that token from p~0 to p~1 on a real model.
+        So a checked hop is also judged by what it leads to: both outputs are carried through the rest
+        of the chain on trusted replicas and the front's head (`head`, set by the front), and a hop whose
+        next-token distributions differ by more than `token_tolerance` in total variation (the most
+        probability a sampler could be moved by) drops the client too. None turns that off."""
         if not 0.0 <= check_fraction <= 1.0:
             raise ValueError(f"check_fraction: must be in [0, 1] (got {check_fraction})")
         if len(spans) != len(replicas):
@@ -123,7 +132,10 @@ class Chain:
                 )
         self.check_fraction = check_fraction
         self.check_tolerance = check_tolerance
-        self.rng = random.Random(seed)
+        self.token_tolerance = token_tolerance
+        self.head: Callable[[Tensor], Tensor] | None = None
+        """The front's final norm and LM head (last hidden states -> logits), for the token check."""
+        self.rng = random.Random(seed) if seed is not None else random.SystemRandom()
         self.hidden_size = hidden_size
         self.failover_s = failover_s
         self.version = version
@@ -367,21 +379,59 @@ class ChainSession:
             if out.shape == reference.shape
             else float("inf")
         )
-        if off <= self.chain.check_tolerance:
+        problem = None
+        if off > self.chain.check_tolerance:
+            problem = f"activations off by {off:.3g} (tolerance {self.chain.check_tolerance:.3g})"
+        else:
+            moved = self._token_shift(index, out, reference, attention, positions)
+            if moved is not None and moved > (self.chain.token_tolerance or 0.0):
+                problem = (
+                    f"activations within {self.chain.check_tolerance:.3g} that move the next-token "
+                    f"distribution by {moved:.3g} "
+                    f"(total variation; tolerance {self.chain.token_tolerance:.3g})"
+                )
+        if problem is None:
             with contextlib.suppress(DverlError):
                 trusted.close(name)
             return out
-        log.warning(
-            "span %s: untrusted %s returned activations off by %.3g (tolerance %.3g): dropped",
-            route.span, client.address, off, self.chain.check_tolerance,
-        )  # fmt: skip
+        log.warning("span %s: untrusted %s returned %s: dropped", route.span, client.address, problem)
         with contextlib.suppress(DverlError):
             client.close(self.names[index])
         route.drop(client, trusted)
         if self.chain.on_drop is not None:
-            self.chain.on_drop(client, f"span {route.span}: activations off by {off:.3g}")
+            self.chain.on_drop(client, f"span {route.span}: {problem}")
         self.names[index], self.opened[index] = name, trusted
         return reference
+
+    def _token_shift(
+        self, index: int, out: Tensor, reference: Tensor, attention: Tensor, positions: Tensor
+    ) -> float | None:
+        """The largest total-variation distance, over the rows, between the next-token distributions the
+        untrusted and the trusted output of span `index` lead to (the rest of the chain on trusted
+        replicas, under check sessions of their own); None when it cannot be told (no head, a downstream
+        span without a trusted replica or one that fails: the check is a sample)."""
+        if self.chain.token_tolerance is None or self.chain.head is None:
+            return None
+        finals = []
+        for candidate in (out, reference):
+            hidden = candidate
+            for later in range(index + 1, len(self.chain.routes)):
+                trusted = next((c for c in self.chain.routes[later].clients if c.trusted), None)
+                if trusted is None:
+                    return None
+                name = f"{self.id}.follow{next(_ids)}"
+                request = self._replay_request(later, name, hidden, attention, positions)
+                try:
+                    hidden = trusted.forward(request, self.chain.hidden_size)
+                except SpanFailure:
+                    return None
+                finally:
+                    with contextlib.suppress(DverlError):
+                        trusted.close(name)
+            finals.append(hidden[:, -1:, :])
+        with torch.no_grad():
+            p, q = (torch.softmax(self.chain.head(h).float(), dim=-1) for h in finals)
+        return float(0.5 * (p - q).abs().sum(dim=-1).max())
 
     def _replay_request(
         self, index: int, session: str, hidden: Tensor, attention: Tensor, positions: Tensor

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,11 @@ from decentralized_verl.volunteers.dht import PeerOptions, start_dht
 
 log = logging.getLogger(__name__)
 
+ROSTER_CLOCK_SKEW_S = 120.0
+"""How far ahead of this front's clock a roster's sequence (the coordinator's send time) may be. A roster
+signed with a stolen key and an enormous sequence would otherwise make every genuine roster after it look
+like a replay for the rest of the run; bounded by the clock, it can hold them off this long at most."""
+
 
 @dataclass
 class FrontVolunteers:
@@ -44,6 +50,7 @@ class FrontVolunteers:
     verify_key: bytes
     loop: asyncio.AbstractEventLoop
     timeout_s: float = 60.0
+    clock: Any = time.time
     attached: dict[str, P2PSpanClient] = field(default_factory=dict)
     dropped: dict[str, str] = field(default_factory=dict)
     lost: dict[str, str] = field(default_factory=dict)
@@ -97,6 +104,11 @@ class FrontVolunteers:
                 raise DverlError("span roster: addressed to another job or front")
             if seq <= self._last_seq:
                 raise DverlError("span roster: not newer than the last one (a replay)")
+            if not seq <= self.clock() + ROSTER_CLOCK_SKEW_S:  # NaN and infinity too
+                raise DverlError(
+                    f"span roster: sequence {seq} is more than {ROSTER_CLOCK_SKEW_S:g} s ahead of this "
+                    "front's clock (a sequence no coordinator sends)"
+                )
             self._last_seq = seq
             offered = list(payload.get("volunteers", []))
         except (DverlError, KeyError, TypeError, ValueError) as exc:

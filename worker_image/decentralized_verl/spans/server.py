@@ -199,9 +199,22 @@ class SpanServer:
 
     # ------------------------------------------------------------ weights
 
+    def _refuse_rollback(self, version: int) -> None:
+        """Versions never go backwards here: an older version's manifest is genuine (the learner signed
+        it once) but loading it would roll the span back until the next refresh. The same version again
+        is a retry of a refresh and loads the same weights (a restarted learner publishes past every
+        version already held)."""
+        if version < self.version:
+            raise WireError(
+                "weights.version",
+                f"span {self.span}: v{version} is older than v{self.version} held here "
+                "(a rollback is refused)",
+            )
+
     def stage(self, data: bytes) -> int:
         """Keep a blob's tensors for the version it is tagged with; the count staged so far."""
         version = _tagged_version(data)
+        self._refuse_rollback(version)
         tensors = decode_state_dict(data, version)
         self.weight_bytes_received += len(data)
         own = self.module.state_dict()
@@ -216,6 +229,7 @@ class SpanServer:
     def commit(self, version: int, manifest: SpanManifest | None = None) -> None:
         """Load the staged tensors as `version` (every one checked first, against the learner's signed
         manifest of this span when one is given or required), or change nothing."""
+        self._refuse_rollback(version)
         if self.staged_version != version:
             raise WireError(
                 "weights.version", f"nothing staged for version {version} (staged: {self.staged_version})"

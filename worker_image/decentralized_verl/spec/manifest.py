@@ -13,9 +13,11 @@ import yaml
 from pydantic import ValidationError
 
 from decentralized_verl.errors import ManifestError, Problem
+from decentralized_verl.spec import safe_yaml
 from decentralized_verl.spec.base import CrossFieldProblems
 from decentralized_verl.spec.catalogue.algorithms import GROUP_ESTIMATORS
 from decentralized_verl.spec.job import API_GROUP, API_VERSION, KIND, JobSpec, RLHFJob
+from decentralized_verl.spec.safe_yaml import DuplicateKey, YamlLimitExceeded
 
 
 def _path(loc: tuple[Any, ...]) -> str:
@@ -154,37 +156,10 @@ STAGE_KEYS = {"sft", "reward", "rlhf"}
 """Top-level sections of a `dverl train` stages config, told apart from a manifest with a hint."""
 
 
-class DuplicateKey(yaml.YAMLError):
-    def __init__(self, key: Any, line: int, first_line: int) -> None:
-        self.key, self.line, self.first_line = key, line, first_line
-        super().__init__(f"duplicate key {key!r} at line {line} (first at line {first_line})")
-
-
-class StrictLoader(yaml.SafeLoader):
-    """`yaml.SafeLoader` that refuses a key given twice in one mapping (YAML says keys are unique; PyYAML
-    would silently keep the last value, and a setting a person thinks is in force would not be)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=deep)
-            try:
-                first = seen.get(key)
-            except TypeError:  # an unhashable key: the constructor below reports it
-                continue
-            line = key_node.start_mark.line + 1
-            if first is not None:
-                raise DuplicateKey(key, line, first)
-            seen[key] = line
-        return super().construct_mapping(node, deep=deep)
-
-
 def load_yaml_text(text: str, source: str) -> Any:
     try:
-        documents = [doc for doc in yaml.load_all(text, Loader=StrictLoader) if doc is not None]
-    except DuplicateKey as exc:
+        documents = safe_yaml.load_documents(text)
+    except (DuplicateKey, YamlLimitExceeded) as exc:
         raise ManifestError([Problem("(file)", str(exc))], source) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
@@ -203,13 +178,19 @@ def load_yaml_text(text: str, source: str) -> Any:
 def load_job(path: str | Path) -> RLHFJob:
     """Read and validate an RLHFJob manifest file."""
     path = Path(path)
+    return parse_job(load_yaml_text(read_yaml_file(path), str(path)), str(path))
+
+
+def read_yaml_file(path: str | Path) -> str:
+    """A YAML file's text, read no further than the loader's size limit; errors name the file."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return safe_yaml.read_limited(path)
     except FileNotFoundError:
         raise ManifestError([Problem("(file)", "no such file")], str(path)) from None
+    except YamlLimitExceeded as exc:
+        raise ManifestError([Problem("(file)", str(exc))], str(path)) from None
     except (UnicodeDecodeError, IsADirectoryError) as exc:
         raise ManifestError([Problem("(file)", f"cannot read as text: {exc}")], str(path)) from None
-    return parse_job(load_yaml_text(text, str(path)), str(path))
 
 
 def warnings_for(spec: JobSpec) -> list[Problem]:

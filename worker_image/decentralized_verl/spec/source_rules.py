@@ -105,6 +105,18 @@ def _kind_problems(where: str, source: Any) -> Iterator[Problem]:
                 f"{where}.uri.sha256",
                 "checks one file; name a file of the repository, or pin a whole one by ?revision=<commit>",
             )
+        if digest is not None and source.uri.insecure_skip_digest:
+            yield Problem(f"{where}.uri.insecureSkipDigest", "contradicts the sha256 given: keep one")
+        if digest is None and not source.uri.insecure_skip_digest and not uri.pinned_by_commit:
+            needs = (
+                "pin the repository by ?revision=<40-hex commit>"
+                if uri.whole_repository
+                else "give the file's SHA-256"
+            )
+            yield Problem(
+                f"{where}.uri.sha256",
+                f"required: {needs}, or set insecureSkipDigest: true to accept an unchecked download",
+            )
 
 
 def pod_template_problems(spec: JobSections) -> Iterator[Problem]:

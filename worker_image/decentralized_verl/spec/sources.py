@@ -56,7 +56,18 @@ class UriSource(SpecModel):
         ),
     )
     sha256: str | None = Field(
-        default=None, description="Hex SHA-256 of the downloaded file; the pod fails when it differs"
+        default=None,
+        description=(
+            "Hex SHA-256 of the downloaded file; the pod fails when it differs. Required unless "
+            "insecureSkipDigest is true (or a whole hf repository is pinned by ?revision=<commit>)"
+        ),
+    )
+    insecure_skip_digest: bool = Field(
+        default=False,
+        description=(
+            "Accept a download nothing checks: whoever serves the URL (or steers its redirects within "
+            "what the fetcher follows) decides the bytes the job runs on"
+        ),
     )
 
 

@@ -16,6 +16,7 @@ from urllib.parse import parse_qs, quote, urlsplit
 URI_SCHEMES = ("https", "s3", "hf")
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".zip")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
 DEFAULT_S3_ENDPOINT = "https://s3.amazonaws.com"
 DEFAULT_HF_ENDPOINT = "https://huggingface.co"
 
@@ -44,6 +45,12 @@ class Uri:
     @property
     def whole_repository(self) -> bool:
         return self.scheme == "hf" and not self.path
+
+    @property
+    def pinned_by_commit(self) -> bool:
+        """A whole hf repository at a full commit hash: the Hub's content addressing stands in for the
+        digest no single file can give."""
+        return self.whole_repository and bool(COMMIT.match(self.revision))
 
 
 def parse_uri(url: str) -> Uri:

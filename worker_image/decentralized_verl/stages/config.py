@@ -13,7 +13,7 @@ from pydantic import Field, NonNegativeInt, PositiveInt, PrivateAttr, Validation
 
 from decentralized_verl.errors import ManifestError, Problem
 from decentralized_verl.spec import CrossFieldProblems, ModelSpec, SpecModel
-from decentralized_verl.spec.manifest import load_yaml_text, problems_from_validation_error
+from decentralized_verl.spec.manifest import load_yaml_text, problems_from_validation_error, read_yaml_file
 
 STAGES = ("sft", "reward", "rlhf")
 
@@ -95,12 +95,8 @@ def parse_train_config(
 
 def load_train_config(path: str | Path) -> TrainConfig:
     file = Path(path)
-    try:
-        text = file.read_text()
-    except FileNotFoundError:
-        raise ManifestError([Problem("(file)", "no such file")], str(file)) from None
     return parse_train_config(
-        load_yaml_text(text, str(file)), source=str(file), base_dir=file.parent.resolve()
+        load_yaml_text(read_yaml_file(file), str(file)), source=str(file), base_dir=file.parent.resolve()
     )
 
 

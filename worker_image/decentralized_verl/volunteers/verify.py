@@ -4,6 +4,9 @@ A volunteer's claimed log-probs must be what the policy of the claimed version a
 tokens (recomputed here with the same forward pass the learner trains with); a verifiable reward is
 recomputed by the trusted reward function. A configurable fraction of every volunteer batch is checked;
 one mismatch beyond tolerance rejects the whole batch (it is re-dispatched) and blocks the peer.
+Which samples are checked is drawn from the operating system's randomness (`os.urandom`), never from
+anything a volunteer is told (the job's `training.seed` reaches every volunteer with the spec): a
+volunteer that could predict the picks would cheat only on the samples nobody looks at.
 Altered tokens are caught too: their claimed log-probs were computed for other tokens. And a response
 the volunteer chose rather than sampled, even with honest log-probs, is caught by replaying its seeded
 draws (`sampling_check`): every request carries a seed the coordinator picked.
@@ -174,13 +177,15 @@ class Verifier:
         *,
         fraction: float,
         atol: float = 0.02,
-        seed: int = 0,
         episodes: Callable[[Sample], str | None] | None = None,
         draw_tol: float | None = None,
+        picks: random.Random | None = None,
     ) -> None:
         """`draw_tol`: replay each checked sample's seeded draws (every model turn of an episode) within
         this probability mass (`sampling_check`); None checks log-probs only (a backend whose sampler
-        cannot be replayed)."""
+        cannot be replayed). `picks`: where the choice of samples to check comes from; the default,
+        `random.SystemRandom`, is the only one a volunteer cannot predict (a seeded generator is for
+        tests that need to know the picks)."""
         if not 0.0 <= fraction <= 1.0:
             raise ValueError(f"verify fraction must be in [0, 1] (got {fraction})")
         self.policy = policy
@@ -188,7 +193,7 @@ class Verifier:
         self.draw_tol = draw_tol
         self.fraction = fraction
         self.atol = atol
-        self._rng = random.Random(seed)
+        self._rng = picks if picks is not None else random.SystemRandom()
         self._rng_lock = threading.Lock()
         self.checked = 0
         self.rejected_batches = 0
@@ -237,7 +242,6 @@ def verifier_for(
     temperature: float,
     pad_token_id: int,
     fraction: float,
-    seed: int,
     atol=None,
     episodes: Callable[[Sample], str | None] | None = None,
     replay_draws: bool = True,
@@ -252,9 +256,7 @@ def verifier_for(
     policy = PublishedPolicy(copy.deepcopy(model), publisher, temperature, pad_token_id)
     tolerance = atol if atol is not None else DEFAULT_ATOL.get(dtype, 0.25)
     draw_tol = DEFAULT_TOL.get(dtype, 0.05) if replay_draws else None
-    return Verifier(
-        policy, fraction=fraction, atol=tolerance, seed=seed, episodes=episodes, draw_tol=draw_tol
-    )
+    return Verifier(policy, fraction=fraction, atol=tolerance, episodes=episodes, draw_tol=draw_tol)
 
 
 def episode_check(spec, tokenizer, model) -> Callable[[Sample], str | None] | None:

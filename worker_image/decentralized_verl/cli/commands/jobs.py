@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from decentralized_verl.cli.commands.registry import Command, command
+from decentralized_verl.spec import safe_yaml
 
 JSON_HELP = "print machine-readable JSON on stdout instead of text"
 
@@ -80,7 +80,11 @@ def _convert(parser: argparse.ArgumentParser) -> Command:
         from decentralized_verl.convert.command import main_convert  # noqa: PLC0415 entry: the command's body
 
         try:
-            text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text(encoding="utf-8")
+            text = (
+                safe_yaml.read_limited_stream(sys.stdin.buffer)
+                if args.file == "-"
+                else safe_yaml.read_limited(args.file)
+            )
         except OSError as exc:
             parser.error(f"{args.file}: {exc.strerror or exc}")
         except UnicodeDecodeError as exc:
