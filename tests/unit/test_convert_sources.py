@@ -228,7 +228,7 @@ def test_verl_defaults_without_their_folder_say_so(tmp_path: Path, capsys, monke
     )
     assert "defaults name actor/dp_actor.yaml" in err and "not in its folder" in err
     assert code == 0 and "Traceback" not in err
-    monkeypatch.setattr("sys.stdin", io.StringIO(lone.read_text()))
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(lone.read_bytes())))
     code, _, err = _run(capsys, "verl", "-", "actor_rollout_ref.model.path=m", "-o", str(tmp_path / "k.yaml"))
     assert "its config folder is not at hand (read from stdin)" in err and code == 0
 
