@@ -30,6 +30,7 @@ from decentralized_verl.models.loading import (
     torch_dtype,
 )
 from decentralized_verl.models.tiny import build_tiny, tiny_config
+from decentralized_verl.runtime import device
 from decentralized_verl.training.sharding import named_state, tied_names
 
 T = TypeVar("T")
@@ -85,7 +86,7 @@ def _broadcast_weights(model: nn.Module) -> None:
     block; a whole-tensor broadcast of a large embedding would cost a transient copy of it."""
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    wire = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    wire = device.collective_device()
     aliases = tied_names(model)  # the same parameter as its first name, filled there
     with torch.no_grad():
         for name, target in named_state(model).items():
@@ -117,7 +118,7 @@ def _local_rows(target: torch.Tensor, rank: int, world: int) -> tuple[torch.Tens
     return target.to_local(), min(rank * per_rank, target.shape[0])
 
 
-def _blocks(target: torch.Tensor, rank: int, wire: str) -> Iterator[tuple[int, torch.Tensor]]:
+def _blocks(target: torch.Tensor, rank: int, wire: torch.device) -> Iterator[tuple[int, torch.Tensor]]:
     """(first row, rows) of `target` in blocks of at most BLOCK_BYTES: rank 0's own rows, the others'
     empty buffers to receive into. A 0-dim tensor is one block."""
     if target.dim() == 0:

@@ -33,6 +33,8 @@ from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 from transformers import Cache
 
+from decentralized_verl.runtime import device
+
 SHARDINGS = ("ddp", "fsdp")
 _WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
 """Prefixes module wrappers put into parameter names; the unsharded model's names have none."""
@@ -77,7 +79,7 @@ def shard_model(
         reduce_dtype=torch.float32 if dtype in (torch.bfloat16, torch.float16) else None,
         cast_forward_inputs=False,
     )
-    offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if cpu_offload else OffloadPolicy()
+    offload = CPUOffloadPolicy(pin_memory=device.pins_memory()) if cpu_offload else OffloadPolicy()
     for layer in layers:
         fully_shard(layer, mesh=mesh, mp_policy=precision, offload_policy=offload)
     fully_shard(model, mesh=mesh, mp_policy=precision, offload_policy=offload)
@@ -90,7 +92,7 @@ def _device_type(param: torch.Tensor) -> str:
     """Where the shards live: the parameters' device, or for a meta model the process group's."""
     if not param.is_meta:
         return param.device.type
-    return "cuda" if dist.is_initialized() and dist.get_backend() == "nccl" else "cpu"
+    return device.process_device().type
 
 
 def _ensure_process_group(world: int, device_type: str) -> None:
@@ -103,8 +105,7 @@ def _ensure_process_group(world: int, device_type: str) -> None:
         return
     if world != 1:
         raise ValueError(f"world: {world} ranks need torch.distributed initialised first (init_distributed)")
-    backend = "nccl" if device_type == "cuda" else "gloo"
-    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    device.init_process_group(1, 0, store=dist.HashStore())
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:

@@ -32,6 +32,7 @@ from decentralized_verl.algorithms.rollout_correction import correct_rollout
 from decentralized_verl.core.forward import ForwardChooser, response_logprobs
 from decentralized_verl.core.samples import TrainBatch
 from decentralized_verl.models.lora import is_lora
+from decentralized_verl.runtime.device import synchronize
 from decentralized_verl.spec import JobSpec
 from decentralized_verl.training import microbatches
 from decentralized_verl.training.advantage_step import AlgorithmSettings
@@ -303,8 +304,7 @@ class PolicyTrainer:
 
 def _synced(began: float) -> float:
     """Seconds since `began`, after the GPU (if any) finished what was queued."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
+    synchronize()
     return time.perf_counter() - began
 
 
