@@ -122,6 +122,17 @@ class WorkerSettings(BaseModel):
         None, ge=1, alias="WORLD_SIZE", description="plan: the gang's size (default: the role's replicas)"
     )
     local_rank: int = Field(0, ge=0, alias="LOCAL_RANK", description="plan: the GPU a rank computes on")
+    visible_devices: str | None = Field(
+        None,
+        alias="CUDA_VISIBLE_DEVICES",
+        description="the device plugin, `dverl run`'s layout: the GPUs this process may see (empty: none)",
+    )
+    device: str | None = Field(
+        None,
+        alias="DVERL_DEVICE",
+        description="`dverl run`'s layout, or by hand: auto, cpu or cuda[:N], over the role's "
+        "`device` (`dverl worker --device` wins over both)",
+    )
 
     cpus: float | None = Field(
         None,

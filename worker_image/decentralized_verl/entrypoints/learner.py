@@ -60,6 +60,7 @@ async def run_learner(
     base_dir: Path | None,
     resume: bool,
     settings: WorkerSettings,
+    on: torch.device,
 ) -> int:
     rank = settings.rank
     world = settings.world_size or spec.roles.learner.replicas
@@ -67,7 +68,9 @@ async def run_learner(
     sharded = spec.roles.learner.sharding == "fsdp"
     distributed.init_distributed(world, rank, sharded=sharded)
     meta = rank0_weights.uses_rank0_load(sharded, world)  # ranks > 0 never hold the whole model
-    model, tokenizer = rank0_weights.load_for_rank(spec.model, rank=rank, meta=meta)
+    # A sharded model is put on the device by FSDP, shard by shard (CPU or meta -> fully_shard -> the
+    # device); a whole one is loaded there.
+    model, tokenizer = rank0_weights.load_for_rank(spec.model, rank=rank, meta=meta, on=on, sharded=sharded)
 
     def build() -> PolicyTrainer:
         return PolicyTrainer(model, spec, distributed=world > 1)
@@ -218,13 +221,21 @@ def run(
     base_dir: Path | None,
     resume: bool,
     settings: WorkerSettings,
+    on: torch.device,
 ) -> int:
     """Run this learner rank to the end; a rank of a distributed group leaves through `exit_process`."""
     code = 1
     try:
         code = asyncio.run(
             run_learner(
-                spec, job, port=port, output=output, base_dir=base_dir, resume=resume, settings=settings
+                spec,
+                job,
+                port=port,
+                output=output,
+                base_dir=base_dir,
+                resume=resume,
+                settings=settings,
+                on=on,
             )
         )
     except BaseException:

@@ -44,12 +44,20 @@ def uses_rank0_load(sharded: bool, world: int) -> bool:
 
 
 def load_for_rank(
-    model_spec: Any, *, rank: int, meta: bool, field: str = "spec.model"
+    model_spec: Any,
+    *,
+    rank: int,
+    meta: bool,
+    on: torch.device | None = None,
+    sharded: bool = False,
+    field: str = "spec.model",
 ) -> tuple[nn.Module, Any]:
-    """Rank 0 (or any rank when `meta` is False): the loaded model and tokenizer. Ranks > 0 with `meta`: the
-    same architecture on the meta device, and the tokenizer."""
+    """Rank 0 (or any rank when `meta` is False): the loaded model and tokenizer, on `on` (default: the
+    process's device) or, for a model FSDP will shard, in host memory, so that no rank ever holds the whole
+    model on its GPU (`fully_shard` moves each rank's shards there). Ranks > 0 with `meta`: the same
+    architecture on the meta device, and the tokenizer."""
     if not meta or rank == 0:
-        return load_model_and_tokenizer(model_spec, field=field)
+        return load_model_and_tokenizer(model_spec, device="cpu" if sharded else on, field=field)
     tokenizer = load_tokenizer(model_spec, field=field)
     with torch.device("meta"):
         model = _skeleton(model_spec, tokenizer, field)
