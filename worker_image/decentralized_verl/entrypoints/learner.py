@@ -25,6 +25,7 @@ from decentralized_verl.core.status import StatusBoard
 from decentralized_verl.orchestration.assemble import build_loop
 from decentralized_verl.orchestration.coordinator import TrainingStopped
 from decentralized_verl.orchestration.membership import follow_scaling
+from decentralized_verl.orchestration.refit_check import EXIT_REFIT_PARITY, RefitParityError
 from decentralized_verl.orchestration.status_service import CoordinatorServicer
 from decentralized_verl.orchestration.volunteering import join_volunteers
 from decentralized_verl.orchestration.wiring import connect_roles
@@ -177,6 +178,10 @@ async def _coordinate(
         except TrainingStopped as stopped:
             log.warning("learner %s", stopped)
             return STOPPED_EXIT
+        except RefitParityError as failed:
+            log.error("%s", failed)  # the job's verdict, in the learner's log and `dverl run`'s error
+            status.update(state="Failed", phase=f"refit parity: {failed}")
+            return EXIT_REFIT_PARITY
         if group.world > 1:
             summary["replica_digests"] = group.release()
             if len(set(summary["replica_digests"])) != 1:

@@ -28,6 +28,7 @@ from decentralized_verl.errors import ManifestError, OperationFailed, WireError
 from decentralized_verl.launch.local import LocalCluster
 from decentralized_verl.launch.preflight import preflight_problems
 from decentralized_verl.launch.watchdog import ProgressClock
+from decentralized_verl.orchestration.refit_check import EXIT_REFIT_PARITY
 from decentralized_verl.planning.fitting_job import load_fitting_job
 from decentralized_verl.planning.plan import plan_job
 from decentralized_verl.proto import dverl_pb2, dverl_pb2_grpc
@@ -249,6 +250,8 @@ class _LearnerGang:
                 f"learner {why} before it started training: it refused its input, and a restart would "
                 f"read the same; last lines of {learner.log_path}:\n{learner.log_tail()}"
             )
+        if learner.process.poll() == EXIT_REFIT_PARITY:  # a restart would refresh the same way
+            raise RunFailed(f"learner {why}: a weight refresh failed its parity check; {_verdict(learner)}")
         if self.restarts >= self.spec.backoff_limit:
             raise RunFailed(
                 f"learner {why}; restarted {self.restarts} times already (backoffLimit "
@@ -258,6 +261,14 @@ class _LearnerGang:
         log.warning("learner %s; restarting it from its newest checkpoint", why)
         self.cluster.restart_gang("learner", extra_args=["--resume"])
         self.started(time.monotonic())
+
+
+def _verdict(learner: Any) -> str:
+    """The learner log's refit-parity line (what failed, naming the workers and the version), else its
+    last lines."""
+    tail = learner.log_tail(200)
+    found = [line for line in tail.splitlines() if "refit parity failed" in line]
+    return found[-1].split("ERROR ", 1)[-1] if found else f"last lines of {learner.log_path}:\n{tail}"
 
 
 def _restart_dead_servers(cluster: Any, spec: Any) -> None:
