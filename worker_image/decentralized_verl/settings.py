@@ -127,6 +127,14 @@ class WorkerSettings(BaseModel):
         alias="CUDA_VISIBLE_DEVICES",
         description="the device plugin, `dverl run`'s layout: the GPUs this process may see (empty: none)",
     )
+    gpu_memory_fraction: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        alias="DVERL_GPU_MEMORY_FRACTION",
+        description="`dverl run`'s layout: a vLLM rollout's share of a GPU other workers share (the "
+        "planner's estimate of what it needs)",
+    )
     device: str | None = Field(
         None,
         alias="DVERL_DEVICE",

@@ -79,6 +79,7 @@ async def serve_role(
             tokenizer,
             gpus=worker_resources(spec.roles.rollout, index).gpus,  # what this worker's pod was given
             eager=settings.vllm_eager,
+            memory_fraction=settings.gpu_memory_fraction,  # the plan's share of a GPU it shares
             seed=spec.training.seed + index,
         )
     if role == "rollout":

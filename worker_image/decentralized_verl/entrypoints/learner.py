@@ -22,10 +22,11 @@ import torch.distributed as dist
 
 from decentralized_verl.core.final_report import write_final
 from decentralized_verl.core.status import StatusBoard
+from decentralized_verl.errors import EXIT_REFIT_PARITY
 from decentralized_verl.orchestration.assemble import build_loop
 from decentralized_verl.orchestration.coordinator import TrainingStopped
 from decentralized_verl.orchestration.membership import follow_scaling
-from decentralized_verl.orchestration.refit_check import EXIT_REFIT_PARITY, RefitParityError
+from decentralized_verl.orchestration.refit_check import RefitParityError
 from decentralized_verl.orchestration.status_service import CoordinatorServicer
 from decentralized_verl.orchestration.volunteering import join_volunteers
 from decentralized_verl.orchestration.wiring import connect_roles

@@ -15,10 +15,6 @@ from typing import Any
 from decentralized_verl.core.samples import Sample
 from decentralized_verl.errors import OperationFailed
 
-EXIT_REFIT_PARITY = 3
-"""How a learner ends when a refresh failed its parity check: not a crash to restart from a checkpoint
-(the next refresh would go the same way), a job that failed (`dverl run` stops; the operator fails it)."""
-
 
 class RefitParityError(OperationFailed):
     """A weight refresh whose rollout log-probs disagree with the learner's beyond the spec's bound."""

@@ -50,6 +50,11 @@ def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def gpu_memory_bytes() -> int | None:
+    """Memory of this machine's first GPU (None without one): the machine `dverl run` lays a job out on."""
+    return int(torch.cuda.get_device_properties(0).total_memory) if gpu_count() else None
+
+
 def gpu_name() -> str:
     """`cuda:<name> xN` of the GPUs here, or `cpu`: what a volunteer announces."""
     count = gpu_count()
