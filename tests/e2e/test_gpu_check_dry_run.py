@@ -26,6 +26,7 @@ def check(out: Path, *args: str, timeout: float = 1200) -> subprocess.CompletedP
     )
 
 
+@pytest.mark.timeout(1500)  # thirteen parts, each in its own processes, on a machine others share
 def test_every_part_passes_the_cpu_dry_run(tmp_path: Path) -> None:
     done = check(tmp_path, "--budget-scale", "6")
     assert done.returncode == 0, done.stdout + done.stderr + (tmp_path / "gpu_check.log").read_text()

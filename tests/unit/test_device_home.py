@@ -69,3 +69,22 @@ def test_the_home_exists_and_names_them() -> None:
     """The allowed files are where the names live (the list above is not stale)."""
     for path in HOME:
         assert offences(path.read_text(encoding="utf-8")), path
+
+
+def test_the_gpu_check_runs_every_file_of_gpu_marked_tests() -> None:
+    """Every test file marked `gpu` is one the GPU check's `gpu_tests` part runs (it names them, so as
+    not to collect the whole suite on the GPU machine)."""
+    import ast
+
+    source = (ROOT / "benchmarks" / "_gpu_job.py").read_text(encoding="utf-8")
+    listed = next(
+        ast.literal_eval(node.value)
+        for node in ast.parse(source).body
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "GPU_TEST_FILES"
+    )
+    marked = {
+        str(path.relative_to(ROOT))
+        for path in (ROOT / "tests").rglob("test_*.py")
+        if re.search(r"^\s*@?pytest\.mark\.gpu\b", path.read_text(encoding="utf-8"), re.MULTILINE)
+    }
+    assert marked and marked == set(listed)
