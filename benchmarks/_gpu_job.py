@@ -164,4 +164,203 @@ def smollm2_job(
     }
 
 
-PARTS = {"tiny_job": tiny_job, "smollm2_job": smollm2_job}
+SERVING_ROLES = ("rollout", "reference", "critic", "reward")
+"""The roles besides the learner whose workers the every-role part starts as their own processes."""
+TINY_MODEL = {"hiddenSize": 64, "numLayers": 2, "numHeads": 4, "intermediateSize": 128, "maxPositions": 128}
+
+
+def every_role_manifest(out: Path, device: str, steps: int, name: str = "every-role") -> Path:
+    """PPO with a KL penalty and a reward model: a learner, an HF rollout, a reference, a critic and a
+    reward-model worker, each its own process given one GPU and told `device` outright (so a GPU run
+    whose worker cannot have CUDA fails at that worker's start, naming the field)."""
+    toy = ROOT / "examples" / "data" / "toy"
+    gpu = {"resources": {"gpus": 1}} if device.startswith("cuda") else {}
+    role = {"replicas": 1, "device": "cuda" if device.startswith("cuda") else "cpu", **gpu}
+    doc = {
+        "apiVersion": "dverl.io/v1alpha1",
+        "kind": "RLHFJob",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"tiny": TINY_MODEL, "dtype": "float32"},
+            "algorithm": {"name": "ppo", "samplesPerPrompt": 2, "klCoef": 0.01},
+            "data": {
+                "train": str(toy / "train.jsonl"),
+                "rewardType": "reward_model",
+                "rewardModel": {"tiny": TINY_MODEL},
+                "maxPromptTokens": 64,
+                "maxNewTokens": 8,
+            },
+            "roles": {
+                "rollout": {**role, "backend": "hf", "batchSize": 8},
+                "learner": dict(role),
+                "reference": dict(role),
+                "critic": dict(role),
+                "reward": dict(role),
+            },
+            "training": {"steps": steps, "batchSize": 8, "evalEvery": 0, "refitParityBound": 0.05},
+        },
+    }
+    path = out / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def _readiness(address: str, caller: Any) -> Any:
+    """A serving worker's Ready reply (its device and the GPU memory it holds), or None while it cannot
+    answer."""
+    import grpc
+
+    from decentralized_verl.proto import dverl_pb2 as pb
+    from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc
+    from decentralized_verl.transport import messages as m
+    from decentralized_verl.transport import secure
+
+    try:
+        with secure.sync_channel(address, caller) as channel:
+            return m.readiness_from_proto(pb_grpc.HealthStub(channel).Ready(pb.ReadyRequest(), timeout=2))
+    except grpc.RpcError:
+        return None
+
+
+def every_role_job(
+    device: str, tiny: bool, *, out_dir: Path, budget_s: float = 600.0, **_: Any
+) -> dict[str, Any]:
+    """Every role on the device in one job: each serving worker says, in its Ready reply, which device it
+    chose and how much GPU memory its own tensors hold (`runtime.device.memory_allocated`, read in that
+    process); the learner must show up on the GPU too. On CUDA the part fails unless every one of them
+    holds GPU memory; on the CPU dry run, unless every one says cpu and holds none."""
+    import time
+
+    from decentralized_verl.launch.local import LocalCluster
+    from decentralized_verl.launch.run import write_config
+    from decentralized_verl.planning.plan import plan_job
+    from decentralized_verl.reporting.metrics import read_metrics
+    from decentralized_verl.security.credentials import CallerCredentials, run_folder_credentials
+    from decentralized_verl.spec.manifest import load_job
+
+    steps = 3 if tiny else 20
+    work = out_dir / "every-role-job"
+    work.mkdir(parents=True, exist_ok=True)
+    manifest = every_role_manifest(work, device, steps)
+    job = load_job(manifest)
+    output = work / "run"
+    config = write_config(job, manifest, output)
+    credentials = run_folder_credentials(output, job.metadata.name)
+    observer = credentials.for_role("observer")
+    caller = CallerCredentials(observer.ca, observer.token)
+    cluster = LocalCluster(plan_job(job.spec, job.metadata.name), config, output, credentials=credentials)
+    seen: dict[str, dict[str, Any]] = {}
+    deadline = time.monotonic() + budget_s * 0.9
+    with GpuWatch() as watch, cluster:
+        cluster.start()
+        learner = cluster.by_role("learner")[0]
+        while learner.process.poll() is None and time.monotonic() < deadline:
+            for role in SERVING_ROLES:
+                worker = cluster.by_role(role)[0]
+                reply = _readiness(worker.address, caller)
+                if reply is not None and reply.ready:
+                    held = max(seen.get(role, {}).get("memory_allocated", 0), reply.device_memory_allocated)
+                    seen[role] = {"worker": reply.worker_id, "device": reply.device, "memory_allocated": held}
+            time.sleep(1.0)
+        learner_pid = learner.process.pid
+        code = learner.process.poll()
+    records = read_metrics(output / "metrics.jsonl") if (output / "metrics.jsonl").exists() else []
+    on_cuda = device.startswith("cuda")
+    roles_ok = {
+        role: role in seen
+        and (
+            seen[role]["device"].startswith("cuda") and seen[role]["memory_allocated"] > 0
+            if on_cuda
+            else seen[role]["device"] == "cpu" and seen[role]["memory_allocated"] == 0
+        )
+        for role in SERVING_ROLES
+    }
+    learner_on_gpu = learner_pid in watch.pids if watch.available else None
+    parity = [r.get("refit_logprob_diff_mean") for r in records]
+    return {
+        "passed": code == 0
+        and len(records) == steps
+        and all(roles_ok.values())
+        and (learner_on_gpu is True or not on_cuda),
+        "learner_exit": code,
+        "steps": len(records),
+        "roles": seen,
+        "roles_ok": roles_ok,
+        "learner_on_gpu": learner_on_gpu,
+        "refit_logprob_diff_mean": parity,
+        "logs": str(output / "logs"),
+    }
+
+
+def one_gpu_colocated(
+    device: str, tiny: bool, *, out_dir: Path, budget_s: float = 600.0, **_: Any
+) -> dict[str, Any]:
+    """`dverl run` on a machine with one GPU (this one's first, the others hidden): the layout runs the HF
+    rollout inside the learner, one copy of the weights, and puts the reference on the same GPU. On the
+    CPU dry run the same job is laid out on no GPU and runs on the CPU."""
+    import os
+
+    if device.startswith("cuda"):
+        os.environ["CUDA_VISIBLE_DEVICES"] = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+    from decentralized_verl.launch.run import this_machine
+    from decentralized_verl.planning.layout import lay_out, machine_job
+    from decentralized_verl.spec.manifest import load_job
+
+    steps = 3 if tiny else 20
+    work = out_dir / "one-gpu-colocated"
+    work.mkdir(parents=True, exist_ok=True)
+    manifest = every_role_manifest(work, device, steps, name="one-gpu")
+    doc = yaml.safe_load(manifest.read_text())
+    for name in ("critic", "reward"):  # the learner, an HF rollout and a reference on one GPU
+        doc["spec"]["roles"].pop(name)
+    doc["spec"]["algorithm"] = {"name": "grpo", "samplesPerPrompt": 2, "klCoef": 0.01}
+    doc["spec"]["data"]["rewardType"] = "decentralized_verl.rewards.toy:first_number"
+    doc["spec"]["data"].pop("rewardModel")
+    manifest.write_text(yaml.safe_dump(doc, sort_keys=False))
+    job = load_job(manifest)
+    machine = this_machine()
+    spec, plan, colocated = machine_job(job.spec, job.metadata.name, machine)
+    layout = lay_out(spec, plan, machine, colocated=colocated)
+    with GpuWatch() as watch:
+        summary = _run(manifest, work / "run", timeout=budget_s * 0.9)
+    on_cuda = device.startswith("cuda")
+    devices = {p.name: p.device for p in layout.placed}
+    expected = colocated == ("rollout",) and set(devices.values()) == {"cuda:0"} if on_cuda else True
+    return {
+        "passed": summary["steps"] == steps and expected and (bool(watch.pids) or not on_cuda),
+        "steps": summary["steps"],
+        "machine": machine.words(),
+        "colocated": list(colocated),
+        "devices": devices,
+        "gpu_processes_seen": sorted(watch.pids) if watch.available else None,
+    }
+
+
+GPU_TEST_FILES = ("tests/integration/test_device_cuda.py",)
+"""Where the suite's tests marked `gpu` live (tests/unit/test_device_home.py checks the list is whole)."""
+
+
+def gpu_tests(device: str, tiny: bool, *, out_dir: Path, budget_s: float = 300.0, **_: Any) -> dict[str, Any]:
+    """The suite's tests marked `gpu` (skipped on the CPU CI), run here: on CUDA every one must pass and
+    none be skipped; on the CPU dry run they must all skip for the one reason they give."""
+    import sys
+
+    report = out_dir / "gpu-tests.txt"
+    files = [str(ROOT / f) for f in GPU_TEST_FILES]  # collecting the whole suite would take a minute
+    command = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rs", "-p", "no:cacheprovider", *files]
+
+    done = subprocess.run(command, capture_output=True, text=True, timeout=budget_s * 0.9, cwd=str(ROOT))
+    report.write_text(done.stdout + done.stderr)
+    last = (done.stdout.strip().splitlines() or [""])[-1]
+    skipped = "skipped" in last
+    ok = done.returncode == 0 and (not skipped if device.startswith("cuda") else "passed" not in last)
+    return {"passed": ok, "summary": last, "report": str(report)}
+
+
+PARTS = {
+    "gpu_tests": gpu_tests,
+    "tiny_job": tiny_job,
+    "smollm2_job": smollm2_job,
+    "every_role_job": every_role_job,
+    "one_gpu_colocated": one_gpu_colocated,
+}

@@ -11,8 +11,11 @@ Everything goes to the output folder: `parts/<name>.json` per part, `summary.jso
 correctness and job part passed, 1 when one failed, errored or ran out of time, 2 for bad arguments.
 
 The parts (see `_gpu_correctness`, `_gpu_job`, `_gpu_perf`):
-  correctness  shared_prompt_forward, grouped_attention, chunked_logprobs, fsdp2_checkpoint, weight_refresh
-  job          tiny_job (learner, rollout, reward processes over gRPC), smollm2_job (SmolLM2-shaped)
+  correctness  shared_prompt_forward, grouped_attention, chunked_logprobs, fsdp2_checkpoint, weight_refresh,
+               gpu_tests (the suite's tests marked `gpu`, skipped on the CPU CI)
+  job          tiny_job (learner, rollout, reward processes over gRPC), smollm2_job (SmolLM2-shaped),
+               every_role_job (learner, HF rollout, reference, critic and reward-model workers, each proving
+               it holds memory on its GPU), one_gpu_colocated (`dverl run`'s one-GPU layout)
   speed        matmul_peak, grpo_side_by_side (ours vs TRL, Qwen2.5-0.5B shape), learner_alone (1.5B shape)
 What travels to a GPU machine: `scripts/prepare-gpu-check.sh` (wheels in benchmarks/gpu_wheels.txt and
 SmolLM2's tokenizer, no model weights).
@@ -51,8 +54,11 @@ PARTS = (
     Part("chunked_logprobs", "correctness", 30),
     Part("fsdp2_checkpoint", "correctness", 60),
     Part("weight_refresh", "correctness", 30),
+    Part("gpu_tests", "correctness", 120),
     Part("tiny_job", "job", 150),
     Part("smollm2_job", "job", 90),
+    Part("every_role_job", "job", 150),
+    Part("one_gpu_colocated", "job", 120),
     Part("grpo_side_by_side", "speed", 240),
     Part("learner_alone", "speed", 60),
 )

@@ -26,6 +26,7 @@ def check(out: Path, *args: str, timeout: float = 1200) -> subprocess.CompletedP
     )
 
 
+@pytest.mark.timeout(1500)  # thirteen parts, each in its own processes, on a machine others share
 def test_every_part_passes_the_cpu_dry_run(tmp_path: Path) -> None:
     done = check(tmp_path, "--budget-scale", "6")
     assert done.returncode == 0, done.stdout + done.stderr + (tmp_path / "gpu_check.log").read_text()
@@ -33,7 +34,8 @@ def test_every_part_passes_the_cpu_dry_run(tmp_path: Path) -> None:
     parts = {part["name"]: part for part in summary["parts"]}
     assert set(parts) == {
         "matmul_peak", "shared_prompt_forward", "grouped_attention", "chunked_logprobs", "fsdp2_checkpoint",
-        "weight_refresh", "tiny_job", "smollm2_job", "grpo_side_by_side", "learner_alone",
+        "weight_refresh", "gpu_tests", "tiny_job", "smollm2_job", "every_role_job", "one_gpu_colocated",
+        "grpo_side_by_side", "learner_alone",
     }  # fmt: skip
     assert all(part["status"] == "passed" for part in parts.values()), summary
     forward = parts["shared_prompt_forward"]["by_dtype"]
@@ -44,6 +46,15 @@ def test_every_part_passes_the_cpu_dry_run(tmp_path: Path) -> None:
     )
     assert parts["weight_refresh"]["changed_by_refresh"]
     assert parts["tiny_job"]["steps"] == 6 and parts["smollm2_job"]["steps"] == 2
+    # every role's worker said which device it chose and what it holds there: the CPU and nothing
+    every = parts["every_role_job"]
+    assert set(every["roles"]) == {"rollout", "reference", "critic", "reward"} and all(
+        every["roles_ok"].values()
+    )
+    assert all(r["device"] == "cpu" and r["memory_allocated"] == 0 for r in every["roles"].values())
+    assert every["steps"] == 3 and all(d is not None and d < 1e-3 for d in every["refit_logprob_diff_mean"])
+    one = parts["one_gpu_colocated"]
+    assert one["steps"] == 3 and one["machine"] == "no GPU" and set(one["devices"].values()) == {"cpu"}
     side = parts["grpo_side_by_side"]
     assert side["sides"]["ours"]["median_step_s"] > 0 and side["learner_tokens_per_s"] > 0
     assert side["learner_mfu"] > 0 and side["peak_tflops"] == parts["matmul_peak"]["median_tflops"]
@@ -51,8 +62,9 @@ def test_every_part_passes_the_cpu_dry_run(tmp_path: Path) -> None:
         assert side["ratio_trl_over_ours"] > 0
     assert parts["learner_alone"]["tokens_per_s"] > 0 and parts["learner_alone"]["mfu_6nt"] > 0
     log = (tmp_path / "gpu_check.log").read_text()
-    assert log.count("=====") == 10  # every part's output is kept, in order
-    assert "[10/10] learner_alone: passed" in done.stdout
+    assert "skipped" in parts["gpu_tests"]["summary"]  # no CUDA here: each skips, saying so
+    assert log.count("=====") == 13  # every part's output is kept, in order
+    assert "[13/13] learner_alone: passed" in done.stdout
 
 
 def test_a_part_over_its_budget_is_killed_and_fails_the_check(tmp_path: Path) -> None:

@@ -138,8 +138,8 @@ def test_rejected_samples_leave_the_gradient_but_not_the_forward(tiny):
         assert torch.equal(fixed.response_mask, batch.response_mask)
         assert metrics["rollout_corr_rejected_frac"] == pytest.approx(1 / 6)
         # Rejected tokens leave the loss's denominator too: the loss is that of the other samples alone.
-        whole, _ = trainer._loss(fixed)
-        others, _ = trainer._loss(fixed.select(torch.arange(1, len(samples))))
+        whole, _, _ = trainer._loss(fixed)
+        others, _, _ = trainer._loss(fixed.select(torch.arange(1, len(samples))))
         torch.testing.assert_close(whole, others, atol=1e-6, rtol=1e-5)
         trainer.update(batch)
         results.append(torch.cat([p.detach().flatten() for p in trainer.model.parameters()]))

@@ -9,6 +9,9 @@ from dataclasses import dataclass
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 """How every `dverl` process ends: success, a run or operation that failed, usage or invalid input, ^C."""
+EXIT_REFIT_PARITY = 3
+"""How a learner ends when a weight refresh failed its parity check: not a crash to restart from a
+checkpoint (the next refresh would go the same way) but a failed job (`dverl run` stops)."""
 
 
 class DverlError(Exception):

@@ -122,6 +122,25 @@ class WorkerSettings(BaseModel):
         None, ge=1, alias="WORLD_SIZE", description="plan: the gang's size (default: the role's replicas)"
     )
     local_rank: int = Field(0, ge=0, alias="LOCAL_RANK", description="plan: the GPU a rank computes on")
+    visible_devices: str | None = Field(
+        None,
+        alias="CUDA_VISIBLE_DEVICES",
+        description="the device plugin, `dverl run`'s layout: the GPUs this process may see (empty: none)",
+    )
+    gpu_memory_fraction: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        alias="DVERL_GPU_MEMORY_FRACTION",
+        description="`dverl run`'s layout: a vLLM rollout's share of a GPU other workers share (the "
+        "planner's estimate of what it needs)",
+    )
+    device: str | None = Field(
+        None,
+        alias="DVERL_DEVICE",
+        description="`dverl run`'s layout, or by hand: auto, cpu or cuda[:N], over the role's "
+        "`device` (`dverl worker --device` wins over both)",
+    )
 
     cpus: float | None = Field(
         None,

@@ -31,6 +31,7 @@ from dverl_operator.objects.owned import (
     job_labels,
     metadata,
 )
+from dverl_operator.pods.gpu import gpu_pod_additions
 from dverl_operator.pods.marks import PodMarks
 from dverl_operator.pods.security import (
     container_security_context,
@@ -100,7 +101,9 @@ def pod(
     sources = mount_sources(spec, worker.role, image, overrides.spec.env if overrides else [], security)
     mounts.extend(sources.mounts)
     volumes.extend(sources.volumes)
-    scratch_volumes, scratch_mounts = scratch(worker)
+    gpu = gpu_pod_additions(spec, worker)
+    env.update(gpu.env)  # under the role's podTemplate env, which wins (NCCL's interface, say)
+    scratch_volumes, scratch_mounts = scratch(worker, shm_floor_mib=gpu.shm_floor_mib)
     mounts.extend(scratch_mounts)
     volumes.extend(scratch_volumes)
     container: dict[str, Any] = {

@@ -68,19 +68,22 @@ def hardened(container: dict[str, Any]) -> dict[str, Any]:
     return {**container, "securityContext": security}
 
 
-def shm_size(worker: PlannedWorker) -> str:
-    if not worker.memory:
+def shm_size(worker: PlannedWorker, floor_mib: int = 0) -> str:
+    if not worker.memory and not floor_mib:
         return SHM_DEFAULT
-    share = max(SHM_FLOOR, quantity.parse(worker.memory) * SHM_SHARE)
-    mebibytes = int(share / 2**20)
+    share = max(SHM_FLOOR, quantity.parse(worker.memory) * SHM_SHARE) if worker.memory else 0
+    mebibytes = max(int(share / 2**20), floor_mib)
     return f"{mebibytes}Mi"
 
 
-def scratch(worker: PlannedWorker) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(volumes, mounts) that the read-only root filesystem leaves writable: a memory /dev/shm, /tmp and
-    the image's home (its working directory, caches, `runs/` output when no checkpoint volume is set)."""
+def scratch(
+    worker: PlannedWorker, *, shm_floor_mib: int = 0
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, mounts) that the read-only root filesystem leaves writable: a memory /dev/shm (at least
+    `shm_floor_mib`, a GPU pod's), /tmp and the image's home (its working directory, caches, `runs/`
+    output when no checkpoint volume is set)."""
     volumes = [
-        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size(worker)}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size(worker, shm_floor_mib)}},
         {"name": "tmp", "emptyDir": {}},
         {"name": "home", "emptyDir": {}},
     ]

@@ -24,11 +24,16 @@ ENGINES: dict[BackendKind, str] = {
 check_registry("backend", (kind.name for kind in ENGINES), BACKEND_KINDS)
 
 
-def engine_options(kind: BackendKind, gpus: int = 1, *, eager: bool = False) -> dict[str, Any]:
+def engine_options(
+    kind: BackendKind, gpus: int = 1, *, eager: bool = False, memory_fraction: float | None = None
+) -> dict[str, Any]:
     """Options a worker with ``gpus`` GPUs (its ``resources.gpus``) builds the kind's engine with: a
     tensor-parallel engine is split over all of them, and a compiling one skips compilation with
-    ``eager`` (``WorkerSettings.vllm_eager``); an engine on one device takes neither."""
+    ``eager`` (``WorkerSettings.vllm_eager``); an engine on one device takes neither. An engine that
+    reserves a share of its GPU takes ``memory_fraction`` (the plan's, when its GPU is shared)."""
     options: dict[str, Any] = {}
+    if kind.reserves_gpu_share and memory_fraction is not None:
+        options["engine_kwargs"] = {"gpu_memory_utilization": memory_fraction}
     if kind.tensor_parallel:
         options["tensor_parallel_size"] = max(1, gpus)
     if kind.compiles:
@@ -37,7 +42,14 @@ def engine_options(kind: BackendKind, gpus: int = 1, *, eager: bool = False) -> 
 
 
 def make_backend(
-    kind: BackendKind, model: Any, tokenizer: Any, *, gpus: int = 1, eager: bool = False, **options: Any
+    kind: BackendKind,
+    model: Any,
+    tokenizer: Any,
+    *,
+    gpus: int = 1,
+    eager: bool = False,
+    memory_fraction: float | None = None,
+    **options: Any,
 ) -> GenerationBackend:
     """Build the kind's engine on ``model``, importing it only now; ``options`` go to the engine as
     given, beside `engine_options(kind, gpus, eager=eager)`."""
@@ -50,4 +62,5 @@ def make_backend(
             f"install the extra that provides it, e.g. `pip install 'decentralized-verl[{kind.name}]'`"
         ) from exc
     factory = getattr(module, attribute)
-    return factory(model, tokenizer, **engine_options(kind, gpus, eager=eager), **options)
+    chosen = engine_options(kind, gpus, eager=eager, memory_fraction=memory_fraction)
+    return factory(model, tokenizer, **chosen, **options)

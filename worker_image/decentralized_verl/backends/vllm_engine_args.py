@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from decentralized_verl.backends.vllm_extension import QUALNAME
+from decentralized_verl.runtime import device
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ def engine_args(
         "generation_config": "vllm",  # our SamplingParams, not the checkpoint's defaults
         "max_logprobs": 1,
     }
-    gpus_here = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus_here = device.gpu_count()
     kwargs.update(parallel_kwargs(tensor_parallel_size, gpus_here))
     if not gpus_here:
         kwargs.update(cpu_memory_settings())

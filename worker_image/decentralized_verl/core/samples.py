@@ -92,6 +92,9 @@ class TrainBatch:
     loss_mask: torch.Tensor | None = None
     """[B, R] the tokens the loss counts, where rollout-correction rejection left out some of
     `response_mask`'s; the forward still reads `response_mask`, the responses' layout."""
+    parity_rows: torch.Tensor | None = None
+    """[B] bool: rows the learner's current weights generated (their rollout log-probs should match the
+    learner's); None: every row."""
 
     def trained_mask(self) -> torch.Tensor:
         """The tokens the loss counts: response tokens that `loss_mask` (when set) keeps."""

@@ -14,6 +14,7 @@ import asyncio
 import logging
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 from decentralized_verl.backends.factory import make_backend
@@ -21,6 +22,7 @@ from decentralized_verl.errors import ManifestError, Problem
 from decentralized_verl.models.loading import load_model_and_tokenizer
 from decentralized_verl.planning.plan import worker_resources
 from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc
+from decentralized_verl.runtime import device
 from decentralized_verl.runtime.lifecycle import CALL_GRACE_S, serve_until_stopped
 from decentralized_verl.serving import scoring, servicers
 from decentralized_verl.serving.critic_state import PersistentCritic
@@ -56,7 +58,10 @@ async def serve_role(
     output: Path | None = None,
     *,
     settings: WorkerSettings,
+    on: torch.device | None = None,
 ) -> int:
+    """Serve one role's worker until stopped, its model on `on` (the device its entry chose)."""
+    on = on if on is not None else device.process_device()
     worker_id = f"{job}-{role}-{index}"
     if role == "span":
         return await serve_span_role(spec, job, index, port, settings.server_host())
@@ -67,13 +72,14 @@ async def serve_role(
             spec.model, len(servers), servers, seed=spec.training.seed + index, chain_options=checks
         )
     elif role == "rollout":
-        model, tokenizer = load_model_and_tokenizer(spec.model)
+        model, tokenizer = load_model_and_tokenizer(spec.model, device=on)
         backend = make_backend(
             spec.roles.rollout.backend_kind,
             model,
             tokenizer,
             gpus=worker_resources(spec.roles.rollout, index).gpus,  # what this worker's pod was given
             eager=settings.vllm_eager,
+            memory_fraction=settings.gpu_memory_fraction,  # the plan's share of a GPU it shares
             seed=spec.training.seed + index,
         )
     if role == "rollout":
@@ -95,16 +101,18 @@ async def serve_role(
             if span_volunteers is not None:
                 await span_volunteers()
     if role == "reference":
-        handler = servicers.ReferenceServicer(scoring.ReferenceWorker.from_spec(spec, worker_id=worker_id))
+        handler = servicers.ReferenceServicer(
+            scoring.ReferenceWorker.from_spec(spec, device=on, worker_id=worker_id)
+        )
     elif role == "critic" and spec.roles.critic is not None and spec.roles.critic.sharding == "fsdp":
         return await serve_sharded_critic(spec, worker_id, port, settings, output)
     elif role == "critic":
-        critic = scoring.CriticWorker.from_spec(spec, worker_id=worker_id)
+        critic = scoring.CriticWorker.from_spec(spec, device=on, worker_id=worker_id)
         if output is not None:  # a restarted critic continues from what it had learned
             critic = PersistentCritic(critic, output / worker_id)
         handler = servicers.CriticServicer(critic)
     elif role == "reward":
-        handler = servicers.RewardServicer(scoring.RewardWorker.from_spec(spec))
+        handler = servicers.RewardServicer(scoring.RewardWorker.from_spec(spec, device=on))
     else:
         raise ValueError(f"unknown role {role!r}")
     health = servicers.HealthServicer(role=role, worker_id=worker_id, ready=True)
@@ -174,6 +182,31 @@ def load_worker_config(path: Path, job_name: str | None) -> tuple[JobSpec, str, 
     return parse_spec(document, str(path)), job_name, path.parent
 
 
+def worker_device(
+    spec: JobSpec, role: str, index: int, settings: WorkerSettings, flag: str | None = None
+) -> torch.device:
+    """This process's device, chosen once before anything touches CUDA: from the GPUs the plan gives the
+    role's worker, what the process sees, its local rank, and the override (`--device`, else
+    DVERL_DEVICE, else `spec.roles.<role>.device`); the error names whichever asked for the impossible."""
+    section = "rollout" if role == "span" else role  # span servers run on the rollout's pools
+    role_spec = getattr(spec.roles, section, None)
+    gpus = worker_resources(role_spec, index if role != "span" else 0).gpus if role_spec is not None else 0
+    if flag:
+        override, field = flag, "--device"
+    elif settings.device:
+        override, field = settings.device, "DVERL_DEVICE"
+    else:
+        override = role_spec.device if role_spec is not None else "auto"
+        field = f"spec.roles.{section}.device"
+    return device.enter(
+        override=override,
+        gpus=gpus,
+        visible=settings.visible_devices,
+        local_rank=settings.local_rank,
+        field=field,
+    )
+
+
 def main_cluster_worker(
     config: str,
     role: str,
@@ -184,20 +217,30 @@ def main_cluster_worker(
     job: str | None = None,
     *,
     settings: WorkerSettings,
+    device_flag: str | None = None,
 ) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     spec, name, base = load_worker_config(Path(config), job)
+    on = worker_device(spec, role, index, settings, device_flag)
     if role == "learner":
         from decentralized_verl.entrypoints.learner import run  # noqa: PLC0415 entry: the learner's process
 
         out = Path(output or settings.output or Path("runs") / name)
-        return run(spec, name, port=port, output=out, base_dir=base, resume=resume, settings=settings)
+        return run(spec, name, port=port, output=out, base_dir=base, resume=resume, settings=settings, on=on)
 
     code = 1
     try:
         code = asyncio.run(
             serve_role(
-                spec, name, role, index, port, base, Path(output) if output else None, settings=settings
+                spec,
+                name,
+                role,
+                index,
+                port,
+                base,
+                Path(output) if output else None,
+                settings=settings,
+                on=on,
             )
         )
     except BaseException:

@@ -22,9 +22,11 @@ import torch.distributed as dist
 
 from decentralized_verl.core.final_report import write_final
 from decentralized_verl.core.status import StatusBoard
+from decentralized_verl.errors import EXIT_REFIT_PARITY
 from decentralized_verl.orchestration.assemble import build_loop
 from decentralized_verl.orchestration.coordinator import TrainingStopped
 from decentralized_verl.orchestration.membership import follow_scaling
+from decentralized_verl.orchestration.refit_check import RefitParityError
 from decentralized_verl.orchestration.status_service import CoordinatorServicer
 from decentralized_verl.orchestration.volunteering import join_volunteers
 from decentralized_verl.orchestration.wiring import connect_roles
@@ -60,6 +62,7 @@ async def run_learner(
     base_dir: Path | None,
     resume: bool,
     settings: WorkerSettings,
+    on: torch.device,
 ) -> int:
     rank = settings.rank
     world = settings.world_size or spec.roles.learner.replicas
@@ -67,7 +70,9 @@ async def run_learner(
     sharded = spec.roles.learner.sharding == "fsdp"
     distributed.init_distributed(world, rank, sharded=sharded)
     meta = rank0_weights.uses_rank0_load(sharded, world)  # ranks > 0 never hold the whole model
-    model, tokenizer = rank0_weights.load_for_rank(spec.model, rank=rank, meta=meta)
+    # A sharded model is put on the device by FSDP, shard by shard (CPU or meta -> fully_shard -> the
+    # device); a whole one is loaded there.
+    model, tokenizer = rank0_weights.load_for_rank(spec.model, rank=rank, meta=meta, on=on, sharded=sharded)
 
     def build() -> PolicyTrainer:
         return PolicyTrainer(model, spec, distributed=world > 1)
@@ -174,6 +179,10 @@ async def _coordinate(
         except TrainingStopped as stopped:
             log.warning("learner %s", stopped)
             return STOPPED_EXIT
+        except RefitParityError as failed:
+            log.error("%s", failed)  # the job's verdict, in the learner's log and `dverl run`'s error
+            status.update(state="Failed", phase=f"refit parity: {failed}")
+            return EXIT_REFIT_PARITY
         if group.world > 1:
             summary["replica_digests"] = group.release()
             if len(set(summary["replica_digests"])) != 1:
@@ -218,13 +227,21 @@ def run(
     base_dir: Path | None,
     resume: bool,
     settings: WorkerSettings,
+    on: torch.device,
 ) -> int:
     """Run this learner rank to the end; a rank of a distributed group leaves through `exit_process`."""
     code = 1
     try:
         code = asyncio.run(
             run_learner(
-                spec, job, port=port, output=output, base_dir=base_dir, resume=resume, settings=settings
+                spec,
+                job,
+                port=port,
+                output=output,
+                base_dir=base_dir,
+                resume=resume,
+                settings=settings,
+                on=on,
             )
         )
     except BaseException:

@@ -124,7 +124,8 @@ def lm_loss(model, tokenizer, pairs: list[tuple[str, str]]):
     input_ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
     target = torch.tensor([lab + [-100] * (width - len(lab)) for lab in labels])
     mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
-    return model(input_ids=input_ids, attention_mask=mask, labels=target).loss
+    on = next(model.parameters()).device  # the volunteer's device (`runtime.device`)
+    return model(input_ids=input_ids.to(on), attention_mask=mask.to(on), labels=target.to(on)).loss
 
 
 def parameters_digest(model) -> str:

@@ -12,14 +12,32 @@ kind then has its own module, imported only by a process of that kind:
 from __future__ import annotations
 
 from decentralized_verl.entrypoints.worker_args import WorkerArgs, worker_kind
+from decentralized_verl.runtime import device
 from decentralized_verl.runtime.cpus import configure_from_environment
 from decentralized_verl.settings import WorkerSettings
+
+
+def volunteer_device(args: WorkerArgs, settings: WorkerSettings) -> None:
+    """A volunteer's device, chosen before anything touches CUDA: the GPU it has (it was given its whole
+    machine), unless `--device` or DVERL_DEVICE says otherwise."""
+    override, field = (
+        (args.device, "--device") if args.device else (settings.device or "auto", "DVERL_DEVICE")
+    )
+    device.enter(
+        override=override,
+        gpus=device.gpu_count(),
+        visible=settings.visible_devices,
+        local_rank=settings.local_rank,
+        field=field,
+    )
 
 
 def main_worker(args: WorkerArgs) -> int:
     kind = worker_kind(args)
     settings = WorkerSettings.from_env()  # the worker process's entry: read once, passed down from here
     configure_from_environment(settings)
+    if kind != "cluster":  # a job's worker chooses once it has read its role's resources (cluster_worker)
+        volunteer_device(args, settings)
     reach = {
         "initial_peers": tuple(args.initial_peers),
         "port": args.p2p_port,
@@ -72,5 +90,13 @@ def main_worker(args: WorkerArgs) -> int:
     from decentralized_verl.entrypoints.cluster_worker import main_cluster_worker  # noqa: PLC0415 entry: a job's worker process
 
     return main_cluster_worker(
-        args.config, args.role, args.index, args.port, args.output, args.resume, args.job, settings=settings
+        args.config,
+        args.role,
+        args.index,
+        args.port,
+        args.output,
+        args.resume,
+        args.job,
+        settings=settings,
+        device_flag=args.device,
     )

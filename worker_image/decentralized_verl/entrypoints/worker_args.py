@@ -50,6 +50,8 @@ class WorkerArgs:
     batch_size: int = 4
     learning_rate: float = 0.1
     digest_out: str | None = None
+    device: str | None = None
+    """`--device`: over DVERL_DEVICE and the role's `device` (`runtime.device_choice`)."""
 
     @property
     def p2p_port(self) -> int:

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,8 +61,11 @@ class LocalCluster:
         credentials: LocalCredentials | None = None,
         overlapped: bool = False,
         cores: int | None = None,
+        worker_env: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         self.plan = plan
+        self.worker_extra_env = dict(worker_env or {})
+        """Per worker name: what its place on this machine adds (its visible GPUs and device)."""
         self.config_path = config_path
         self.output_dir = output_dir
         self.extra_env = extra_env or {}
@@ -94,6 +98,7 @@ class LocalCluster:
     def env_for(self, lw: LocalWorker) -> dict[str, str]:
         env = dict(os.environ)
         env.update(worker_env(self.plan, lw.worker, self.addresses()))
+        env.update(self.worker_extra_env.get(lw.worker.name, {}))
         env.update(self.extra_env)
         if self.credentials is not None:
             env[env_name("tls_dir")] = str(self.credentials.folder)

@@ -23,13 +23,13 @@ import yaml
 from tqdm import tqdm
 
 from decentralized_verl.core.status import JobStatus
+from decentralized_verl.errors import EXIT_REFIT_PARITY, ManifestError, OperationFailed, WireError
 from decentralized_verl.errors import EXIT_USAGE as EXIT_REFUSED_INPUT
-from decentralized_verl.errors import ManifestError, OperationFailed, WireError
 from decentralized_verl.launch.local import LocalCluster
 from decentralized_verl.launch.preflight import preflight_problems
 from decentralized_verl.launch.watchdog import ProgressClock
 from decentralized_verl.planning.fitting_job import load_fitting_job
-from decentralized_verl.planning.plan import plan_job
+from decentralized_verl.planning.layout import Layout, Machine, lay_out, machine_job
 from decentralized_verl.proto import dverl_pb2, dverl_pb2_grpc
 from decentralized_verl.reporting.metrics import read_evals, read_metrics
 from decentralized_verl.reporting.progress import eta_seconds, progress_line
@@ -140,10 +140,15 @@ def run_job(
     manifest = Path(manifest)
     job = load_fitting_job(manifest)
     output = Path(output) if output else Path("runs") / job.metadata.name
+    machine = this_machine() if ray is None else Machine(0)  # Ray places its actors on its own nodes
+    spec, plan, colocated = machine_job(job.spec, job.metadata.name, machine)
+    job = job.model_copy(update={"spec": spec})
+    layout = lay_out(spec, plan, machine, colocated=colocated)
+    for line in (*layout.notes, *layout.problems):
+        log.info("layout on %s: %s", machine.words(), line)
     config = _prepare_run_folder(job, manifest, output)
-    plan = plan_job(job.spec, job.metadata.name)
     guard_descendants()  # a `kill -9` of this process must not leave workers or their helpers running
-    cluster, credentials = _cluster_for(job, plan, config, output, resume=resume, ray=ray)
+    cluster, credentials = _cluster_for(job, plan, config, output, resume=resume, ray=ray, layout=layout)
     observer = credentials.for_role("observer")  # Status and Ready only
     status_credentials = CallerCredentials(observer.ca, observer.token)
     learners = cluster.by_role("learner")
@@ -187,7 +192,17 @@ def _prepare_run_folder(job, manifest: Path, output: Path) -> Path:
     return config
 
 
-def _cluster_for(job, plan, config: Path, output: Path, *, resume: bool, ray: str | None) -> tuple[Any, Any]:
+def this_machine() -> Machine:
+    """This machine's GPUs, as the layout reads them (torch is loaded only now: the supervisor stays light
+    until it starts a job)."""
+    from decentralized_verl.runtime import device  # noqa: PLC0415 light: torch, kept off the supervisor's import path
+
+    return Machine(device.gpu_count(), device.gpu_memory_bytes())
+
+
+def _cluster_for(
+    job, plan, config: Path, output: Path, *, resume: bool, ray: str | None, layout: Layout | None = None
+) -> tuple[Any, Any]:
     """The workers of `plan`, not yet started, as local processes or Ray actors, with the credentials
     they share. The secured path, as in a cluster: TLS and the job token on every call, signed weights."""
     extra_args = {"learner": ["--resume"]} if resume else {}
@@ -206,6 +221,7 @@ def _cluster_for(job, plan, config: Path, output: Path, *, resume: bool, ray: st
         extra_args=extra_args,
         credentials=credentials,
         overlapped=job.spec.training.max_staleness > 0,  # asynchronous rollouts overlap the update
+        worker_env={p.name: p.env() for p in layout.placed} if layout is not None else None,
     )
     return cluster, credentials
 
@@ -255,6 +271,8 @@ class _LearnerGang:
                 f"learner {why} before it started training: it refused its input, and a restart would "
                 f"read the same; last lines of {learner.log_path}:\n{learner.log_tail()}"
             )
+        if learner.process.poll() == EXIT_REFIT_PARITY:  # a restart would refresh the same way
+            raise RunFailed(f"learner {why}: a weight refresh failed its parity check; {_verdict(learner)}")
         if self.restarts >= self.spec.backoff_limit:
             raise RunFailed(
                 f"learner {why}; restarted {self.restarts} times already (backoffLimit "
@@ -264,6 +282,14 @@ class _LearnerGang:
         log.warning("learner %s; restarting it from its newest checkpoint", why)
         self.cluster.restart_gang("learner", extra_args=["--resume"])
         self.started(time.monotonic())
+
+
+def _verdict(learner: Any) -> str:
+    """The learner log's refit-parity line (what failed, naming the workers and the version), else its
+    last lines."""
+    tail = learner.log_tail(200)
+    found = [line for line in tail.splitlines() if "refit parity failed" in line]
+    return found[-1].split("ERROR ", 1)[-1] if found else f"last lines of {learner.log_path}:\n{tail}"
 
 
 def _restart_dead_servers(cluster: Any, spec: Any) -> None:

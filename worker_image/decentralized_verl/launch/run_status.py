@@ -75,6 +75,8 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
         "total_steps": total,
         "reward_mean": last.get("reward_mean"),
         "kl": last.get("kl"),
+        "refit_logprob_diff_mean": last.get("refit_logprob_diff_mean"),
+        "refit_logprob_diff_max": last.get("refit_logprob_diff_max"),
         "tokens_per_second": last.get("tokens_per_second"),
         "eta_seconds": None if summary is not None else _eta(records, total),
         "rollout_workers": last.get("rollout_workers"),
@@ -97,6 +99,11 @@ def render_status(status: dict[str, Any]) -> str:
         if status["tokens_per_second"] is not None:
             numbers += f", {status['tokens_per_second']:.0f} tokens/s"
         lines.append(numbers)
+    if status.get("refit_logprob_diff_mean") is not None:
+        lines.append(
+            f"refit parity: rollout vs learner log-probs differ by {status['refit_logprob_diff_mean']:.2e} "
+            f"on average, {status['refit_logprob_diff_max']:.2e} at most (last step)"
+        )
     if status["state"] != "finished":
         lines.append(f"eta {format_duration(status['eta_seconds'])}")
     if status["workers"]:

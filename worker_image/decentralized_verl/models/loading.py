@@ -32,6 +32,7 @@ from decentralized_verl.models.lora import apply_lora
 from decentralized_verl.models.tiny import build_tiny, tiny_config
 from decentralized_verl.models.tokenizer import build_char_tokenizer
 from decentralized_verl.runtime import compute_thread
+from decentralized_verl.runtime.device import process_device, to_device
 
 log = logging.getLogger(__name__)
 
@@ -179,19 +180,25 @@ def _hf_tokenizer(folder: Path, padding_side: str) -> PreTrainedTokenizerBase:
 
 
 def load_causal_lm(
-    spec: Any, *, device: str | torch.device = "cpu", field: str = "spec.model"
+    spec: Any, *, device: str | torch.device | None = None, field: str = "spec.model"
 ) -> torch.nn.Module:
-    """The spec's causal LM on `device` in the spec's dtype, wrapped with LoRA when `spec.lora` is set."""
+    """The spec's causal LM on `device` (default: the process's, `runtime.device`) in the spec's dtype,
+    wrapped with LoRA when `spec.lora` is set."""
     model, _ = load_model_and_tokenizer(spec, device=device, field=field)
     return model
 
 
 def load_model_and_tokenizer(
-    spec: Any, *, device: str | torch.device = "cpu", padding_side: str = "left", field: str = "spec.model"
+    spec: Any,
+    *,
+    device: str | torch.device | None = None,
+    padding_side: str = "left",
+    field: str = "spec.model",
 ) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
     """Both halves from one resolution of the spec (the GGUF cache is consulted once); loaded on the
     process's compute thread, where the model will compute (`compute_thread`)."""
-    return compute_thread.call(_load_model_and_tokenizer, spec, device, padding_side, field)
+    where = device if device is not None else process_device()
+    return compute_thread.call(_load_model_and_tokenizer, spec, where, padding_side, field)
 
 
 def _load_model_and_tokenizer(
@@ -226,7 +233,7 @@ def _from_pretrained(cls: Any, folder: Path, field: str, **kwargs: Any) -> PreTr
 
 
 def load_sequence_classifier(
-    source: Any, *, device: str | torch.device = "cpu", field: str = "spec.model"
+    source: Any, *, device: str | torch.device | None = None, field: str = "spec.model"
 ) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
     """A one-output sequence classifier (reward model) and its tokenizer.
 
@@ -247,7 +254,7 @@ def load_sequence_classifier(
             config = tiny_config(source.tiny, tokenizer, field=f"{field}.tiny")
             config.num_labels = 1
             model = build_tiny(config, source.tiny.seed, head="sequence_classification").to(dtype)
-            return model.to(device), tokenizer
+            return to_device(model, device), tokenizer
         tokenizer = _hf_tokenizer(folder, "left")
     model = _from_pretrained(
         AutoModelForSequenceClassification,
@@ -257,4 +264,4 @@ def load_sequence_classifier(
         dtype=dtype,
         pad_token_id=tokenizer.pad_token_id,
     )
-    return model.to(device), tokenizer
+    return to_device(model, device), tokenizer

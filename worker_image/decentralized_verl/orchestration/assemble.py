@@ -190,6 +190,7 @@ async def build_loop(
             on_step=on_step,
             async_capable=roles.remote_rollout,
             stop=stop,
+            learner_name=f"{job}-learner-0",
         )
     except BaseException:
         await release(closers)

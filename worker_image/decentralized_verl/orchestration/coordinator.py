@@ -25,6 +25,7 @@ from decentralized_verl.core.status import StatusBoard
 from decentralized_verl.environments.replay import ENVIRONMENT_REWARD
 from decentralized_verl.orchestration.dispatch import Dispatcher
 from decentralized_verl.orchestration.evaluation import Evaluator
+from decentralized_verl.orchestration.refit_check import check_refit, fresh_rows
 from decentralized_verl.orchestration.step_report import StepReporter, run_summary, step_record
 from decentralized_verl.reporting.metrics import MetricsLog
 from decentralized_verl.runtime import compute_thread
@@ -63,6 +64,8 @@ class LoopParts:
     """True when rollout runs outside the learner, so generation may overlap the update (maxStaleness)."""
     stop: asyncio.Event | None = None
     """Set on SIGTERM (eviction, preemption, `kubectl delete pod`): the loop checkpoints and leaves."""
+    learner_name: str = "learner-0"
+    """Learner rank 0's worker name, for errors that name it (refit parity)."""
 
 
 class TrainingStopped(Exception):
@@ -137,6 +140,7 @@ class Coordinator:
         )
         self._last_step_end: float | None = None
         self._checkpointed_step = start_step
+        self._rank0_rows: list[int] = []
         """The newest checkpoint's step (at first the one resumed from): a stop does not take it twice."""
         self.max_staleness = parts.spec.training.max_staleness if parts.async_capable else 0
         environment = parts.spec.data.environment
@@ -231,6 +235,7 @@ class Coordinator:
         out, then record the step (evaluating and checkpointing when due) and report it."""
         timings = dict(generated.timings)
         kept, stale_dropped, filter_metrics = self._choose(generated)
+        refreshed = self.version  # the weights the learner holds, and sent the rollout workers
         metrics = await self._update_on(kept, timings) if kept else {}
         self.version += 1
         done = self._phase("weights", timings)
@@ -257,6 +262,15 @@ class Coordinator:
         record.update(await self._checkpoint_if_due(elapsed, timings))
         self.reporter.publish(self.step, self.version, record, timings)
         self.reporter.log_samples(self.step, generated.samples)
+        check_refit(  # after the step is on record: its metrics show what failed
+            metrics,
+            bound=self.spec.training.refit_parity_bound,
+            samples=kept,
+            row_max=getattr(self.p.trainer, "parity_rows", []),
+            rows=self._rank0_rows,
+            version=refreshed,
+            learner=self.p.learner_name,
+        )
         return record
 
     def _choose(self, generated: Generated) -> tuple[list[Sample], int, dict[str, Any]]:
@@ -278,6 +292,7 @@ class Coordinator:
         metrics: dict[str, Any] = {}
         done = self._phase("update", timings)
         batch = collate(kept, parts.pad_token_id)
+        batch.parity_rows = torch.tensor(fresh_rows(kept, self.version), dtype=torch.bool)
         metrics.update(attach_advantages(batch, self.settings))
         metrics.update(await compute_thread.run(self._update, batch))
         done()
@@ -343,8 +358,10 @@ class Coordinator:
     def _update(self, batch) -> dict[str, float]:
         world = self.spec.roles.learner.replicas
         if world == 1 or self.p.scatter is None:
+            self._rank0_rows = list(range(batch.size))
             return self.p.trainer.update(batch)
         order = torch.arange(batch.size)
+        self._rank0_rows = order[0::world].tolist()  # the rows rank 0's parity figures are of
         shards = [batch.select(order[r::world]) for r in range(world)]
         mine = self.p.scatter(shards)
         return self.p.trainer.update(mine)

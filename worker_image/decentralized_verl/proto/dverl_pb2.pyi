@@ -445,11 +445,15 @@ class ReadyRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ReadyReply(_message.Message):
-    __slots__ = ("ready", "role", "worker_id")
+    __slots__ = ("ready", "role", "worker_id", "device", "device_memory_allocated")
     READY_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_MEMORY_ALLOCATED_FIELD_NUMBER: _ClassVar[int]
     ready: bool
     role: Role
     worker_id: str
-    def __init__(self, ready: _Optional[bool] = ..., role: _Optional[_Union[Role, str]] = ..., worker_id: _Optional[str] = ...) -> None: ...
+    device: str
+    device_memory_allocated: int
+    def __init__(self, ready: _Optional[bool] = ..., role: _Optional[_Union[Role, str]] = ..., worker_id: _Optional[str] = ..., device: _Optional[str] = ..., device_memory_allocated: _Optional[int] = ...) -> None: ...

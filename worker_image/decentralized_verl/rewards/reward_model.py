@@ -30,7 +30,7 @@ class RewardModelScorer:
         *,
         batch_size: int = 8,
         max_length: int = 2048,
-        device: str = "cpu",
+        device: Any = None,
         use_chat_template: bool = True,
     ) -> None:
         import torch  # noqa: F401, PLC0415 light: torch (checked here, not mid-training); `rewards` loads none
@@ -49,6 +49,9 @@ class RewardModelScorer:
             tokenizer.pad_token = tokenizer.eos_token
         if model.config.pad_token_id is None:
             model.config.pad_token_id = tokenizer.pad_token_id
+        # A model given as an object stays on the device it was loaded on (its worker's); a folder's model
+        # goes where `device` says, else stays where transformers put it.
+        device = device if device is not None else next(model.parameters()).device
         self.model = model.to(device).eval()
         self.tokenizer = tokenizer
         self.batch_size = batch_size

@@ -95,7 +95,7 @@ class ReferenceWorker:
         self.chooser = ForwardChooser(next(self.model.parameters()).device.type)
 
     @classmethod
-    def from_spec(cls, spec: Any, *, device: str = "cpu", worker_id: str = "reference") -> ReferenceWorker:
+    def from_spec(cls, spec: Any, *, device: Any = None, worker_id: str = "reference") -> ReferenceWorker:
         """The policy's initial weights (LoRA off), at spec.data.temperature."""
         model_spec = spec.model.model_copy(update={"lora": None}) if spec.model.lora else spec.model
         model, tokenizer = load_model_and_tokenizer(model_spec, device=device)
@@ -180,7 +180,7 @@ class CriticWorker:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_spec(cls, spec: Any, *, device: str = "cpu", worker_id: str = "critic") -> CriticWorker:
+    def from_spec(cls, spec: Any, *, device: Any = None, worker_id: str = "critic") -> CriticWorker:
         role = spec.roles.critic
         model_spec = (role.model if role is not None else None) or spec.model
         critic, tokenizer = build_value_model(model_spec, device=device)
@@ -333,7 +333,7 @@ class RewardWorker:
         return None
 
     @classmethod
-    def from_spec(cls, spec: Any, *, device: str = "cpu", workers: int = 1) -> RewardWorker:
+    def from_spec(cls, spec: Any, *, device: Any = None, workers: int = 1) -> RewardWorker:
         scorer = None
         if spec.data.reward_type == "reward_model":
             model, tokenizer = load_sequence_classifier(

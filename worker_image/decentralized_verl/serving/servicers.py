@@ -17,6 +17,7 @@ import grpc
 from decentralized_verl.errors import WireError
 from decentralized_verl.proto import dverl_pb2 as pb
 from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc
+from decentralized_verl.runtime import device
 from decentralized_verl.serving import handlers
 from decentralized_verl.serving.rollout import RolloutWorker
 from decentralized_verl.serving.scoring import CriticWorker, ReferenceWorker, RewardWorker
@@ -158,7 +159,10 @@ class HealthServicer(pb_grpc.HealthServicer):
         self.ready = ready
 
     async def Ready(self, request: pb.ReadyRequest, context: grpc.aio.ServicerContext) -> pb.ReadyReply:
-        return m.readiness_to_proto(m.Readiness(self.ready, self.role, self.worker_id))
+        # The worker's own device and what it holds there, read in this process (`runtime.device`).
+        here = device.choice().name
+        held = device.memory_allocated()
+        return m.readiness_to_proto(m.Readiness(self.ready, self.role, self.worker_id, here, held))
 
 
 _ADDERS = (

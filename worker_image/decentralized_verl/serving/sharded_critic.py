@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from decentralized_verl.core.samples import Sample
+from decentralized_verl.runtime import device
 from decentralized_verl.runtime.lifecycle import CALL_GRACE_S, serve_until_stopped
 from decentralized_verl.serving import servicers
 from decentralized_verl.serving.scoring import CriticWorker
@@ -131,14 +132,6 @@ class ShardedCritic:
                 log.info("%s: the other critic ranks had already stopped (%s)", self.worker_id, exc)
 
 
-def critic_device(local_rank: int) -> torch.device:
-    """Where a critic rank computes: its GPU (`local_rank`) when the group talks nccl, else the CPU (gloo)."""
-    if torch.cuda.is_available():
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
-
-
 async def serve_sharded_critic(
     spec: Any, worker_id: str, port: int, settings: WorkerSettings, output: Path | None
 ) -> int:
@@ -148,7 +141,7 @@ async def serve_sharded_critic(
     world = settings.world_size or spec.roles.critic.replicas
     torch.manual_seed(spec.training.seed)
     init_distributed(world, rank, sharded=True)
-    worker = CriticWorker.from_spec(spec, device=critic_device(settings.local_rank), worker_id=worker_id)
+    worker = CriticWorker.from_spec(spec, device=device.process_device(), worker_id=worker_id)
     if rank != 0:
         health = servicers.HealthServicer(role="critic", worker_id=worker_id, ready=True)
         server = await servicers.serve(port, health, host=host)

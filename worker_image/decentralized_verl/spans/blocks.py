@@ -29,6 +29,7 @@ from decentralized_verl.errors import ModelError
 from decentralized_verl.models.grouped_attention import use_grouped_attention
 from decentralized_verl.models.loading import load_tokenizer, resolve_hf_dir, torch_dtype
 from decentralized_verl.models.tiny import build_tiny, tiny_config
+from decentralized_verl.runtime.device import process_device
 from decentralized_verl.spans.layout import FRONT_PREFIXES, Span, is_front, to_span_name
 
 SUPPORTED = frozenset({"llama", "mistral", "qwen2", "qwen3"})
@@ -70,7 +71,7 @@ def _fill(module: nn.Module, tensors: Mapping[str, Tensor], dtype: torch.dtype, 
     extra = sorted(set(tensors) - set(own))
     if missing or extra:
         raise ModelError(f"{what}: weights do not fit (missing {missing[:3]}, unexpected {extra[:3]})")
-    module.to_empty(device="cpu")
+    module.to_empty(device=process_device())  # the worker's device: the span's weights go there once
     with torch.no_grad():
         for name, target in module.state_dict(keep_vars=True).items():
             source = tensors[name]
@@ -94,7 +95,7 @@ def build_span(config: Any, span: Span, source: TensorSource, dtype: torch.dtype
     for name, tensor in source(lambda n: to_span_name(n, span) is not None).items():
         wanted[to_span_name(name, span)] = tensor
     _fill(module, wanted, dtype, f"span {span}")
-    module.rotary_emb = type(module.rotary_emb)(config=cfg)  # its buffers were computed on meta
+    module.rotary_emb = type(module.rotary_emb)(config=cfg).to(process_device())  # its buffers were on meta
     _use_fast_attention(module)
     return module
 
@@ -139,7 +140,7 @@ class FrontModel(nn.Module):
         logits_to_keep: int = 0,
     ) -> Any:
         hidden = self.model.embed_tokens(input_ids)
-        hidden = past_key_values.forward(hidden, attention_mask, position_ids)
+        hidden = past_key_values.forward(hidden, attention_mask, position_ids).to(hidden.device)
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
         return SimpleNamespace(logits=self.lm_head(self.model.norm(hidden)))

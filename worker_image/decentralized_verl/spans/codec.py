@@ -55,9 +55,9 @@ def encode_request(request: HopRequest) -> bytes:
         "keep_last": request.keep_last,
     }
     tensors = {
-        "hidden": request.hidden.contiguous(),
-        "attention": request.attention.to(torch.int64).contiguous(),
-        "positions": request.positions.to(torch.int64).contiguous(),
+        "hidden": request.hidden.to("cpu").contiguous(),  # from whichever device computed them
+        "attention": request.attention.to("cpu", torch.int64).contiguous(),
+        "positions": request.positions.to("cpu", torch.int64).contiguous(),
     }
     return safetensors_save(tensors, metadata={_FIELDS: json.dumps(fields)})
 
@@ -142,7 +142,7 @@ def decode_request(data: bytes, hidden_size: int, dtype: torch.dtype) -> HopRequ
 
 
 def encode_hidden(hidden: Tensor) -> bytes:
-    return safetensors_save({"hidden": hidden.contiguous()}, metadata={_FIELDS: "{}"})
+    return safetensors_save({"hidden": hidden.to("cpu").contiguous()}, metadata={_FIELDS: "{}"})
 
 
 def decode_hidden(data: bytes, rows: int, tokens: int, hidden_size: int) -> Tensor:

@@ -139,11 +139,12 @@ class SpanServer:
                 f"the hop was computed with {request.version}"
             )
         session, cache = self._session_for(request)
+        on = next(self.module.parameters()).device  # the worker's: hops arrive and leave on the CPU
         try:
             out = self.module(
-                inputs_embeds=request.hidden,
-                attention_mask=request.attention,
-                position_ids=request.positions,
+                inputs_embeds=request.hidden.to(on),
+                attention_mask=request.attention.to(on),
+                position_ids=request.positions.to(on),
                 use_cache=True,
                 **{self._cache_keyword: cache},
             ).last_hidden_state
@@ -194,7 +195,8 @@ class SpanServer:
                 "hop.hidden", f"{held} cached + {tokens} new positions exceed the session's {capacity}"
             )
         if request.rows is not None:
-            session.cache.batch_select_indices(torch.tensor(request.rows, dtype=torch.long))
+            on = next(self.module.parameters()).device
+            session.cache.batch_select_indices(torch.tensor(request.rows, dtype=torch.long, device=on))
         return session, session.cache
 
     # ------------------------------------------------------------ weights

@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
+from decentralized_verl.runtime.device_choice import DeviceOverride
 from decentralized_verl.spec.base import SpecModel, registered_name
 from decentralized_verl.spec.catalogue.backends import BACKEND_KINDS, HF, BackendKind
 from decentralized_verl.spec.model import ModelSpec
@@ -116,6 +117,13 @@ class RoleSpec(SpecModel):
     """CPU, memory and GPUs of each worker."""
     node_pools: list[NodePool] = Field(default_factory=list)
     """Split the replicas over kinds of nodes (heterogeneous GPUs); empty: one pool."""
+    device: DeviceOverride = Field(
+        default="auto",
+        description=(
+            "Where each worker computes: auto (its GPU when resources.gpus gives it one it can see, else the "
+            "CPU), cpu (always), cuda (a GPU, or the worker fails naming this field)"
+        ),
+    )
     model: ModelSpec | None = Field(default=None, description="Critic / reward model (defaults to policy)")
     sharding: Sharding = Field(
         default="ddp",

@@ -77,6 +77,15 @@ class TrainingSpec(SpecModel):
         default=10.0,
         description="Restart a learner whose step has not advanced for this many times its step time",
     )
+    refit_parity_bound: Annotated[float, Field(gt=0)] | None = Field(
+        default=None,
+        description=(
+            "Fail the job when, after a weight refresh, the rollout's log-probs differ from the learner's on "
+            "the same tokens by more than this on average (mean absolute difference per token; measured "
+            "every step either way: refit_logprob_diff_mean/max). E.g. 0.05 for a bf16 engine; a broken "
+            "refresh differs by whole nats"
+        ),
+    )
     seed: NonNegativeInt = 0
     """Seed of sampling and data order."""
     logging: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(

@@ -19,19 +19,20 @@ import sys
 import torch
 import torch.distributed as dist
 
+from decentralized_verl.runtime import device
 from decentralized_verl.runtime.ports import free_port
 
 
 def init_distributed(world: int, rank: int, *, sharded: bool = False) -> None:
-    """Join the learner ranks' group; a sharded learner needs one even alone (FSDP2 shards over a device
-    mesh), which without a rendezvous address gets a private one on loopback."""
+    """Join the learner ranks' group, with the backend of the process's device (`runtime.device`); a
+    sharded learner needs one even alone (FSDP2 shards over a device mesh), which without a rendezvous
+    address gets a private one on loopback."""
     if dist.is_initialized() or (world == 1 and not sharded):
         return
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
     init_method = "env://"
     if world == 1 and "MASTER_ADDR" not in os.environ:
         init_method = f"tcp://127.0.0.1:{free_port()}"
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world)
+    device.init_process_group(world, rank, init_method=init_method)
 
 
 def weights_digest(model: torch.nn.Module) -> str:

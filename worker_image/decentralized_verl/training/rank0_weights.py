@@ -30,6 +30,7 @@ from decentralized_verl.models.loading import (
     torch_dtype,
 )
 from decentralized_verl.models.tiny import build_tiny, tiny_config
+from decentralized_verl.runtime import device
 from decentralized_verl.training.sharding import named_state, tied_names
 
 T = TypeVar("T")
@@ -43,12 +44,20 @@ def uses_rank0_load(sharded: bool, world: int) -> bool:
 
 
 def load_for_rank(
-    model_spec: Any, *, rank: int, meta: bool, field: str = "spec.model"
+    model_spec: Any,
+    *,
+    rank: int,
+    meta: bool,
+    on: torch.device | None = None,
+    sharded: bool = False,
+    field: str = "spec.model",
 ) -> tuple[nn.Module, Any]:
-    """Rank 0 (or any rank when `meta` is False): the loaded model and tokenizer. Ranks > 0 with `meta`: the
-    same architecture on the meta device, and the tokenizer."""
+    """Rank 0 (or any rank when `meta` is False): the loaded model and tokenizer, on `on` (default: the
+    process's device) or, for a model FSDP will shard, in host memory, so that no rank ever holds the whole
+    model on its GPU (`fully_shard` moves each rank's shards there). Ranks > 0 with `meta`: the same
+    architecture on the meta device, and the tokenizer."""
     if not meta or rank == 0:
-        return load_model_and_tokenizer(model_spec, field=field)
+        return load_model_and_tokenizer(model_spec, device="cpu" if sharded else on, field=field)
     tokenizer = load_tokenizer(model_spec, field=field)
     with torch.device("meta"):
         model = _skeleton(model_spec, tokenizer, field)
@@ -85,7 +94,7 @@ def _broadcast_weights(model: nn.Module) -> None:
     block; a whole-tensor broadcast of a large embedding would cost a transient copy of it."""
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    wire = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    wire = device.collective_device()
     aliases = tied_names(model)  # the same parameter as its first name, filled there
     with torch.no_grad():
         for name, target in named_state(model).items():
@@ -117,7 +126,7 @@ def _local_rows(target: torch.Tensor, rank: int, world: int) -> tuple[torch.Tens
     return target.to_local(), min(rank * per_rank, target.shape[0])
 
 
-def _blocks(target: torch.Tensor, rank: int, wire: str) -> Iterator[tuple[int, torch.Tensor]]:
+def _blocks(target: torch.Tensor, rank: int, wire: torch.device) -> Iterator[tuple[int, torch.Tensor]]:
     """(first row, rows) of `target` in blocks of at most BLOCK_BYTES: rank 0's own rows, the others'
     empty buffers to receive into. A 0-dim tensor is one block."""
     if target.dim() == 0:

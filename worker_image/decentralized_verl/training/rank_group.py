@@ -20,6 +20,8 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from decentralized_verl.runtime import device
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -81,5 +83,4 @@ def world_of(sharded: bool) -> tuple[int, int]:
 def collective_device() -> torch.device:
     """Where the process group's collectives run: the GPU under nccl (it cannot reduce CPU tensors),
     else the CPU."""
-    nccl = dist.get_backend() == "nccl"
-    return torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    return device.collective_device()

@@ -33,6 +33,8 @@ from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 from transformers import Cache
 
+from decentralized_verl.runtime import device
+
 SHARDINGS = ("ddp", "fsdp")
 _WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
 """Prefixes module wrappers put into parameter names; the unsharded model's names have none."""
@@ -68,7 +70,7 @@ def shard_model(
 
     param = next(model.parameters())
     dtype = dtype or param.dtype
-    device_type = _device_type(param)
+    device_type = device.process_device().type  # the mesh is the worker's device, whatever was loaded where
     _ensure_process_group(world, device_type)
     mesh = init_device_mesh(device_type, (world,))
     # Inputs are left as the model gets them: casting the root's floating inputs would round the batch.
@@ -77,20 +79,26 @@ def shard_model(
         reduce_dtype=torch.float32 if dtype in (torch.bfloat16, torch.float16) else None,
         cast_forward_inputs=False,
     )
-    offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if cpu_offload else OffloadPolicy()
+    offload = CPUOffloadPolicy(pin_memory=device.pins_memory()) if cpu_offload else OffloadPolicy()
     for layer in layers:
         fully_shard(layer, mesh=mesh, mp_policy=precision, offload_policy=offload)
     fully_shard(model, mesh=mesh, mp_policy=precision, offload_policy=offload)
     if param.is_meta:  # built without weights (`training.rank0_weights`): shards get storage, unfilled
         model.to_empty(device="cpu" if cpu_offload else device_type)
+    retie_embeddings(model)
     return model
 
 
-def _device_type(param: torch.Tensor) -> str:
-    """Where the shards live: the parameters' device, or for a meta model the process group's."""
-    if not param.is_meta:
-        return param.device.type
-    return "cuda" if dist.is_initialized() and dist.get_backend() == "nccl" else "cpu"
+def retie_embeddings(model: nn.Module) -> None:
+    """A model whose config ties its input embeddings and LM head holds one tensor for both again after
+    sharding and `to_empty` (which may give each name its own storage); a no-op when they are one."""
+    lm = getattr(model, "model", model)  # the trainer's PolicyForward holds the causal LM
+    config = getattr(lm, "config", None)
+    if not getattr(config, "tie_word_embeddings", False) or not hasattr(lm, "get_output_embeddings"):
+        return
+    head, embeddings = lm.get_output_embeddings(), lm.get_input_embeddings()
+    if head is not None and embeddings is not None and head.weight is not embeddings.weight:
+        head.weight = embeddings.weight
 
 
 def _ensure_process_group(world: int, device_type: str) -> None:
@@ -103,8 +111,7 @@ def _ensure_process_group(world: int, device_type: str) -> None:
         return
     if world != 1:
         raise ValueError(f"world: {world} ranks need torch.distributed initialised first (init_distributed)")
-    backend = "nccl" if device_type == "cuda" else "gloo"
-    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    device.init_process_group(1, 0, store=dist.HashStore())
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:

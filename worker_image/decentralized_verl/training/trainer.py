@@ -32,11 +32,13 @@ from decentralized_verl.algorithms.rollout_correction import correct_rollout
 from decentralized_verl.core.forward import ForwardChooser, response_logprobs
 from decentralized_verl.core.samples import TrainBatch
 from decentralized_verl.models.lora import is_lora
+from decentralized_verl.runtime.device import synchronize
 from decentralized_verl.spec import JobSpec
 from decentralized_verl.training import microbatches
 from decentralized_verl.training.advantage_step import AlgorithmSettings
 from decentralized_verl.training.optimizer_step import optimizer_step
 from decentralized_verl.training.rank_group import collective_device
+from decentralized_verl.training.refit_parity import ParityMeter
 from decentralized_verl.training.sharding import is_sharded, shard_model
 
 
@@ -117,6 +119,8 @@ class PolicyTrainer:
         )
         self.generator = torch.Generator().manual_seed(training.seed + 17)
         self.updates = 0
+        self.parity_rows: list[float] = []
+        """Each row's max |rollout - learner| log-prob of the last update (NaN: not compared), this rank's."""
 
     def microbatch_plan(self, batch: TrainBatch) -> list[list[torch.Tensor]]:
         """Row indices per micro-batch, per mini-batch, for one epoch (whole prompt groups together)."""
@@ -155,13 +159,18 @@ class PolicyTrainer:
                     out[rows] = logprobs.to(out.dtype)
         return out
 
-    def corrected(self, batch: TrainBatch) -> tuple[TrainBatch, dict[str, float]]:
+    def corrected(
+        self, batch: TrainBatch, parity: ParityMeter | None = None
+    ) -> tuple[TrainBatch, dict[str, float]]:
         """The batch the loss sees: as given without a rollout correction; with one, the learner's log-probs
-        as `old_logprobs`, rejected tokens out of `loss_mask` and the importance weights attached."""
+        as `old_logprobs`, rejected tokens out of `loss_mask` and the importance weights attached (and
+        compared with the rollout's on `parity`)."""
         config = self.settings.rollout_correction
         if config is None:
             return batch, {}
         learner = self.learner_logprobs(batch)
+        if parity is not None:
+            parity.add(torch.arange(batch.size), learner, batch.old_logprobs, batch.trained_mask())
         weights, kept, metrics = correct_rollout(learner, batch.old_logprobs, batch.trained_mask(), config)
         fixed = dataclasses.replace(
             batch,
@@ -176,7 +185,11 @@ class PolicyTrainer:
         assert batch.advantages is not None, "attach_advantages must run before update"
         batch = batch.to(self.device)
         s = self.settings
-        batch, correction_metrics = self.corrected(batch)
+        parity = ParityMeter(batch.size, batch.parity_rows, self.device)
+        batch, correction_metrics = self.corrected(batch, parity)
+        # Without a correction pass the learner's log-probs of the refreshed weights are those of the first
+        # mini-batch's forward, before its optimizer step: the parity is read there, for free.
+        measuring = s.rollout_correction is None
         self.module.train()
         sums: dict[str, float] = {}
         count = 0
@@ -193,8 +206,10 @@ class PolicyTrainer:
                     self.forward.plain = plain
                     began = time.perf_counter()
                     with self._accumulating(last=k == len(steps) - 1):
-                        loss, metrics = self._loss(micro)
+                        loss, metrics, logprobs = self._loss(micro)
                         (loss * weight).backward()
+                    if measuring and real:
+                        parity.add(part, logprobs, micro.old_logprobs, micro.trained_mask())
                     self._record(plain, _synced(began), int(micro.input_ids.numel()))
                     if not real:
                         continue
@@ -203,6 +218,7 @@ class PolicyTrainer:
                     count += 1
                 # The norm is global (all-reduced by DDP's gradients or FSDP's DTensor norm), so every
                 # replica skips a non-finite gradient alike.
+                measuring = False  # the weights change from here on
                 step = optimizer_step(
                     self.optimizer,
                     [p for p in self.model.parameters() if p.requires_grad],
@@ -219,6 +235,8 @@ class PolicyTrainer:
         out["skipped_updates"] = sums.get("skipped_updates", 0.0)
         out["lr"] = self.scheduler.get_last_lr()[0]
         out.update(correction_metrics)
+        out.update(parity.metrics(distributed=self.distributed or self.sharded))
+        self.parity_rows = parity.rows()
         return out
 
     def _accumulating(self, *, last: bool) -> contextlib.AbstractContextManager[Any]:
@@ -264,7 +282,7 @@ class PolicyTrainer:
             parts += [(parts[-1][0] if parts else stand_in, False)] * (wanted - len(parts))
         return steps
 
-    def _loss(self, mb: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
+    def _loss(self, mb: TrainBatch) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
         s = self.settings
         logprobs, entropy = self.module(mb, entropy=s.entropy_coef > 0)
         mask = mb.trained_mask()
@@ -298,13 +316,12 @@ class PolicyTrainer:
             bonus = aggregate(entropy, mask, s.aggregation)
             loss = loss - s.entropy_coef * bonus
             metrics["entropy"] = float(bonus.detach())
-        return loss, metrics
+        return loss, metrics, logprobs.detach()
 
 
 def _synced(began: float) -> float:
     """Seconds since `began`, after the GPU (if any) finished what was queued."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
+    synchronize()
     return time.perf_counter() - began
 
 

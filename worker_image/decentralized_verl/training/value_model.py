@@ -57,7 +57,7 @@ class ValueModel(nn.Module):
     forward = values
 
 
-def build_value_model(model_spec: Any, *, device: str | torch.device = "cpu") -> tuple[ValueModel, Any]:
+def build_value_model(model_spec: Any, *, device: str | torch.device | None = None) -> tuple[ValueModel, Any]:
     """A critic from a spec.model-like section (the critic role's model, else the policy's) and its
     tokenizer. LoRA settings are ignored: the critic trains all its weights."""
     if getattr(model_spec, "lora", None) is not None:

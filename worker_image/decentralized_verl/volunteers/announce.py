@@ -16,8 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-import torch
-
+from decentralized_verl.runtime import device
 from decentralized_verl.runtime.lifecycle import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -87,8 +86,8 @@ class VolunteerRecord:
 
 def hardware_summary() -> str:
     """`cuda:NVIDIA H100 80GB x1` or `cpu:16 cores`: what the dispatcher's prior is read from."""
-    if torch.cuda.is_available():
-        return f"cuda:{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}"
+    if device.gpu_count():
+        return device.gpu_name()
     return f"cpu:{os.cpu_count()} cores"
 
 

@@ -42,13 +42,22 @@ def _plan(parser: argparse.ArgumentParser) -> Command:
     parser.add_argument("file", metavar="FILE.yaml", help="the RLHFJob manifest")
     parser.add_argument("--json", action="store_true", help=JSON_HELP + " (bytes, components; or workers)")
     parser.add_argument(
-        "--workers", action="store_true", help="list the worker processes instead (role, pool, command)"
+        "--workers",
+        action="store_true",
+        help="list the worker processes instead (role, pool, device, command)",
+    )
+    parser.add_argument(
+        "--machine",
+        default=None,
+        metavar="GPUS[xMEMORY]",
+        help="lay the workers out on one machine of this description, as `dverl run` would there "
+        "(e.g. 1x24Gi, 8xa100, 0): each worker's GPU; implies --workers",
     )
 
     def run(args: argparse.Namespace) -> int:
         from decentralized_verl.planning.run_plan import main_plan  # noqa: PLC0415 entry: the command's body
 
-        return main_plan(args.file, as_json=args.json, workers=args.workers)
+        return main_plan(args.file, as_json=args.json, workers=args.workers, machine=args.machine)
 
     return run
 

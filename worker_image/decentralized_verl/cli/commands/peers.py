@@ -75,6 +75,13 @@ def _worker(parser: argparse.ArgumentParser) -> Command:
     learner.add_argument("--learning-rate", type=float, default=0.1, help="SGD learning rate")
     learner.add_argument("--digest-out", default=None, help="write the parameters' sha256 (and .safetensors)")
     parser.add_argument("--port", type=int, default=50051, help="gRPC port this worker serves on")
+    parser.add_argument(
+        "--device",
+        default=None,
+        metavar="auto|cpu|cuda[:N]",
+        help="where this worker computes (over DVERL_DEVICE and the role's `device`; default auto: its GPU "
+        "when it was given one and sees it, else the CPU)",
+    )
     parser.add_argument("--output", default=None, help="learner: run folder for metrics and checkpoints")
     parser.add_argument("--resume", action="store_true", help="learner: continue from the newest checkpoint")
 

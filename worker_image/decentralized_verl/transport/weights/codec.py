@@ -40,6 +40,7 @@ from torch import Tensor
 
 from decentralized_verl.errors import WireError
 from decentralized_verl.transport.digest import blake3, digest_hex
+from decentralized_verl.transport.weights.staging import HostStaging
 
 WIRE_DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
@@ -107,8 +108,12 @@ class WeightBundle:
         return b"".join(c.data for c in self.chunks)
 
 
-def _wire_tensors(state_dict: Mapping[str, Tensor], dtype: torch.dtype | None) -> tuple[dict, dict[str, str]]:
-    """CPU, contiguous, storage-owning tensors to serialize, and alias name -> sent name."""
+def _wire_tensors(
+    state_dict: Mapping[str, Tensor], dtype: torch.dtype | None, staging: HostStaging | None = None
+) -> tuple[dict, dict[str, str]]:
+    """CPU, contiguous, storage-owning tensors to serialize, and alias name -> sent name. Device tensors are
+    cast to the wire dtype where they are, then read out through `staging`'s buckets."""
+    staging = staging or HostStaging()
     views: dict[tuple, str] = {}
     aliases: dict[str, str] = {}
     tensors: dict[str, Tensor] = {}
@@ -133,7 +138,7 @@ def _wire_tensors(state_dict: Mapping[str, Tensor], dtype: torch.dtype | None) -
         out = tensor.detach()
         if dtype is not None and out.is_floating_point():
             out = out.to(dtype)
-        out = out.to("cpu").contiguous()
+        out = staging.to_host(out.contiguous())  # from a GPU: bucket by bucket through pinned memory
         storage = out.untyped_storage()
         if storage.data_ptr() in seen_storage or storage.nbytes() != out.numel() * out.element_size():
             out = out.clone()

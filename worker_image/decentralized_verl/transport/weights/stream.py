@@ -33,6 +33,7 @@ from decentralized_verl.transport.weights.codec import (
     bundle_digest,
     encoding_dtype,
 )
+from decentralized_verl.transport.weights.staging import HostStaging
 
 SAFETENSORS_DTYPES: dict[torch.dtype, str] = {
     torch.float64: "F64",
@@ -87,6 +88,7 @@ def encode_stream(
     blob[: len(head)] = head
     chunks: list[WeightChunk] = []
     filled = len(head)
+    staging = HostStaging()  # one bucket of host memory for every tensor read off a GPU
 
     def seal(upto: int) -> None:
         """Hash every chunk whose bytes all lie before `upto`."""
@@ -105,7 +107,7 @@ def encode_stream(
                     f"weights[{name!r}]: expected {slot.name!r} {slot.shape} {slot.dtype}, "
                     f"got {tuple(tensor.shape)} {tensor.dtype}"
                 )
-            out = tensor.detach().to(device="cpu", dtype=slot.wire_dtype(wire)).contiguous()
+            out = staging.to_host(tensor.detach().to(dtype=slot.wire_dtype(wire)).contiguous())
             raw = out.reshape(-1).view(torch.uint8).numpy() if out.numel() else b""
             blob[filled : filled + len(raw)] = memoryview(raw).cast("B") if len(raw) else b""
             filled += slot.nbytes(wire)

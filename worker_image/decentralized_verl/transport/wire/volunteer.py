@@ -60,6 +60,10 @@ class Readiness:
     ready: bool
     role: str
     worker_id: str
+    device: str = ""
+    """Where its model computes (`cpu`, `cuda:0`); empty from a worker that does not say."""
+    device_memory_allocated: int = 0
+    """Bytes its tensors hold on its GPU, read by the worker itself (the GPU check's proof)."""
 
 
 def join_request_to_proto(j: JoinRequest) -> pb.JoinRequest:
@@ -121,9 +125,19 @@ def heartbeat_from_proto(msg: pb.HeartbeatRequest) -> Heartbeat:
 
 
 def readiness_to_proto(r: Readiness) -> pb.ReadyReply:
-    return pb.ReadyReply(ready=r.ready, role=ROLES[r.role], worker_id=r.worker_id)
+    return pb.ReadyReply(
+        ready=r.ready,
+        role=ROLES[r.role],
+        worker_id=r.worker_id,
+        device=r.device,
+        device_memory_allocated=r.device_memory_allocated,
+    )
 
 
 def readiness_from_proto(msg: pb.ReadyReply) -> Readiness:
     _check_nonempty_text(msg.worker_id, "worker_id")
-    return Readiness(msg.ready, _role(msg.role, "role"), msg.worker_id)
+    if len(msg.device) > 64:
+        raise WireError("device", f"at most 64 characters (got {len(msg.device)})")
+    return Readiness(
+        msg.ready, _role(msg.role, "role"), msg.worker_id, msg.device, int(msg.device_memory_allocated)
+    )
