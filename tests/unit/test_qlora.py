@@ -206,3 +206,21 @@ def test_adapter_only_update_reaches_a_qlora_rollout_worker(kind: str) -> None:
     learner.eval()  # bitsandbytes' training-mode path rounds differently (docs/qlora.md measures it)
     with torch.no_grad():
         assert torch.equal(rollout_model(input_ids=ids).logits, learner(input_ids=ids).logits)
+
+
+def test_adapters_below_get_gradients_after_the_model_served_a_no_grad_forward() -> None:
+    """A learner's model also serves its colocated reference and rollout (eval mode, no grad); the 4-bit
+    layers must keep the path whose backward reaches every adapter."""
+    model, _ = load_model_and_tokenizer(qlora_spec().model)
+    ids = torch.randint(3, 20, (2, 12))
+    with torch.no_grad(), base_only(model):
+        model(input_ids=ids)
+    model.train()
+    model(input_ids=ids, labels=ids).loss.backward()
+    _move_adapters(model)  # B != 0 now; a second backward reaches every A and B
+    model.zero_grad()
+    model(input_ids=ids, labels=ids).loss.backward()
+    missing = [
+        n for n, p in model.named_parameters() if p.requires_grad and (p.grad is None or not p.grad.any())
+    ]
+    assert not missing, missing

@@ -109,6 +109,11 @@ def _four_bit(
     )
     if linear.bias is not None:
         layer.bias = nn.Parameter(linear.bias.data.detach().to(compute), requires_grad=False)
+    # On CPUs with AVX-512 bf16, bitsandbytes repacks a layer's weights in place for a faster kernel the
+    # first time it runs in eval mode without grad; after that its training path passes no gradient to
+    # the layers below (0.50.2), and the two paths round differently. A learner's model also serves its
+    # colocated reference and rollout, so every 4-bit layer keeps the one path training uses.
+    layer.support_avx512bf16_for_cpu = False
     return layer.to(device)  # Params4bit quantizes as it moves
 
 
@@ -118,6 +123,19 @@ def _prepare_kbit(model: nn.Module) -> nn.Module:
     return prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
 
 
-def base_digest_name(quantization: Any) -> str:
-    """How a checkpoint names the quantization its adapters were trained on (nf4-dq, fp4, ...)."""
-    return f"{quantization.type}{'-dq' if quantization.double_quant else ''}"
+def describe_quantization(model: nn.Module) -> dict[str, Any] | None:
+    """The quantization a model's 4-bit layers hold, in the spec's names (None: no 4-bit layer)."""
+    bnb = _loaded_bnb()
+    if bnb is None:
+        return None
+    for module in model.modules():
+        if isinstance(module, bnb.nn.Linear4bit):
+            weight = module.weight
+            return {
+                "bits": 4,
+                "type": weight.quant_type,
+                "doubleQuant": bool(weight.compress_statistics),
+                "computeDtype": str(module.compute_dtype).removeprefix("torch."),
+                "blockSize": int(weight.blocksize),
+            }
+    return None
