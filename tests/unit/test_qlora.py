@@ -9,8 +9,17 @@ import copy
 import bitsandbytes as bnb
 import pytest
 import torch
+from peft import PeftModel
+from safetensors.torch import load_file as load_tensors
 
 from decentralized_verl.backends.hf import HFBackend
+from decentralized_verl.backends.vllm_lora import (
+    engine_dtype,
+    hot_swaps_adapters,
+    lora_engine_kwargs,
+    write_adapter,
+)
+from decentralized_verl.backends.vllm_weights import export_state_dict
 from decentralized_verl.core.samples import Prompt, Sample
 from decentralized_verl.errors import ManifestError
 from decentralized_verl.models.loading import load_model_and_tokenizer
@@ -224,3 +233,38 @@ def test_adapters_below_get_gradients_after_the_model_served_a_no_grad_forward()
         n for n, p in model.named_parameters() if p.requires_grad and (p.grad is None or not p.grad.any())
     ]
     assert not missing, missing
+
+
+def test_vllm_gets_the_base_alone_dequantized_and_lora_engine_settings(tmp_path) -> None:
+    """What the vllm backend hands vLLM for a 4-bit base: a plain checkpoint of the base (its 4-bit weights
+    dequantized, no quantization state, no adapters), engine settings for bitsandbytes and LoRA, and each
+    version's adapters as a PEFT folder."""
+    spec = qlora_spec()
+    model, _ = load_model_and_tokenizer(spec.model)
+    _move_adapters(model)
+    assert hot_swaps_adapters(model) and engine_dtype(model) == torch.float32
+    assert lora_engine_kwargs(model) == {
+        "quantization": "bitsandbytes",
+        "enable_lora": True,
+        "max_lora_rank": 8,
+        "max_loras": 1,
+    }
+    base = export_state_dict(model, merge_adapters=False)
+    assert not any("lora_" in n or "absmax" in n or "quant" in n or "base_layer" in n for n in base)
+    q = model.get_base_model().model.layers[0].self_attn.q_proj.base_layer
+    weight = base["model.layers.0.self_attn.q_proj.weight"]
+    assert weight.shape == (64, 64) and weight.dtype == torch.float32
+    with torch.no_grad():  # the dequantized weight is what the 4-bit layer computes with
+        x = torch.randn(3, 64)
+        assert torch.allclose(q(x), x @ weight.T, atol=1e-5)
+    merged = export_state_dict(model)
+    assert not torch.equal(merged["model.layers.0.self_attn.q_proj.weight"], weight)
+    folder = write_adapter(model, tmp_path / "adapter-v1")
+    saved = load_tensors(str(folder / "adapter_model.safetensors"))
+    assert saved and all("lora_" in n for n in saved)
+    plain = spec.model.model_copy(update={"lora": None})
+    again = PeftModel.from_pretrained(load_model_and_tokenizer(plain)[0], folder)
+    ids = torch.randint(3, 20, (1, 8))
+    model.eval()
+    with torch.no_grad():
+        assert torch.allclose(again(input_ids=ids).logits, model(input_ids=ids).logits, atol=1e-5)

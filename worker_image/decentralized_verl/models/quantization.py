@@ -139,3 +139,28 @@ def describe_quantization(model: nn.Module) -> dict[str, Any] | None:
                 "blockSize": int(weight.blocksize),
             }
     return None
+
+
+def dequantized_state_dict(model: nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """`model`'s state dict with every 4-bit weight dequantized to `dtype` and its quantization-state
+    entries left out: the plain checkpoint an engine that quantizes on load (vLLM's bitsandbytes loader)
+    or runs in full precision reads. The same blocks quantized again give the same 4-bit codes."""
+    bnb = _loaded_bnb()
+    four_bit = {}
+    if bnb is not None:
+        four_bit = {
+            f"{name}.weight": module
+            for name, module in model.named_modules()
+            if isinstance(module, bnb.nn.Linear4bit)
+        }
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in model.state_dict().items():
+        owner = next((key for key in four_bit if name.startswith(key + ".")), None)
+        if owner is not None:
+            continue  # absmax, quant_map, nested_*, quant_state.*: folded into the dequantized weight
+        if name in four_bit:
+            weight = four_bit[name].weight
+            out[name] = bnb.functional.dequantize_4bit(weight.data, weight.quant_state).to(dtype)
+        else:
+            out[name] = tensor
+    return out
