@@ -11,7 +11,8 @@ Everything goes to the output folder: `parts/<name>.json` per part, `summary.jso
 correctness and job part passed, 1 when one failed, errored or ran out of time, 2 for bad arguments.
 
 The parts (see `_gpu_correctness`, `_gpu_job`, `_gpu_perf`):
-  correctness  shared_prompt_forward, grouped_attention, chunked_logprobs, fsdp2_checkpoint, weight_refresh
+  correctness  shared_prompt_forward, grouped_attention, chunked_logprobs, fsdp2_checkpoint, weight_refresh,
+               qlora (a 4-bit base: adapters train, reference with adapters off, adapters-only refresh)
   job          tiny_job (learner, rollout, reward processes over gRPC), smollm2_job (SmolLM2-shaped)
   speed        matmul_peak, grpo_side_by_side (ours vs TRL, Qwen2.5-0.5B shape), learner_alone (1.5B shape)
 What travels to a GPU machine: `scripts/prepare-gpu-check.sh` (wheels in benchmarks/gpu_wheels.txt and
@@ -51,6 +52,7 @@ PARTS = (
     Part("chunked_logprobs", "correctness", 30),
     Part("fsdp2_checkpoint", "correctness", 60),
     Part("weight_refresh", "correctness", 30),
+    Part("qlora", "correctness", 90),
     Part("tiny_job", "job", 150),
     Part("smollm2_job", "job", 90),
     Part("grpo_side_by_side", "speed", 240),

@@ -33,7 +33,7 @@ def test_every_part_passes_the_cpu_dry_run(tmp_path: Path) -> None:
     parts = {part["name"]: part for part in summary["parts"]}
     assert set(parts) == {
         "matmul_peak", "shared_prompt_forward", "grouped_attention", "chunked_logprobs", "fsdp2_checkpoint",
-        "weight_refresh", "tiny_job", "smollm2_job", "grpo_side_by_side", "learner_alone",
+        "weight_refresh", "qlora", "tiny_job", "smollm2_job", "grpo_side_by_side", "learner_alone",
     }  # fmt: skip
     assert all(part["status"] == "passed" for part in parts.values()), summary
     forward = parts["shared_prompt_forward"]["by_dtype"]
@@ -43,6 +43,10 @@ def test_every_part_passes_the_cpu_dry_run(tmp_path: Path) -> None:
         parts["fsdp2_checkpoint"]["restored_weights_equal"] and parts["fsdp2_checkpoint"]["third_step_equal"]
     )
     assert parts["weight_refresh"]["changed_by_refresh"]
+    assert (
+        parts["qlora"]["adapters_only_refresh_max_abs"] <= 1e-4
+        and not parts["qlora"]["adapters_without_grad"]
+    )
     assert parts["tiny_job"]["steps"] == 6 and parts["smollm2_job"]["steps"] == 2
     side = parts["grpo_side_by_side"]
     assert side["sides"]["ours"]["median_step_s"] > 0 and side["learner_tokens_per_s"] > 0
