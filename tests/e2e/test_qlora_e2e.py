@@ -36,7 +36,7 @@ def test_qlora_job_ships_adapters_keeps_one_base_and_resumes_from_adapters(tmp_p
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2, 3]
     # the reference is the adapter-free base: no drift at step 1 (adapters start at B = 0), then drift
-    assert records[0]["kl"] == 0.0 and records[-1]["kl"] > 0.0
+    assert abs(records[0]["kl"]) < 1e-9 and records[-1]["kl"] > 1e-6
     # the rollout process computes exactly what the learner does after every adapters-only refresh
     assert all(r["rollout_corr_abs_log_ratio_max"] == 0.0 for r in records)
     assert max(r["policy_version"] for r in records) == 3
@@ -50,7 +50,7 @@ def test_qlora_job_ships_adapters_keeps_one_base_and_resumes_from_adapters(tmp_p
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
     assert summary["steps"] == 5 and summary["policy_version"] == 5
-    assert records[3]["kl"] > 0.0  # resumed adapters, not fresh ones: the policy has already moved
+    assert records[3]["kl"] > 1e-6  # resumed adapters, not fresh ones: the policy has already moved
     assert all(r["rollout_corr_abs_log_ratio_max"] == 0.0 for r in records[3:])
 
     out = export_run(tmp_path / "run", None, tmp_path / "export")
