@@ -230,7 +230,7 @@ def table(rows: list[dict[str, Any]], seven_b: dict[str, Any]) -> str:
             f"| {r['model']} | {r['variant']} | {r['weights_bytes'] / MIB:.1f} | "
             f"{r['adapter_bytes'] / MIB:.2f} | {r['load_peak_rss_bytes'] / MIB:.0f} | "
             f"{'-' if peak is None else f'{peak / MIB:.0f}'} | {r['median_update_s']:.2f} | "
-            f"{r['version_bytes'] / MIB:.2f} / {r['full_weights_bytes'] / MIB:.0f} "
+            f"{r['version_bytes'] / MIB:.2f} / {r['full_weights_bytes'] / MIB:.2f} "
             f"| {r['mismatch_max']:.2e} / {r['mismatch_mean']:.2e} | {base} |"
         )
     lines.append(
