@@ -37,9 +37,10 @@ def test_qlora_job_ships_adapters_keeps_one_base_and_resumes_from_adapters(tmp_p
     assert [r["step"] for r in records] == [1, 2, 3]
     # the reference is the adapter-free base: no drift at step 1 (adapters start at B = 0), then drift
     assert abs(records[0]["kl"]) < 1e-9 and records[-1]["kl"] > 1e-6
-    # the rollout process computes exactly what the learner does after every adapters-only refresh
-    gaps = [(r["rollout_corr_abs_log_ratio_max"], r["rollout_corr_abs_log_ratio_mean"]) for r in records]
-    assert all(gap == (0.0, 0.0) for gap in gaps), gaps
+    # the rollout process computes what the learner does, to float rounding (its decode steps against
+    # the learner's whole-sequence forward), after every adapters-only refresh: the adapters arrived
+    gaps = [r["rollout_corr_abs_log_ratio_max"] for r in records]
+    assert all(gap < 1e-4 for gap in gaps), gaps
     assert max(r["policy_version"] for r in records) == 3
     folder = tmp_path / "run" / "ckpt" / "checkpoint-3"
     base = json.loads((folder / "base.json").read_text())
@@ -52,7 +53,7 @@ def test_qlora_job_ships_adapters_keeps_one_base_and_resumes_from_adapters(tmp_p
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
     assert summary["steps"] == 5 and summary["policy_version"] == 5
     assert records[3]["kl"] > 1e-6  # resumed adapters, not fresh ones: the policy has already moved
-    assert all(r["rollout_corr_abs_log_ratio_max"] == 0.0 for r in records[3:])
+    assert all(r["rollout_corr_abs_log_ratio_max"] < 1e-4 for r in records[3:])
 
     out = export_run(tmp_path / "run", None, tmp_path / "export")
     merged = AutoModelForCausalLM.from_pretrained(out)
