@@ -10,6 +10,7 @@ Heavy imports happen inside functions, so `gpu_check.py --help` stays fast.
 from __future__ import annotations
 
 import copy
+import math
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -304,7 +305,79 @@ def weight_refresh(device: str, tiny: bool, **_: Any) -> dict[str, Any]:
     }
 
 
+def qlora(device: str, tiny: bool, **_: Any) -> dict[str, Any]:
+    """QLoRA on the device: a Llama with its base in 4 bits (NF4, double-quantized) trains its adapters
+    (finite loss, every adapter gets a gradient); the reference (adapters off on the learner's own model)
+    equals a base loaded alone; a second copy given only the adapters computes the learner's log-probs.
+    Reports the learner's memory on CUDA."""
+    import torch
+
+    from decentralized_verl.core.forward import response_logprobs
+    from decentralized_verl.models.loading import load_model_and_tokenizer
+    from decentralized_verl.models.lora import base_only
+    from decentralized_verl.spec.manifest import parse_spec
+    from decentralized_verl.training.trainer import rollout_state_dict
+
+    width = 128 if tiny else 576
+    spec = parse_spec(
+        {
+            "model": {
+                "tiny": {"hiddenSize": width, "numLayers": 2, "numHeads": 4, "intermediateSize": 2 * width},
+                "dtype": "bfloat16" if device == "cuda" else "float32",
+                "lora": {"rank": 8, "targetModules": ["q_proj", "k_proj", "v_proj", "o_proj"]},
+                "quantization": {"type": "nf4", "doubleQuant": True},
+            },
+            "algorithm": {"name": "grpo", "samplesPerPrompt": 2},
+            "data": {"train": "unused.jsonl"},
+        }
+    )
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    learner, _ = load_model_and_tokenizer(spec.model, device=device)
+    optimizer = torch.optim.AdamW([p for p in learner.parameters() if p.requires_grad], lr=1e-2)
+    batch = _train_batch(learner, 0)
+    losses, missing = [], []
+    learner.train()
+    for _step in range(2):
+        ids = batch.input_ids.to(device)
+        loss = learner(input_ids=ids, labels=ids).loss
+        loss.backward()
+        missing = [n for n, p in learner.named_parameters() if p.requires_grad and p.grad is None]
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(loss))
+    scoring = batch.to(device)
+    with torch.no_grad():
+        with base_only(learner):
+            reference, _ = response_logprobs(learner, scoring)
+        plain, _ = load_model_and_tokenizer(spec.model.model_copy(update={"lora": None}), device=device)
+        alone, _ = response_logprobs(plain.eval(), scoring)
+        rollout, _ = load_model_and_tokenizer(spec.model, device=device)
+        theirs = dict(rollout.named_parameters())
+        for name, tensor in rollout_state_dict(learner).items():
+            theirs[name].copy_(tensor.to("cpu").to(device))
+        learner.eval()
+        ours, _ = response_logprobs(learner, scoring)
+        got, _ = response_logprobs(rollout.eval(), scoring)
+    reference_err = float((reference - alone).abs().max())
+    refresh_err = float((ours - got).abs().max())
+    result = {
+        "passed": all(map(math.isfinite, losses))
+        and not missing
+        and reference_err <= 1e-4
+        and refresh_err <= 1e-4,
+        "losses": losses,
+        "adapters_without_grad": missing[:5],
+        "reference_vs_base_alone_max_abs": reference_err,
+        "adapters_only_refresh_max_abs": refresh_err,
+    }
+    if device == "cuda":
+        result["peak_allocated_mib"] = torch.cuda.max_memory_allocated() / 2**20
+    return result
+
+
 PARTS = {
+    "qlora": qlora,
     "shared_prompt_forward": shared_prompt_forward,
     "grouped_attention": grouped_attention,
     "chunked_logprobs": chunked_logprobs,

@@ -34,8 +34,8 @@ def test_every_part_passes_the_cpu_dry_run(tmp_path: Path) -> None:
     parts = {part["name"]: part for part in summary["parts"]}
     assert set(parts) == {
         "matmul_peak", "shared_prompt_forward", "grouped_attention", "chunked_logprobs", "fsdp2_checkpoint",
-        "weight_refresh", "gpu_tests", "tiny_job", "smollm2_job", "every_role_job", "one_gpu_colocated",
-        "grpo_side_by_side", "learner_alone",
+        "weight_refresh", "qlora", "gpu_tests", "tiny_job", "smollm2_job", "every_role_job",
+        "one_gpu_colocated", "grpo_side_by_side", "learner_alone",
     }  # fmt: skip
     assert all(part["status"] == "passed" for part in parts.values()), summary
     forward = parts["shared_prompt_forward"]["by_dtype"]
@@ -45,6 +45,10 @@ def test_every_part_passes_the_cpu_dry_run(tmp_path: Path) -> None:
         parts["fsdp2_checkpoint"]["restored_weights_equal"] and parts["fsdp2_checkpoint"]["third_step_equal"]
     )
     assert parts["weight_refresh"]["changed_by_refresh"]
+    assert (
+        parts["qlora"]["adapters_only_refresh_max_abs"] <= 1e-4
+        and not parts["qlora"]["adapters_without_grad"]
+    )
     assert parts["tiny_job"]["steps"] == 6 and parts["smollm2_job"]["steps"] == 2
     # every role's worker said which device it chose and what it holds there: the CPU and nothing
     every = parts["every_role_job"]

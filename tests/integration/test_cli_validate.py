@@ -30,6 +30,18 @@ def test_valid_example_prints_one_line_and_exits_0() -> None:
             "  data: {train: t.jsonl}\n  roles: {rollout: {replicas: -2}}\n",
             "spec.roles.rollout.replicas: must be >= 0 (got -2)",
         ),
+        (
+            "apiVersion: dverl.io/v1alpha1\nkind: RLHFJob\nmetadata: {name: j}\n"
+            "spec:\n  model: {tiny: {}, quantization: {type: nf4}}\n"
+            "  algorithm: {name: grpo, samplesPerPrompt: 2}\n  data: {train: t.jsonl}\n",
+            "spec.model.quantization: needs model.lora",
+        ),
+        (
+            "apiVersion: dverl.io/v1alpha1\nkind: RLHFJob\nmetadata: {name: j}\n"
+            "spec:\n  model: {tiny: {}, lora: {}, quantization: {bits: 8}}\n"
+            "  algorithm: {name: grpo, samplesPerPrompt: 2}\n  data: {train: t.jsonl}\n",
+            "spec.model.quantization.bits",
+        ),
     ],
 )
 def test_invalid_files_exit_2_with_field_lines(tmp_path: Path, content: str, expected: str) -> None:

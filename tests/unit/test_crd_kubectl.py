@@ -504,6 +504,12 @@ BAD = {
         "spec",
         "roles.learner.sharding:",
     ),
+    "quantization without lora": (
+        {"model.quantization": {"type": "nf4"}},
+        "spec.model.quantization",
+        "spec",
+        "model.quantization:",
+    ),
     "volunteers without token": (
         {"volunteers.enabled": True},
         "spec.volunteers.tokenSecretRef",

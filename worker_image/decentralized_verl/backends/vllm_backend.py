@@ -39,6 +39,13 @@ from torch import Tensor
 
 from decentralized_verl.backends.base import GenerationOutput, GenerationRequest, SamplingParams
 from decentralized_verl.backends.vllm_engine_args import VLLM_DTYPES, engine_args
+from decentralized_verl.backends.vllm_lora import (
+    engine_dtype,
+    hot_swaps_adapters,
+    lora_engine_kwargs,
+    lora_request,
+    write_adapter,
+)
 from decentralized_verl.backends.vllm_weights import export_state_dict, write_weights_file
 from decentralized_verl.backends.weight_copy import plan_weight_copy
 from decentralized_verl.errors import ModelError
@@ -133,7 +140,9 @@ class VLLMBackend:
         self._lock = threading.RLock()
         self.shm_dir = shm_dir
         config = _inner_config(model)
-        dtype = next(model.parameters()).dtype
+        self.hot_swap = hot_swaps_adapters(model)  # a 4-bit base: adapters per version, not weights
+        dtype = engine_dtype(model) if self.hot_swap else next(model.parameters()).dtype
+        self._lora: Any = None
         if dtype not in VLLM_DTYPES:
             raise ModelError(f"spec.model.dtype: the vllm backend cannot run {dtype}")
         self.eos_token_ids = frozenset(
@@ -145,7 +154,9 @@ class VLLMBackend:
         self.model_dir = Path(work_dir or tempfile.mkdtemp(prefix="dverl-vllm-model-"))
         if self._own_dir:  # also removed at interpreter exit when close() is never called
             weakref.finalize(self, shutil.rmtree, str(self.model_dir), True)
-        _write_model_dir(model, tokenizer, self.model_dir)
+        _write_model_dir(model, tokenizer, self.model_dir, merge_adapters=not self.hot_swap)
+        if self.hot_swap:
+            engine_kwargs = {**lora_engine_kwargs(model), **dict(engine_kwargs or {})}
         kwargs = engine_args(
             self.model_dir,
             dtype=dtype,
@@ -163,6 +174,8 @@ class VLLMBackend:
             raise
         self.refresh_seconds: list[float] = []  # wall time of each refresh, for benchmarks and logs
         self.last_refresh: dict[str, float] = {}  # where the last refresh's time went
+        if self.hot_swap:
+            self._swap_adapters(version)
 
     # ------------------------------------------------------------------ protocol
 
@@ -215,7 +228,7 @@ class VLLMBackend:
         with self._lock:
             version = self._version
             began = time.perf_counter()
-            results = self.llm.generate(prompts, params, use_tqdm=False)
+            results = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self._lora)
             seconds = time.perf_counter() - began
         for request, result in zip(requests, results, strict=True):
             for completion in sorted(result.outputs, key=lambda c: c.index):
@@ -261,7 +274,24 @@ class VLLMBackend:
         with self._lock:
             self._refresh(version)
 
+    def _swap_adapters(self, version: int) -> None:
+        """A 4-bit base's new version: its adapters written once and named in every later request."""
+        began = time.perf_counter()
+        folder = write_adapter(self.model, self.model_dir / f"adapter-v{version}")
+        previous = self._lora
+        self._lora = lora_request(version, folder)
+        self._version = version
+        if previous is not None:
+            self.llm.llm_engine.remove_lora(previous.lora_int_id)
+            shutil.rmtree(previous.lora_path, ignore_errors=True)
+        self.refresh_seconds.append(time.perf_counter() - began)
+        self.last_refresh = {"adapter_write_s": self.refresh_seconds[-1]}
+        log.info("vllm: adapters of version %d in %.2f s", version, self.refresh_seconds[-1])
+
     def _refresh(self, version: int) -> None:
+        if self.hot_swap:
+            self._swap_adapters(version)
+            return
         began = time.perf_counter()
         with torch.no_grad():
             tensors = export_state_dict(self.model)
@@ -339,10 +369,12 @@ def _default_eos(model: Any, tokenizer: Any) -> set[int]:
     return ids
 
 
-def _write_model_dir(model: Any, tokenizer: Any, folder: Path) -> None:
-    """A transformers checkpoint folder of ``model``'s current (merged) weights that vLLM can load."""
+def _write_model_dir(model: Any, tokenizer: Any, folder: Path, *, merge_adapters: bool = True) -> None:
+    """A transformers checkpoint folder of ``model``'s current (merged) weights that vLLM can load; with
+    ``merge_adapters`` False the base alone (a 4-bit base dequantized, for vLLM to quantize again)."""
     folder.mkdir(parents=True, exist_ok=True)
     _inner_config(model).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     with torch.no_grad():
-        save_file(export_state_dict(model), str(folder / "model.safetensors"), metadata={"format": "pt"})
+        tensors = export_state_dict(model, merge_adapters=merge_adapters)
+        save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})

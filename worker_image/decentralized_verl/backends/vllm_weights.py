@@ -18,17 +18,20 @@ from torch import Tensor
 
 from decentralized_verl.errors import ModelError
 from decentralized_verl.models.lora import is_lora
+from decentralized_verl.models.quantization import dequantized_state_dict, describe_quantization, is_quantized
 
 
-def export_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
+def export_state_dict(model: torch.nn.Module, *, merge_adapters: bool = True) -> dict[str, Tensor]:
     """The weights an inference engine loads for ``model``, under the plain transformers names.
 
     A peft LoRA model is exported with every adapter merged into its base weight (``W + B A * s``) and
     the peft name segments removed, so the engine needs no LoRA support. Tensors that alias one
     another (a tied ``lm_head``) appear once, under their first name, because safetensors refuses
-    shared storage and the engine re-ties them itself. Tensors are detached and contiguous.
+    shared storage and the engine re-ties them itself. Tensors are detached and contiguous. A 4-bit
+    base's weights are dequantized to its compute dtype; `merge_adapters` False leaves the adapters out
+    (the base an engine that applies adapters itself loads).
     """
-    state = _merged_lora_state_dict(model) if is_lora(model) else model.state_dict()
+    state = _merged_lora_state_dict(model, merge_adapters) if is_lora(model) else _plain_state_dict(model)
     out: dict[str, Tensor] = {}
     seen: set[tuple[int, int, tuple[int, ...]]] = set()
     for name, tensor in state.items():
@@ -40,17 +43,30 @@ def export_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
     return out
 
 
-def _merged_lora_state_dict(model: Any) -> dict[str, Tensor]:
+def _plain_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
+    """The state dict, a 4-bit base's weights dequantized to the compute dtype (no quantization state)."""
+    if not is_quantized(model):
+        return model.state_dict()
+    return dequantized_state_dict(model, _compute_dtype(model))
+
+
+def _compute_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The 4-bit layers' compute dtype: what they compute in, so what their weights are worth."""
+    name = str((describe_quantization(model) or {}).get("computeDtype", "float32"))
+    return getattr(torch, name) if name in ("float32", "bfloat16", "float16") else torch.float32
+
+
+def _merged_lora_state_dict(model: Any, merge: bool = True) -> dict[str, Tensor]:
     base = model.get_base_model()
     deltas: dict[str, Tensor] = {}
-    for module_name, module in base.named_modules():
+    for module_name, module in base.named_modules() if merge else ():
         if isinstance(module, LoraLayer) and not module.merged:
             adapters = [a for a in module.active_adapters if a in module.lora_A]
             if adapters:
                 delta = sum(module.get_delta_weight(a) for a in adapters)
                 deltas[f"{module_name}.base_layer.weight"] = delta
     merged: dict[str, Tensor] = {}
-    for name, tensor in base.state_dict().items():
+    for name, tensor in _plain_state_dict(base).items():
         parts = name.split(".")
         if any(p.startswith("lora_") for p in parts):
             continue

@@ -29,6 +29,7 @@ from transformers import (
 from decentralized_verl.errors import ModelError
 from decentralized_verl.models.grouped_attention import use_grouped_attention
 from decentralized_verl.models.lora import apply_lora
+from decentralized_verl.models.quantization import quantize_linears
 from decentralized_verl.models.tiny import build_tiny, tiny_config
 from decentralized_verl.models.tokenizer import build_char_tokenizer
 from decentralized_verl.runtime import compute_thread
@@ -182,8 +183,8 @@ def _hf_tokenizer(folder: Path, padding_side: str) -> PreTrainedTokenizerBase:
 def load_causal_lm(
     spec: Any, *, device: str | torch.device | None = None, field: str = "spec.model"
 ) -> torch.nn.Module:
-    """The spec's causal LM on `device` (default: the process's, `runtime.device`) in the spec's dtype,
-    wrapped with LoRA when `spec.lora` is set."""
+    """The spec's causal LM on `device` (default: the process's, `runtime.device`) in the spec's dtype, its
+    base in 4 bits when `spec.quantization` is set, wrapped with LoRA when `spec.lora` is set."""
     model, _ = load_model_and_tokenizer(spec, device=device, field=field)
     return model
 
@@ -217,7 +218,13 @@ def _load_model_and_tokenizer(
         model = _from_pretrained(AutoModelForCausalLM, folder, field, dtype=dtype)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
-    wrapped = model.to(device)
+    quantization = getattr(spec, "quantization", None)
+    if quantization is None:
+        wrapped = model.to(device)
+    else:  # the frozen base in 4 bits, quantized layer by layer as it lands on `device`
+        wrapped = quantize_linears(
+            model, quantization, dtype=dtype, device=device, field=f"{field}.quantization"
+        )
     use_grouped_attention(wrapped)  # on a CPU: the faster attention for small grouped-query models
     lora = getattr(spec, "lora", None)
     if lora is not None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -45,3 +47,18 @@ def trainable_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     if is_lora(model):
         return {k: v.detach() for k, v in get_peft_model_state_dict(model).items()}
     return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+@contextmanager
+def base_only(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """The adapter-free base of a LoRA model for the span of the block, in eval mode (no adapter dropout),
+    then the model as it was: the reference a LoRA or QLoRA learner computes with its own weights, so a
+    colocated reference costs no second copy of the base. The block must not overlap a training step on
+    the same model (both run on the process's one compute thread)."""
+    was_training = model.training
+    model.eval()
+    try:
+        with model.disable_adapter():
+            yield model
+    finally:
+        model.train(was_training)

@@ -20,6 +20,7 @@ from typing import Any
 
 from decentralized_verl.backends.factory import make_backend
 from decentralized_verl.core.interfaces import CriticClient, ReferenceClient, RewardClient, RolloutClient
+from decentralized_verl.models.lora import is_lora
 from decentralized_verl.orchestration.failover import ScoringPool
 from decentralized_verl.planning.devices import GPU_PRIORS
 from decentralized_verl.serving import local, scoring
@@ -227,12 +228,19 @@ def _colocated_rollout(
 
 
 def _local_reference(spec: JobSpec, model: Any, tokenizer: Any, temperature: float) -> ReferenceClient:
-    """A reference in this process: a frozen copy of the policy as it starts, so the KL penalty measures
-    drift from where training began however far the learner's own weights move."""
+    """A reference in this process: the policy as it starts, so the KL penalty measures drift from where
+    training began however far the learner's own weights move. For a LoRA policy that is its own base
+    with the adapters switched off (no second copy: a QLoRA job holds one 4-bit base); otherwise a frozen
+    copy of the policy."""
+    size = (spec.training.microbatch_size or 8) * spec.algorithm.samples_per_prompt
+    if is_lora(model):
+        worker = scoring.ReferenceWorker(
+            model, temperature, pad_token_id=tokenizer.pad_token_id, microbatch_size=size, shares_policy=True
+        )
+        return local.LocalReferenceClient(worker)
     frozen = copy.deepcopy(model).eval()
     for param in frozen.parameters():
         param.requires_grad_(False)
-    size = (spec.training.microbatch_size or 8) * spec.algorithm.samples_per_prompt
     return local.LocalReferenceClient(
         scoring.ReferenceWorker(
             frozen, temperature, pad_token_id=tokenizer.pad_token_id, microbatch_size=size

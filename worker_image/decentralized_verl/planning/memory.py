@@ -36,6 +36,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from decentralized_verl.planning import quantized as q4
 from decentralized_verl.planning.devices import GIB
 from decentralized_verl.planning.shapes import ModelShape
 
@@ -225,6 +226,37 @@ class TrainingSetup:
     entropy: bool = False
     value_head: bool = False
     """A critic: a scalar head instead of the LM head's logits."""
+    quantization: q4.FourBit | None = None
+    """A 4-bit base under the adapters (QLoRA): planning/quantized.py."""
+
+
+def weight_components(
+    shape: ModelShape,
+    b: int,
+    device: Device,
+    quantization: q4.FourBit | None,
+    *,
+    adapters: int = 0,
+    note: str = "",
+) -> list[Component]:
+    """The model's weights: `b` bytes a parameter, or a 4-bit base (planning/quantized.py)."""
+    extra = f" + {adapters:,} adapter params x 4 B" if adapters else ""
+    if quantization is None:
+        params = shape.parameters()
+        return [
+            Component(
+                "weights", params * b + adapters * 4, device, detail=f"{params:,} params x {b} B{extra}{note}"
+            )
+        ]
+    packed, scales, rest = q4.four_bit_bytes(shape, quantization)
+    return [
+        Component(
+            "weights",
+            packed + scales + rest + adapters * 4,
+            device,
+            detail=q4.weights_detail(shape, quantization) + extra + note,
+        )
+    ]
 
 
 def training_components(
@@ -241,15 +273,21 @@ def training_components(
     device: Device = "gpu" if on_gpu else "host"
     state: Device = "host" if setup.cpu_offload else device
     split = f" / {n} learners (fsdp)" if n > 1 else ""
-    out = [
-        Component(
-            "weights",
-            (params * b + adapters * 4) // n,
-            state,
-            detail=f"{params:,} params x {b} B"
-            + (f" + {adapters:,} adapter params x 4 B" if adapters else "")
-            + split,
-        ),
+    if setup.quantization is not None:
+        out = weight_components(shape, b, state, setup.quantization, adapters=adapters)
+        b = q4.HIDDEN_BYTES  # activations follow the float32 embeddings of a k-bit-prepared model
+    else:
+        out = [
+            Component(
+                "weights",
+                (params * b + adapters * 4) // n,
+                state,
+                detail=f"{params:,} params x {b} B"
+                + (f" + {adapters:,} adapter params x 4 B" if adapters else "")
+                + split,
+            )
+        ]
+    out += [
         Component(
             "gradients", trained * tb // n, state, detail=f"{trained:,} trained params x {tb} B{split}"
         ),
@@ -284,6 +322,16 @@ def training_components(
                 detail="root (embeddings, head) + 2 layers unsharded, root + 1 layer gradients",
             )
         )
+    if setup.quantization is not None:
+        out.append(
+            Component(
+                "dequantization",
+                q4.dequant_bytes(shape, setup.quantization, backward=True),
+                device,
+                phase="update",
+                detail="the largest 4-bit linear dequantized for its matmul, in the forward and the backward",
+            )
+        )
     trainable = setup.trainable
     activations = saved_activation_bytes(shape, b, micro, trainable, setup.checkpointing)
     how = "checkpointed, " if setup.checkpointing else ""
@@ -311,19 +359,28 @@ def training_components(
 
 
 def forward_components(
-    shape: ModelShape, dtype_bytes: int, micro: MicroBatch, on_gpu: bool, *, logits: bool = True
+    shape: ModelShape,
+    dtype_bytes: int,
+    micro: MicroBatch,
+    on_gpu: bool,
+    *,
+    logits: bool = True,
+    quantization: q4.FourBit | None = None,
+    own_weights: bool = True,
 ) -> list[Component]:
-    """A frozen model answering requests (reference log-probs, a reward model's scores): weights, plus one
-    micro-batch's forward without grad: its KV cache (the shared prompt's), one layer's temporaries and
-    the response logits with their log-softmax."""
-    b = dtype_bytes
+    """A frozen model answering requests (reference log-probs, a reward model's scores): weights (unless it
+    computes with the learner's own, `own_weights` False), plus one micro-batch's forward without grad: its
+    KV cache (the shared prompt's), one layer's temporaries and the response logits with their
+    log-softmax; a 4-bit base adds its dequantized layer and computes in float32."""
     device: Device = "gpu" if on_gpu else "host"
-    params = shape.parameters()
+    out = weight_components(shape, dtype_bytes, device, quantization, note=" (frozen)") if own_weights else []
+    b = dtype_bytes if quantization is None else q4.HIDDEN_BYTES
     length = micro.prompt_tokens + micro.response_tokens
     transient = kv_cache_bytes(shape, b, micro.rows, length)
     transient += layer_transient_bytes(shape, b, micro.rows * length)
-    out = [
-        Component("weights", params * b, device, detail=f"{params:,} params x {b} B (frozen)"),
+    if quantization is not None:
+        transient += q4.dequant_bytes(shape, quantization, backward=False)
+    out += [
         Component(
             "forward",
             transient,

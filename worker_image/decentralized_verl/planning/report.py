@@ -97,6 +97,7 @@ def render(plan: MemoryPlan) -> str:
         if k == 0:
             lines.append("  ".join("-" * w for w in widths))
     lines.append("GiB per worker; peak: what is always held + the largest phase (details: --json)")
+    lines.extend(_inside_lines(plan))
     for worker in plan.workers:
         if worker.problem is not None:
             lines.append("")
@@ -105,6 +106,25 @@ def render(plan: MemoryPlan) -> str:
     for note in plan.notes:
         lines.append(note)
     return "\n".join(lines)
+
+
+def _inside_lines(plan: MemoryPlan) -> list[str]:
+    """Which roles run inside another's process (replicas 0), and what a 4-bit base means for the rows."""
+    out = []
+    seen: set[str] = set()
+    for worker in plan.workers:
+        inside = sorted({c.phase.split(" ", 1)[0] for c in worker.estimate.components if " " in c.phase})
+        if inside and worker.role not in seen:
+            seen.add(worker.role)
+            out.append(f"{worker.role} also runs {', '.join(inside)} in its own process (replicas: 0)")
+    if plan.spec is not None and plan.spec.model.quantization is not None:
+        q = plan.spec.model.quantization
+        dq = ", double-quantized scales" if q.double_quant else ""
+        out.append(
+            f"model.quantization: the base in 4 bits ({q.type}{dq}); the LoRA reference is that base with "
+            "the adapters off (no weights of its own); other includes one dequantized layer"
+        )
+    return out
 
 
 def _component(c: Component) -> dict[str, Any]:

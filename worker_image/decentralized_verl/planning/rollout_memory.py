@@ -11,8 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from decentralized_verl.planning import quantized as q4
 from decentralized_verl.planning.devices import GIB
-from decentralized_verl.planning.memory import Component, Device, kv_cache_bytes, layer_transient_bytes
+from decentralized_verl.planning.memory import (
+    Component,
+    Device,
+    kv_cache_bytes,
+    layer_transient_bytes,
+    weight_components,
+)
 from decentralized_verl.planning.shapes import ModelShape
 from decentralized_verl.spec.catalogue.backends import BackendKind
 
@@ -45,17 +52,34 @@ class Generation:
 
 
 def hf_generation_components(
-    shape: ModelShape, b: int, gen: Generation, on_gpu: bool, *, own_weights: bool
+    shape: ModelShape,
+    b: int,
+    gen: Generation,
+    on_gpu: bool,
+    *,
+    own_weights: bool,
+    quantization: q4.FourBit | None = None,
 ) -> list[Component]:
     """The HF backend: weights (unless it generates with the learner's), the KV cache of the rows decoded
-    together, and the larger of the prefill's layer temporaries and the decode step's logits."""
+    together, and the larger of the prefill's layer temporaries and the decode step's logits; a 4-bit base
+    (with its adapters, which are small) computes in float32 and dequantizes one layer at a time."""
     device: Device = "gpu" if on_gpu else "host"
     rows = min(gen.sequences, HF_DECODE_ROWS)
     length = gen.prompt_tokens + gen.response_tokens
     out = []
     if own_weights:
-        params = shape.parameters()
-        out.append(Component("weights", params * b, device, detail=f"{params:,} params x {b} B"))
+        out += weight_components(shape, b, device, quantization)
+    if quantization is not None:
+        b = q4.HIDDEN_BYTES
+        out.append(
+            Component(
+                "dequantization",
+                q4.dequant_bytes(shape, quantization, backward=False),
+                device,
+                phase="generation",
+                detail="the largest 4-bit linear dequantized for its matmul",
+            )
+        )
     out.append(
         Component(
             "kv cache",
@@ -74,10 +98,16 @@ def hf_generation_components(
     return out
 
 
-def vllm_components(shape: ModelShape, b: int, gen: Generation, on_gpu: bool) -> list[Component]:
-    """The vLLM engine, per GPU of its tensor-parallel group (on a CPU: its weights and fixed KV space)."""
+def vllm_components(
+    shape: ModelShape, b: int, gen: Generation, on_gpu: bool, quantization: q4.FourBit | None = None
+) -> list[Component]:
+    """The vLLM engine, per GPU of its tensor-parallel group (on a CPU: its weights and fixed KV space).
+    A 4-bit base is loaded by vLLM's bitsandbytes loader: 4-bit linears, the rest in the model's dtype."""
     tp = max(gen.tensor_parallel, 1) if on_gpu else 1
     params = shape.parameters()
+    if quantization is not None:  # the weights' bytes as a parameter count at b bytes each
+        packed, scales, _ = q4.four_bit_bytes(shape, quantization)
+        params = (packed + scales) // b + params - q4.linear_parameters(shape)
     length = gen.prompt_tokens + gen.response_tokens
     if not on_gpu:
         return [

@@ -17,6 +17,7 @@ from decentralized_verl.planning.memory import (
     Trainable,
     TrainingSetup,
 )
+from decentralized_verl.planning.quantized import FourBit, four_bit
 from decentralized_verl.planning.rollout_memory import Generation
 from decentralized_verl.planning.shapes import ModelShape
 from decentralized_verl.planning.spans import chain_estimate
@@ -97,7 +98,17 @@ class Job:
             checkpointing=spec_role.activation_checkpointing,
             entropy=self.spec.algorithm.entropy_coef > 0 and role == "learner",
             value_head=role == "critic",
+            quantization=self.four_bit(role),
         )
+
+    def four_bit(self, role: str) -> FourBit | None:
+        """The role's 4-bit base: the policy's roles (learner, reference, rollout) hold the policy's as
+        model.quantization says; a critic or reward model is never 4-bit."""
+        return four_bit(self.spec.model) if role in POLICY_ROLES else None
+
+
+POLICY_ROLES = ("learner", "reference", "rollout")
+"""Roles holding the policy's model, so its 4-bit base when it has one."""
 
 
 def sharded_over(role: RoleSpec) -> int:
@@ -123,10 +134,21 @@ def learner(
     if roles.rollout.replicas == 0 and colocated_rollout:
         parts += _phase(_colocated_rollout(job, placement), "rollout")
     if roles.reference is not None and roles.reference.replicas == 0:
-        # orchestration/wiring.py: a deep copy of the policy, microbatchSize x samplesPerPrompt rows.
+        # orchestration/wiring.py: a deep copy of the policy, microbatchSize x samplesPerPrompt rows; for a
+        # LoRA policy its own base with the adapters off (no second copy of the weights).
         rows = (job.spec.training.microbatch_size or 8) * job.group
         copy = job.micro(rows, by_prompts=False, shared=not on_gpu)
-        parts += _phase(mem.forward_components(shape, setup.dtype_bytes, copy, on_gpu), "reference")
+        parts += _phase(
+            mem.forward_components(
+                shape,
+                setup.dtype_bytes,
+                copy,
+                on_gpu,
+                quantization=setup.quantization,
+                own_weights=setup.trainable.full,
+            ),
+            "reference",
+        )
     critic = roles.critic
     if critic is not None and critic.replicas == 0 and "critic" in job.shapes:
         critic_setup = job.training_setup("critic", shards=1)
@@ -145,12 +167,14 @@ def _colocated_rollout(job: Job, placement: Placement) -> list[Component]:
     shape, b = job.shapes["learner"], job.dtype_bytes("learner")
     gen = generation(job, placement)
     if job.spec.roles.rollout.backend_kind.shares_learner_weights:
-        return rollout_mem.hf_generation_components(shape, b, gen, placement.on_gpu, own_weights=False)
+        return rollout_mem.hf_generation_components(
+            shape, b, gen, placement.on_gpu, own_weights=False, quantization=job.four_bit("learner")
+        )
     if placement.gpu is not None and placement.gpu.bytes is not None:
         share = int(rollout_mem.VLLM_UTILIZATION * placement.gpu.bytes)
         detail = f"gpu_memory_utilization {rollout_mem.VLLM_UTILIZATION} of this GPU, reserved at start"
         return [Component("vllm engine", share, "gpu", detail=detail)]
-    return rollout_mem.vllm_components(shape, b, gen, placement.on_gpu)
+    return rollout_mem.vllm_components(shape, b, gen, placement.on_gpu, job.four_bit("learner"))
 
 
 def generation(
@@ -178,8 +202,9 @@ def rollout(
     shape, b = job.shapes["rollout"], job.dtype_bytes("rollout")
     gen = generation(job, placement, tensor_parallel, batch)
     on_gpu = placement.on_gpu
+    quantization = job.four_bit("rollout")
     if gen.backend.reserves_gpu_share:
-        parts = rollout_mem.vllm_components(shape, b, gen, on_gpu)
+        parts = rollout_mem.vllm_components(shape, b, gen, on_gpu, quantization)
         if (
             on_gpu
         ):  # the worker loads the HF model on the host first and keeps it (refreshes are checked on it)
@@ -191,7 +216,9 @@ def rollout(
     spans = job.spec.roles.rollout.spans
     if spans is not None:  # a chain of span processes, each with the role's resources
         return chain_estimate(shape, b, gen, on_gpu, spans.count)
-    parts = rollout_mem.hf_generation_components(shape, b, gen, on_gpu, own_weights=True)
+    parts = rollout_mem.hf_generation_components(
+        shape, b, gen, on_gpu, own_weights=True, quantization=quantization
+    )
     return Estimate(tuple(parts + mem.runtime_components(on_gpu)))
 
 
@@ -215,7 +242,9 @@ def reference(job: Job, placement: Placement, rows: int | None = None) -> Estima
     rows = rows or (role.microbatch_size if role else None) or job.spec.training.microbatch_size or 8
     micro = job.micro(rows, by_prompts=False, shared=not placement.on_gpu)
     b = job.dtype_bytes("reference")
-    parts = mem.forward_components(job.shapes["reference"], b, micro, placement.on_gpu)
+    parts = mem.forward_components(
+        job.shapes["reference"], b, micro, placement.on_gpu, quantization=job.four_bit("reference")
+    )
     return Estimate(tuple(parts + mem.runtime_components(placement.on_gpu)))
 
 

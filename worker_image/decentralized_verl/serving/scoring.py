@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -24,6 +25,7 @@ from decentralized_verl.core.samples import Prompt, Sample, TrainBatch, collate
 from decentralized_verl.environments.replay import ENVIRONMENT_REWARD, parse_transcript, replay
 from decentralized_verl.environments.settings import episode_settings
 from decentralized_verl.models.loading import load_model_and_tokenizer, load_sequence_classifier
+from decentralized_verl.models.lora import base_only
 from decentralized_verl.rewards import RewardModelScorer, score_batch
 from decentralized_verl.rewards.servable import servable_reward
 from decentralized_verl.training.optimizer_step import optimizer_step
@@ -71,7 +73,10 @@ def _microbatches(samples: Sequence[Sample], size: int) -> list[list[Sample]]:
 
 
 class ReferenceWorker:
-    """The frozen reference policy: log p_ref(response token | prefix) at the sampling temperature."""
+    """The frozen reference policy: log p_ref(response token | prefix) at the sampling temperature.
+
+    `shares_policy`: `model` is the learner's own LoRA model, and the reference is its base with the
+    adapters switched off for each call (one copy of the base, 4-bit or not, in a colocated QLoRA job)."""
 
     def __init__(
         self,
@@ -81,12 +86,16 @@ class ReferenceWorker:
         microbatch_size: int = 8,
         pad_token_id: int | None = None,
         worker_id: str = "reference",
+        shares_policy: bool = False,
     ) -> None:
         if microbatch_size < 1:
             raise ValueError(f"microbatch_size: must be >= 1 (got {microbatch_size})")
-        self.model = model.eval()
-        for p in self.model.parameters():
-            p.requires_grad_(False)
+        self.shares_policy = shares_policy
+        self.model = model
+        if not shares_policy:
+            self.model.eval()
+            for p in self.model.parameters():
+                p.requires_grad_(False)
         self.temperature = temperature
         self.microbatch_size = microbatch_size
         self.pad_token_id = _pad_id(model, pad_token_id)
@@ -96,7 +105,8 @@ class ReferenceWorker:
 
     @classmethod
     def from_spec(cls, spec: Any, *, device: Any = None, worker_id: str = "reference") -> ReferenceWorker:
-        """The policy's initial weights (LoRA off), at spec.data.temperature."""
+        """The policy's initial weights (LoRA off; a 4-bit base when the policy's is), at
+        spec.data.temperature."""
         model_spec = spec.model.model_copy(update={"lora": None}) if spec.model.lora else spec.model
         model, tokenizer = load_model_and_tokenizer(model_spec, device=device)
         role = spec.roles.reference
@@ -111,7 +121,8 @@ class ReferenceWorker:
 
     def logprobs(self, samples: Sequence[Sample]) -> list[tuple[float, ...]]:
         out: list[tuple[float, ...]] = []
-        with self._lock, torch.no_grad():
+        policy = base_only(self.model) if self.shares_policy else nullcontext(self.model)
+        with self._lock, torch.no_grad(), policy:
             for mb in _microbatches(_bare(samples), self.microbatch_size):
                 batch = collate(mb, self.pad_token_id)
                 plain = self.chooser.plain_next()

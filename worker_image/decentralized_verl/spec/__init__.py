@@ -23,7 +23,7 @@ from decentralized_verl.spec.job import (
     RLHFJob,
     with_defaults,
 )
-from decentralized_verl.spec.model import LoraSpec, ModelSpec, TinyModelSpec
+from decentralized_verl.spec.model import LoraSpec, ModelSpec, QuantizationSpec, TinyModelSpec
 from decentralized_verl.spec.roles import ROLE_NAMES, NodePool, Resources, RoleSpec, RolesSpec, Toleration
 from decentralized_verl.spec.status import Condition, RLHFJobStatus, RoleStatus
 from decentralized_verl.spec.training import CheckpointSpec, TrainingSpec
@@ -49,6 +49,7 @@ __all__ = [
     "NodePool",
     "ObjectMeta",
     "OverlongSpec",
+    "QuantizationSpec",
     "RLHFJob",
     "RLHFJobStatus",
     "Resources",

@@ -110,6 +110,10 @@ JOB_RULES = [
         "volunteers.enabled: volunteers need roles.learner.sharding: ddp",
     ),
     CelRule(
+        "!has(self.model.quantization) || has(self.model.lora)",
+        "model.quantization: needs model.lora (a 4-bit base is frozen; only LoRA adapters train on it)",
+    ),
+    CelRule(
         f"!({_FSDP}) || !has(self.model.lora)",
         "roles.learner.sharding: use ddp with model.lora (the adapters are small)",
     ),

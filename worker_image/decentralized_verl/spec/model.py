@@ -49,6 +49,22 @@ class LoraSpec(SpecModel):
     """Dropout on the adapters' input while training."""
 
 
+class QuantizationSpec(SpecModel):
+    """The frozen base held in 4 bits (bitsandbytes), LoRA adapters trained on top (QLoRA).
+
+    Names follow bitsandbytes and PEFT: `type` is `bnb_4bit_quant_type`, `computeDtype` is
+    `bnb_4bit_compute_dtype`, `doubleQuant` is `bnb_4bit_use_double_quant`."""
+
+    bits: Literal[4] = 4
+    """Bits per base weight (4: bitsandbytes' Linear4bit)."""
+    type: Literal["nf4", "fp4"] = "nf4"
+    """nf4: NormalFloat4, built for normally distributed weights (QLoRA's choice); fp4: 4-bit float."""
+    compute_dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    """Dtype the 4-bit weights are dequantized to for each matmul; unset: model.dtype."""
+    double_quant: bool = True
+    """Quantize the per-block scales too (about 0.37 bits per weight less)."""
+
+
 class ModelSpec(SpecModel):
     """Where the policy comes from: exactly one of a local folder, a Python package, or a tiny config."""
 
@@ -63,6 +79,8 @@ class ModelSpec(SpecModel):
     """Parameter dtype: float32, or bfloat16/float16 on GPUs and CPUs with bf16 units."""
     lora: LoraSpec | None = None
     """Train LoRA adapters instead of the whole model (merged into the weights rollout uses)."""
+    quantization: QuantizationSpec | None = None
+    """Hold the frozen base in 4 bits (QLoRA); needs model.lora, since a 4-bit base cannot be trained."""
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> ModelSpec:

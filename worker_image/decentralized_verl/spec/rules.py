@@ -327,6 +327,23 @@ def batch_problems(spec: JobSections) -> Iterator[Problem]:
         )
 
 
+def quantization_problems(spec: JobSections) -> Iterator[Problem]:
+    """A 4-bit base is frozen: only LoRA adapters on top of it train, so quantization needs model.lora, and
+    a role that trains all its weights (the critic) cannot hold its model in 4 bits."""
+    if spec.model.quantization is not None and spec.model.lora is None:
+        yield _problem(
+            "model.quantization",
+            "needs model.lora (a 4-bit base is frozen; only LoRA adapters train on it): add model.lora: {}",
+        )
+    for name, role in spec.roles.items():
+        if role.model is not None and role.model.quantization is not None:
+            yield _problem(
+                f"roles.{name}.model.quantization",
+                f"the {name} trains or serves its own whole model; only the policy (model.quantization) "
+                "is held in 4 bits",
+            )
+
+
 def training_problems(spec: JobSections) -> Iterator[Problem]:
     training = spec.training
     if training.steps is not None and training.epochs is not None:
@@ -383,6 +400,7 @@ RULES: tuple[Callable[[JobSections], Iterator[Problem]], ...] = (
     environment_problems,
     role_problems,
     sharding_problems,
+    quantization_problems,
     batch_problems,
     training_problems,
     volunteer_problems,

@@ -59,9 +59,9 @@ class ValueModel(nn.Module):
 
 def build_value_model(model_spec: Any, *, device: str | torch.device | None = None) -> tuple[ValueModel, Any]:
     """A critic from a spec.model-like section (the critic role's model, else the policy's) and its
-    tokenizer. LoRA settings are ignored: the critic trains all its weights."""
-    if getattr(model_spec, "lora", None) is not None:
-        model_spec = model_spec.model_copy(update={"lora": None})
+    tokenizer. LoRA and 4-bit settings are ignored: the critic trains all its weights, in full precision."""
+    if getattr(model_spec, "lora", None) is not None or getattr(model_spec, "quantization", None) is not None:
+        model_spec = model_spec.model_copy(update={"lora": None, "quantization": None})
     lm, tokenizer = load_model_and_tokenizer(model_spec, device=device, field="spec.roles.critic.model")
     critic = ValueModel.from_causal_lm(lm)
     del lm

@@ -27,6 +27,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceC
 
 from decentralized_verl.errors import ModelError
 from decentralized_verl.models.lora import is_lora
+from decentralized_verl.training.checkpoints.adapters import AdapterSnapshot, write_adapters
 
 TRAINER_STATE = "trainer_state.json"
 MANIFEST = "manifest.json"
@@ -58,7 +59,8 @@ def save_checkpoint(
     extra_objects: dict[str, Any] | None = None,
 ) -> Path:
     """Write model (safetensors), tokenizer, `trainer_state.json`, optionally `optimizer.pt` and other
-    torch-saved objects by file name (a colocated critic's state) atomically.
+    torch-saved objects by file name (a colocated critic's state) atomically. `model` may be an
+    `AdapterSnapshot` (LoRA on a 4-bit base): then only the adapters and `base.json` are written.
 
     An existing folder at `path` is replaced only after the new one is complete.
     """
@@ -66,7 +68,9 @@ def save_checkpoint(
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f".tmp-{target.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
-        if is_lora(model):
+        if isinstance(model, AdapterSnapshot):  # LoRA on a 4-bit base: adapters only, the base by digest
+            write_adapters(model, tmp)
+        elif is_lora(model):
             model.save_pretrained(tmp / ADAPTER_DIR)
             copy.deepcopy(model).unload().save_pretrained(tmp)
         else:

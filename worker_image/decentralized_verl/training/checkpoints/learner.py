@@ -28,6 +28,12 @@ from transformers.utils import logging as hf_logging
 
 from decentralized_verl.errors import CheckpointError
 from decentralized_verl.spec import JobSpec
+from decentralized_verl.training.checkpoints.adapters import (
+    holds_adapters_only,
+    is_adapter_checkpoint,
+    restore_adapters,
+    snapshot_adapters,
+)
 from decentralized_verl.training.checkpoints.folders import (
     checkpoint_dir,
     checkpoint_problem,
@@ -124,7 +130,7 @@ class CheckpointWriter:
         """Snapshot now (waiting for the previous write first), write in the background; returns where."""
         self.flush()
         began = time.perf_counter()
-        model = copy.deepcopy(self.trainer.model)
+        model = _snapshot(self.trainer.model)
         optimizer = {
             "optimizer": copy.deepcopy(self.trainer.optimizer.state_dict()),
             "scheduler": copy.deepcopy(self.trainer.scheduler.state_dict()),
@@ -244,20 +250,33 @@ def _restore_newest_loadable(trainer: Any, root: Path, newest: Path) -> tuple[di
     )
 
 
+def _snapshot(model: Any) -> Any:
+    """The model as a checkpoint keeps it, copied now: the adapters alone for LoRA on a 4-bit base (the
+    base is never copied), else the whole model."""
+    return snapshot_adapters(model) if holds_adapters_only(model) else copy.deepcopy(model)
+
+
 def _restore(trainer: Any, folder: Path) -> dict[str, Any]:
-    state: dict[str, torch.Tensor] = {}
-    for file in sorted(folder.glob("*.safetensors")):
-        state.update(load_file(str(file)))
-    missing, unexpected = trainer.model.load_state_dict(state, strict=False)
-    real_missing = [k for k in missing if not k.endswith("lm_head.weight")]
-    if real_missing or unexpected:
-        raise RuntimeError(f"checkpoint {folder}: missing {real_missing[:3]}, unexpected {unexpected[:3]}")
+    if is_adapter_checkpoint(folder):
+        restore_adapters(trainer.model, folder)
+    else:
+        _restore_weights(trainer.model, folder)
     optimizer_file = folder / "optimizer.pt"
     if optimizer_file.exists():
         saved = torch.load(optimizer_file, map_location="cpu", weights_only=True)
         trainer.optimizer.load_state_dict(saved["optimizer"])
         trainer.scheduler.load_state_dict(saved["scheduler"])
     return json.loads((folder / "trainer_state.json").read_text())
+
+
+def _restore_weights(model: Any, folder: Path) -> None:
+    state: dict[str, torch.Tensor] = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        state.update(load_file(str(file)))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    real_missing = [k for k in missing if not k.endswith("lm_head.weight")]
+    if real_missing or unexpected:
+        raise RuntimeError(f"checkpoint {folder}: missing {real_missing[:3]}, unexpected {unexpected[:3]}")
 
 
 def prune(root: Path, keep: int) -> None:

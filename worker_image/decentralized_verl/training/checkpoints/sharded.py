@@ -41,6 +41,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from peft import PeftModel
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_state_dict,
@@ -48,10 +49,11 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 from torch.distributed.tensor import DTensor
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from decentralized_verl.errors import CheckpointError
-from decentralized_verl.models.loading import load_tokenizer
+from decentralized_verl.models.loading import load_model_and_tokenizer, load_tokenizer
+from decentralized_verl.training.checkpoints.adapters import is_adapter_checkpoint
 from decentralized_verl.training.checkpoints.folders import (
     ADAPTER_DIR,
     MANIFEST,
@@ -285,7 +287,8 @@ def export_hf(folder: str | Path, out: str | Path, *, model_spec: Any | None = N
     Needs no process group and none of the ranks that wrote it: the model is rebuilt unsharded from the
     saved config and DCP reads every shard into it. The tokenizer comes from `model_spec` (the job's
     `spec.model`) for a sharded checkpoint, from the checkpoint itself for a Hugging Face one. LoRA
-    checkpoints are exported with the adapters merged.
+    checkpoints are exported with the adapters merged; adapters trained on a 4-bit base are merged into
+    the base `model_spec` names, loaded in full precision in its dtype (`spec.model.dtype`).
     """
     folder, out = Path(folder), Path(out)
     if not folder.is_dir():
@@ -297,6 +300,8 @@ def export_hf(folder: str | Path, out: str | Path, *, model_spec: Any | None = N
     try:
         if is_sharded_checkpoint(folder):
             _export_sharded(folder, tmp, model_spec)
+        elif is_adapter_checkpoint(folder):
+            _export_adapters(folder, tmp, model_spec)
         elif (folder / ADAPTER_DIR).is_dir():
             merged = load_checkpoint(folder, merge_lora=True)
             merged.model.save_pretrained(tmp)
@@ -325,6 +330,22 @@ def _export_sharded(folder: Path, tmp: Path, model_spec: Any | None) -> None:
         shutil.copy2(folder / CONFIG_DIR / "generation_config.json", tmp / "generation_config.json")
     if model_spec is not None:
         load_tokenizer(model_spec).save_pretrained(tmp)
+
+
+def _export_adapters(folder: Path, tmp: Path, model_spec: Any | None) -> None:
+    """Adapters trained on a 4-bit base, merged into that base in full precision and the base's dtype: the
+    model a user serves without bitsandbytes (the adapters saw the NF4/FP4-rounded base; docs/qlora.md)."""
+    if model_spec is None:
+        raise CheckpointError(
+            f"checkpoint {str(folder)!r} holds adapters only (its base is named by digest); exporting it "
+            "needs the run's job.yaml to load the base from"
+        )
+    plain = model_spec.model_copy(update={"lora": None, "quantization": None})
+    base, tokenizer = load_model_and_tokenizer(plain)
+    merged = PeftModel.from_pretrained(base, folder / ADAPTER_DIR).merge_and_unload()
+    merged.save_pretrained(tmp)
+    source = folder if (folder / "tokenizer_config.json").is_file() else None
+    (AutoTokenizer.from_pretrained(source) if source else tokenizer).save_pretrained(tmp)
 
 
 def _copy_hf_files(folder: Path, tmp: Path) -> None:
