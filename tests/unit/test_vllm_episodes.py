@@ -55,7 +55,10 @@ class FakeLLM:
         FakeLLM.made.append(self)
 
     @torch.no_grad()
-    def generate(self, prompts: list[dict], params: list[Any], use_tqdm: bool = False) -> list[Any]:
+    def generate(
+        self, prompts: list[dict], params: list[Any], use_tqdm: bool = False, lora_request: Any = None
+    ) -> list[Any]:
+        assert lora_request is None, "a full-weights job asks vLLM for no adapter"
         model, tokenizer = FakeLLM.policy
         results, call = [], []
         for prompt, sp in zip(prompts, params, strict=True):
