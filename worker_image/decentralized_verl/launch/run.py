@@ -27,6 +27,7 @@ from decentralized_verl.errors import EXIT_USAGE as EXIT_REFUSED_INPUT
 from decentralized_verl.errors import ManifestError, OperationFailed, WireError
 from decentralized_verl.launch.local import LocalCluster
 from decentralized_verl.launch.preflight import preflight_problems
+from decentralized_verl.launch.run_folder import check_run_folder, clear_run_folder
 from decentralized_verl.launch.watchdog import ProgressClock
 from decentralized_verl.planning.fitting_job import load_fitting_job
 from decentralized_verl.planning.plan import plan_job
@@ -41,6 +42,7 @@ from decentralized_verl.sources.local import Fetcher, env_cache, localized
 from decentralized_verl.spec import with_defaults
 from decentralized_verl.spec.manifest import load_job
 from decentralized_verl.spec.sources import SourceSpec
+from decentralized_verl.training.checkpoints.root import checkpoint_root
 from decentralized_verl.transport import secure
 from decentralized_verl.transport.wire.status import job_status_from_proto
 
@@ -127,13 +129,25 @@ def run_job(
     timeout: float | None = None,
     lines: bool = False,
     ray: str | None = None,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Run a job to the end on this machine (or, with `ray`, as actors of the Ray cluster at that address
     or `auto`); returns the summary the learner wrote. `progress` shows a bar (for a terminal); `lines`
-    prints one plain line per step on stderr instead (for a pipe or CI)."""
+    prints one plain line per step on stderr instead (for a pipe or CI). A folder holding an earlier run
+    is refused unless `resume` continues it or `overwrite` deletes it first."""
     manifest = Path(manifest)
     job = load_fitting_job(manifest)
     output = Path(output) if output else Path("runs") / job.metadata.name
+    checkpoints = checkpoint_root(job.spec, output)
+    check_run_folder(
+        output,
+        resume=resume,
+        overwrite=overwrite,
+        total_steps=job.spec.training.steps,
+        checkpoints=checkpoints,
+    )
+    if overwrite:
+        clear_run_folder(output, checkpoints)
     config = _prepare_run_folder(job, manifest, output)
     plan = plan_job(job.spec, job.metadata.name)
     guard_descendants()  # a `kill -9` of this process must not leave workers or their helpers running
@@ -469,11 +483,15 @@ def format_summary(summary: dict[str, Any], output: Path) -> str:
     )
 
 
-def main_run(manifest: str, output: str | None, resume: bool, ray: str | None = None) -> int:
+def main_run(
+    manifest: str, output: str | None, resume: bool, ray: str | None = None, overwrite: bool = False
+) -> int:
     out = Path(output) if output else None
     job_name = load_job(manifest).metadata.name
     out = out or Path("runs") / job_name
     terminal = sys.stderr.isatty()
-    summary = run_job(manifest, out, resume=resume, progress=terminal, lines=not terminal, ray=ray)
+    summary = run_job(
+        manifest, out, resume=resume, progress=terminal, lines=not terminal, ray=ray, overwrite=overwrite
+    )
     print(format_summary(summary, out))
     return 0

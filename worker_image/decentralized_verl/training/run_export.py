@@ -15,7 +15,7 @@ from typing import Any
 from decentralized_verl.errors import CheckpointError
 from decentralized_verl.spec.manifest import load_job
 from decentralized_verl.training.checkpoints.folders import checkpoint_dir, checkpoints, latest_checkpoint
-from decentralized_verl.training.checkpoints.learner import checkpoint_root
+from decentralized_verl.training.checkpoints.root import checkpoint_root
 from decentralized_verl.training.checkpoints.sharded import export_hf, is_sharded_checkpoint, require_empty
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,14 @@ OUTPUT_HELP = "run folder (default: runs/<job name>)"
 def _run(parser: argparse.ArgumentParser) -> Command:
     parser.add_argument("file", metavar="JOB.yaml", help="the RLHFJob manifest")
     parser.add_argument("--output", "-o", default=None, help=OUTPUT_HELP)
-    parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    parser.add_argument(
+        "--resume", action="store_true", help="continue the run in the folder from its newest checkpoint"
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="delete the run already in the folder and start over (without it such a folder is refused)",
+    )
     parser.add_argument(
         "--ray",
         default=None,
@@ -28,7 +35,7 @@ def _run(parser: argparse.ArgumentParser) -> Command:
     def run(args: argparse.Namespace) -> int:
         from decentralized_verl.launch.run import main_run  # noqa: PLC0415 entry: the command's body
 
-        return main_run(args.file, args.output, args.resume, ray=args.ray)
+        return main_run(args.file, args.output, args.resume, ray=args.ray, overwrite=args.overwrite)
 
     return run
 
