@@ -28,6 +28,7 @@ from decentralized_verl.errors import ManifestError, OperationFailed, WireError
 from decentralized_verl.launch.local import LocalCluster
 from decentralized_verl.launch.preflight import preflight_problems
 from decentralized_verl.launch.run_folder import check_run_folder, clear_run_folder
+from decentralized_verl.launch.run_record import FAILED, FINISHED, INTERRUPTED, end_record, start_record
 from decentralized_verl.launch.watchdog import ProgressClock
 from decentralized_verl.planning.fitting_job import load_fitting_job
 from decentralized_verl.planning.plan import plan_job
@@ -149,6 +150,33 @@ def run_job(
     if overwrite:
         clear_run_folder(output, checkpoints)
     config = _prepare_run_folder(job, manifest, output)
+    start_record(output)  # `dverl status` tells this run's end from its processes being gone
+    try:
+        summary = _supervise(
+            job, config, output, resume=resume, ray=ray, timeout=timeout, bar=progress, lines=lines
+        )
+    except KeyboardInterrupt:
+        end_record(output, INTERRUPTED, "stopped by Ctrl-C or SIGTERM")
+        raise
+    except BaseException as exc:
+        end_record(output, FAILED, str(exc) or type(exc).__name__)
+        raise
+    end_record(output, FINISHED)
+    return summary
+
+
+def _supervise(
+    job,
+    config: Path,
+    output: Path,
+    *,
+    resume: bool,
+    ray: str | None,
+    timeout: float | None,
+    bar: bool,
+    lines: bool,
+) -> dict[str, Any]:
+    """Start the job's workers, watch them to the end (restarting what the job allows), stop them."""
     plan = plan_job(job.spec, job.metadata.name)
     guard_descendants()  # a `kill -9` of this process must not leave workers or their helpers running
     cluster, credentials = _cluster_for(job, plan, config, output, resume=resume, ray=ray)
@@ -157,7 +185,7 @@ def run_job(
     learners = cluster.by_role("learner")
     learner = learners[0]
     gang = _LearnerGang(learners, cluster, job.spec)
-    display = _ProgressDisplay(cluster, job, bar=progress, lines=lines and not progress)
+    display = _ProgressDisplay(cluster, job, bar=bar, lines=lines and not bar)
     with _sigterm_as_interrupt():
         try:
             cluster.start()

@@ -61,7 +61,7 @@ def _status(parser: argparse.ArgumentParser) -> Command:
         const=5.0,
         default=None,
         metavar="SECONDS",
-        help="print it again every SECONDS (5 when given bare) until the run finishes",
+        help="print it again every SECONDS (5 when given bare) until the run ends",
     )
 
     def run(args: argparse.Namespace) -> int:
@@ -69,12 +69,12 @@ def _status(parser: argparse.ArgumentParser) -> Command:
             from decentralized_verl.launch.ray_status import main_ray_status  # noqa: PLC0415 entry: the command's body
 
             return main_ray_status(args.ray, args.run_dir, as_json=args.json)
-        from decentralized_verl.launch.run_status import render_status, run_status  # noqa: PLC0415 entry: the command's body
+        from decentralized_verl.launch.run_status import ACTIVE_STATES, render_status, run_status  # noqa: PLC0415 entry: the command's body
 
         while True:
             status = run_status(args.run_dir)
             print(json.dumps(status, default=str) if args.json else render_status(status), flush=True)
-            if args.watch is None or status["state"] == "finished":
+            if args.watch is None or status["state"] not in ACTIVE_STATES:
                 return 0
             time.sleep(max(args.watch, 0.1))
 
