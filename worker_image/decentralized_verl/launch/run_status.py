@@ -89,6 +89,9 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
         "total_steps": total,
         "reward_mean": last.get("reward_mean"),
         "kl": last.get("kl"),
+        "reward_errors": last.get("reward_errors"),
+        "reward_errors_total": sum(int(r.get("reward_errors") or 0) for r in records),
+        "reward_error": next((r["reward_error"] for r in records if r.get("reward_error")), None),
         "tokens_per_second": last.get("tokens_per_second"),
         "eta_seconds": _eta(records, total) if state in ACTIVE_STATES else None,
         "rollout_workers": last.get("rollout_workers"),
@@ -113,6 +116,12 @@ def render_status(status: dict[str, Any]) -> str:
         if status["tokens_per_second"] is not None:
             numbers += f", {status['tokens_per_second']:.0f} tokens/s"
         lines.append(numbers)
+    if status.get("reward_errors_total"):
+        lines.append(
+            f"reward errors: {status['reward_errors'] or 0} in the last step, "
+            f"{status['reward_errors_total']} in all (those samples scored 0); "
+            f"first: {status['reward_error']}"
+        )
     if status["state"] in ACTIVE_STATES:
         lines.append(f"eta {format_duration(status['eta_seconds'])}")
     if status["workers"]:

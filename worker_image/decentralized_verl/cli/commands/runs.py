@@ -31,11 +31,27 @@ def _run(parser: argparse.ArgumentParser) -> Command:
         metavar="ADDRESS",
         help="run every worker as a named actor of the Ray cluster at ADDRESS (or `auto`) instead",
     )
+    parser.add_argument(
+        "--log-every",
+        type=int,
+        default=1,
+        metavar="N",
+        help="off a terminal, print every N-th step's line and the last (evaluations always; %(default)s)",
+    )
 
     def run(args: argparse.Namespace) -> int:
+        if args.log_every < 1:
+            parser.error(f"--log-every must be >= 1 (got {args.log_every})")
         from decentralized_verl.launch.run import main_run  # noqa: PLC0415 entry: the command's body
 
-        return main_run(args.file, args.output, args.resume, ray=args.ray, overwrite=args.overwrite)
+        return main_run(
+            args.file,
+            args.output,
+            args.resume,
+            ray=args.ray,
+            overwrite=args.overwrite,
+            log_every=args.log_every,
+        )
 
     return run
 
