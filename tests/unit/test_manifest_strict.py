@@ -179,7 +179,9 @@ def test_the_memory_fix_meets_the_need_it_states(tmp_path: Path) -> None:
     load_fitting_job(_write(tmp_path, spec))  # the suggested memory fits
 
 
-def test_a_stages_config_gets_a_hint(capsys) -> None:
+def test_a_stages_config_is_checked_as_one_and_says_how_to_run_it(capsys) -> None:
     root = ROOT
-    assert main(["validate", str(root / "examples" / "stages.yaml")]) == 2
-    assert "dverl train --stage all --config" in capsys.readouterr().err
+    assert main(["validate", str(root / "examples" / "stages.yaml")]) == 0
+    assert "dverl train --stage all --config" in capsys.readouterr().out
+    with pytest.raises(ManifestError, match="dverl train --stage all --config"):
+        load_job(root / "examples" / "stages.yaml")  # `dverl run` on it still says what it is

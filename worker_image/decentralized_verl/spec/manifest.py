@@ -181,9 +181,10 @@ class StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def load_yaml_text(text: str, source: str) -> Any:
+def load_yaml_documents(text: str, source: str) -> list[Any]:
+    """Every non-empty YAML document in `text` (duplicate keys refused); ManifestError naming the line."""
     try:
-        documents = [doc for doc in yaml.load_all(text, Loader=StrictLoader) if doc is not None]
+        return [doc for doc in yaml.load_all(text, Loader=StrictLoader) if doc is not None]
     except DuplicateKey as exc:
         raise ManifestError([Problem("(file)", str(exc))], source) from None
     except yaml.YAMLError as exc:
@@ -191,6 +192,10 @@ def load_yaml_text(text: str, source: str) -> Any:
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise ManifestError([Problem("(file)", f"not valid YAML: {where}{problem}")], source) from None
+
+
+def load_yaml_text(text: str, source: str) -> Any:
+    documents = load_yaml_documents(text, source)
     if not documents:
         return None
     if len(documents) != 1:

@@ -62,7 +62,7 @@ def choose_checkpoint(root: Path, step: int | None) -> Path:
 def export_run(run_dir: str | Path, step: int | None, out: str | Path) -> Path:
     """Export one checkpoint of the run in `run_dir` to `out` (absent or empty); returns `out`."""
     out = Path(out)
-    require_empty(out, "--out")
+    require_empty(out, "--output")
     run = run_checkpoints(Path(run_dir))
     folder = choose_checkpoint(run.root, step)
     if run.model_spec is None and is_sharded_checkpoint(folder):
