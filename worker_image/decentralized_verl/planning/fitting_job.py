@@ -23,7 +23,7 @@ def load_fitting_job(path: str | Path, document: Any = None) -> RLHFJob:
     file at `path`), else the file is read."""
     job, memory = load_planned_job(path, document)
     base = Path(path).resolve().parent
-    problems = limit_problems(memory.spec or job.spec, base) + memory.problems()
+    problems = limit_problems(memory.spec or job.spec, base, stated=job.spec) + memory.problems()
     if problems:
         raise ManifestError(problems, str(path))
     return job
