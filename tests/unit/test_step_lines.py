@@ -8,7 +8,10 @@ import io
 import json
 from pathlib import Path
 
+from tqdm import tqdm
+
 from decentralized_verl.core.status import JobStatus
+from decentralized_verl.launch.run import _show
 from decentralized_verl.launch.step_lines import JsonlTail, StartupPhases, StepLines
 from decentralized_verl.reporting.metrics import MetricsLog
 
@@ -115,3 +118,14 @@ def test_startup_phases_are_announced_with_the_time_each_took() -> None:
         "baseline evaluation ...",
         "baseline evaluation: done in 14s",
     ]
+
+
+def test_the_bar_shows_kl_only_when_the_job_measures_it() -> None:
+    shown = io.StringIO()
+    bar = tqdm(total=10, file=shown, disable=False, dynamic_ncols=False, ncols=200)
+    status = JobStatus(step=3, total_steps=10, phase="rollout", reward_mean=0.5, tokens_per_second=100)
+    _show(bar, status, None)  # no KL in the metrics: not measured
+    assert "kl=" not in shown.getvalue() and "reward=0.500" in shown.getvalue()
+    _show(bar, status, 0.0123)
+    assert "kl=0.0123" in shown.getvalue()
+    bar.close()

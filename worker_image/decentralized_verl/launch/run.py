@@ -30,6 +30,7 @@ from decentralized_verl.launch.preflight import preflight_problems
 from decentralized_verl.launch.run_folder import check_run_folder, clear_run_folder
 from decentralized_verl.launch.run_record import FAILED, FINISHED, INTERRUPTED, end_record, start_record
 from decentralized_verl.launch.step_lines import JsonlTail, RewardErrorNotice, StartupPhases, StepLines
+from decentralized_verl.launch.volunteer_invite import VolunteerInvite, refuse_without_secret
 from decentralized_verl.launch.watchdog import ProgressClock
 from decentralized_verl.planning.fitting_job import load_fitting_job
 from decentralized_verl.planning.plan import plan_job
@@ -38,6 +39,7 @@ from decentralized_verl.reporting.metrics import read_evals, read_metrics
 from decentralized_verl.reporting.stats import difference_interval
 from decentralized_verl.runtime.orphans import guard_descendants
 from decentralized_verl.security.credentials import CallerCredentials, run_folder_credentials
+from decentralized_verl.settings import WorkerSettings
 from decentralized_verl.sources.fetch import Endpoints, fetch
 from decentralized_verl.sources.local import Fetcher, env_cache, localized
 from decentralized_verl.spec import with_defaults
@@ -158,6 +160,9 @@ def run_job(
         total_steps=job.spec.training.steps,
         checkpoints=checkpoints,
     )
+    settings = WorkerSettings.from_env()
+    if ray is None:
+        refuse_without_secret(job.spec, manifest, settings)
     if overwrite:
         clear_run_folder(output, checkpoints)
     config = _prepare_run_folder(job, manifest, output)
@@ -173,6 +178,7 @@ def run_job(
             bar=progress,
             lines=lines,
             log_every=log_every,
+            secret_file=settings.join_secret_file,
         )
     except KeyboardInterrupt:
         end_record(output, INTERRUPTED, "stopped by Ctrl-C or SIGTERM")
@@ -195,6 +201,7 @@ def _supervise(
     bar: bool,
     lines: bool,
     log_every: int = 1,
+    secret_file: str | None = None,
 ) -> dict[str, Any]:
     """Start the job's workers, watch them to the end (restarting what the job allows), stop them."""
     plan = plan_job(job.spec, job.metadata.name)
@@ -206,6 +213,10 @@ def _supervise(
     learner = learners[0]
     gang = _LearnerGang(learners, cluster, job.spec)
     display = _ProgressDisplay(cluster, job, output, bar=bar, lines=lines and not bar, every=log_every)
+    dht = cluster.by_role("dht")
+    invite = VolunteerInvite(
+        job.metadata.name, getattr(dht[0], "log_path", None) if dht else None, secret_file
+    )
     with _sigterm_as_interrupt():
         try:
             cluster.start()
@@ -220,6 +231,8 @@ def _supervise(
                 if timeout is not None and now - started > timeout:
                     raise RunFailed(f"run exceeded {timeout:.0f} s; see {output / 'logs'}")
                 display.show(status, now)
+                if (said := invite.line()) is not None:
+                    display.say(said)
                 time.sleep(0.5)
         finally:
             display.close()
@@ -373,9 +386,9 @@ class _ProgressDisplay:
         self.kl: float | None = None
         total = job.spec.training.steps or 0
         self.printer = StepLines(output, total=total, every=every) if lines else None
-        self.startup = StartupPhases(self._say) if lines or bar else None
+        self.startup = StartupPhases(self.say) if lines or bar else None
 
-    def _say(self, line: str) -> None:
+    def say(self, line: str) -> None:
         if self.bar is not None:
             self.bar.write(line, file=sys.stderr)
         else:
@@ -404,7 +417,7 @@ class _ProgressDisplay:
             for row in rows:
                 notice = self.errors.line(row)
                 if notice is not None:
-                    self._say(notice)
+                    self.say(notice)
             if rows:
                 self.kl = rows[-1].get("kl")
             elif not self.rows.path.exists() and status.kl:
