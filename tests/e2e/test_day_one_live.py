@@ -18,7 +18,24 @@ import pytest
 
 from decentralized_verl.reporting.metrics import read_metrics
 from tests.support.job_manifests import e2e_manifest
+from tests.support.paths import ROOT
 from tests.support.processes import console_env, dverl
+
+OPTIONAL = ("samples.jsonl", "tensorboard/", "mlruns/", "wandb/", "plots/*.png")
+"""Run-folder entries only some jobs write (samples every N steps, trackers) or only `dverl plot` does."""
+
+
+def _documented_run_files() -> list[str]:
+    text = (ROOT / "docs" / "running.md").read_text()
+    table = text[text.index("## The run folder") :].split("\n## ")[0]
+    names = [
+        n
+        for line in table.splitlines()
+        if line.startswith("| `")
+        for n in re.findall(r"`([^`]+)`", line.split("|")[1])
+    ]
+    return [n.replace("<worker>.log", "").replace("checkpoint-N/", "") for n in names if n not in OPTIONAL]
+
 
 SMALL = {"roles.rollout": {"replicas": 1, "batchSize": 16}, "training.batchSize": 8}
 
@@ -48,6 +65,8 @@ def test_a_first_run_off_a_terminal_then_the_folder_is_kept(tmp_path: Path) -> N
     assert any(re.fullmatch(r"baseline evaluation: done in \d+s", s) for s in said), said
     status = dverl("status", "--json", str(out))
     assert json.loads(status.stdout)["state"] == "finished"
+    for name in _documented_run_files():  # docs/running.md's run folder, as a run leaves it
+        assert (out / name).exists(), f"docs/running.md names {name}, which this run folder lacks"
 
     before = (out / "metrics.jsonl").read_text()
     again = _run(str(job), "--output", str(out))
