@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 from tqdm import tqdm
@@ -14,6 +15,7 @@ from decentralized_verl.core.status import JobStatus
 from decentralized_verl.launch.run import _show
 from decentralized_verl.launch.step_lines import JsonlTail, StartupPhases, StepLines
 from decentralized_verl.reporting.metrics import MetricsLog
+from tests.support.paths import ROOT
 
 
 def _step(log: MetricsLog, step: int, **extra) -> None:
@@ -129,3 +131,23 @@ def test_the_bar_shows_kl_only_when_the_job_measures_it() -> None:
     _show(bar, status, 0.0123)
     assert "kl=0.0123" in shown.getvalue()
     bar.close()
+
+
+def test_the_readme_shows_the_lines_dverl_run_prints() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Try it: the tiny job") :]
+    block = section[
+        section.index("```console") + len("```console") : section.index(
+            "```", section.index("```console") + 10
+        )
+    ]
+    formats = [
+        r"starting \d+ workers and loading the model \.\.\.",
+        r"starting \d+ workers and loading the model: done in \d+s",
+        r"baseline evaluation \.\.\.",
+        r"baseline evaluation: done in \d+s",
+        r"eval step \d+: accuracy \d+\.\d% \[\d+\.\d-\d+\.\d\] on \d+ problems",
+        r"step \d+/200 reward \d\.\d{3} tok/s \d+ eta (\?|\S+)",
+    ]
+    lines = [line for line in block.splitlines() if line.strip()]
+    assert lines and all(any(re.fullmatch(f, line) for f in formats) for line in lines), lines
