@@ -23,7 +23,7 @@ def test_valid_example_prints_one_line_and_exits_0() -> None:
         ("- a\n- b\n", "(root): expected a mapping"),
         ("", "(root): expected a mapping (an RLHFJob object), got empty"),
         ("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n", "kind: expected 'RLHFJob'"),
-        ("a: 1\n---\nb: 2\n", "exactly one YAML document"),
+        ("a: 1\n---\nb: 2\n", "none of its 2 YAML documents is an RLHFJob"),
         (
             "apiVersion: dverl.io/v1alpha1\nkind: RLHFJob\nmetadata: {name: j}\n"
             "spec:\n  model: {tiny: {}}\n  algorithm: {name: grpo, samplesPerPrompt: 1}\n"

@@ -8,8 +8,12 @@ Here the ones with real processes and servers; the pure checks in tests/unit/, u
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+from tests.support.paths import ROOT
 from tests.support.tracker_files import log_three_steps, wandb_run
 
 
@@ -47,3 +51,35 @@ def test_mlflow_file_store_has_run_params_metrics_and_samples(tmp_path: Path, mo
     table = json.loads(local.read_text())
     assert table["columns"] == ["step", "prompt", "response", "reward"]
     assert table["data"][1] == [3, "1+1=", "3", 0.0]
+
+
+def _documented_mlflow_commands() -> list[str]:
+    """The commands docs/cli.md gives for browsing a run's MLflow file store."""
+    text = (ROOT / "docs" / "cli.md").read_text()
+    block = text[text.index("- **MLflow**") :]
+    block = block[block.index("```bash") + len("```bash") : block.index("```", block.index("```bash") + 7)]
+    return [line.strip() for line in block.splitlines() if line.strip()]
+
+
+def test_the_documented_mlflow_ui_command_reads_the_file_store_a_run_writes(
+    tmp_path: Path, monkeypatch
+) -> None:
+    install, ui = _documented_mlflow_commands()
+    assert install == "pip install mlflow"  # the extra's mlflow-skinny has no `mlflow ui`
+    assert ui == "MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri RUN_DIR/mlruns"
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    log_three_steps(tmp_path, ["mlflow"])
+    store = (tmp_path / "mlruns").resolve().as_uri()
+    read = (
+        "import sys; from mlflow.tracking import MlflowClient; c = MlflowClient(sys.argv[1]); "
+        "e = c.get_experiment_by_name('dverl-tests'); print(len(c.search_runs([e.experiment_id])))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_ALLOW_FILE_STORE"}
+    # A fresh process, as `mlflow ui` is: the store opens with the documented variable, not without it.
+    without = subprocess.run([sys.executable, "-c", read, store], env=env, capture_output=True, text=True)
+    assert without.returncode != 0 and "MLFLOW_ALLOW_FILE_STORE" in without.stderr
+    name, value = ui.split()[0].split("=", 1)  # the variable the documented command sets
+    documented = subprocess.run(
+        [sys.executable, "-c", read, store], env={**env, name: value}, capture_output=True, text=True
+    )
+    assert documented.returncode == 0 and documented.stdout.strip() == "1", documented.stderr[-2000:]

@@ -16,7 +16,8 @@ import pytest
 from decentralized_verl.cli.main import _run, build_parser, main
 from decentralized_verl.core.status import JobStatus
 from decentralized_verl.errors import PeerUnavailable
-from decentralized_verl.launch.run import RunFailed, StepLines
+from decentralized_verl.launch.run import RunFailed
+from decentralized_verl.launch.step_lines import StepLines
 from decentralized_verl.reporting.progress import eta_seconds, format_duration, progress_line
 from tests.support.paths import ROOT
 
@@ -106,29 +107,11 @@ def test_progress_line_and_eta() -> None:
     assert line == "step 12/200 reward 0.412 acc 55.0% tok/s 1830 eta 3m05s"
 
 
-def test_step_lines_print_each_step_once(capsys: pytest.CaptureFixture[str]) -> None:
-    lines = StepLines()
+def test_step_lines_without_files_print_each_polled_step_once(capsys: pytest.CaptureFixture[str]) -> None:
+    lines = StepLines()  # no run folder here (Ray): the Status RPC's numbers
     lines.show(JobStatus(step=0, total_steps=10), 0.0)  # nothing finished yet: no line
     lines.show(JobStatus(step=1, total_steps=10, reward_mean=0.1, tokens_per_second=10), 1.0)
     lines.show(JobStatus(step=1, total_steps=10, reward_mean=0.1, tokens_per_second=10), 1.5)
-    lines.show(
-        JobStatus(step=3, total_steps=10, reward_mean=0.3, tokens_per_second=10, eval_accuracy=0.5), 5.0
-    )
+    lines.show(JobStatus(step=3, total_steps=10, reward_mean=0.3, tokens_per_second=10), 5.0)
     out = capsys.readouterr().err.splitlines()
-    assert out == [
-        "step 1/10 reward 0.100 tok/s 10 eta ?",
-        "step 3/10 reward 0.300 acc 50.0% tok/s 10 eta 14s",
-    ]
-
-
-def test_step_lines_catch_up_on_the_last_steps_from_the_metrics_file(tmp_path, capsys) -> None:
-    from decentralized_verl.reporting.metrics import MetricsLog
-
-    with MetricsLog(tmp_path / "metrics.jsonl") as log:
-        for step in (1, 2, 3):
-            log.write({"step": step, "reward_mean": step / 10, "tokens_per_second": 5.0})
-    lines = StepLines()
-    lines.show(JobStatus(step=1, total_steps=3, reward_mean=0.1, tokens_per_second=5.0), 0.0)
-    lines.catch_up(tmp_path / "metrics.jsonl")
-    out = capsys.readouterr().err.splitlines()
-    assert [line.split(" reward")[0] for line in out] == ["step 1/3", "step 2/3", "step 3/3"]
+    assert out == ["step 1/10 reward 0.100 tok/s 10 eta ?", "step 3/10 reward 0.300 tok/s 10 eta 14s"]

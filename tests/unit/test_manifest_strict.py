@@ -131,6 +131,19 @@ def test_context_beyond_the_models_config_is_refused(tmp_path: Path) -> None:
     )
 
 
+def test_context_beyond_a_tiny_models_stated_max_positions_is_refused(tmp_path: Path) -> None:
+    spec = _spec(data={"maxPromptTokens": 64, "maxNewTokens": 8})
+    spec["model"] = {"tiny": {"hiddenSize": 32, "numHeads": 4, "maxPositions": 32}}
+    problems = _problems(_write(tmp_path, spec))
+    assert any(
+        p.startswith("spec.data.maxNewTokens:") and "= 72 positions" in p and "context of 32" in p
+        and "spec.model.tiny.maxPositions" in p
+        for p in problems
+    ), problems  # fmt: skip
+    spec["model"]["tiny"]["maxPositions"] = 72
+    load_fitting_job(_write(tmp_path, spec))  # exactly the budget fits
+
+
 def test_absurd_sizes_are_refused_with_the_number_computed(tmp_path: Path) -> None:
     spec = _spec(training={"batchSize": 10**9}, data={"maxPromptTokens": 64, "maxNewTokens": 64})
     problems = _problems(_write(tmp_path, spec))
@@ -179,7 +192,9 @@ def test_the_memory_fix_meets_the_need_it_states(tmp_path: Path) -> None:
     load_fitting_job(_write(tmp_path, spec))  # the suggested memory fits
 
 
-def test_a_stages_config_gets_a_hint(capsys) -> None:
+def test_a_stages_config_is_checked_as_one_and_says_how_to_run_it(capsys) -> None:
     root = ROOT
-    assert main(["validate", str(root / "examples" / "stages.yaml")]) == 2
-    assert "dverl train --stage all --config" in capsys.readouterr().err
+    assert main(["validate", str(root / "examples" / "stages.yaml")]) == 0
+    assert "dverl train --stage all --config" in capsys.readouterr().out
+    with pytest.raises(ManifestError, match="dverl train --stage all --config"):
+        load_job(root / "examples" / "stages.yaml")  # `dverl run` on it still says what it is

@@ -5,6 +5,7 @@ Here the pure checks; the ones with real processes and servers in tests/integrat
 
 from __future__ import annotations
 
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -12,13 +13,14 @@ from pathlib import Path
 import pytest
 
 from decentralized_verl.rewards import REWARD_TYPES, RewardResult, score, score_batch
+from decentralized_verl.rewards.result import is_reward_error
 from decentralized_verl.spec.catalogue.rewards import BUILTIN_REWARD_TYPES, is_known_reward_type
 
 
 @pytest.fixture
 def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> str:
     """A throwaway module of user reward functions, uniquely named per test (imports are cached)."""
-    name = f"user_rewards_{request.node.name.replace('[', '_').replace(']', '').replace('-', '_')}"
+    name = "user_rewards_" + re.sub(r"\W", "_", request.node.name)  # a parameter's id may hold any text
     (tmp_path / f"{name}.py").write_text(
         textwrap.dedent(
             """
@@ -95,6 +97,19 @@ def test_user_callable_failures_score_zero(user_module: str, function: str, why:
     result = score(f"{user_module}:{function}", "x", None)
     assert result.score == 0.0
     assert why in result.reason
+    assert is_reward_error(result.reason)  # counted apart from a wrong answer, which is no error
+
+
+def test_a_raising_reward_keeps_its_traceback_for_the_workers_log(user_module: str) -> None:
+    result = score(f"{user_module}:explode", "x", None)
+    assert result.reason == f"reward error: {user_module}:explode raised RuntimeError: boom"
+    assert 'raise RuntimeError("boom")' in result.details["traceback"]
+
+
+def test_a_wrong_answer_is_not_a_reward_error(user_module: str) -> None:
+    assert not is_reward_error(score(f"{user_module}:exact", "4", "5").reason)
+    assert not is_reward_error(score("boxed", "no box here", "2").reason)
+    assert not is_reward_error(None) and not is_reward_error("")
 
 
 def test_unknown_types_and_modules_score_zero() -> None:

@@ -59,6 +59,11 @@ class CheckpointError(DverlError):
     """A checkpoint that cannot be written, trusted or exported; the message names the folder and file."""
 
 
+class RewardFailed(DverlError):
+    """The job's reward function fails on every sample, step after step; the message names the reward and
+    its error. Input to fix (the function or its data), so the CLI exits 2 and nothing restarts the job."""
+
+
 class VolunteerError(DverlError):
     """An untrusted peer's result or join request that is rejected; the message names the peer."""
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from pathlib import Path
 
 import torch
@@ -221,6 +222,8 @@ def main_cluster_worker(
 ) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     spec, name, base = load_worker_config(Path(config), job)
+    if str(base) not in sys.path:  # a user's `module:function` reward next to the manifest imports, as
+        sys.path.append(str(base))  # `dverl run`'s preflight found it (installed modules come first)
     on = worker_device(spec, role, index, settings, device_flag)
     if role == "learner":
         from decentralized_verl.entrypoints.learner import run  # noqa: PLC0415 entry: the learner's process

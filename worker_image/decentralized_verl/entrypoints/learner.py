@@ -38,7 +38,7 @@ from decentralized_verl.spans.layout import even_layout
 from decentralized_verl.spans.signed import bundle_metadata
 from decentralized_verl.spec import JobSpec
 from decentralized_verl.training import distributed, learner_group, rank0_weights
-from decentralized_verl.training.checkpoints.learner import checkpoint_root
+from decentralized_verl.training.checkpoints.root import checkpoint_root
 from decentralized_verl.training.learner_group import LearnerGroup
 from decentralized_verl.training.trainer import PolicyTrainer
 from decentralized_verl.transport.weights.delta_publish import DeltaPublisher

@@ -26,7 +26,7 @@ from decentralized_verl.transport import p2p as wire
 from decentralized_verl.transport.delta_p2p import DeltaP2PWeightSource
 from decentralized_verl.volunteers.announce import VolunteerRecord, hardware_summary, read_records
 from decentralized_verl.volunteers.prefetch import WeightPrefetch
-from decentralized_verl.volunteers.session import PeerReach, volunteer_session
+from decentralized_verl.volunteers.session import JOB_MUST_RUN, PeerReach, volunteer_session
 from decentralized_verl.volunteers.tokens import TokenError, read_claims
 
 log = logging.getLogger(__name__)
@@ -49,21 +49,38 @@ class VolunteerOptions(PeerReach):
     """A span volunteer's span (`start:end` of the job's layout); None: the coordinator picks."""
 
 
+JOIN_BACKOFF_S = (1.0, 30.0)
+"""The first wait between join tries and the longest: doubled after each failed try."""
+
+
 async def _join_with_retry(p2p, coordinator: str, request, timeout: float, dht=None):
-    """Join, retrying while the coordinator is not up or not reachable; between tries, dial the addresses
-    the coordinator signs into the job's DHT (`dht`), for when libp2p's routing cannot find it."""
+    """Join, retrying while the coordinator is not up or not reachable, waiting longer after each try
+    (`JOIN_BACKOFF_S`) and giving up after `timeout`; between tries, dial the addresses the coordinator
+    signs into the job's DHT (`dht`), for when libp2p's routing cannot find it."""
     deadline = time.monotonic() + timeout
     last = ""
+    wait, longest = JOIN_BACKOFF_S
+    tries = 0
     while time.monotonic() < deadline:
         try:
             return await wire.join(p2p, coordinator, request, timeout=min(30.0, timeout))
         except Exception as exc:  # the coordinator is not up yet, or not reachable yet
             last = f"{type(exc).__name__}: {exc}"
-            log.info("coordinator %s not reachable yet (%s); retrying", coordinator, last)
-            await asyncio.sleep(1.0)
+            tries += 1
+            left = deadline - time.monotonic()
+            pause = min(wait, max(left, 0.0))
+            (log.warning if tries == 1 else log.info)(
+                "coordinator %s of job %s not reachable (%s); try %d, next in %.0fs, giving up in %.0fs. %s",
+                coordinator, request.job, last[:200], tries, pause, max(left, 0.0), JOB_MUST_RUN,
+            )  # fmt: skip
+            await asyncio.sleep(pause)
+            wait = min(wait * 2, longest)
             if dht is not None:
                 await _dial_coordinator(dht, p2p, request.job, coordinator)
-    raise PeerUnavailable(f"could not reach the coordinator {coordinator} in {timeout:g}s ({last})")
+    raise PeerUnavailable(
+        f"could not reach the coordinator {coordinator} of job {request.job!r} in {timeout:g}s after {tries} "
+        f"tries ({last[:300]}); {JOB_MUST_RUN}"
+    )
 
 
 async def _dial_coordinator(dht, p2p, job: str, coordinator: str) -> bool:

@@ -40,10 +40,11 @@ def _tracker_problems(names: list[str]) -> list[Problem]:
 
 
 def _reward_problems(name: str, base: Path) -> list[Problem]:
-    # Workers import a user module from the manifest's folder as well as the installed packages.
+    # Workers import a user module from the manifest's folder after the installed packages
+    # (`entrypoints/cluster_worker`): the same search path here.
     added = str(base) not in sys.path
     if added:
-        sys.path.insert(0, str(base))
+        sys.path.append(str(base))
     try:
         reward_function(name)
     except (ValueError, ImportError) as exc:

@@ -23,24 +23,29 @@ import yaml
 from tqdm import tqdm
 
 from decentralized_verl.core.status import JobStatus
-from decentralized_verl.errors import EXIT_REFIT_PARITY, ManifestError, OperationFailed, WireError
+from decentralized_verl.errors import EXIT_REFIT_PARITY, DverlError, ManifestError, OperationFailed, WireError
 from decentralized_verl.errors import EXIT_USAGE as EXIT_REFUSED_INPUT
 from decentralized_verl.launch.local import LocalCluster
 from decentralized_verl.launch.preflight import preflight_problems
+from decentralized_verl.launch.run_folder import check_run_folder, clear_run_folder
+from decentralized_verl.launch.run_record import FAILED, FINISHED, INTERRUPTED, end_record, start_record
+from decentralized_verl.launch.step_lines import JsonlTail, RewardErrorNotice, StartupPhases, StepLines
+from decentralized_verl.launch.volunteer_invite import VolunteerInvite, refuse_without_secret
 from decentralized_verl.launch.watchdog import ProgressClock
 from decentralized_verl.planning.fitting_job import load_fitting_job
 from decentralized_verl.planning.layout import Layout, Machine, lay_out, machine_job
 from decentralized_verl.proto import dverl_pb2, dverl_pb2_grpc
 from decentralized_verl.reporting.metrics import read_evals, read_metrics
-from decentralized_verl.reporting.progress import eta_seconds, progress_line
 from decentralized_verl.reporting.stats import difference_interval
 from decentralized_verl.runtime.orphans import guard_descendants
 from decentralized_verl.security.credentials import CallerCredentials, run_folder_credentials
+from decentralized_verl.settings import WorkerSettings
 from decentralized_verl.sources.fetch import Endpoints, fetch
 from decentralized_verl.sources.local import Fetcher, env_cache, localized
 from decentralized_verl.spec import with_defaults
 from decentralized_verl.spec.manifest import load_job
 from decentralized_verl.spec.sources import SourceSpec
+from decentralized_verl.training.checkpoints.root import checkpoint_root
 from decentralized_verl.transport import secure
 from decentralized_verl.transport.wire.status import job_status_from_proto
 
@@ -49,6 +54,16 @@ log = logging.getLogger(__name__)
 
 class RunFailed(OperationFailed):
     pass
+
+
+class RunRefused(DverlError):
+    """The learner refused its input (exit 2) and a restart would read the same: `dverl run` exits 2."""
+
+
+def _error_line(log_tail: str) -> str | None:
+    """The error a `dverl` process printed last (`error: ...`) in its log, without the prefix."""
+    said = [line for line in log_tail.splitlines() if line.startswith("error: ")]
+    return said[-1].removeprefix("error: ") if said else None
 
 
 def absolute_paths(spec: dict[str, Any], base: Path) -> dict[str, Any]:
@@ -133,10 +148,13 @@ def run_job(
     timeout: float | None = None,
     lines: bool = False,
     ray: str | None = None,
+    overwrite: bool = False,
+    log_every: int = 1,
 ) -> dict[str, Any]:
     """Run a job to the end on this machine (or, with `ray`, as actors of the Ray cluster at that address
     or `auto`); returns the summary the learner wrote. `progress` shows a bar (for a terminal); `lines`
-    prints one plain line per step on stderr instead (for a pipe or CI)."""
+    prints one plain line per step (every `log_every`-th) on stderr instead (for a pipe or CI). A folder
+    holding an earlier run is refused unless `resume` continues it or `overwrite` deletes it first."""
     manifest = Path(manifest)
     job = load_fitting_job(manifest)
     output = Path(output) if output else Path("runs") / job.metadata.name
@@ -146,7 +164,63 @@ def run_job(
     layout = lay_out(spec, plan, machine, colocated=colocated)
     for line in (*layout.notes, *layout.problems):
         log.info("layout on %s: %s", machine.words(), line)
+    checkpoints = checkpoint_root(job.spec, output)
+    check_run_folder(
+        output,
+        resume=resume,
+        overwrite=overwrite,
+        total_steps=job.spec.training.steps,
+        checkpoints=checkpoints,
+    )
+    settings = WorkerSettings.from_env()
+    if ray is None:
+        refuse_without_secret(job.spec, manifest, settings)
+    if overwrite:
+        clear_run_folder(output, checkpoints)
     config = _prepare_run_folder(job, manifest, output)
+    start_record(output)  # `dverl status` tells this run's end from its processes being gone
+    try:
+        summary = _supervise(
+            job,
+            plan,
+            layout,
+            config,
+            output,
+            resume=resume,
+            ray=ray,
+            timeout=timeout,
+            bar=progress,
+            lines=lines,
+            log_every=log_every,
+            secret_file=settings.join_secret_file,
+        )
+    except KeyboardInterrupt:
+        end_record(output, INTERRUPTED, "stopped by Ctrl-C or SIGTERM")
+        raise
+    except BaseException as exc:
+        end_record(output, FAILED, str(exc) or type(exc).__name__)
+        raise
+    end_record(output, FINISHED)
+    return summary
+
+
+def _supervise(
+    job,
+    plan,
+    layout: Layout,
+    config: Path,
+    output: Path,
+    *,
+    resume: bool,
+    ray: str | None,
+    timeout: float | None,
+    bar: bool,
+    lines: bool,
+    log_every: int = 1,
+    secret_file: str | None = None,
+) -> dict[str, Any]:
+    """Start the job's workers as `plan` and `layout` say, watch them to the end (restarting what the job
+    allows), stop them."""
     guard_descendants()  # a `kill -9` of this process must not leave workers or their helpers running
     cluster, credentials = _cluster_for(job, plan, config, output, resume=resume, ray=ray, layout=layout)
     observer = credentials.for_role("observer")  # Status and Ready only
@@ -154,12 +228,16 @@ def run_job(
     learners = cluster.by_role("learner")
     learner = learners[0]
     gang = _LearnerGang(learners, cluster, job.spec)
-    display = _ProgressDisplay(cluster, job, bar=progress, lines=lines and not progress)
+    display = _ProgressDisplay(cluster, job, output, bar=bar, lines=lines and not bar, every=log_every)
+    dht = cluster.by_role("dht")
+    invite = VolunteerInvite(
+        job.metadata.name, getattr(dht[0], "log_path", None) if dht else None, secret_file
+    )
     with _sigterm_as_interrupt():
         try:
             cluster.start()
             gang.started(time.monotonic())
-            display.open()
+            display.open(len(cluster.workers), time.monotonic())
             started = time.monotonic()
             while learner.process.poll() != 0:
                 now = time.monotonic()
@@ -169,13 +247,15 @@ def run_job(
                 if timeout is not None and now - started > timeout:
                     raise RunFailed(f"run exceeded {timeout:.0f} s; see {output / 'logs'}")
                 display.show(status, now)
+                if (said := invite.line()) is not None:
+                    display.say(said)
                 time.sleep(0.5)
         finally:
             display.close()
             if hasattr(cluster, "fetch_results"):
                 cluster.fetch_results()
             cluster.stop()
-    display.catch_up(output / "metrics.jsonl")  # the last steps may end between two polls of the learner
+    display.catch_up()  # the last steps may end between two polls of the learner
     return _final_summary(output, cluster, gang.restarts)
 
 
@@ -264,12 +344,14 @@ class _LearnerGang:
             return
         if self.spec.roles.failure_policy("learner") == "failJob":
             raise RunFailed(f"learner {why} and roles.learner.failurePolicy is failJob")
-        if not self.answered and learner.process.poll() == EXIT_REFUSED_INPUT:
-            # It refused what it starts from (checkpoints that do not check out, a manifest): a
-            # restart would read the same and fail the same way.
-            raise RunFailed(
-                f"learner {why} before it started training: it refused its input, and a restart would "
-                f"read the same; last lines of {learner.log_path}:\n{learner.log_tail()}"
+        if learner.process.poll() == EXIT_REFUSED_INPUT:
+            # It refused its input (checkpoints that do not check out, a manifest, a reward that fails
+            # on every sample): a restart would read the same and fail the same way.
+            when = "before it started training" if not self.answered else "during training"
+            raise RunRefused(
+                f"learner {why} {when}: {_error_line(learner.log_tail(200)) or 'it refused its input'}; "
+                f"a restart would read the same, so the run stops; last lines of {learner.log_path}:\n"
+                f"{learner.log_tail()}"
             )
         if learner.process.poll() == EXIT_REFIT_PARITY:  # a restart would refresh the same way
             raise RunFailed(f"learner {why}: a weight refresh failed its parity check; {_verdict(learner)}")
@@ -325,17 +407,31 @@ def _restart_dead_servers(cluster: Any, spec: Any) -> None:
 
 
 class _ProgressDisplay:
-    """Where the learner's progress goes on each poll: a bar on a terminal, one line per step in a
-    pipe, and the Ray cluster's dashboard when the run has one."""
+    """Where the learner's progress goes on each poll: a bar on a terminal, or start-up phases then one
+    line per step (every `every`-th) and each evaluation in a pipe; and the Ray cluster's dashboard when
+    the run has one."""
 
-    def __init__(self, cluster: Any, job: Any, *, bar: bool, lines: bool) -> None:
+    def __init__(
+        self, cluster: Any, job: Any, output: Path, *, bar: bool, lines: bool, every: int = 1
+    ) -> None:
         self.cluster = cluster
         self.job = job
         self.want_bar = bar
         self.bar: Any = None
-        self.printer = StepLines() if lines else None
+        self.rows = JsonlTail(output / "metrics.jsonl")
+        self.errors = RewardErrorNotice()
+        self.kl: float | None = None
+        total = job.spec.training.steps or 0
+        self.printer = StepLines(output, total=total, every=every) if lines else None
+        self.startup = StartupPhases(self.say) if lines or bar else None
 
-    def open(self) -> None:
+    def say(self, line: str) -> None:
+        if self.bar is not None:
+            self.bar.write(line, file=sys.stderr)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    def open(self, workers: int, now: float) -> None:
         if self.want_bar:
             self.bar = tqdm(
                 total=self.job.spec.training.steps or 0,
@@ -343,14 +439,27 @@ class _ProgressDisplay:
                 unit="step",
                 dynamic_ncols=True,
             )
+        if self.startup is not None:
+            self.startup.begin(workers, now)
 
     def show(self, status: JobStatus | None, now: float) -> None:
+        if self.startup is not None:
+            self.startup.observe(status, now)
+        if self.printer is not None:
+            self.printer.show(status, now)
         if status is None:
             return
         if self.bar is not None:
-            _show(self.bar, status)
-        if self.printer is not None:
-            self.printer.show(status, now)
+            rows = self.rows.new_rows()
+            for row in rows:
+                notice = self.errors.line(row)
+                if notice is not None:
+                    self.say(notice)
+            if rows:
+                self.kl = rows[-1].get("kl")
+            elif not self.rows.path.exists() and status.kl:
+                self.kl = status.kl  # no metrics file here (Ray): a KL that is not 0 was measured
+            _show(self.bar, status, self.kl)
         if hasattr(self.cluster, "publish"):
             self.cluster.publish(step=status.step, total_steps=status.total_steps, phase=status.phase)
 
@@ -358,9 +467,9 @@ class _ProgressDisplay:
         if self.bar is not None:
             self.bar.close()
 
-    def catch_up(self, metrics: Path) -> None:
+    def catch_up(self) -> None:
         if self.printer is not None:
-            self.printer.catch_up(metrics)
+            self.printer.catch_up()
 
 
 def _final_summary(output: Path, cluster: Any, learner_restarts: int) -> dict[str, Any]:
@@ -392,56 +501,15 @@ def _learner_down(learners: list, clock: ProgressClock, now: float) -> str | Non
     return None
 
 
-class StepLines:
-    """Prints the learner's progress as one line per finished step on stderr (no bar in a pipe)."""
-
-    def __init__(self) -> None:
-        self.printed = 0
-        self.pace_from: tuple[int, float] | None = None
-        self.accuracy: float | None = None
-        self.total = 0
-
-    def show(self, status: JobStatus, now: float) -> None:
-        if not status.reported or status.step <= self.printed:
-            return
-        self.total = status.total_steps
-        if self.pace_from is None or status.step < self.pace_from[0]:
-            self.pace_from = (status.step, now)  # its first step's time is unknown: pace from here
-        first, since = self.pace_from
-        accuracy = status.eval_accuracy if status.eval_accuracy != self.accuracy else None
-        self.accuracy = status.eval_accuracy
-        eta = eta_seconds(status.step, status.total_steps, now - since, first)
-        line = progress_line(
-            status.step, status.total_steps, status.reward_mean, status.tokens_per_second, eta, accuracy
-        )
-        print(line, file=sys.stderr, flush=True)
-        self.printed = status.step
-
-    def catch_up(self, metrics: Path) -> None:
-        """Print the steps the learner finished after the last poll, from its metrics file."""
-        for record in read_metrics(metrics):
-            if int(record.get("step", 0)) > self.printed:
-                status = JobStatus(
-                    step=int(record["step"]),
-                    total_steps=self.total or int(record["step"]),
-                    reward_mean=float(record.get("reward_mean") or 0.0),
-                    tokens_per_second=float(record.get("tokens_per_second") or 0.0),
-                    eval_accuracy=record.get("eval_accuracy", self.accuracy),
-                )
-                self.show(status, time.monotonic())
-
-
-def _show(bar: Any, status: JobStatus) -> None:
+def _show(bar: Any, status: JobStatus, kl: float | None) -> None:
+    """The bar's numbers; KL only when the job measures it (`kl` None: it does not, so no 0.0000)."""
     if status.total_steps and bar.total != status.total_steps:
         bar.total = status.total_steps
     bar.n = status.step
-    bar.set_postfix(
-        phase=status.phase,
-        reward=f"{status.reward_mean:.3f}",
-        kl=f"{status.kl:.4f}",
-        tok_s=f"{status.tokens_per_second:.0f}",
-        refresh=False,
-    )
+    numbers = {"phase": status.phase, "reward": f"{status.reward_mean:.3f}"}
+    if kl is not None:
+        numbers["kl"] = f"{kl:.4f}"
+    bar.set_postfix(**numbers, tok_s=f"{status.tokens_per_second:.0f}", refresh=False)
     bar.refresh()
 
 
@@ -501,11 +569,27 @@ def format_summary(summary: dict[str, Any], output: Path) -> str:
     )
 
 
-def main_run(manifest: str, output: str | None, resume: bool, ray: str | None = None) -> int:
+def main_run(
+    manifest: str,
+    output: str | None,
+    resume: bool,
+    ray: str | None = None,
+    overwrite: bool = False,
+    log_every: int = 1,
+) -> int:
     out = Path(output) if output else None
     job_name = load_job(manifest).metadata.name
     out = out or Path("runs") / job_name
     terminal = sys.stderr.isatty()
-    summary = run_job(manifest, out, resume=resume, progress=terminal, lines=not terminal, ray=ray)
+    summary = run_job(
+        manifest,
+        out,
+        resume=resume,
+        progress=terminal,
+        lines=not terminal,
+        ray=ray,
+        overwrite=overwrite,
+        log_every=log_every,
+    )
     print(format_summary(summary, out))
     return 0

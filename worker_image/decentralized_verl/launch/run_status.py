@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from decentralized_verl.errors import DverlError
+from decentralized_verl.launch.run_record import FINISHED, RUNNING, recorded_state
 from decentralized_verl.reporting.metrics import EVAL_FILE, read_evals, read_metrics
 from decentralized_verl.reporting.progress import format_duration
 from decentralized_verl.spec import safe_yaml
@@ -52,6 +53,21 @@ def _eta(records: list[dict[str, Any]], total: int | None) -> float | None:
     return max(total - recent[-1]["step"], 0) * seconds / steps
 
 
+ACTIVE_STATES = frozenset({RUNNING, "starting"})
+"""States whose processes are working on the run; `--watch` follows only these."""
+
+
+def _state(run_dir: Path, summarised: bool, stepped: bool) -> tuple[str, str]:
+    """Finished when the learner wrote its summary; else what `dverl run` recorded (failed, interrupted,
+    or gone without a word); a folder with no record (copied off a pod) is judged by its files alone."""
+    if summarised:
+        return FINISHED, ""
+    recorded = recorded_state(run_dir)
+    if recorded is not None and recorded[0] != RUNNING:
+        return recorded
+    return (RUNNING if stepped else "starting"), ""
+
+
 def run_status(run_dir: str | Path) -> dict[str, Any]:
     """The run's state as plain data (what `--json` prints)."""
     run_dir = Path(run_dir)
@@ -67,18 +83,22 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
     total = _total_steps(run_dir, summary)
     evals = read_evals(run_dir / EVAL_FILE)
     logs = run_dir / "logs"
-    state = "finished" if summary is not None else ("running" if records else "starting")
+    state, detail = _state(run_dir, summary is not None, bool(records))
     return {
         "run_dir": str(run_dir),
         "state": state,
+        "state_detail": detail,
         "step": int(last.get("step", 0)),
         "total_steps": total,
         "reward_mean": last.get("reward_mean"),
         "kl": last.get("kl"),
         "refit_logprob_diff_mean": last.get("refit_logprob_diff_mean"),
         "refit_logprob_diff_max": last.get("refit_logprob_diff_max"),
+        "reward_errors": last.get("reward_errors"),
+        "reward_errors_total": sum(int(r.get("reward_errors") or 0) for r in records),
+        "reward_error": next((r["reward_error"] for r in records if r.get("reward_error")), None),
         "tokens_per_second": last.get("tokens_per_second"),
-        "eta_seconds": None if summary is not None else _eta(records, total),
+        "eta_seconds": _eta(records, total) if state in ACTIVE_STATES else None,
         "rollout_workers": last.get("rollout_workers"),
         "workers": sorted(p.stem for p in logs.glob("*.log")) if logs.is_dir() else [],
         "last_eval": evals[-1] if evals else None,
@@ -92,6 +112,8 @@ def render_status(status: dict[str, Any]) -> str:
     total = status["total_steps"]
     step = f"{status['step']}/{total}" if total else str(status["step"])
     lines = [f"{status['run_dir']}: {status['state']}, step {step}"]
+    if status.get("state_detail"):
+        lines[0] += f" ({status['state_detail']})"
     if status["reward_mean"] is not None:
         numbers = f"reward {status['reward_mean']:.3f}"
         if status["kl"] is not None:
@@ -104,7 +126,13 @@ def render_status(status: dict[str, Any]) -> str:
             f"refit parity: rollout vs learner log-probs differ by {status['refit_logprob_diff_mean']:.2e} "
             f"on average, {status['refit_logprob_diff_max']:.2e} at most (last step)"
         )
-    if status["state"] != "finished":
+    if status.get("reward_errors_total"):
+        lines.append(
+            f"reward errors: {status['reward_errors'] or 0} in the last step, "
+            f"{status['reward_errors_total']} in all (those samples scored 0); "
+            f"first: {status['reward_error']}"
+        )
+    if status["state"] in ACTIVE_STATES:
         lines.append(f"eta {format_duration(status['eta_seconds'])}")
     if status["workers"]:
         serving = status["rollout_workers"]

@@ -34,8 +34,8 @@ from decentralized_verl.training.checkpoints.learner import (
     CheckpointWriter,
     ResumePoint,
     ShardedCheckpointWriter,
-    checkpoint_root,
 )
+from decentralized_verl.training.checkpoints.root import checkpoint_root
 
 log = logging.getLogger(__name__)
 

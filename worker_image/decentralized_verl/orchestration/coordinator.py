@@ -26,6 +26,7 @@ from decentralized_verl.environments.replay import ENVIRONMENT_REWARD
 from decentralized_verl.orchestration.dispatch import Dispatcher
 from decentralized_verl.orchestration.evaluation import Evaluator
 from decentralized_verl.orchestration.refit_check import check_refit, fresh_rows
+from decentralized_verl.orchestration.reward_errors import RewardErrorWatch
 from decentralized_verl.orchestration.step_report import StepReporter, run_summary, step_record
 from decentralized_verl.reporting.metrics import MetricsLog
 from decentralized_verl.runtime import compute_thread
@@ -138,6 +139,7 @@ class Coordinator:
         self.reporter = StepReporter(
             parts.status, parts.metrics, parts.on_step, parts.spec.training.tracking, self.total_steps, log
         )
+        self.reward_errors = RewardErrorWatch(self.reward_type, parts.spec.data.reward_error_steps)
         self._last_step_end: float | None = None
         self._checkpointed_step = start_step
         self._rank0_rows: list[int] = []
@@ -271,6 +273,7 @@ class Coordinator:
             version=refreshed,
             learner=self.p.learner_name,
         )
+        self.reward_errors.observe(self.step, record)
         return record
 
     def _choose(self, generated: Generated) -> tuple[list[Sample], int, dict[str, Any]]:
@@ -405,6 +408,8 @@ class Coordinator:
         """Eval before, train to the end, eval after; returns the summary."""
         status = self.p.status
         status.update(state="Running", total_steps=self.total_steps, policy_version=self.version)
+        if self.p.eval_prompts:
+            status.update(phase="eval")  # the baseline evaluation: `dverl run` announces it while it lasts
         before = await self.evaluate() if self.p.eval_prompts else {}
         self.reporter.start_pace(self.step)
         rewards: list[float] = []

@@ -20,6 +20,7 @@ from decentralized_verl.core.status import StatusBoard
 from decentralized_verl.environments.metrics import episode_metrics
 from decentralized_verl.reporting.metrics import MetricsLog
 from decentralized_verl.reporting.progress import eta_seconds, progress_line
+from decentralized_verl.rewards.result import is_reward_error
 
 
 def step_record(
@@ -40,11 +41,14 @@ def step_record(
     (`learned`, in order: the filters', then the update's)."""
     rewards = [float(s.score or 0.0) for s in samples]
     lengths = [len(s.response_ids) for s in samples]
+    errors = [s.score_reason for s in samples if is_reward_error(s.score_reason)]
     record: dict[str, Any] = {
         "step": step,
         "policy_version": version,
         "reward_mean": statistics.fmean(rewards),
         "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
+        "reward_errors": len(errors),
+        **({"reward_error": errors[0]} if errors else {}),
         "response_length_mean": statistics.fmean(lengths),
         "truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples),
         "tokens": report.tokens,

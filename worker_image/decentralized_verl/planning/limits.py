@@ -14,20 +14,20 @@ MAX_TOKENS_PER_STEP = 2**31
 MAX_STEPS = 10**9
 
 
-def limit_problems(spec: JobSpec, base_dir: Path | None) -> list[Problem]:
+def limit_problems(spec: JobSpec, base_dir: Path | None, *, stated: JobSpec | None = None) -> list[Problem]:
+    """`stated`: the spec as the manifest wrote it (`spec` may be one re-validated with every default
+    filled in), to tell a tiny model's stated `maxPositions` from its default."""
     problems: list[Problem] = []
     data, training = spec.data, spec.training
     length = data.max_prompt_tokens + data.max_new_tokens
-    # A tiny test model's maxPositions is the spec's own number; a real model's context is its config's.
-    shape = model_shape(spec.model, base_dir).shape if spec.model.tiny is None else None
-    context = shape.max_positions if shape is not None else None
+    context, source = _context(spec, base_dir, stated or spec)
     if context and length > context:
         problems.append(
             Problem(
                 "spec.data.maxNewTokens",
                 f"maxPromptTokens {data.max_prompt_tokens} + maxNewTokens {data.max_new_tokens} = {length} "
-                f"positions, beyond the model's context of {context} (max_position_embeddings); make the "
-                f"two add up to <= {context}",
+                f"positions, beyond the model's context of {context} ({source}); make the two add up to "
+                f"<= {context}",
             )
         )
     samples = training.batch_size * spec.algorithm.samples_per_prompt * spec.roles.learner.replicas
@@ -46,3 +46,15 @@ def limit_problems(spec: JobSpec, base_dir: Path | None) -> list[Problem]:
             Problem("spec.training.steps", f"{training.steps:,} steps is more than {MAX_STEPS:,}")
         )
     return problems
+
+
+def _context(spec: JobSpec, base_dir: Path | None, stated: JobSpec) -> tuple[int | None, str]:
+    """The model's context length and where it comes from: a tiny model's `maxPositions` when the
+    manifest states it (its default is no statement: the test model's rotary positions reach past it),
+    else the model's config (`max_position_embeddings`, a GGUF's context length); None when unknown."""
+    tiny = spec.model.tiny
+    if tiny is not None:
+        said = stated.model.tiny is not None and "max_positions" in stated.model.tiny.model_fields_set
+        return (tiny.max_positions if said else None), "spec.model.tiny.maxPositions"
+    shape = model_shape(spec.model, base_dir).shape
+    return (shape.max_positions if shape is not None else None), "max_position_embeddings"

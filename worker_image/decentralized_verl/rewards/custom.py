@@ -5,7 +5,9 @@ The function is imported once per process and cached (`registry.reward_function`
     def my_reward(completion: str, reference, prompt: str | None = None, **options) -> float | RewardResult
 
 It may return a float (or bool/int) or a RewardResult. If it raises, returns something else, or returns
-a non-finite number, the sample scores 0.0 with the reason, so a bug in it never stops training.
+a non-finite number, the sample scores 0.0 with a reason marked as a reward error (`result.failed`, the
+traceback in its details for the worker's log): one bad sample never stops training, and the learner
+counts such samples per step and stops a job whose rewards all fail (`data.rewardErrorSteps`).
 Options it does not accept are not passed (only those named in its signature, unless it takes **kwargs).
 """
 
@@ -13,10 +15,11 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from traceback import format_exc
 from typing import Any
 
 from decentralized_verl.rewards.registry import reward_function
-from decentralized_verl.rewards.result import RewardResult, coerce, zero
+from decentralized_verl.rewards.result import RewardResult, coerce, failed
 
 
 def call_custom(
@@ -26,12 +29,12 @@ def call_custom(
     try:
         func = reward_function(spec)
     except ValueError as exc:
-        return zero(str(exc))
+        return failed(str(exc))
     kwargs = _accepted(func, {"prompt": prompt, **options})
     try:
         value = func(completion, reference, **kwargs)
     except Exception as exc:
-        return zero(f"reward {spec} raised {type(exc).__name__}: {exc}"[:300])
+        return failed(f"{spec} raised {type(exc).__name__}: {exc}"[:300], traceback=format_exc(limit=-8))
     return coerce(value, f"reward {spec}")
 
 

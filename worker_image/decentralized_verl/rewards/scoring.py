@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from traceback import format_exc
 from typing import Any
 
 from decentralized_verl.rewards.custom import call_custom
 from decentralized_verl.rewards.registry import REWARD_TYPES
-from decentralized_verl.rewards.result import RewardResult, zero
+from decentralized_verl.rewards.result import RewardResult, failed, zero
 from decentralized_verl.rewards.reward_model import reward_model_batch
 from decentralized_verl.spec.catalogue.rewards import CALLABLE_PATTERN
 
@@ -32,7 +33,9 @@ def score(
     try:
         return fn(completion, reference, prompt=prompt, **options)
     except Exception as exc:  # a bug in a reward must not stop training
-        return zero(f"{reward_type} reward failed: {type(exc).__name__}: {exc}"[:300])
+        return failed(
+            f"{reward_type} raised {type(exc).__name__}: {exc}"[:300], traceback=format_exc(limit=-8)
+        )
 
 
 def score_batch(

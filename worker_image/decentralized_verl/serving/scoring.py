@@ -9,11 +9,13 @@ log-prob of a token are computed identically; results are cut back to each sampl
 from __future__ import annotations
 
 import copy
+import logging
 import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
+from traceback import format_exc
 from typing import Any
 
 import torch
@@ -27,12 +29,15 @@ from decentralized_verl.environments.settings import episode_settings
 from decentralized_verl.models.loading import load_model_and_tokenizer, load_sequence_classifier
 from decentralized_verl.models.lora import base_only
 from decentralized_verl.rewards import RewardModelScorer, score_batch
+from decentralized_verl.rewards.result import failed, is_reward_error
 from decentralized_verl.rewards.servable import servable_reward
 from decentralized_verl.training.optimizer_step import optimizer_step
 from decentralized_verl.training.rank_group import collective_device, split_rounds, world_of
 from decentralized_verl.training.sharding import is_sharded, shard_model
 from decentralized_verl.training.value_model import build_value_model
 from decentralized_verl.transport.messages import Score, ScoreItem, SequencePair
+
+log = logging.getLogger(__name__)
 
 
 def samples_from_pairs(pairs: Sequence[SequencePair]) -> list[Sample]:
@@ -321,6 +326,7 @@ class RewardWorker:
         self.environment = episode_settings(environment)
         self.options = options
         self.worker_id = "reward"
+        self.errors = RewardErrorLog()
 
     def allows(self, kind: str) -> bool:
         """Whether this worker runs reward `kind`: the job's own type (a built-in, or the user's
@@ -389,11 +395,14 @@ class RewardWorker:
                     workers=self.workers,
                     **options,
                 )
-                scored = [Score(float(r.score), r.reason) for r in results]
             except Exception as exc:  # a reward bug must not take the worker down
-                scored = [Score(0.0, f"{kind} reward failed: {type(exc).__name__}: {exc}"[:300])] * len(index)
-            for i, s in zip(index, scored, strict=True):
-                out[i] = s if _finite(s.score) else Score(0.0, f"non-finite score ({s.score}) from {kind}")
+                why = f"{kind} raised {type(exc).__name__}: {exc}"[:300]
+                results = [failed(why, traceback=format_exc(limit=-8))] * len(index)
+            for i, r in zip(index, results, strict=True):
+                if not _finite(r.score):
+                    r = failed(f"non-finite score ({r.score}) from {kind}")
+                self.errors.note(r, items[i])
+                out[i] = Score(float(r.score), r.reason)
         return [s for s in out if s is not None]
 
     def _replay(self, item: ScoreItem) -> Score:
@@ -412,6 +421,33 @@ class RewardWorker:
             prompt_text=item.prompt_text,
         )
         return Score(float(result.score), result.reason)
+
+
+class RewardErrorLog:
+    """A failed reward, once per distinct failure, in this worker's log with the sample it failed on and
+    the traceback: the score that travels on says only what failed; here is what to debug it with. Each
+    failure is logged the first time it is seen (up to `distinct` of them), then only counted."""
+
+    def __init__(self, distinct: int = 20) -> None:
+        self.distinct = distinct
+        self.counts: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def note(self, result: Any, item: ScoreItem) -> None:
+        if not is_reward_error(result.reason):
+            return
+        with self._lock:
+            first = result.reason not in self.counts
+            if first and len(self.counts) >= self.distinct:
+                return
+            self.counts[result.reason] = self.counts.get(result.reason, 0) + 1
+        if first:
+            trace = (result.details or {}).get("traceback", "")
+            log.warning(
+                "%s\n  on the sample: prompt=%.300r\n  completion=%.300r\n  reference=%.200r%s",
+                result.reason, item.prompt_text, item.completion_text, item.ground_truth,
+                f"\n{trace.rstrip()}" if trace else "",
+            )  # fmt: skip
 
 
 def _finite(x: float) -> bool:

@@ -67,6 +67,13 @@ class DataSpec(SpecModel):
     reward_type: RewardType = Field(
         default="boxed", description=f"{one_of(BUILTIN_REWARD_TYPES)}, or a callable as module:function"
     )
+    reward_error_steps: NonNegativeInt = Field(
+        default=3,
+        description=(
+            "Stop the job (exit 2, naming the reward and its error) after this many steps in a row in "
+            "which every sample's reward failed (raised, or returned no number); 0: never stop"
+        ),
+    )
     reward_model: ModelSpec | None = None
     """The reward model for rewardType reward_model (else roles.reward.model)."""
     system_prompt: str | None = None

@@ -156,9 +156,11 @@ STAGE_KEYS = {"sft", "reward", "rlhf"}
 """Top-level sections of a `dverl train` stages config, told apart from a manifest with a hint."""
 
 
-def load_yaml_text(text: str, source: str) -> Any:
+def load_yaml_documents(text: str, source: str) -> list[Any]:
+    """Every non-empty YAML document in `text`, within the loader's limits (duplicate keys refused);
+    ManifestError naming the line or the limit."""
     try:
-        documents = safe_yaml.load_documents(text)
+        return [doc for doc in safe_yaml.load_documents(text) if doc is not None]
     except (DuplicateKey, YamlLimitExceeded) as exc:
         raise ManifestError([Problem("(file)", str(exc))], source) from None
     except yaml.YAMLError as exc:
@@ -166,6 +168,10 @@ def load_yaml_text(text: str, source: str) -> Any:
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise ManifestError([Problem("(file)", f"not valid YAML: {where}{problem}")], source) from None
+
+
+def load_yaml_text(text: str, source: str) -> Any:
+    documents = load_yaml_documents(text, source)
     if not documents:
         return None
     if len(documents) != 1:

@@ -106,3 +106,11 @@ def require_stage(config: TrainConfig, stage: str, source: str | None = None) ->
     if section is None:
         raise ManifestError([Problem(stage, f"section required to run --stage {stage}")], source)
     return section
+
+
+def stages_summary(document: Any, path: Path) -> str:
+    """`dverl validate`'s line for a stages config (ManifestError naming the field when it is invalid)."""
+    config = parse_train_config(document, source=str(path), base_dir=path.parent.resolve())
+    named = [stage for stage in ("sft", "reward", "rlhf") if getattr(config, stage, None) is not None]
+    stages = ", ".join(named) or "none"
+    return f"stages config {path}: valid — stages {stages} (run: dverl train --stage all --config {path})"

@@ -15,7 +15,7 @@ from typing import Any
 from decentralized_verl.errors import CheckpointError
 from decentralized_verl.spec.manifest import load_job
 from decentralized_verl.training.checkpoints.folders import checkpoint_dir, checkpoints, latest_checkpoint
-from decentralized_verl.training.checkpoints.learner import checkpoint_root
+from decentralized_verl.training.checkpoints.root import checkpoint_root
 from decentralized_verl.training.checkpoints.sharded import export_hf, is_sharded_checkpoint, require_empty
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ def choose_checkpoint(root: Path, step: int | None) -> Path:
 def export_run(run_dir: str | Path, step: int | None, out: str | Path) -> Path:
     """Export one checkpoint of the run in `run_dir` to `out` (absent or empty); returns `out`."""
     out = Path(out)
-    require_empty(out, "--out")
+    require_empty(out, "--output")
     run = run_checkpoints(Path(run_dir))
     folder = choose_checkpoint(run.root, step)
     if run.model_spec is None and is_sharded_checkpoint(folder):

@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from decentralized_verl.errors import PeerUnavailable
 from decentralized_verl.volunteers.announce import Heartbeat, VolunteerRecord
 from decentralized_verl.volunteers.dht import PeerOptions, start_dht
 
@@ -82,11 +83,33 @@ class VolunteerSession:
 
 @asynccontextmanager
 async def volunteer_session(options: ReachOptions) -> AsyncIterator[VolunteerSession]:
-    """Start the DHT peer off the event loop (it blocks while bootstrapping); always leave on exit."""
+    """Start the DHT peer off the event loop (it blocks while bootstrapping); always leave on exit.
+    PeerUnavailable, saying what to check, when the bootstrap peers cannot be reached."""
     peer = dataclasses.replace(options.peer_options(), signed_job=options.job)  # signs its own record
-    dht = await asyncio.to_thread(start_dht, peer)
+    try:
+        dht = await asyncio.to_thread(start_dht, peer)
+    except Exception as exc:
+        if "bootstrap" not in str(exc):
+            raise
+        raise PeerUnavailable(unreachable_dht(peer.initial_peers, options.job, exc)) from None
     session = VolunteerSession(dht, options)
     try:
         yield session
     finally:
         await session.close()
+
+
+JOB_MUST_RUN = (
+    "a volunteer joins a running job: start it first (`dverl run JOB.yaml` on one machine prints the "
+    "--initial-peers line once its DHT is up; in a cluster, .status.volunteerGateway says where to dial)"
+)
+
+
+def unreachable_dht(initial_peers: tuple[str, ...], job: str, exc: BaseException) -> str:
+    """Why a volunteer could not start: no bootstrap peer answered, and what to check."""
+    first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+    peers = " ".join(initial_peers) or "(no --initial-peers given)"
+    return (
+        f"no bootstrap peer of job {job!r} answered at {peers} ({first}); is the job running and the "
+        f"address current (it changes each time the job starts)? {JOB_MUST_RUN}"
+    )

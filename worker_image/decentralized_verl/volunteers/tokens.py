@@ -125,13 +125,31 @@ def verify_token(
     return claims
 
 
+class SecretMissing(VolunteerError):
+    """The job secret's file is absent or unreadable: the owner has not made it yet, or named another."""
+
+
+MAKE_SECRET = (
+    "make the job's secret once with `openssl rand -hex 32 > {file}` (keep it private: whoever holds it "
+    "can admit volunteers), start the job with DVERL_JOIN_SECRET_FILE={file}, then issue tokens from it"
+)
+"""How to make a job secret, said where one is missing."""
+
+
 def load_secret(
     *, secret_file: str | None = None, secret_env: str | None = None, secret_value: str | None = None
 ) -> bytes:
     """The job secret from a file (a mounted Secret), an environment variable or a value already read,
     stripped of newlines."""
     if secret_file:
-        data = Path(secret_file).read_bytes().strip()
+        try:
+            data = Path(secret_file).read_bytes().strip()
+        except FileNotFoundError:
+            raise SecretMissing(
+                f"{secret_file}: no such file; {MAKE_SECRET.format(file=secret_file)}"
+            ) from None
+        except OSError as exc:
+            raise SecretMissing(f"{secret_file}: cannot read the job secret ({exc.strerror})") from None
     elif secret_env:
         value = os.environ.get(secret_env)
         if value is None:

@@ -15,13 +15,19 @@ JSON_HELP = "print machine-readable JSON on stdout instead of text"
     "validate", "check an RLHFJob manifest (and that it fits its GPUs); exit 2 with field paths when not"
 )
 def _validate(parser: argparse.ArgumentParser) -> Command:
-    parser.add_argument("files", nargs="+", metavar="FILE.yaml", help="one or more RLHFJob manifests")
+    parser.add_argument(
+        "files",
+        nargs="+",
+        metavar="FILE.yaml",
+        help="RLHFJob manifests (every RLHFJob of a multi-document file), or a stages config",
+    )
     parser.add_argument("--json", action="store_true", help=JSON_HELP + " (one object per file, a list)")
 
     def run(args: argparse.Namespace) -> int:
         from decentralized_verl.planning.run_validate import main_validate  # noqa: PLC0415 entry: the command's body
+        from decentralized_verl.stages.config import stages_summary  # noqa: PLC0415 entry: a stages file's check
 
-        return main_validate(args.files, as_json=args.json)
+        return main_validate(args.files, as_json=args.json, stages=stages_summary)
 
     return run
 

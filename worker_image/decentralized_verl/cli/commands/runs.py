@@ -17,18 +17,41 @@ OUTPUT_HELP = "run folder (default: runs/<job name>)"
 def _run(parser: argparse.ArgumentParser) -> Command:
     parser.add_argument("file", metavar="JOB.yaml", help="the RLHFJob manifest")
     parser.add_argument("--output", "-o", default=None, help=OUTPUT_HELP)
-    parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    parser.add_argument(
+        "--resume", action="store_true", help="continue the run in the folder from its newest checkpoint"
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="delete the run already in the folder and start over (without it such a folder is refused)",
+    )
     parser.add_argument(
         "--ray",
         default=None,
         metavar="ADDRESS",
         help="run every worker as a named actor of the Ray cluster at ADDRESS (or `auto`) instead",
     )
+    parser.add_argument(
+        "--log-every",
+        type=int,
+        default=1,
+        metavar="N",
+        help="off a terminal, print every N-th step's line and the last (evaluations always; %(default)s)",
+    )
 
     def run(args: argparse.Namespace) -> int:
+        if args.log_every < 1:
+            parser.error(f"--log-every must be >= 1 (got {args.log_every})")
         from decentralized_verl.launch.run import main_run  # noqa: PLC0415 entry: the command's body
 
-        return main_run(args.file, args.output, args.resume, ray=args.ray)
+        return main_run(
+            args.file,
+            args.output,
+            args.resume,
+            ray=args.ray,
+            overwrite=args.overwrite,
+            log_every=args.log_every,
+        )
 
     return run
 
@@ -54,7 +77,7 @@ def _status(parser: argparse.ArgumentParser) -> Command:
         const=5.0,
         default=None,
         metavar="SECONDS",
-        help="print it again every SECONDS (5 when given bare) until the run finishes",
+        help="print it again every SECONDS (5 when given bare) until the run ends",
     )
 
     def run(args: argparse.Namespace) -> int:
@@ -62,12 +85,12 @@ def _status(parser: argparse.ArgumentParser) -> Command:
             from decentralized_verl.launch.ray_status import main_ray_status  # noqa: PLC0415 entry: the command's body
 
             return main_ray_status(args.ray, args.run_dir, as_json=args.json)
-        from decentralized_verl.launch.run_status import render_status, run_status  # noqa: PLC0415 entry: the command's body
+        from decentralized_verl.launch.run_status import ACTIVE_STATES, render_status, run_status  # noqa: PLC0415 entry: the command's body
 
         while True:
             status = run_status(args.run_dir)
             print(json.dumps(status, default=str) if args.json else render_status(status), flush=True)
-            if args.watch is None or status["state"] == "finished":
+            if args.watch is None or status["state"] not in ACTIVE_STATES:
                 return 0
             time.sleep(max(args.watch, 0.1))
 

@@ -27,7 +27,6 @@ from safetensors.torch import load_file
 from transformers.utils import logging as hf_logging
 
 from decentralized_verl.errors import CheckpointError
-from decentralized_verl.spec import JobSpec
 from decentralized_verl.training.checkpoints.adapters import (
     holds_adapters_only,
     is_adapter_checkpoint,
@@ -64,15 +63,6 @@ class ResumePoint:
     policy_version: int
     sampler_state: dict[str, Any]
     folder: Path
-
-
-def checkpoint_root(spec: JobSpec, output: Path) -> Path:
-    """`training.checkpoint.dir` (relative to the run folder unless absolute), else OUTPUT/checkpoints."""
-    configured = spec.training.checkpoint.dir
-    if configured is None:
-        return output / "checkpoints"
-    path = Path(configured)
-    return path if path.is_absolute() else output / path
 
 
 @dataclass
