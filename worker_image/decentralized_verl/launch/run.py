@@ -36,6 +36,7 @@ from decentralized_verl.reporting.progress import eta_seconds, progress_line
 from decentralized_verl.reporting.stats import difference_interval
 from decentralized_verl.runtime.orphans import guard_descendants
 from decentralized_verl.security.credentials import CallerCredentials, run_folder_credentials
+from decentralized_verl.security.handed import make_undumpable
 from decentralized_verl.sources.fetch import Endpoints, fetch
 from decentralized_verl.sources.local import Fetcher, env_cache, localized
 from decentralized_verl.spec import with_defaults
@@ -185,6 +186,7 @@ def _cluster_for(job, plan, config: Path, output: Path, *, resume: bool, ray: st
     """The workers of `plan`, not yet started, as local processes or Ray actors, with the credentials
     they share. The secured path, as in a cluster: TLS and the job token on every call, signed weights."""
     extra_args = {"learner": ["--resume"]} if resume else {}
+    make_undumpable()  # this process holds every role's secrets: no neighbour reads its memory
     if ray is not None:
         from decentralized_verl.launch.ray_executor import RayCluster, node_addresses  # noqa: PLC0415 optional: ray (the ray extra), for `--ray` only
 
