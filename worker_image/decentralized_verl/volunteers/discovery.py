@@ -11,6 +11,9 @@ The hub runs in the learner process next to the training loop:
   `VolunteerRolloutClient` in the dispatcher; a record that lapsed (the volunteer vanished) removes it.
   A peer whose stream failed is left out until it heartbeats again.
 - a peer caught by verification is blocked for the job: removed, refused on re-join, logged as an event.
+- refusals cost bounded log and state whatever their rate (a flood of token-less Joins): at most
+  `refusals_per_window` are logged and kept as events each window, the rest only counted; the events
+  kept are the latest `MAX_EVENTS`, so `volunteers.json` stays bounded too.
 The number of active volunteers is written to `JobStatus.volunteers` (Status RPC -> `.status`).
 """
 
@@ -20,6 +23,7 @@ import asyncio
 import json
 import logging
 import time
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +43,9 @@ if TYPE_CHECKING:
     pass
 
 log = logging.getLogger(__name__)
+
+MAX_EVENTS = 1000
+"""Volunteer events kept (the latest): what the report and `volunteers.json` hold."""
 
 SUPPORTED_ROLES = ("rollout", "actor", "span")
 """Roles a volunteer can serve to this coordinator today (`actor` is the quick start's name for rollout;
@@ -92,6 +99,9 @@ class HubConfig:
     """An admitted peer with no live record for this long gives its slot back (it may join again)."""
     spans_refused: str = ""
     """Why span volunteers cannot join this job although `volunteers.roles` names them ("" when they can)."""
+    refusals_per_window: int = 20
+    refusal_window_s: float = 60.0
+    """At most this many refused Joins are logged and kept as events per window; the rest are counted."""
     open: bool = False
     """The quick-start job (open_worker.py): every announced actor is used without a token; trusted
     networks only. Verification and blocking still apply."""
@@ -124,7 +134,12 @@ class VolunteerHub:
         self.blocked_tokens: dict[str, str] = {}
         """Join token nonce -> why: the tokens of blocked peers, refused whatever peer id brings them."""
         self.clients: dict[str, Any] = {}
-        self.events: list[VolunteerEvent] = []
+        self.events: deque[VolunteerEvent] = deque(maxlen=MAX_EVENTS)
+        self.refused: Counter[str] = Counter()
+        """Refused Joins by reason (up to the first colon; 32 kinds, then "other": a caller names what
+        some reasons quote), every one counted where the events keep only some."""
+        self._refusal_window = (0.0, 0, 0)
+        """(window start, refusals kept in it, refusals not kept in it)."""
         self._all_clients: dict[str, Any] = {}
         self._last_expiry: dict[str, float] = {}
         self._seen: dict[str, VolunteerRecord] = {}
@@ -141,9 +156,27 @@ class VolunteerHub:
         level = logging.WARNING if kind in ("Blocked", "JoinRefused", "Failed") else logging.INFO
         log.log(level, "volunteer event %s: peer %s %s", kind, peer_id, reason)
 
+    def _refused(self, caller: str, reason: str) -> None:
+        """A refused Join: counted always; logged and kept as an event only `refusals_per_window` times a
+        window, and once per window a line saying how many were not."""
+        kind = reason.split(":")[0][:60]
+        self.refused[kind if kind in self.refused or len(self.refused) < 32 else "other"] += 1
+        now = time.monotonic()
+        start, kept, dropped = self._refusal_window
+        if now - start > self.config.refusal_window_s:
+            if dropped:
+                self._event("JoinRefused", "", f"{dropped} more refused Joins not recorded")
+            start, kept, dropped = now, 0, 0
+        if kept < self.config.refusals_per_window:
+            self._event("JoinRefused", caller, reason)
+            kept += 1
+        else:
+            dropped += 1
+        self._refusal_window = (start, kept, dropped)
+
     def admit(self, request: m.JoinRequest, caller: str) -> m.JoinReply:
         def refuse(reason: str) -> m.JoinReply:
-            self._event("JoinRefused", caller, reason)
+            self._refused(caller, reason)
             return m.JoinReply(False, reason=reason)
 
         if caller in self.blocked:
@@ -373,6 +406,7 @@ class VolunteerHub:
             "verified_samples": getattr(self.verifier, "checked", 0),
             "rejected_batches": getattr(self.verifier, "rejected_batches", 0),
             "events": [vars(e) for e in self.events],
+            "refused_joins": dict(self.refused),
         }
 
     async def close(self, output: Path | None = None) -> None:
