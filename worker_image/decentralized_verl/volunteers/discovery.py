@@ -7,9 +7,10 @@ The hub runs in the learner process next to the training loop:
   follows the token, so a blocked volunteer cannot come back under a fresh id with it.
 - an admitted peer with no live record for `release_after_s` (it never announced, or stopped) gives
   its slot back, so peers that join and go quiet cannot fill `maxVolunteers` for good.
-- every `poll_s` it reads the job's DHT key: an admitted, unblocked peer with a live record becomes a
-  `VolunteerRolloutClient` in the dispatcher; a record that lapsed (the volunteer vanished) removes it.
-  A peer whose stream failed is left out until it heartbeats again.
+- every `poll_s` it reads, for each admitted peer, the key only that peer and the coordinator can name
+  (`announce.admitted_key`; an open job reads the job's whole key): an admitted, unblocked peer with a
+  live record becomes a `VolunteerRolloutClient` in the dispatcher; a record that lapsed (the volunteer
+  vanished) removes it. A peer whose stream failed is left out until it heartbeats again.
 - a peer caught by verification is blocked for the job: removed, refused on re-join, logged as an event.
 - its admission state (each redeemed token's peer and history, blocked peers and tokens) is written to
   `ADMISSION_FILE` whenever it changes and taken up again by a resumed learner: a learner restart
@@ -40,7 +41,7 @@ from decentralized_verl.security.trust import weights_verify_key
 from decentralized_verl.training.trainer import rollout_state_dict
 from decentralized_verl.transport import messages as m
 from decentralized_verl.transport.p2p import connect
-from decentralized_verl.volunteers.announce import VolunteerRecord, read_records
+from decentralized_verl.volunteers.announce import VolunteerRecord, admitted_key, read_admitted, read_records
 from decentralized_verl.volunteers.client import VolunteerRolloutClient
 from decentralized_verl.volunteers.tokens import TokenError, verify_token
 
@@ -150,6 +151,8 @@ class VolunteerHub:
         self.token_history: dict[str, dict[str, Any]] = {}
         """Join token nonce -> {"joins": n, "first": t, "last": t}: every accepted Join made with it."""
         self._admission_file: Path | None = None
+        self.record_keys: dict[str, str] = {}
+        """Admitted peer id -> the key its record is kept under (`announce.admitted_key` of its token)."""
         self.clients: dict[str, Any] = {}
         self.events: deque[VolunteerEvent] = deque(maxlen=MAX_EVENTS)
         self.refused: Counter[str] = Counter()
@@ -227,6 +230,7 @@ class VolunteerHub:
         state = self.peers.setdefault(caller, PeerState(now, role, token=claims.nonce))
         state.last_seen = now
         self.redeemed[claims.nonce] = caller
+        self.record_keys[caller] = admitted_key(self.config.job, request.token)
         history = self.token_history.setdefault(claims.nonce, {"joins": 0, "first": now})
         history["joins"] += 1
         history["last"] = now
@@ -419,7 +423,7 @@ class VolunteerHub:
         began = time.time()
         try:
             async with asyncio.timeout(max(5.0, 4 * self.config.poll_s)):  # a close's cancel is never dropped
-                records, problems = await read_records(self.dht, self.config.job)
+                records, problems = await self._read()
         except TimeoutError:
             log.info(
                 "volunteer discovery: a DHT read timed out (a peer is unreachable); keeping what is known"
@@ -437,6 +441,14 @@ class VolunteerHub:
         self.apply_records(records, now=began)
         for hook in self.after_poll:
             await hook(list(self._seen.values()))
+
+    async def _read(self) -> tuple[list[VolunteerRecord], list[str]]:
+        """An open job reads the job's key (its actors announce without joining); a token-checked one
+        only the keys of the peers it admitted, so what strangers write there costs it nothing."""
+        if self.config.open:
+            return await read_records(self.dht, self.config.job)
+        keys = {p: k for p, k in self.record_keys.items() if p in self.peers and p not in self.blocked}
+        return await read_admitted(self.dht, keys)
 
     async def _loop(self) -> None:
         while True:
