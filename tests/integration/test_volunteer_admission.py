@@ -116,5 +116,9 @@ async def test_a_flood_of_token_less_joins_costs_bounded_log_and_state(peers, ca
     assert (await join(honest, own, request(issue_token(SECRET, JOB, 600)))).accepted
     await hub.close(tmp_path)
     written = (tmp_path / "volunteers.json").read_bytes()
+    lines, events = len(refusals_logged), len(hub.events)
+    print(
+        f"{FLOOD} forged Joins: {lines} log lines, {events} events, {len(written)} bytes of volunteers.json"
+    )
     assert len(written) < 20_000, len(written)
     assert sum(json.loads(written)["refused_joins"].values()) == FLOOD

@@ -104,6 +104,12 @@ def admitted_key(job: str, token: str) -> str:
     return f"dverl/{job}/admitted/{hashlib.sha256(token.encode()).hexdigest()[:40]}"
 
 
+def front_key(job: str, job_key_pem: bytes, peer_id: str) -> str:
+    """Where one of the job's own span fronts keeps its record too: named from the job's private TLS key,
+    which only the job's processes hold, so the coordinator reads it without reading the job's key."""
+    return admitted_key(job, hashlib.sha256(job_key_pem + peer_id.encode()).hexdigest())
+
+
 async def store_record(dht, job: str, record: VolunteerRecord, private_key: str | None = None) -> bool:
     """Store under the job's key (signed by this peer's identity, `signed_records`) and, for an admitted
     volunteer, under its `admitted_key` too."""

@@ -153,6 +153,8 @@ class VolunteerHub:
         self._admission_file: Path | None = None
         self.record_keys: dict[str, str] = {}
         """Admitted peer id -> the key its record is kept under (`announce.admitted_key` of its token)."""
+        self.own_keys: dict[str, str] = {}
+        """The job's own peers the hub reads too (span fronts, `announce.front_key`): peer id -> key."""
         self.clients: dict[str, Any] = {}
         self.events: deque[VolunteerEvent] = deque(maxlen=MAX_EVENTS)
         self.refused: Counter[str] = Counter()
@@ -448,7 +450,7 @@ class VolunteerHub:
         if self.config.open:
             return await read_records(self.dht, self.config.job)
         keys = {p: k for p, k in self.record_keys.items() if p in self.peers and p not in self.blocked}
-        return await read_admitted(self.dht, keys)
+        return await read_admitted(self.dht, {**keys, **self.own_keys})
 
     async def _loop(self) -> None:
         while True:
