@@ -91,7 +91,11 @@ def _take_secrets(settings: WorkerSettings) -> None:
     from decentralized_verl.security import handed  # noqa: PLC0415 light: ctypes, for a process handed secrets
 
     os.environ.pop(SECRETS_FD_VARIABLE, None)  # nothing it starts inherits a number naming nothing
-    handed.take(settings.secrets_fd)
+    taken = handed.take(settings.secrets_fd) or b""
+    if taken.split(b"\n", 1)[0] != b"reward":  # a user's reward runs with no other role's secrets
+        from decentralized_verl.rewards.apart import run_user_rewards_apart  # noqa: PLC0415 light: a flag, for a process handed secrets
+
+        run_user_rewards_apart()
 
 
 def _adopt(settings: WorkerSettings) -> None:
