@@ -224,7 +224,7 @@ def job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> cr.JobCredentials:
     """This test process is one of the job's rollout workers (TLS, its token, signed weights only); the
     credentials returned are the learner's."""
     issued = cr.run_folder_credentials(tmp_path / "run", "bulk-job").issued
-    monkeypatch.setattr(trust, "_given", (str(cr.write(tmp_path / "rollout", issued, "rollout")), None))
+    monkeypatch.setattr(trust, "_given", str(cr.write(tmp_path / "rollout", issued, "rollout")))
     return issued.for_role("learner")
 
 

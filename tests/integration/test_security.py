@@ -62,7 +62,7 @@ def issued(tmp_path: Path) -> cr.IssuedCredentials:
 def job(issued: cr.IssuedCredentials, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> cr.JobCredentials:
     """This test process is one of the job's rollout workers (no signing key; it may pull and forward
     weights); the credentials returned are the learner's, which drives every worker."""
-    monkeypatch.setattr(trust, "_given", (str(cr.write(tmp_path / "rollout", issued, "rollout")), None))
+    monkeypatch.setattr(trust, "_given", str(cr.write(tmp_path / "rollout", issued, "rollout")))
     return issued.for_role("learner")
 
 

@@ -81,3 +81,44 @@ async def test_a_join_token_admits_one_peer_and_a_block_follows_it(peers) -> Non
     hub.apply_records([])  # a discovery poll: no record from it
     assert ids[1] not in hub.peers and any(e.kind == "Released" and e.peer_id == ids[1] for e in hub.events)
     assert (await join(third, own, request(issue_token(SECRET, JOB, 600)))).accepted
+
+
+FLOOD = 3000
+
+
+async def test_a_flood_of_token_less_joins_costs_bounded_log_and_state(peers, caplog, tmp_path) -> None:
+    """3,000 Joins without a valid token over libp2p in a few seconds (each a different forged token):
+    each refused and counted, but the log, the events and `volunteers.json` hold a bounded number of
+    them, and a real volunteer still joins."""
+    import asyncio
+    import json
+    import logging
+
+    coordinator, volunteers = peers
+    hub = VolunteerHub(HubConfig(job=JOB, secret=SECRET), dispatcher=None)
+    server = await coordinator.replicate_p2p()
+    endpoints = CoordinatorEndpoints(
+        server, admit=hub.admit, is_admitted=hub.is_admitted, publisher=WeightPublisher(), spec_json="{}"
+    )
+    await endpoints.register()
+    own = coordinator.peer_id.to_base58()
+    strangers = [await v.replicate_p2p() for v in volunteers[:2]]
+    caplog.set_level(logging.INFO, logger="decentralized_verl.volunteers.discovery")
+    for start in range(0, FLOOD, 200):
+        batch = range(start, min(start + 200, FLOOD))
+        replies = await asyncio.gather(*(join(strangers[i % 2], own, request(f"forged-{i}")) for i in batch))
+        assert not any(r.accepted for r in replies)
+    assert sum(hub.refused.values()) == FLOOD
+    refusals_logged = [r for r in caplog.records if "JoinRefused" in r.getMessage()]
+    assert len(refusals_logged) <= hub.config.refusals_per_window + 1, len(refusals_logged)
+    assert len(hub.events) <= hub.config.refusals_per_window + 1
+    honest = await volunteers[2].replicate_p2p()
+    assert (await join(honest, own, request(issue_token(SECRET, JOB, 600)))).accepted
+    await hub.close(tmp_path)
+    written = (tmp_path / "volunteers.json").read_bytes()
+    lines, events = len(refusals_logged), len(hub.events)
+    print(
+        f"{FLOOD} forged Joins: {lines} log lines, {events} events, {len(written)} bytes of volunteers.json"
+    )
+    assert len(written) < 20_000, len(written)
+    assert sum(json.loads(written)["refused_joins"].values()) == FLOOD

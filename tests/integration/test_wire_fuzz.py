@@ -68,7 +68,7 @@ TARGETS = {
 @pytest.fixture()
 def issued(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> cr.IssuedCredentials:
     issued = cr.run_folder_credentials(tmp_path / "run", "fuzz-job").issued
-    monkeypatch.setattr(trust, "_given", (str(cr.write(tmp_path / "learner", issued, "learner")), None))
+    monkeypatch.setattr(trust, "_given", str(cr.write(tmp_path / "learner", issued, "learner")))
     return issued
 
 

@@ -13,7 +13,6 @@ import yaml
 
 from decentralized_verl.cli.main import main
 from decentralized_verl.errors import ManifestError
-from decentralized_verl.launch.preflight import preflight_problems
 from decentralized_verl.planning.fitting_job import load_fitting_job
 from decentralized_verl.spec.manifest import load_job, warnings_for
 from tests.support.job_manifests import TOY
@@ -152,25 +151,6 @@ def test_absurd_sizes_are_refused_with_the_number_computed(tmp_path: Path) -> No
     )
     problems = _problems(_write(tmp_path, _spec(training={"steps": 10**38})))
     assert any(p.startswith("spec.training.steps:") for p in problems)
-
-
-def test_run_reads_data_and_imports_the_reward_before_any_worker(tmp_path: Path, capsys) -> None:
-    spec = _spec(data={"train": "missing.jsonl", "eval": str(tmp_path), "rewardType": "no_such_module:score"})
-    path = _write(tmp_path, spec)
-    job = load_job(path)
-    problems = [str(p) for p in preflight_problems(job.spec, tmp_path)]
-    assert any(p.startswith("spec.data.train:") and "missing.jsonl" in p for p in problems), problems
-    assert any(p.startswith("spec.data.eval:") for p in problems), problems
-    assert any(p.startswith("spec.data.rewardType:") and "no_such_module" in p for p in problems), problems
-    assert main(["run", str(path), "--output", str(tmp_path / "run")]) == 2
-    assert not (tmp_path / "run" / "logs").exists()  # no worker was started
-    assert "spec.data.rewardType" in capsys.readouterr().err
-
-
-def test_a_user_reward_next_to_the_manifest_imports(tmp_path: Path) -> None:
-    (tmp_path / "my_reward_mod.py").write_text("def score(prompt, completion, **kw):\n    return 1.0\n")
-    job = load_job(_write(tmp_path, _spec(data={"rewardType": "my_reward_mod:score"})))
-    assert preflight_problems(job.spec, tmp_path) == []
 
 
 def test_settings_without_a_learning_signal_are_warned(tmp_path: Path, capsys) -> None:

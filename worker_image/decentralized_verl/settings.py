@@ -97,7 +97,7 @@ class WorkerSettings(BaseModel):
     secrets_fd: int | None = Field(
         None,
         alias="DVERL_SECRETS_FD",
-        description="`dverl run`: the pipe a worker reads its private keys and token from, once, at start",
+        description="`dverl run`: the socket a worker reads its private keys and token from, once, at entry",
     )
     die_with_parent: int | None = Field(
         None,

@@ -25,7 +25,9 @@ from decentralized_verl.errors import (
     OperationFailed,
 )
 from decentralized_verl.runtime.orphans import die_with_parent
-from decentralized_verl.settings import SettingsError, WorkerSettings
+from decentralized_verl.settings import SettingsError, WorkerSettings, env_name
+
+SECRETS_FD_VARIABLE = env_name("secrets_fd")
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -81,6 +83,21 @@ def _quiet_closed_pipe() -> int:
     return 128 + 13
 
 
+def _take_secrets(settings: WorkerSettings) -> None:
+    """Before anything else of this process runs: the secrets a launcher handed it, read and their
+    descriptor closed, the process made non-dumpable first (`security.handed`)."""
+    if settings.secrets_fd is None:
+        return
+    from decentralized_verl.security import handed  # noqa: PLC0415 light: ctypes, for a process handed secrets
+
+    os.environ.pop(SECRETS_FD_VARIABLE, None)  # nothing it starts inherits a number naming nothing
+    taken = handed.take(settings.secrets_fd) or b""
+    if taken.split(b"\n", 1)[0] != b"reward":  # a user's reward runs with no other role's secrets
+        from decentralized_verl.rewards.apart import run_user_rewards_apart  # noqa: PLC0415 light: a flag, for a process handed secrets
+
+        run_user_rewards_apart()
+
+
 def _adopt(settings: WorkerSettings) -> None:
     """Hand the process-wide settings to the modules that hold them for the whole process: its job
     credentials (every server, channel and weight receiver uses them) and the converted-model cache.
@@ -98,7 +115,8 @@ def _adopt(settings: WorkerSettings) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = WorkerSettings.from_env()  # this process's entry: every `dverl` command starts here
-    except SettingsError as exc:
+        _take_secrets(settings)
+    except (SettingsError, DverlError) as exc:  # DverlError: handed secrets refused
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     die_with_parent(settings.die_with_parent)  # a worker `dverl run` started ends with it

@@ -24,7 +24,12 @@ from decentralized_verl.spec import JobSpec
 from decentralized_verl.transport import messages as m
 from decentralized_verl.transport import p2p as wire
 from decentralized_verl.transport.delta_p2p import DeltaP2PWeightSource
-from decentralized_verl.volunteers.announce import VolunteerRecord, hardware_summary, read_records
+from decentralized_verl.volunteers.announce import (
+    VolunteerRecord,
+    admitted_key,
+    hardware_summary,
+    read_records,
+)
 from decentralized_verl.volunteers.prefetch import WeightPrefetch
 from decentralized_verl.volunteers.session import JOB_MUST_RUN, PeerReach, volunteer_session
 from decentralized_verl.volunteers.tokens import TokenError, read_claims
@@ -135,6 +140,7 @@ async def run_volunteer(
             # Refused for what this volunteer brought (a bad or expired token, a blocked identity):
             # input a person must fix, as a bad token checked here would be.
             raise VolunteerError(f"the coordinator refused to let this peer join: {reply.reason}")
+        session.private_key = admitted_key(options.job, options.token)
         spec = JobSpec.model_validate_json(await wire.fetch_spec(p2p, claims.coordinator, options.job))
         if role == "span":
             key = reply.weights_verify_key or None

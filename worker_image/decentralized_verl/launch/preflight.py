@@ -4,12 +4,12 @@ submission; this machine can, so a typo costs seconds here rather than a failed 
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from decentralized_verl.data.dataset import load_prompts
 from decentralized_verl.errors import DverlError, Problem
 from decentralized_verl.reporting.trackers import INSTALL, missing_packages
+from decentralized_verl.rewards.apart import SHIPPED, import_problem
 from decentralized_verl.rewards.registry import reward_function
 from decentralized_verl.spec import JobSpec
 
@@ -40,16 +40,14 @@ def _tracker_problems(names: list[str]) -> list[Problem]:
 
 
 def _reward_problems(name: str, base: Path) -> list[Problem]:
-    # Workers import a user module from the manifest's folder after the installed packages
-    # (`entrypoints/cluster_worker`): the same search path here.
-    added = str(base) not in sys.path
-    if added:
-        sys.path.append(str(base))
+    # Workers import a user module from the manifest's folder as well as the installed packages. A
+    # user's module is imported in a child: its code never runs in this process, which will hold every
+    # role's secrets. The package's own rewards are checked here.
+    if not name.startswith(SHIPPED):
+        problem = import_problem(name, str(base))
+        return [Problem("spec.data.rewardType", problem)] if problem else []
     try:
         reward_function(name)
     except (ValueError, ImportError) as exc:
         return [Problem("spec.data.rewardType", str(exc))]
-    finally:
-        if added:
-            sys.path.remove(str(base))
     return []

@@ -39,6 +39,7 @@ from decentralized_verl.reporting.metrics import read_evals, read_metrics
 from decentralized_verl.reporting.stats import difference_interval
 from decentralized_verl.runtime.orphans import guard_descendants
 from decentralized_verl.security.credentials import CallerCredentials, run_folder_credentials
+from decentralized_verl.security.handed import make_undumpable
 from decentralized_verl.settings import WorkerSettings
 from decentralized_verl.sources.fetch import Endpoints, fetch
 from decentralized_verl.sources.local import Fetcher, env_cache, localized
@@ -286,6 +287,7 @@ def _cluster_for(
     """The workers of `plan`, not yet started, as local processes or Ray actors, with the credentials
     they share. The secured path, as in a cluster: TLS and the job token on every call, signed weights."""
     extra_args = {"learner": ["--resume"]} if resume else {}
+    make_undumpable()  # this process holds every role's secrets: no neighbour reads its memory
     if ray is not None:
         from decentralized_verl.launch.ray_executor import RayCluster, node_addresses  # noqa: PLC0415 optional: ray (the ray extra), for `--ray` only
 

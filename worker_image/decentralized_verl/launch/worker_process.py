@@ -1,10 +1,12 @@
 """Starting one worker process the way every executor does: its own session, output to its log file, and
-the role's secrets (token, the learner's signing key) through a pipe the child reads once at start, never
-a file and never the environment, both readable by every process of this user."""
+the role's secrets (token, the learner's signing key) through one end of a Unix socket pair the child
+reads first thing at its entry (`security.handed`), never a file, the environment or a pipe, which every
+process of this user can read (a pipe through `/proc/<pid>/fd/<n>`; a socket cannot be opened there)."""
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -18,11 +20,12 @@ def start_worker(
     environment = dict(env)
     handed: tuple[int, ...] = ()
     if secrets is not None:
-        read_end, write_end = os.pipe()
-        os.write(write_end, secrets)
-        os.close(write_end)
-        environment[SECRETS_FD_VARIABLE] = str(read_end)
-        handed = (read_end,)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        with ours:
+            ours.sendall(secrets)  # a few hundred bytes: the socket's buffer holds them
+            ours.shutdown(socket.SHUT_WR)
+        environment[SECRETS_FD_VARIABLE] = str(theirs.fileno())
+        handed = (theirs.detach(),)
     try:
         with log_path.open("ab") as log_file:
             return subprocess.Popen(

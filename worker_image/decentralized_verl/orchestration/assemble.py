@@ -55,6 +55,8 @@ class LoopContext:
     dispatcher: Dispatcher
     status: StatusBoard
     start_version: int
+    resumed: bool = False
+    """The loop continues a checkpoint: attachments take up the state they kept beside it."""
 
 
 Attachment = Callable[[LoopContext], Awaitable[Closer | None]]
@@ -157,7 +159,17 @@ async def build_loop(
 
             closers.append(close_writer)
         dispatcher = Dispatcher(roles.rollout, roles.priors)
-        context = LoopContext(spec, job, trainer, tokenizer, roles, dispatcher, status, start_version)
+        context = LoopContext(
+            spec,
+            job,
+            trainer,
+            tokenizer,
+            roles,
+            dispatcher,
+            status,
+            start_version,
+            resumed=resume is not None,
+        )
         for attachment in attach:
             closer = await attachment(context)
             if closer is not None:

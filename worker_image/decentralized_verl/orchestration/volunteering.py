@@ -22,7 +22,7 @@ from decentralized_verl.transport.p2p import CoordinatorEndpoints, listen_maddrs
 from decentralized_verl.transport.weights.delta_publish import DeltaPublisher
 from decentralized_verl.volunteers.announce import Heartbeat, VolunteerRecord
 from decentralized_verl.volunteers.dht import PeerOptions, start_dht
-from decentralized_verl.volunteers.discovery import HubConfig, VolunteerHub
+from decentralized_verl.volunteers.discovery import ADMISSION_FILE, HubConfig, VolunteerHub
 from decentralized_verl.volunteers.tokens import TokenError, load_secret
 from decentralized_verl.volunteers.verify import episode_check, verifier_for
 
@@ -54,10 +54,15 @@ async def start_volunteer_discovery(
     pad_token_id: int,
     start_version: int = 0,
     tokenizer=None,
+    admission: Path | None = None,
+    resumed: bool = False,
 ) -> VolunteerHub:
     """Join the job's DHT as the coordinator, serve join/spec/weights over P2P and start discovery.
     With the `tokenizer`, a multi-turn job's volunteer episodes are rebuilt when checked.
 
+    `admission`: the file the hub keeps its admission state in (redeemed tokens, blocks, each token's
+    history), written whenever it changes and taken up when the learner `resumed` a checkpoint, so a
+    blocked volunteer stays blocked across a learner restart.
     From the settings: the bootstrap's address, the join secret, where to listen and what to announce, and
     optionally how many volunteers to wait for before training starts (tests and benchmarks).
     """
@@ -99,6 +104,8 @@ async def start_volunteer_discovery(
     hub = VolunteerHub(
         config, dispatcher, p2p=p2p, dht=dht, publisher=publisher, verifier=verifier, status=status
     )
+    if admission is not None:
+        hub.keep_admission(admission, restore=resumed)
     endpoints = CoordinatorEndpoints(
         p2p,
         admit=hub.admit,
@@ -159,6 +166,8 @@ def join_volunteers(publisher, output: Path, settings: WorkerSettings) -> Attach
             pad_token_id=context.tokenizer.pad_token_id,
             start_version=context.start_version,
             tokenizer=context.tokenizer,
+            admission=output / ADMISSION_FILE,
+            resumed=context.resumed,
         )
         context.roles.publish = hub.wrap_publish(context.roles.publish, model)
         return functools.partial(hub.close, output)

@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from traceback import format_exc
 from typing import Any
 
+from decentralized_verl.rewards.apart import call_apart, runs_apart
 from decentralized_verl.rewards.custom import call_custom
 from decentralized_verl.rewards.registry import REWARD_TYPES
 from decentralized_verl.rewards.result import RewardResult, failed, zero
@@ -28,6 +29,8 @@ def score(
     fn = REWARD_TYPES.get(reward_type)
     if fn is None:
         if isinstance(reward_type, str) and CALLABLE_PATTERN.match(reward_type):
+            if runs_apart(reward_type):
+                return call_apart(reward_type, completion, reference, prompt, options)
             return call_custom(reward_type, completion, reference, prompt, options)
         return zero(f"unknown reward type {reward_type!r}")
     try:

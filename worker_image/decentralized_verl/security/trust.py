@@ -13,40 +13,40 @@ import functools
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from decentralized_verl.security.credentials import JobCredentials, load, read_handed
+from decentralized_verl.security import handed
+from decentralized_verl.security.credentials import JobCredentials, load
 from decentralized_verl.settings import env_name
 
 if TYPE_CHECKING:
     from decentralized_verl.settings import WorkerSettings
 
 SECRETS_FD_VARIABLE = env_name("secrets_fd")
-"""Set by `dverl run` alone (not a user setting): the pipe this process reads its role's token and a
-learner's signing key from, once, at start, so they are never on disk nor in the environment."""
+"""Set by `dverl run` alone (not a user setting): the socket this process reads its role's token and a
+learner's signing key from, once, at its entry, so they are never on disk nor in the environment."""
 PROCESS_KEY = object()
 """Default for a `key=` argument: whatever this process trusts (resolved when used)."""
 
 
 @functools.cache
-def _load(folder: str, secrets_fd: int | None) -> JobCredentials:
-    """Once per (folder, pipe): a handed pipe can be read only once."""
-    return load(Path(folder), read_handed(secrets_fd) if secrets_fd is not None else None)
+def _load(folder: str) -> JobCredentials:
+    """Once per folder, with the secrets the entry took from its launcher (`security.handed`), if any."""
+    return load(Path(folder), handed.taken())
 
 
-_given: tuple[str | None, int | None] = (None, None)
-"""(credentials folder, secrets pipe) the process entry handed over; nothing until it does."""
+_given: str | None = None
+"""The credentials folder the process entry handed over; nothing until it does."""
 
 
 def adopt(settings: WorkerSettings) -> None:
-    """The process entry hands over where this process's credentials are (DVERL_TLS_DIR and the pipe
-    DVERL_SECRETS_FD), read once at start; they are loaded when first used."""
+    """The process entry hands over where this process's credentials are (DVERL_TLS_DIR; the secrets
+    handed on DVERL_SECRETS_FD were taken before anything else ran); they are loaded when first used."""
     global _given
-    _given = (settings.tls_dir, settings.secrets_fd)
+    _given = settings.tls_dir
 
 
 def process_credentials() -> JobCredentials | None:
     """The credentials this process was started with, or None when it was given none."""
-    folder, handed = _given
-    return _load(folder, handed) if folder else None
+    return _load(_given) if _given else None
 
 
 def weights_signing_key() -> bytes | None:

@@ -30,7 +30,7 @@ from decentralized_verl.spans.layout import parse_span
 from decentralized_verl.spans.p2p import P2PSpanClient
 from decentralized_verl.spans.roster import PUSH, open_push
 from decentralized_verl.transport.p2p import connect, listen_maddrs
-from decentralized_verl.volunteers.announce import Heartbeat, VolunteerRecord, hardware_summary
+from decentralized_verl.volunteers.announce import Heartbeat, VolunteerRecord, front_key, hardware_summary
 from decentralized_verl.volunteers.dht import PeerOptions, start_dht
 
 log = logging.getLogger(__name__)
@@ -168,7 +168,11 @@ async def start_front_volunteers(
     def record(expires_at: float) -> VolunteerRecord:
         return VolunteerRecord(me, "front", hardware, 0.0, backend.version, expires_at, maddrs=maddrs)
 
-    heartbeat = Heartbeat(dht, job, record, interval=settings.volunteer_poll_s * 2 + 1.0, ttl=30.0)
+    interval = settings.volunteer_poll_s * 2 + 1.0
+    private_key = front_key(
+        job, credentials.key, me
+    )  # the coordinator reads it there, whatever floods the job's key
+    heartbeat = Heartbeat(dht, job, record, interval=interval, ttl=30.0, private_key=private_key)
     await heartbeat.beat()
     heartbeat.start()
     log.info("front %d takes span volunteers as peer %s", index, me)

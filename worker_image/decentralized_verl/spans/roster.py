@@ -36,7 +36,7 @@ from decentralized_verl.security.peer_identity import front_seed, peer_id_of_see
 from decentralized_verl.security.trust import process_credentials
 from decentralized_verl.spans.layout import Span, even_layout, parse_span
 from decentralized_verl.transport.p2p import connect, peer
-from decentralized_verl.volunteers.announce import VolunteerRecord
+from decentralized_verl.volunteers.announce import VolunteerRecord, front_key
 
 log = logging.getLogger(__name__)
 
@@ -187,13 +187,14 @@ async def start_span_roster(spec: Any, job: str, hub: Any, p2p: Any, num_layers:
     if credentials is None or not credentials.signing_key:
         hub.config.spans_refused = "this job runs without credentials, so its fronts cannot be told apart"
         return None
-    fronts = len(plan_job(spec, job).by_role("rollout"))
+    fronts = front_peer_ids(credentials.key, job, len(plan_job(spec, job).by_role("rollout")))
+    hub.own_keys.update({front: front_key(job, credentials.key, front) for front in fronts})
     roster = SpanRoster(
         hub,
         p2p,
         job,
         even_layout(num_layers, spec.roles.rollout.spans.count),
-        front_peer_ids(credentials.key, job, fronts),
+        fronts,
         credentials.signing_key,
     )
     await roster.register()

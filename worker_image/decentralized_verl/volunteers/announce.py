@@ -4,11 +4,17 @@ Records are sub-keys (the peer id) of one key per job, each with an expiry; a he
 record before it lapses, so a volunteer that vanishes drops out of discovery within one TTL. The DHT is
 writable by anyone: a record is a *claim*. The coordinator dispatches only to peers that proved their
 join token to it over an authenticated stream (see discovery.py); the record says how to weight them.
+
+An admitted volunteer also stores its record under a key only it and the coordinator can name
+(`admitted_key`: derived from its join token), and a token-checked coordinator reads those keys alone,
+one per peer it admitted: a flood of validly self-signed records from fresh identities under the job's
+key costs the coordinator nothing, and cannot hide an honest volunteer from it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import math
 import os
@@ -91,11 +97,50 @@ def hardware_summary() -> str:
     return f"cpu:{os.cpu_count()} cores"
 
 
-async def store_record(dht, job: str, record: VolunteerRecord) -> bool:
-    future = dht.store(
-        job_key(job), record.to_value(), record.expires_at, subkey=record.peer_id, return_future=True
-    )
-    return bool(await future)
+def admitted_key(job: str, token: str) -> str:
+    """Where an admitted volunteer's record is also kept: named by a hash of its join token, which only
+    the volunteer and the coordinator hold, so no stranger can flood, overwrite or evict it."""
+    return f"dverl/{job}/admitted/{hashlib.sha256(token.encode()).hexdigest()[:40]}"
+
+
+def front_key(job: str, job_key_pem: bytes, peer_id: str) -> str:
+    """Where one of the job's own span fronts keeps its record too: named from the job's private TLS key,
+    which only the job's processes hold, so the coordinator reads it without reading the job's key."""
+    return admitted_key(job, hashlib.sha256(job_key_pem + peer_id.encode()).hexdigest())
+
+
+async def store_record(dht, job: str, record: VolunteerRecord, private_key: str | None = None) -> bool:
+    """Store under the job's key (signed by this peer's identity, `signed_records`) and, for an admitted
+    volunteer, under its `admitted_key` too."""
+    keys = [job_key(job), *([private_key] if private_key else [])]
+    futures = [
+        dht.store(key, record.to_value(), record.expires_at, subkey=record.peer_id, return_future=True)
+        for key in keys
+    ]
+    return all([bool(await future) for future in futures])
+
+
+async def read_admitted(
+    dht, keys: dict[str, str], *, now: float | None = None
+) -> tuple[list[VolunteerRecord], list[str]]:
+    """The live records of the peers in `keys` (peer id -> its `admitted_key`), each read from its own
+    key: one read per admitted peer, whatever else the job's key holds. A record under a peer's key
+    that names another peer is a problem, not a record."""
+    current = time.time() if now is None else now
+    found = await asyncio.gather(*(dht.get(key, latest=True, return_future=True) for key in keys.values()))
+    records: list[VolunteerRecord] = []
+    problems: list[str] = []
+    for peer_id, entry in zip(keys, found, strict=True):
+        if entry is None or not isinstance(entry.value, dict) or peer_id not in entry.value:
+            continue
+        try:
+            record = VolunteerRecord.from_value(peer_id, entry.value[peer_id].value)
+        except ValueError as exc:
+            problems.append(str(exc))
+            continue
+        if record.expires_at > current:
+            records.append(record)
+    return records, problems
 
 
 async def read_records(dht, job: str, *, now: float | None = None) -> tuple[list[VolunteerRecord], list[str]]:
@@ -128,11 +173,14 @@ class Heartbeat:
         *,
         interval: float = 5.0,
         ttl: float = DEFAULT_TTL,
+        private_key: str | None = None,
     ) -> None:
         if interval >= ttl:
             raise ValueError(f"heartbeat interval {interval:g}s must be shorter than the ttl {ttl:g}s")
         self.dht, self.job, self.make_record = dht, job, make_record
         self.interval, self.ttl = interval, ttl
+        self.private_key = private_key
+        """An admitted volunteer's `admitted_key`: its record is stored there too."""
         self.beats = 0
         self._task: asyncio.Task | None = None
 
@@ -143,7 +191,7 @@ class Heartbeat:
         record = self.make_record(time.time() + self.ttl)
         try:
             async with asyncio.timeout(self.interval):  # unlike wait_for, never drops a stop's cancellation
-                stored = await store_record(self.dht, self.job, record)
+                stored = await store_record(self.dht, self.job, record, self.private_key)
         except TimeoutError:
             log.info(
                 "a DHT replica is slow to confirm the announcement; beating again in %.0fs", self.interval

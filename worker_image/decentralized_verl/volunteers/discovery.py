@@ -7,10 +7,17 @@ The hub runs in the learner process next to the training loop:
   follows the token, so a blocked volunteer cannot come back under a fresh id with it.
 - an admitted peer with no live record for `release_after_s` (it never announced, or stopped) gives
   its slot back, so peers that join and go quiet cannot fill `maxVolunteers` for good.
-- every `poll_s` it reads the job's DHT key: an admitted, unblocked peer with a live record becomes a
-  `VolunteerRolloutClient` in the dispatcher; a record that lapsed (the volunteer vanished) removes it.
-  A peer whose stream failed is left out until it heartbeats again.
+- every `poll_s` it reads, for each admitted peer, the key only that peer and the coordinator can name
+  (`announce.admitted_key`; an open job reads the job's whole key): an admitted, unblocked peer with a
+  live record becomes a `VolunteerRolloutClient` in the dispatcher; a record that lapsed (the volunteer
+  vanished) removes it. A peer whose stream failed is left out until it heartbeats again.
 - a peer caught by verification is blocked for the job: removed, refused on re-join, logged as an event.
+- its admission state (each redeemed token's peer and history, blocked peers and tokens) is written to
+  `ADMISSION_FILE` whenever it changes and taken up again by a resumed learner: a learner restart
+  forgets no block and no redemption.
+- refusals cost bounded log and state whatever their rate (a flood of token-less Joins): at most
+  `refusals_per_window` are logged and kept as events each window, the rest only counted; the events
+  kept are the latest `MAX_EVENTS`, so `volunteers.json` stays bounded too.
 The number of active volunteers is written to `JobStatus.volunteers` (Status RPC -> `.status`).
 """
 
@@ -19,26 +26,41 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from decentralized_verl.errors import DverlError
 from decentralized_verl.planning.devices import GPU_PRIORS
 from decentralized_verl.runtime.lifecycle import cancel_and_wait
 from decentralized_verl.security.trust import weights_verify_key
 from decentralized_verl.training.trainer import rollout_state_dict
 from decentralized_verl.transport import messages as m
 from decentralized_verl.transport.p2p import connect
-from decentralized_verl.volunteers.announce import VolunteerRecord, read_records
+from decentralized_verl.volunteers.announce import VolunteerRecord, admitted_key, read_admitted, read_records
 from decentralized_verl.volunteers.client import VolunteerRolloutClient
 from decentralized_verl.volunteers.tokens import TokenError, verify_token
+
+
+class VolunteerAdmissionError(DverlError):
+    """The admission state a resumed learner must take up is missing a part or not this job's."""
+
 
 if TYPE_CHECKING:
     pass
 
 log = logging.getLogger(__name__)
+
+ADMISSION_FILE = "volunteer_admission.json"
+"""In the learner's output folder, beside its checkpoints."""
+ADMISSION_FORMAT = 1
+
+MAX_EVENTS = 1000
+"""Volunteer events kept (the latest): what the report and `volunteers.json` hold."""
 
 SUPPORTED_ROLES = ("rollout", "actor", "span")
 """Roles a volunteer can serve to this coordinator today (`actor` is the quick start's name for rollout;
@@ -92,6 +114,9 @@ class HubConfig:
     """An admitted peer with no live record for this long gives its slot back (it may join again)."""
     spans_refused: str = ""
     """Why span volunteers cannot join this job although `volunteers.roles` names them ("" when they can)."""
+    refusals_per_window: int = 20
+    refusal_window_s: float = 60.0
+    """At most this many refused Joins are logged and kept as events per window; the rest are counted."""
     open: bool = False
     """The quick-start job (open_worker.py): every announced actor is used without a token; trusted
     networks only. Verification and blocking still apply."""
@@ -123,8 +148,20 @@ class VolunteerHub:
         """Join token nonce -> the one peer id that redeemed it."""
         self.blocked_tokens: dict[str, str] = {}
         """Join token nonce -> why: the tokens of blocked peers, refused whatever peer id brings them."""
+        self.token_history: dict[str, dict[str, Any]] = {}
+        """Join token nonce -> {"joins": n, "first": t, "last": t}: every accepted Join made with it."""
+        self._admission_file: Path | None = None
+        self.record_keys: dict[str, str] = {}
+        """Admitted peer id -> the key its record is kept under (`announce.admitted_key` of its token)."""
+        self.own_keys: dict[str, str] = {}
+        """The job's own peers the hub reads too (span fronts, `announce.front_key`): peer id -> key."""
         self.clients: dict[str, Any] = {}
-        self.events: list[VolunteerEvent] = []
+        self.events: deque[VolunteerEvent] = deque(maxlen=MAX_EVENTS)
+        self.refused: Counter[str] = Counter()
+        """Refused Joins by reason (up to the first colon; 32 kinds, then "other": a caller names what
+        some reasons quote), every one counted where the events keep only some."""
+        self._refusal_window = (0.0, 0, 0)
+        """(window start, refusals kept in it, refusals not kept in it)."""
         self._all_clients: dict[str, Any] = {}
         self._last_expiry: dict[str, float] = {}
         self._seen: dict[str, VolunteerRecord] = {}
@@ -141,9 +178,27 @@ class VolunteerHub:
         level = logging.WARNING if kind in ("Blocked", "JoinRefused", "Failed") else logging.INFO
         log.log(level, "volunteer event %s: peer %s %s", kind, peer_id, reason)
 
+    def _refused(self, caller: str, reason: str) -> None:
+        """A refused Join: counted always; logged and kept as an event only `refusals_per_window` times a
+        window, and once per window a line saying how many were not."""
+        kind = reason.split(":")[0][:60]
+        self.refused[kind if kind in self.refused or len(self.refused) < 32 else "other"] += 1
+        now = time.monotonic()
+        start, kept, dropped = self._refusal_window
+        if now - start > self.config.refusal_window_s:
+            if dropped:
+                self._event("JoinRefused", "", f"{dropped} more refused Joins not recorded")
+            start, kept, dropped = now, 0, 0
+        if kept < self.config.refusals_per_window:
+            self._event("JoinRefused", caller, reason)
+            kept += 1
+        else:
+            dropped += 1
+        self._refusal_window = (start, kept, dropped)
+
     def admit(self, request: m.JoinRequest, caller: str) -> m.JoinReply:
         def refuse(reason: str) -> m.JoinReply:
-            self._event("JoinRefused", caller, reason)
+            self._refused(caller, reason)
             return m.JoinReply(False, reason=reason)
 
         if caller in self.blocked:
@@ -177,6 +232,11 @@ class VolunteerHub:
         state = self.peers.setdefault(caller, PeerState(now, role, token=claims.nonce))
         state.last_seen = now
         self.redeemed[claims.nonce] = caller
+        self.record_keys[caller] = admitted_key(self.config.job, request.token)
+        history = self.token_history.setdefault(claims.nonce, {"joins": 0, "first": now})
+        history["joins"] += 1
+        history["last"] = now
+        self._save_admission()
         self._event("Joined", caller, f"role={role} hardware={request.hardware!r}")
         version = self.publisher.latest_version if self.publisher is not None else 0
         own = self.p2p.peer_id.to_base58() if self.p2p is not None else "coordinator"
@@ -213,6 +273,7 @@ class VolunteerHub:
         state = self.peers.get(peer_id)
         if state is not None and state.token:
             self.blocked_tokens[state.token] = f"its holder {peer_id} was blocked: {reason}"
+        self._save_admission()
         if self.status is not None:
             self.status.block(peer_id, reason)  # the operator's counter and Event
         self._event("Blocked", peer_id, reason)
@@ -221,6 +282,55 @@ class VolunteerHub:
             self.dispatcher.remove(client.worker_id)
         self.span_serving.pop(peer_id, None)
         self.update_status()
+
+    # ------------------------------------------------------------------------------- admission state
+    def admission_state(self) -> dict[str, Any]:
+        return {
+            "format": ADMISSION_FORMAT,
+            "job": self.config.job,
+            "redeemed": dict(self.redeemed),
+            "blocked": dict(self.blocked),
+            "blocked_tokens": dict(self.blocked_tokens),
+            "token_history": {nonce: dict(h) for nonce, h in self.token_history.items()},
+        }
+
+    def keep_admission(self, path: Path, *, restore: bool) -> None:
+        """Write the admission state to `path` whenever it changes; with `restore`, take up what is there
+        first (a resumed learner). A file that is not this job's admission state is an error naming it:
+        starting without the blocks it holds would let a blocked volunteer back in."""
+        self._admission_file = path
+        if restore and path.exists():
+            try:
+                state = json.loads(path.read_text())
+                if state.get("format") != ADMISSION_FORMAT or state.get("job") != self.config.job:
+                    raise ValueError(
+                        f"not format {ADMISSION_FORMAT} admission state of job {self.config.job}"
+                    )
+                self.redeemed.update({str(k): str(v) for k, v in state["redeemed"].items()})
+                self.blocked.update({str(k): str(v) for k, v in state["blocked"].items()})
+                self.blocked_tokens.update({str(k): str(v) for k, v in state["blocked_tokens"].items()})
+                self.token_history.update({str(k): dict(v) for k, v in state["token_history"].items()})
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise VolunteerAdmissionError(
+                    f"{path}: cannot take up the volunteers' admission state ({exc})"
+                ) from None
+            log.info(
+                "volunteer admission taken up from %s: %d tokens redeemed, %d peers and %d tokens blocked",
+                path, len(self.redeemed), len(self.blocked), len(self.blocked_tokens),
+            )  # fmt: skip
+            for peer_id, reason in self.blocked.items():
+                if self.status is not None:
+                    self.status.block(peer_id, reason)
+        self._save_admission()
+
+    def _save_admission(self) -> None:
+        if self._admission_file is None:
+            return
+        path = self._admission_file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(self.admission_state(), indent=1) + "\n")
+        os.replace(tmp, path)
 
     # ------------------------------------------------------------------------------- discovery
     def make_client(self, record: VolunteerRecord):
@@ -315,7 +425,7 @@ class VolunteerHub:
         began = time.time()
         try:
             async with asyncio.timeout(max(5.0, 4 * self.config.poll_s)):  # a close's cancel is never dropped
-                records, problems = await read_records(self.dht, self.config.job)
+                records, problems = await self._read()
         except TimeoutError:
             log.info(
                 "volunteer discovery: a DHT read timed out (a peer is unreachable); keeping what is known"
@@ -333,6 +443,14 @@ class VolunteerHub:
         self.apply_records(records, now=began)
         for hook in self.after_poll:
             await hook(list(self._seen.values()))
+
+    async def _read(self) -> tuple[list[VolunteerRecord], list[str]]:
+        """An open job reads the job's key (its actors announce without joining); a token-checked one
+        only the keys of the peers it admitted, so what strangers write there costs it nothing."""
+        if self.config.open:
+            return await read_records(self.dht, self.config.job)
+        keys = {p: k for p, k in self.record_keys.items() if p in self.peers and p not in self.blocked}
+        return await read_admitted(self.dht, {**keys, **self.own_keys})
 
     async def _loop(self) -> None:
         while True:
@@ -373,6 +491,7 @@ class VolunteerHub:
             "verified_samples": getattr(self.verifier, "checked", 0),
             "rejected_batches": getattr(self.verifier, "rejected_batches", 0),
             "events": [vars(e) for e in self.events],
+            "refused_joins": dict(self.refused),
         }
 
     async def close(self, output: Path | None = None) -> None:

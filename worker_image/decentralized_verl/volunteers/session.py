@@ -61,6 +61,8 @@ class VolunteerSession:
         self.dht = dht
         self.options = options
         self.me: str = dht.peer_id.to_base58()
+        self.private_key: str | None = None
+        """Set once the coordinator admitted this peer (`announce.admitted_key`): records go there too."""
         self._heartbeat: Heartbeat | None = None
 
     async def p2p(self):
@@ -69,7 +71,12 @@ class VolunteerSession:
     async def announce(self, make_record: Callable[[float], VolunteerRecord]) -> None:
         """Store the record now (so the peer is findable before this returns), then every heartbeat_s."""
         heartbeat = Heartbeat(
-            self.dht, self.options.job, make_record, interval=self.options.heartbeat_s, ttl=self.options.ttl_s
+            self.dht,
+            self.options.job,
+            make_record,
+            interval=self.options.heartbeat_s,
+            ttl=self.options.ttl_s,
+            private_key=self.private_key,
         )
         await heartbeat.beat()
         heartbeat.start()
