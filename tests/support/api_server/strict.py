@@ -423,7 +423,9 @@ class StrictEmulator(kmock.KubernetesEmulator):
             if since_text not in ("", "0"):
                 since = int(since_text)
                 if since < self._compacted:
-                    yield {"type": "ERROR", "object": status.gone(since, self._compacted + 1).body}
+                    gone = status.gone(since, self._compacted + 1).body
+                    self.refusals.append(gone)
+                    yield {"type": "ERROR", "object": gone}
                     return
                 backlog = [e for v, r, e in self._log if r == resource and v > since and match(e["object"])]
             else:
