@@ -167,6 +167,10 @@ async def test_the_operators_requests_are_authorized_by_the_charts_rendered_rbac
             f'pods "p" is forbidden: User "{emu.operator_user}" cannot create resource "pods" '
             'in API group "" in the namespace "default"'
         )
+        with pytest.raises(ApiError) as caught:  # a pod's spec is fixed once it exists
+            await cluster.patch("Pod", "team", "p", {"spec": {"serviceAccountName": "admin"}})
+        assert (caught.value.status, caught.value.reason) == (422, "Invalid")
+        assert "pod updates may not change fields other than" in caught.value.message
         with pytest.raises(ApiError) as caught:  # the identity Role reads one Secret by name only
             await cluster.get("Secret", "default", "someone-elses")
         assert caught.value.status == 403

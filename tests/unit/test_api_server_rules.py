@@ -264,3 +264,22 @@ def test_a_refused_request_gets_the_api_servers_403() -> None:
     assert caught.value.message.endswith(
         'cannot list resource "namespaces" in API group "" at the cluster scope'
     )
+
+
+def test_a_pod_update_may_change_only_what_the_api_server_lets_change() -> None:
+    old = pod()
+    old["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
+    new = copy.deepcopy(old)
+    new["spec"]["containers"][0]["image"] = "other"
+    new["spec"]["schedulingGates"] = []
+    new["spec"]["tolerations"] = [{"key": "k", "operator": "Exists"}]
+    assert admission.pod_update_errors(old, new) == []
+    for change in (
+        lambda s: s["containers"][0].update(command=["sh"]),
+        lambda s: s.update(serviceAccountName="admin"),
+        lambda s: s["schedulingGates"].append({"name": "another"}),
+    ):
+        bad = copy.deepcopy(old)
+        change(bad["spec"])
+        (error,) = admission.pod_update_errors(old, bad)
+        assert error.field == "spec" and "pod updates may not change fields other than" in error.message

@@ -8,6 +8,7 @@ so the test world and the product agree on what "restricted" means.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Mapping
 from decimal import Decimal
 from typing import Any
@@ -57,6 +58,38 @@ def pod_errors(pod: Mapping[str, Any]) -> list[FieldError]:
             if not container.get("image"):
                 errors.append(FieldError(f"{at}.image", "FieldValueRequired", "Required value"))
     return errors
+
+
+MUTABLE_POD_SPEC = (
+    "pod updates may not change fields other than `spec.containers[*].image`,"
+    "`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` "
+    "(only additions to existing tolerations),`spec.terminationGracePeriodSeconds` "
+    "(allow it to be set to 1 if it was previously negative)"
+)
+
+
+def _frozen_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A pod spec without what an update may change (images, activeDeadlineSeconds, added tolerations,
+    removed scheduling gates)."""
+    out = copy.deepcopy(dict(spec))
+    for kind in ("containers", "initContainers"):
+        for container in out.get(kind) or []:
+            container.pop("image", None)
+    for key in ("activeDeadlineSeconds", "tolerations", "schedulingGates"):
+        out.pop(key, None)
+    return out
+
+
+def pod_update_errors(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[FieldError]:
+    """An update of a pod's spec beyond what the API server lets change (bindings and the kubelet's own
+    writes go elsewhere); scheduling gates may only be removed and tolerations only added."""
+    before, after = old.get("spec") or {}, new.get("spec") or {}
+    frozen = _frozen_spec(before) != _frozen_spec(after)
+    gates = [g for g in after.get("schedulingGates") or [] if g not in (before.get("schedulingGates") or [])]
+    dropped = [t for t in before.get("tolerations") or [] if t not in (after.get("tolerations") or [])]
+    if frozen or gates or dropped:
+        return [FieldError("spec", "FieldValueForbidden", f"Forbidden: {MUTABLE_POD_SPEC}")]
+    return []
 
 
 def _containers(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:

@@ -315,6 +315,10 @@ class StrictEmulator(kmock.KubernetesEmulator):
             if sent not in (None, "") and str(sent) != str(current["metadata"].get("resourceVersion")):
                 raise status.conflict(resource.plural, resource.group or "", request.name)
             candidate = self._reconciled(resource, request.subresource, current, candidate)
+            if resource.plural == "pods" and not resource.group and self._user(request) != ADMIN:
+                errors = admission.pod_update_errors(current, candidate)
+                if errors:
+                    raise status.invalid("Pod", "", request.name, errors)
             crd = self._schema(resource)
             if crd is not None:
                 candidate, errors = schema.admit(candidate, crd, old=current)
