@@ -311,16 +311,19 @@ def admit(
     for key in schema.get("required") or []:
         if key not in stored:
             errors.append(FieldError(key, "FieldValueRequired", "Required value"))
-    for key, item in stored.items():
-        sub = _sub(schema, key)
-        if sub is not None and key not in ("apiVersion", "kind"):
-            errors += validate(item, sub, key)
+    # A section an update left exactly as it was cannot add an error ratcheting would keep: skip it.
+    changed = {
+        key: item
+        for key, item in stored.items()
+        if key not in ("apiVersion", "kind") and _sub(schema, key) is not None
+        and (old is None or key not in old or old[key] != item)
+    }  # fmt: skip
+    for key, item in changed.items():
+        errors += validate(item, _sub(schema, key) or {}, key)
     if not errors:
-        for key, item in stored.items():
-            sub = _sub(schema, key)
-            if sub is not None and key not in ("apiVersion", "kind"):
-                was = (old or {}).get(key)
-                errors += cel_refusals(item, sub, key, was, old is not None and key in old)
+        for key, item in changed.items():
+            was = (old or {}).get(key)
+            errors += cel_refusals(item, _sub(schema, key) or {}, key, was, old is not None and key in old)
     if old is not None:  # ratcheting: what the update left as it was may stay as it was
         errors = [e for e in errors if not _unchanged(e.field, stored, old)]
     if metadata is not None:
