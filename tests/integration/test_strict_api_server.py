@@ -192,3 +192,28 @@ async def test_a_chart_without_rbac_leaves_the_operator_refused(tmp_path: Path) 
             assert await emu.pods("j") == {}
         finally:
             await asyncio.to_thread(op.stop)
+
+
+async def test_the_operators_pods_pass_restricted_admission_and_meet_the_quota(tmp_path: Path) -> None:
+    async with Emulator(tmp_path) as emu:
+        await emu.namespace("secure", {"pod-security.kubernetes.io/enforce": "restricted"})
+        await emu.quota("small", {"pods": "1"})
+        op = Operator(emu, "op-a").start()
+        try:
+            await emu.create_job("strict", tiny_spec(), namespace="secure")
+            await wait_for(lambda: _count(emu, "strict", "secure", 3), timeout=60, what="3 admitted pods")
+            await emu.create_job("crowded", tiny_spec())
+            said = await wait_for(
+                lambda: [r["message"] for r in emu.kmock.refusals if "exceeded quota: small" in r["message"]],
+                timeout=60,
+                what="the operator's second pod refused by the quota",
+            )
+            assert said[0].endswith("requested: pods=1, used: pods=1, limited: pods=1")
+            assert len(await emu.pods("crowded")) == 1
+            assert not [r for r in emu.kmock.refusals if "PodSecurity" in r["message"]]
+        finally:
+            await asyncio.to_thread(op.stop)
+
+
+async def _count(emu: Emulator, job: str, namespace: str, count: int) -> bool:
+    return len(await emu.pods(job, namespace)) == count
