@@ -383,6 +383,7 @@ async def nodes(
     async with contextlib.AsyncExitStack() as stack:
         opened = []
         for node in made:
+            stack.callback(node.bridge.close)  # also when a later step fails before the node is entered
             await asyncio.to_thread(node.bridge.open)
             opened.append(node.bridge)
         await asyncio.to_thread(router.open, opened)
