@@ -25,7 +25,16 @@ from decentralized_verl.proto import dverl_pb2, dverl_pb2_grpc
 from decentralized_verl.security.credentials import issue
 from decentralized_verl.transport import secure
 from dverl_operator.jobs.identity import OperatorIdentity
-from tests.support.operator_fixtures import WORKER_IMAGE, Emulator, Operator, pods_if, tiny_spec, wait_for
+from tests.support.operator_fixtures import (
+    JOBS,
+    WORKER_IMAGE,
+    Emulator,
+    Operator,
+    job_body,
+    pods_if,
+    tiny_spec,
+    wait_for,
+)
 from tests.support.processes import free_port
 
 IDENTITY = "dverl-operator-identity"
@@ -433,12 +442,19 @@ async def test_invalid_spec_fails_validation_without_children(cluster):
     emu, _, _ = cluster
     bad = tiny_spec(roles={"rollout": {"replicas": -1}, "learner": {"replicas": 1}})
     bad["algorithm"]["unknownKnob"] = 3
-    await emu.create_job("broken", bad)
+    # The API server refuses it at the door, naming the field; the unknown field alone would be pruned.
+    code, refusal = await emu.request("POST", f"{JOBS}/namespaces/default/rlhfjobs", job_body("broken", bad))
+    assert (code, refusal["reason"]) == (422, "Invalid")
+    assert "spec.roles.rollout.replicas: Invalid value: -1" in refusal["message"]
+    assert await emu.job("broken") is None
+    # Stored before the CRD's schema refused it (an API server keeps such objects): the operator's rules.
+    await emu.plant_job("broken", bad)
     status = await status_of(emu, "broken", lambda s: s.get("phase") == "Failed", "Failed")
     cond = next(c for c in status["conditions"] if c["type"] == "ValidationFailed")
     assert cond["status"] == "True" and cond["reason"] == "InvalidSpec"
     assert "spec.roles.rollout.replicas: must be >= 0 (got -1)" in cond["message"]
-    assert "spec.algorithm.unknownKnob: unknown field" in cond["message"]
+    assert "unknownKnob" not in cond["message"]  # pruned by the API server: the operator never sees it
+    assert "unknownKnob" not in (await emu.job("broken"))["spec"]["algorithm"]
     events = [e for e in await emu.events() if e["involvedObject"]["name"] == "broken"]
     assert [e["reason"] for e in events] == ["ValidationFailed"]
     assert events[0]["type"] == "Warning" and "spec.roles.rollout.replicas" in events[0]["message"]

@@ -19,14 +19,19 @@ from dverl_operator.kube.client import Cluster
 from dverl_operator.kube.connection import client_config
 from dverl_operator.kube.discovery import Discovery
 from dverl_operator.kube.errors import ApiError, ApiUnreachable
-from tests.support.operator_fixtures import Emulator
+from tests.support.operator_fixtures import Emulator, tiny_spec
 
 pytestmark = [pytest.mark.timeout(120)]
 
 
 def pod(name: str, namespace: str = "default", **labels: str) -> dict:
     meta = {"name": name, "namespace": namespace, "labels": labels}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"containers": []}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": {"containers": [{"name": "c", "image": "i"}]},
+    }
 
 
 async def test_each_verb_answers_as_the_reconcile_loop_expects(tmp_path: Path) -> None:
@@ -35,7 +40,7 @@ async def test_each_verb_answers_as_the_reconcile_loop_expects(tmp_path: Path) -
         assert await cluster.create("Pod", "default", pod("p1", app="a")) is True
         assert await cluster.create("Pod", "default", pod("p1", app="a")) is False  # already there
         assert await cluster.create("Pod", "default", pod("p2", app="b")) is True
-        # The emulator ignores label selectors; the answer is the same as a real server's.
+        # The emulator filters by label selector as a real server does.
         assert [p["metadata"]["name"] for p in await cluster.list("Pod", "default", {"app": "a"})] == ["p1"]
         patched = await cluster.patch("Pod", "default", "p1", {"metadata": {"annotations": {"k": "v"}}})
         assert patched is not None and patched["metadata"]["annotations"] == {"k": "v"}
@@ -48,7 +53,7 @@ async def test_each_verb_answers_as_the_reconcile_loop_expects(tmp_path: Path) -
 
 async def test_a_custom_resource_and_its_status_subresource(tmp_path: Path) -> None:
     async with Emulator(tmp_path) as emu, Cluster(client_config(str(emu.kubeconfig))) as cluster:
-        await emu.create_job("j", {"model": {"tiny": {}}})
+        await emu.create_job("j", tiny_spec())
         changed = await cluster.patch("RLHFJob", "default", "j", {"status": {"phase": "Running"}}, "status")
         assert changed is not None and changed["status"] == {"phase": "Running"}
         assert (await emu.job("j"))["status"] == {"phase": "Running"}
@@ -58,13 +63,13 @@ async def test_a_custom_resource_and_its_status_subresource(tmp_path: Path) -> N
 
 async def test_a_refusal_names_its_status_reason_and_the_servers_message(tmp_path: Path) -> None:
     async with Emulator(tmp_path) as emu, Cluster(client_config(str(emu.kubeconfig))) as cluster:
-        says = "pods is forbidden: violates PodSecurity"
-        refusal = {"kind": "Status", "reason": "Forbidden", "message": says}
-        emu.kmock["post /api/v1/namespaces/locked/pods"] << 403 << refusal
+        await emu.namespace("locked", {"pod-security.kubernetes.io/enforce": "restricted"})
         with pytest.raises(ApiError) as caught:
-            await cluster.create("Pod", "locked", pod("x", "locked"))
+            await cluster.create("Pod", "locked", pod("x", "locked"))  # no security context: refused
         assert (caught.value.status, caught.value.reason) == (403, "Forbidden")
-        assert caught.value.message == says
+        assert caught.value.message.startswith(
+            'pods "x" is forbidden: violates PodSecurity "restricted:latest"'
+        )
         assert "POST api/v1/namespaces/locked/pods: HTTP 403 Forbidden" in str(caught.value)
         emu.kmock["get /api/v1/namespaces/broken/configmaps/c"] << 500 << b"upstream exploded"
         with pytest.raises(ApiError) as caught:

@@ -20,7 +20,9 @@ KUEUE_GATE = {"name": "kueue.x-k8s.io/admission"}
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def cluster(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("shared-cluster")
-    async with Emulator(tmp) as emu:
+    # The chart installed with both gang schedulers on: its RBAC grants their PodGroups.
+    gangs = ["gangScheduling.coscheduling=true", "gangScheduling.volcano=true"]
+    async with Emulator(tmp, chart_values=gangs) as emu:
         emu.register_pod_groups()
         op = Operator(emu, "op-a", env={"DVERL_GANG_SCHEDULERS": "coscheduling,volcano"}).start()
         try:

@@ -1,9 +1,11 @@
 """Shared pieces for the operator tests and the scale benchmark: a Kubernetes API emulator (kmock) with
-the RLHFJob resource, a garbage collector for ownerReferences, and the real operator as a subprocess.
+the RLHFJob resource, made as strict as an API server (tests/support/api_server: schema and CEL
+validation, resourceVersions and 409s, 410 Gone watches, Pod Security and quota admission, the operator
+authorized against the chart's rendered RBAC), a garbage collector for ownerReferences, and the real
+operator as a subprocess.
 
-The emulator is a real HTTP Kubernetes API, but it only stores objects: it assigns no uids, runs no
-kubelet and no garbage collector. The fixture fills those gaps the way a cluster would (uids on jobs,
-cascade deletion), and tests play the kubelet by patching pod status.
+The emulator runs no kubelet and no garbage collector: the fixture collects garbage the way a cluster
+would (cascade deletion), and tests play the kubelet by patching pod status (or run the node harness).
 """
 
 from __future__ import annotations
@@ -17,8 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +27,25 @@ import aiohttp
 import kmock
 import yaml
 
+from tests.support.api_server.rbac import chart_authorizer
+from tests.support.api_server.strict import StrictEmulator
 from tests.support.paths import ROOT
 from tests.support.processes import free_port
 
 REPO = ROOT
 JOBS = "apis/dverl.io/v1alpha1"
 WORKER_IMAGE = "registry.example/dverl-worker:test"
+RELEASE_NAME = "dverl-operator"
+"""The chart's objects are named so the operator's defaults (its identity Secret, its Lease) are the names
+the chart's RBAC grants."""
+OPERATOR_TOKEN = "test-token"
+"""The operator's bearer token in the kubeconfig: the emulator takes it for the chart's ServiceAccount."""
+CRD = yaml.safe_load((ROOT / "crds" / "rlhfjob.yaml").read_text())
+
+
+def crd_schema() -> dict[str, Any]:
+    """The RLHFJob's structural schema as the CRD the chart installs states it."""
+    return CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
 
 def tiny_spec(**overrides: Any) -> dict[str, Any]:
@@ -46,6 +60,18 @@ def tiny_spec(**overrides: Any) -> dict[str, Any]:
     for key, value in overrides.items():
         spec[key] = value
     return spec
+
+
+def job_body(
+    name: str, spec: dict[str, Any], namespace: str = "default", labels: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """An RLHFJob as a user writes it."""
+    return {
+        "apiVersion": "dverl.io/v1alpha1",
+        "kind": "RLHFJob",
+        "metadata": {"name": name, "namespace": namespace, "labels": dict(labels or {})},
+        "spec": spec,
+    }
 
 
 class RecentRequests(list):
@@ -69,11 +95,21 @@ class RecentRequests(list):
 
 
 class Emulator:
-    """kmock's KubernetesEmulator served on 127.0.0.1 plus a client and cluster behaviours."""
+    """The strict emulator served on 127.0.0.1 plus a client and cluster behaviours.
 
-    def __init__(self, tmp: Path) -> None:
+    The operator (its kubeconfig's token) acts as the chart's ServiceAccount, rendered into `default` with
+    `chart_values` (helm `--set`s); `rbac=False` leaves it unchecked. The tests' own client is an admin."""
+
+    def __init__(self, tmp: Path, chart_values: Sequence[str] = (), rbac: bool = True) -> None:
         self.tmp = tmp
-        self.kmock = kmock.KubernetesEmulator()
+        values = [f"fullnameOverride={RELEASE_NAME}", *chart_values]
+        authorizer, user = chart_authorizer("default", values) if rbac else (None, "operator")
+        self.operator_user = user
+        self.kmock = StrictEmulator(
+            schemas={"rlhfjobs.dverl.io": crd_schema()},
+            authorizer=authorizer,
+            tokens={OPERATOR_TOKEN: user},
+        )
         self.server = kmock.Server(self.kmock)
         self.session: aiohttp.ClientSession | None = None
         self._gc: asyncio.Task[None] | None = None
@@ -99,7 +135,7 @@ class Emulator:
                     "apiVersion": "v1",
                     "kind": "Config",
                     "clusters": [{"name": "emu", "cluster": {"server": str(self.url)}}],
-                    "users": [{"name": "emu", "user": {"token": "test-token"}}],
+                    "users": [{"name": "emu", "user": {"token": OPERATOR_TOKEN}}],
                     "contexts": [{"name": "emu", "context": {"cluster": "emu", "user": "emu"}}],
                     "current-context": "emu",
                 }
@@ -155,35 +191,49 @@ class Emulator:
         namespace: str = "default",
         labels: dict[str, str] | None = None,
     ) -> dict[str, Any]:
-        """Create an RLHFJob as kubectl would; the fields the API server assigns are supplied here."""
-        body = {
-            "apiVersion": "dverl.io/v1alpha1",
-            "kind": "RLHFJob",
-            "metadata": {
-                "name": name,
-                "namespace": namespace,
-                "labels": dict(labels or {}),
-                "uid": str(uuid.uuid4()),
-                "resourceVersion": "1",
-                "generation": 1,
-                "creationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            },
-            "spec": spec,
-        }
+        """Create an RLHFJob as kubectl would (the API server assigns uid, resourceVersion, generation)."""
+        body = job_body(name, spec, namespace, labels)
         return await self.call("POST", f"{JOBS}/namespaces/{namespace}/rlhfjobs", body)
+
+    async def plant_job(self, name: str, spec: dict[str, Any], namespace: str = "default") -> dict[str, Any]:
+        """An RLHFJob stored as it was before the CRD's schema refused it (an API server keeps such
+        objects): what the operator's own validation is for."""
+        body = job_body(name, spec, namespace)
+        return await self.kmock.store(kmock.resource("dverl.io", "v1alpha1", "rlhfjobs"), body, checked=False)
+
+    async def request(
+        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
+    ) -> tuple[int, Any]:
+        """(HTTP status, JSON body) of one request as the tests' admin, refusals included."""
+        assert self.session is not None
+        headers = {"Content-Type": content_type} if body is not None else {}
+        async with self.session.request(method, f"{self.url}/{path}", json=body, headers=headers) as resp:
+            return resp.status, await resp.json(content_type=None)
+
+    async def namespace(self, name: str, labels: dict[str, str] | None = None) -> None:
+        """Create a Namespace (labelled, e.g. to enforce a Pod Security level)."""
+        body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}}
+        await self.kmock.store(kmock.resource("", "v1", "namespaces"), body)
+
+    async def quota(self, name: str, hard: dict[str, str], namespace: str = "default") -> None:
+        """A ResourceQuota the admission stage counts pod creates against."""
+        body = {
+            "apiVersion": "v1",
+            "kind": "ResourceQuota",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"hard": hard},
+        }
+        await self.call("POST", f"api/v1/namespaces/{namespace}/resourcequotas", body)
 
     async def job(self, name: str, namespace: str = "default") -> dict[str, Any] | None:
         return await self.call("GET", f"{JOBS}/namespaces/{namespace}/rlhfjobs/{name}")
 
     async def patch_job_spec(self, name: str, spec_patch: dict[str, Any], namespace: str = "default") -> None:
-        """A user edit: merge-patch the spec and bump metadata.generation like an API server."""
-        job = await self.job(name, namespace)
-        assert job is not None
-        generation = int(job["metadata"].get("generation") or 1) + 1
+        """A user edit: merge-patch the spec (the API server moves metadata.generation)."""
         await self.call(
             "PATCH",
             f"{JOBS}/namespaces/{namespace}/rlhfjobs/{name}",
-            {"metadata": {"generation": generation}, "spec": spec_patch},
+            {"spec": spec_patch},
             "application/merge-patch+json",
         )
 

@@ -11,7 +11,6 @@ Python rules (`dverl validate`) and a CEL rule whose message names the field.
 from __future__ import annotations
 
 import copy
-import functools
 import re
 from pathlib import Path
 from typing import Any
@@ -23,12 +22,11 @@ import yaml
 from decentralized_verl.errors import ManifestError
 from decentralized_verl.spec.crd import custom_resource_definition
 from decentralized_verl.spec.manifest import parse_job
+from tests.support.api_server.schema import ENV, RuleError, to_cel, with_defaults
+from tests.support.api_server.schema import program as _program
 from tests.support.job_manifests import EXAMPLE_JOBS, SMALL_JOB
 
 SCHEMA = custom_resource_definition()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-CEL_KEYWORDS = {"true", "false", "null", "in", "as", "break", "const", "continue", "else", "for", "function"}
-CEL_KEYWORDS |= {"if", "import", "let", "loop", "package", "namespace", "return", "var", "void", "while"}
-ENV = celpy.Environment()
 
 
 def _nodes(node: dict, path: str = ""):
@@ -124,53 +122,6 @@ def test_fits_catches_what_it_should() -> None:
 
 
 # --- the API server's side: defaulting, typing, CEL ----------------------------------------------
-
-
-def with_defaults(value: Any, node: dict) -> Any:
-    """Structural defaulting: a missing property with a default gets it, then its own members theirs."""
-    value = copy.deepcopy(value)
-    if isinstance(value, dict) and "properties" in node:
-        for name, sub in node["properties"].items():
-            if name not in value and "default" in sub:
-                value[name] = copy.deepcopy(sub["default"])
-        for name in value:
-            if name in node["properties"]:
-                value[name] = with_defaults(value[name], node["properties"][name])
-    elif isinstance(value, dict) and isinstance(node.get("additionalProperties"), dict):
-        value = {k: with_defaults(v, node["additionalProperties"]) for k, v in value.items()}
-    elif isinstance(value, list) and isinstance(node.get("items"), dict):
-        value = [with_defaults(v, node["items"]) for v in value]
-    return value
-
-
-def to_cel(value: Any, node: dict) -> Any:
-    """The object as CEL sees it: schema-typed numbers, keyword property names escaped."""
-    if isinstance(value, dict):
-        props = node.get("properties", {})
-        extra = node.get("additionalProperties") if isinstance(node.get("additionalProperties"), dict) else {}
-        out = {}
-        for key, item in value.items():
-            name = f"__{key}__" if key in CEL_KEYWORDS and props else key
-            out[name] = to_cel(item, props.get(key, extra))
-        return _map(out)
-    if isinstance(value, list):
-        return celpy.celtypes.ListType([to_cel(v, node.get("items", {})) for v in value])
-    if node.get("type") == "number" and isinstance(value, int) and not isinstance(value, bool):
-        return celpy.celtypes.DoubleType(float(value))
-    return celpy.json_to_cel(value)
-
-
-def _map(items: dict) -> Any:
-    return celpy.celtypes.MapType({celpy.celtypes.StringType(k): v for k, v in items.items()})
-
-
-@functools.cache
-def _program(rule: str) -> celpy.Runner:
-    return ENV.program(ENV.compile(rule))
-
-
-class RuleError(AssertionError):
-    """A rule that could not be evaluated: a bug in the rule, not a refusal."""
 
 
 def refusals(value: Any, node: dict, path: str = "") -> list[tuple[str, str]]:

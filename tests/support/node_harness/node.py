@@ -7,6 +7,11 @@ then the node drops its finalizer and the object goes. `evict` plays the kubelet
 eviction (DisruptionTarget, SIGTERM, then phase Failed with reason Evicted); `paused` freezes a pod's
 processes, as `docker pause` does, so a test deals a fault while the job cannot move on. Cluster DNS is
 served on the bridge's address (dns_server.py) and named in every pod's resolv.conf and the operator's.
+
+A node runs only the pods bound to it (`spec.nodeName`). A node started alone schedules for itself; `nodes`
+starts several, each on its own bridge joined by a router, with one scheduler (scheduling.py) binding
+each pod to a node with room for it, or leaving it Pending with PodScheduled=False, reason Unschedulable
+and the scheduler's message.
 """
 
 from __future__ import annotations
@@ -16,16 +21,17 @@ import contextlib
 import logging
 import os
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.support.node_harness import dns, dns_server
+from tests.support.node_harness import cgroups, dns, dns_server
 from tests.support.node_harness.image import ImageStandIn
-from tests.support.node_harness.netns import Bridge
+from tests.support.node_harness.netns import Bridge, Router
 from tests.support.node_harness.pod import PodRunner, Settings
-from tests.support.node_harness.status import PodState, pod_status, qos_class
+from tests.support.node_harness.scheduling import NodeInfo, choose
+from tests.support.node_harness.status import PodState, pod_status, qos_class, stamp
 
 FINALIZER = "node-harness.dverl.io/kubelet"
 log = logging.getLogger(__name__)
@@ -51,16 +57,19 @@ class Node:
         claims: Mapping[str, Path] | None = None,
         image: ImageStandIn | None = None,
         poll_seconds: float = 0.2,
+        info: NodeInfo | None = None,
+        schedules: bool = True,
     ) -> None:
         self.emulator = emulator
-        self.dir = tmp / "node"
+        self.info = info or NodeInfo(name="node-1")
+        self.dir = tmp / "node" if info is None else tmp / "nodes" / self.info.name
         self.bridge = Bridge()
-        url = emulator.url
         self.settings = Settings(
             image=image or ImageStandIn(),
             claims={k: Path(v) for k, v in (claims or {}).items()},
-            api_server=(self.bridge.gateway, int(url.port)),
+            memory=cgroups.hierarchy() if cgroups.unavailable() is None else None,
         )
+        self.scheduler: Scheduler | None = Scheduler(emulator, [self]) if schedules else None
         self.poll_seconds = poll_seconds
         self.pods: dict[str, RunningPod] = {}
         """By uid, every pod this node ran, finished ones included."""
@@ -82,6 +91,7 @@ class Node:
         self.operator_hosts.write_text(dns.hosts_file(None))
         os.chmod(self.operator_hosts, 0o644)
         await asyncio.to_thread(self.bridge.open)
+        self.settings.api_server = (self.bridge.gateway, int(self.emulator.url.port))
         self._dns = await dns_server.serve(self.bridge.gateway, self._zone.get)
         self.resolv_conf.write_text(dns.resolv_conf("default", self.bridge.gateway))
         os.chmod(self.resolv_conf, 0o644)
@@ -176,12 +186,17 @@ class Node:
     async def _pass(self) -> None:
         pods = (await self.emulator.call("GET", "api/v1/pods"))["items"]
         self._services = (await self.emulator.call("GET", "api/v1/services"))["items"]
+        if self.scheduler is not None:
+            pods = await self.scheduler.bind(pods)
         seen: set[str] = set()
+        records = [r for p in pods if (r := dns.record_of(p)) is not None]
         for pod in pods:
             meta = pod["metadata"]
             uid = meta.get("uid")
             if not uid:
                 await self._patch_meta(pod, {"uid": str(uuid.uuid4())})  # the API server's job
+                continue
+            if (pod.get("spec") or {}).get("nodeName") != self.info.name:
                 continue
             seen.add(uid)
             running = self.pods.get(uid)
@@ -198,7 +213,7 @@ class Node:
             if uid not in seen and uid not in self._deleting and not running.task.done():
                 self._deleting.add(uid)
                 self._spawn(running.runner.stop(grace=0))
-        self._records = [r for p in pods if (r := dns.record_of(p)) is not None]
+        self._records = records
         self._refresh_zone()
 
     def _refresh_zone(self) -> None:
@@ -286,3 +301,93 @@ class Node:
         if is_file and not path.exists():
             path.touch()
             self._made.append(path)
+
+
+class Scheduler:
+    """Binds each pending pod to one of `nodes` (scheduling.choose), or marks it Unschedulable with the
+    scheduler's message; pods behind scheduling gates wait (SchedulingGated)."""
+
+    def __init__(self, emulator: Any, nodes: Sequence[Node]) -> None:
+        self.emulator = emulator
+        self.nodes = list(nodes)
+        self._said: dict[str, str] = {}
+
+    async def bind(self, pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The pods, those bound in this pass with their node."""
+        infos = [n.info for n in self.nodes]
+        bound: dict[str, list[dict[str, Any]]] = {i.name: [] for i in infos}
+        for pod in pods:
+            node = (pod.get("spec") or {}).get("nodeName")
+            if node in bound:
+                bound[node].append(pod)
+        out = []
+        for pod in pods:
+            spec, meta = pod.get("spec") or {}, pod["metadata"]
+            phase = (pod.get("status") or {}).get("phase")
+            waiting = (
+                not spec.get("nodeName")
+                and not meta.get("deletionTimestamp")
+                and phase not in ("Succeeded", "Failed")
+            )
+            if not waiting or not meta.get("uid"):
+                out.append(pod)
+                continue
+            if spec.get("schedulingGates"):
+                await self._unscheduled(
+                    pod, "SchedulingGated", "Scheduling is blocked due to non-empty scheduling gates"
+                )
+                out.append(pod)
+                continue
+            node, message = choose(pod, infos, bound)
+            if node is None:
+                await self._unscheduled(pod, "Unschedulable", message)
+                out.append(pod)
+                continue
+            ns = meta.get("namespace") or "default"
+            with contextlib.suppress(AssertionError):  # gone meanwhile
+                await self.emulator.call(
+                    "PATCH", f"api/v1/namespaces/{ns}/pods/{meta['name']}", {"spec": {"nodeName": node}},
+                    "application/merge-patch+json",
+                )  # fmt: skip
+            pod = {**pod, "spec": {**spec, "nodeName": node}}
+            bound[node].append(pod)
+            out.append(pod)
+        return out
+
+    async def _unscheduled(self, pod: dict[str, Any], reason: str, message: str) -> None:
+        meta = pod["metadata"]
+        if self._said.get(meta["uid"]) == message:
+            return
+        self._said[meta["uid"]] = message
+        condition = {
+            "type": "PodScheduled", "status": "False", "reason": reason, "message": message,
+            "lastTransitionTime": stamp(),
+        }  # fmt: skip
+        ns = meta.get("namespace") or "default"
+        with contextlib.suppress(AssertionError):
+            await self.emulator.call(
+                "PATCH", f"api/v1/namespaces/{ns}/pods/{meta['name']}/status",
+                {"status": {"phase": "Pending", "conditions": [condition]}}, "application/merge-patch+json",
+            )  # fmt: skip
+
+
+@contextlib.asynccontextmanager
+async def nodes(
+    emulator: Any, tmp: Path, infos: Sequence[NodeInfo], **options: Any
+) -> AsyncIterator[list[Node]]:
+    """Several nodes, each on its own bridge, joined by a router, with one scheduler over them all (run by
+    the first node)."""
+    made = [Node(emulator, tmp, info=info, schedules=False, **options) for info in infos]
+    made[0].scheduler = Scheduler(emulator, made)
+    router = Router()
+    async with contextlib.AsyncExitStack() as stack:
+        opened = []
+        for node in made:
+            stack.callback(node.bridge.close)  # also when a later step fails before the node is entered
+            await asyncio.to_thread(node.bridge.open)
+            opened.append(node.bridge)
+        await asyncio.to_thread(router.open, opened)
+        stack.callback(router.close)
+        for node in made:
+            await stack.enter_async_context(node)
+        yield made

@@ -1,7 +1,9 @@
 """One pod run for real: its init containers in order, then its containers, each a process in the pod's
-network namespace and a private mount and UTS namespace of its own, as the container's user, restarted
-as restartPolicy says (with the kubelet's back-off, shortened for tests), its readiness from its tcpSocket
-probe; stopped with SIGTERM, then SIGKILL for the whole process group after the grace period.
+network namespace and a private mount and UTS namespace of its own, as the container's user, in a memory
+cgroup holding it to its memory limit (over it, the kernel kills it and the node reports OOMKilled),
+restarted as restartPolicy says (with the kubelet's back-off, shortened for tests), probed as its
+readiness and liveness probes say (probes.py: a failed liveness probe restarts it); stopped with SIGTERM,
+then SIGKILL for the whole process group after the grace period.
 
 Every change of state is handed to `report` (the node writes it to the pod's status).
 """
@@ -12,13 +14,14 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dverl_operator.objects.quantity import parse as parse_quantity
+from tests.support.node_harness import cgroups, probes
 from tests.support.node_harness import mounts as mnt
 from tests.support.node_harness.env import EnvError, container_env
 from tests.support.node_harness.image import ImageStandIn, resolve_argv
@@ -88,6 +91,12 @@ class Settings:
     claims: Mapping[str, Path]
     api_server: tuple[str, int] | None = None
     backoff: tuple[float, float] = (0.5, 4.0)
+    memory: cgroups.Hierarchy | None = None
+    """Where containers' memory cgroups are made (None: memory limits are not enforced)."""
+    readiness_time_scale: float = 0.1
+    """Readiness probes' periods and initial delays are multiplied by this (a 10 s period is 1 s here), so
+    pods become ready soon after they can; liveness probes run on the pod's own clock, since a liveness
+    failure kills. Thresholds and timeouts are always as the pod states them."""
 
 
 class PodRunner:
@@ -205,6 +214,7 @@ class PodRunner:
             self.state.message = str(exc)
             await self.report(self.state)
             return None
+        memory_cgroup = self._memory_cgroup(container)
         start = cs.restart_count + (cs.started_at is not None)
         layer = self.pod_dir / "rootfs" / f"{cs.name}.{start}"
         layer.mkdir(parents=True, exist_ok=True)
@@ -229,8 +239,9 @@ class PodRunner:
             reachable=mnt.blocked_ancestors(image.code_paths()) if who.uid != 0 else None,
             image_paths=[Path(os.path.realpath(p)) for p in image.code_paths()[1:]],
         )
+        enter = cgroups.enter_command(memory_cgroup.procs) if memory_cgroup is not None else []
         wrapped = [
-            IP, "netns", "exec", self.net.namespace,
+            *enter, IP, "netns", "exec", self.net.namespace,
             UNSHARE, "--mount", "--uts", "--propagation", "private", "--",
             "/bin/bash", "-c", script, "bash", *user_wrapper(who), *argv,
         ]  # fmt: skip
@@ -247,46 +258,57 @@ class PodRunner:
         self.processes[cs.name] = process
         cs.started(time.time())
         self.state.phase = "Running" if self.state.initialized else "Pending"
-        probe = asyncio.create_task(self._readiness(container, cs, process))
+        watch = probes.ContainerProbes(
+            container, cs, process, self.net.ip, env, self.settings.readiness_time_scale, self.report_state,
+            kill=lambda: self._liveness_kill(process),
+        )  # fmt: skip
+        probing = asyncio.create_task(watch.run())
         await self.report(self.state)
         try:
             returncode = await process.wait()
         finally:
-            probe.cancel()
+            probing.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await probe
+                await probing
             self._kill_group(process)
+            oom_killed = memory_cgroup is not None and memory_cgroup.oom_kills() > 0
+            if memory_cgroup is not None:
+                await asyncio.to_thread(memory_cgroup.remove)
         code = exit_code_of(returncode)
         with open(log_path, "rb") as log:
             log.seek(offset)
             tail = log.read()
         policy = container.get("terminationMessagePolicy") or "File"
-        cs.exited(code, time.time(), termination_message(said.read_bytes(), tail, policy, code))
+        reason = "OOMKilled" if oom_killed and code == 137 else ""
+        cs.exited(code, time.time(), termination_message(said.read_bytes(), tail, policy, code), reason)
         self.state.phase = phase_of(self.state.main, self.restart_policy, self.state.initialized, False)
         await self.report(self.state)
         return cs.exit_code
 
+    async def report_state(self) -> None:
+        await self.report(self.state)
+
+    def _memory_cgroup(self, container: Mapping[str, Any]) -> cgroups.MemoryCgroup | None:
+        """The container's own memory cgroup at its memory limit (None when it has none, or the node does
+        not enforce limits)."""
+        limit = ((container.get("resources") or {}).get("limits") or {}).get("memory")
+        if limit is None or self.settings.memory is None:
+            return None
+        return cgroups.MemoryCgroup.make(self.settings.memory, int(parse_quantity(str(limit))))
+
+    async def _liveness_kill(self, process: asyncio.subprocess.Process) -> None:
+        """What the kubelet does to a container whose liveness probe failed: SIGTERM, then SIGKILL after
+        the grace period; restartPolicy then restarts it."""
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(asyncio.shield(process.wait()), self.grace)
+        except TimeoutError:
+            self._kill_group(process)
+
     def _hostname(self) -> str:
         spec = self.pod.get("spec") or {}
         return spec.get("hostname") or self.name
-
-    async def _readiness(
-        self, container: Mapping[str, Any], cs: ContainerState, process: asyncio.subprocess.Process
-    ) -> None:
-        """Ready once its tcpSocket probe connects (at once when it has none); only while it runs."""
-        probe = container.get("readinessProbe") or {}
-        port = (probe.get("tcpSocket") or {}).get("port")
-        if isinstance(port, str):
-            port = next(
-                (p["containerPort"] for p in container.get("ports") or [] if p.get("name") == port), None
-            )
-        period = min(float(probe.get("periodSeconds", 10)), 0.5)
-        while process.returncode is None:
-            ok = port is None or await asyncio.to_thread(_connects, self.net.ip, int(port))
-            if ok != cs.ready and process.returncode is None:
-                cs.ready = ok
-                await self.report(self.state)
-            await asyncio.sleep(period)
 
     async def stop(self, grace: float | None = None) -> None:
         """SIGTERM to each container's process, SIGKILL to its whole group once the grace period is over."""
@@ -325,11 +347,3 @@ class PodRunner:
         self.stopping = True
         for process in self.processes.values():
             self._kill_group(process)
-
-
-def _connects(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=0.5):
-            return True
-    except OSError:
-        return False

@@ -41,9 +41,9 @@ class ContainerState:
         self.state, self.reason, self.message, self.exit_code = "running", "", "", None
         self.started_at, self.finished_at, self.ready = at, None, False
 
-    def exited(self, code: int, at: float, message: str = "") -> None:
+    def exited(self, code: int, at: float, message: str = "", reason: str = "") -> None:
         self.state, self.exit_code, self.finished_at, self.ready = "terminated", code, at, False
-        self.reason = "Completed" if code == 0 else "Error"
+        self.reason = reason or ("Completed" if code == 0 else "Error")
         self.message = message
 
     def waiting(self, reason: str, message: str = "") -> None:
