@@ -223,15 +223,15 @@ def test_past_the_backoff_limit_the_job_fails_with_the_counts() -> None:
 
 def test_a_job_failed_past_its_backoff_names_the_last_pod_and_what_its_worker_said() -> None:
     spec, want = children_of(tiny_spec(backoffLimit=0))
-    said = "error: spec.model.path: '/models/missing' is not a directory"
+    said = "RuntimeError: CUDA error: an illegal memory access was encountered"
     learner = exited(want.pods["j-learner-0"])
     learner["status"]["containerStatuses"] = [
-        {"name": "worker", "state": {"terminated": {"exitCode": 2, "reason": "Error", "message": said}}}
+        {"name": "worker", "state": {"terminated": {"exitCode": 1, "reason": "Error", "message": said}}}
     ]
     decision = decide_pods({"j-learner-0": learner}, want.pods, spec, {}, NOW, BACKOFF)
     assert decision.failed_job == (
         "1 worker restarts (learner=1) exceed backoffLimit 0; last: pod j-learner-0 (learner) failed: "
-        f"container worker exited 2: {said}"
+        f"container worker exited 1: {said}"
     )
 
 

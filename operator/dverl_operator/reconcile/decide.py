@@ -22,6 +22,7 @@ from typing import Any
 from decentralized_verl.errors import ManifestError, Problem
 from decentralized_verl.planning import plan_for
 from decentralized_verl.planning.fit import planned_spec
+from decentralized_verl.planning.fixes import gib, memory_quantity
 from decentralized_verl.planning.plan import Plan, plan_job
 from decentralized_verl.spec import JobSpec
 from decentralized_verl.spec.manifest import parse_spec
@@ -29,7 +30,7 @@ from dverl_operator.children import gang, kueue
 from dverl_operator.children.job_children import Children
 from dverl_operator.children.services import gateway_address
 from dverl_operator.children.shared import sync_shared
-from dverl_operator.objects import owned
+from dverl_operator.objects import owned, quantity
 from dverl_operator.objects.pod_state import pod_deleting
 from dverl_operator.pods import marks as pod_marks
 from dverl_operator.pods.decisions import (
@@ -47,6 +48,11 @@ from dverl_operator.reconcile.settings import Settings
 from dverl_operator.status import conditions as cond
 from dverl_operator.status import outcome
 from dverl_operator.status.fields import role_counts
+
+OOM_HEADROOM = 1.25
+"""The estimate a killed worker's advice asks for, with room for what the estimate leaves out."""
+OOM_RAISE = 1.5
+"""At least this much more than the limit a worker was killed under."""
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -291,12 +297,34 @@ def _decide_pods(
         restarts,
         observed.now,
         (settings.backoff_base_seconds, settings.backoff_max_seconds),
+        oom_advice=lambda role, limit: oom_advice(spec, role, limit),
     )
     learners = learner_names(desired_pods)
     stalled = stalled_learner(status, observed.pods, learners, spec.training.stall_factor, observed.now)
     if stalled is not None:
         restart_stalled(pods, observed.pods, learners, stalled)
     return pods
+
+
+def oom_advice(spec: JobSpec, role: str, limit: str | None) -> str:
+    """The planner's fix for a role whose worker the kernel killed for memory: its estimate of what one
+    worker needs, as the memory setting to give it, and never less than half again the limit it died
+    under (the estimate missed something there)."""
+    memory = plan_for(spec, base_dir=None)
+    died_under = int(quantity.parse(limit)) if limit else 0
+    for worker in memory.workers:
+        if worker.role == role and worker.verdict != "not checked":
+            need = max(int(worker.estimate.host * OOM_HEADROOM), int(died_under * OOM_RAISE))
+            return (
+                f"the planner estimates ~{gib(worker.estimate.host)} GiB of host memory per {role} worker; "
+                f"set roles.{role}.resources.memory >= {memory_quantity(need)} or lower "
+                f"roles.{role}.microbatchSize"
+            )
+    raise_to = f" to >= {memory_quantity(int(died_under * OOM_RAISE))}" if died_under else ""
+    return (
+        f"the planner has no estimate for {role} (its model's shape is unknown to it): raise "
+        f"roles.{role}.resources.memory{raise_to} or lower roles.{role}.microbatchSize"
+    )
 
 
 def _fail_job(
@@ -313,7 +341,13 @@ def _fail_job(
     actions.patch = [p for p in actions.patch if p[0] != "Pod"]
     actions.patch.extend(kueue.finish(observed.pods, keep=None))
     actions.status, events = outcome.backoff_exhausted(
-        _group_finished(status), conditions, plan_desired, pods.restarts, pods.failed_job, observed.now
+        _group_finished(status),
+        conditions,
+        plan_desired,
+        pods.restarts,
+        pods.failed_job,
+        observed.now,
+        pods.failed_reason,
     )
     actions.events.extend(events)
     return actions

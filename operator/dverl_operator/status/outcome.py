@@ -55,14 +55,17 @@ def backoff_exhausted(
     restarts: Mapping[str, int],
     why: str,
     now: float,
+    reason: str = "BackoffLimitExceeded",
 ) -> tuple[Status, Events]:
-    conditions = set_condition(conditions, FAILED, "True", "BackoffLimitExceeded", why, now)
-    conditions = set_condition(conditions, READY, "False", "BackoffLimitExceeded", why, now)
+    """Failed: past backoffLimit, or at once for a failure no retry mends (`reason` BadInput or
+    OOMKilled)."""
+    conditions = set_condition(conditions, FAILED, "True", reason, why, now)
+    conditions = set_condition(conditions, READY, "False", reason, why, now)
     roles = role_counts(desired, [], restarts)
     new = with_roles(
         status, roles, phase="Failed", message=why, conditions=conditions, completionTime=timestamp(now)
     )
-    return new, [("Warning", "BackoffLimitExceeded", why)]
+    return new, [("Warning", reason, why)]
 
 
 def progress_status(
@@ -73,8 +76,8 @@ def progress_status(
     total_steps: int | None,
     now: float = 0.0,
 ) -> tuple[Status, Events]:
-    """The coordinator's progress copied in; blocked volunteers counted (never down) with one Event each;
-    the time the step last advanced kept for the stall watchdog."""
+    """The coordinator's progress copied in (the step never down); blocked volunteers counted (never
+    down) with one Event each; the time the reported step last moved kept for the stall watchdog."""
     new = dict(base)
     events: Events = []
     if gateway:
@@ -83,7 +86,12 @@ def progress_status(
         new.pop("volunteerGateway", None)
     if progress is not None:
         new.update(progress_fields(progress))
-        if progress.step != status.get("step") or not status.get("lastProgressTime"):
+        # The step shown never goes back: a restarted learner reports 0, then its checkpoint's step,
+        # while the job has already reached more. The stall watchdog's clock follows the reported step.
+        new["step"] = max(int(status.get("step") or 0), progress.step)
+        new["reportedStep"] = progress.step
+        previous = status.get("reportedStep", status.get("step"))
+        if progress.step != previous or not status.get("lastProgressTime"):
             new["lastProgressTime"] = timestamp(now)
         step_seconds = sum(seconds for _, seconds in progress.phase_seconds)
         if step_seconds > 0:
