@@ -48,6 +48,7 @@ from dverl_operator.reconcile.settings import Settings
 from dverl_operator.status import conditions as cond
 from dverl_operator.status import outcome
 from dverl_operator.status.fields import role_counts
+from dverl_operator.status.scheduling import unschedulable
 
 OOM_HEADROOM = 1.25
 """The estimate a killed worker's advice asks for, with room for what the estimate leaves out."""
@@ -404,6 +405,7 @@ def _finish(
     elif coordinator_state == "Failed":
         actions.status, events = outcome.coordinator_failed(new_status, conditions, now)
     else:
-        actions.status, events = outcome.running(new_status, conditions, bool(refused), now, queued)
+        unplaced = unschedulable({n: p for n, p in observed.pods.items() if n not in pods.to_delete})
+        actions.status, events = outcome.running(new_status, conditions, bool(refused), now, queued, unplaced)
     actions.events.extend(events)
     return actions

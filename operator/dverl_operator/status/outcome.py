@@ -15,6 +15,8 @@ from dverl_operator.status.conditions import (
     READY,
     SUCCEEDED,
     SUSPENDED,
+    UNSCHEDULABLE,
+    condition,
     drop_condition,
     set_condition,
 )
@@ -144,10 +146,17 @@ def coordinator_failed(new: Status, conditions: list, now: float) -> tuple[Statu
 
 
 def running(
-    new: Status, conditions: list, refused: bool, now: float, queued: tuple[str, str] | None = None
+    new: Status,
+    conditions: list,
+    refused: bool,
+    now: float,
+    queued: tuple[str, str] | None = None,
+    unplaced: list[str] | None = None,
 ) -> tuple[Status, Events]:
     """Running once every worker was ready at least once (startTime), else Pending; Queued (with its
-    reason) while a gang scheduler or an admission queue holds pods that are not all ready."""
+    reason) while a gang scheduler or an admission queue holds pods that are not all ready. Pods the
+    scheduler cannot place (`unplaced`, status/scheduling.py) set the Unschedulable condition and the
+    message, with one Event when that changes."""
     roles = new.get("roles") or {}
     ready = sum(r["ready"] for r in roles.values())
     total = sum(r["desired"] for r in roles.values())
@@ -173,5 +182,14 @@ def running(
         conditions = set_condition(conditions, QUEUED, "True", reason, why, now)
     else:
         conditions = drop_condition(conditions, QUEUED)
+    if unplaced:
+        why = unplaced[0] + (f" (and {len(unplaced) - 1} more)" if len(unplaced) > 1 else "")
+        before = condition(conditions, UNSCHEDULABLE)
+        if before is None or before.get("message") != why:
+            events.append(("Warning", "Unschedulable", why))
+        conditions = set_condition(conditions, UNSCHEDULABLE, "True", "Unschedulable", why, now)
+        message = why
+    else:
+        conditions = drop_condition(conditions, UNSCHEDULABLE)
     new.update(phase=phase, message=message, conditions=conditions)
     return new, events
