@@ -421,8 +421,8 @@ def test_deployment_ports_probes_and_services_line_up(helm: list[str]) -> None:
     assert args[args.index("--liveness-port") + 1] == "8181"
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"metrics": 9191, "health": 8181}
-    for probe in ("livenessProbe", "readinessProbe"):
-        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
 
     service = _one(docs, "Service", "dverl-metrics")
     assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()

@@ -163,6 +163,7 @@ class Runtime:
             failure = classify(exc, self.settings.resync_seconds)
             self.metrics.errors.labels(kind=failure.kind).inc()
             self.metrics.reconciles.labels(result="error").inc()
+            self.metrics.pass_failed(f"{failure.kind}: {exc}")
             where = {"job": name, "namespace": namespace}
             if failure.from_cluster:
                 log.warning("reconcile failed: %s", exc, extra=where)
@@ -173,6 +174,7 @@ class Runtime:
             self.metrics.latency.observe(time.monotonic() - started)
             self.metrics.pass_finished()
         self.metrics.reconciles.labels(result="ok").inc()
+        self.metrics.pass_succeeded()
         self.metrics.job_phase(namespace, name, actions.status.get("phase"))
         self.first_reconciled.setdefault((namespace, name), time.time())
         if actions.create or actions.delete or actions.patch:
