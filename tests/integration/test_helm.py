@@ -407,6 +407,24 @@ def test_network_policies_are_on_by_default_and_can_be_turned_off(helm: list[str
     assert _rules(_one(docs, "Role", "dverl", RELEASE_NS)) == JOB_RULES - {POLICY_RULE}
 
 
+def test_the_metrics_scraper_each_job_policy_admits_comes_from_values(helm: list[str]) -> None:
+    env = _env(_container(_render(helm)))
+    assert env["DVERL_METRICS_SCRAPER_NAMESPACE_LABELS"] == "kubernetes.io/metadata.name=monitoring"
+    assert env["DVERL_METRICS_SCRAPER_POD_LABELS"] == "app.kubernetes.io/name=prometheus"
+    env = _env(_container(_render(
+        helm,
+        "--set", "networkPolicy.metricsScrapers.namespaceLabels=null",
+        "--set", "networkPolicy.metricsScrapers.podLabels.app=prom",
+        "--set", "networkPolicy.metricsScrapers.podLabels.tier=ops",
+    )))  # fmt: skip
+    assert env["DVERL_METRICS_SCRAPER_NAMESPACE_LABELS"] == ""  # any namespace
+    assert env["DVERL_METRICS_SCRAPER_POD_LABELS"] == "app=prom,app.kubernetes.io/name=prometheus,tier=ops"
+    env = _env(_container(_render(helm, "--set", "networkPolicy.metricsScrapers.enabled=false")))
+    assert (
+        "DVERL_METRICS_SCRAPER_POD_LABELS" not in env and "DVERL_METRICS_SCRAPER_NAMESPACE_LABELS" not in env
+    )
+
+
 def test_deployment_ports_probes_and_services_line_up(helm: list[str]) -> None:
     docs = _render(helm, "--set", "metrics.port=9191", "--set", "health.port=8181", "--set", "replicaCount=3")
     deployment = _one(docs, "Deployment")

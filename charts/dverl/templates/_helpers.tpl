@@ -130,3 +130,12 @@ all of them). Every verb list is the smallest that the reconcile loop uses; no w
 {{- if .Values.gangScheduling.volcano }}{{- $on = append $on "volcano" -}}{{- end -}}
 {{- join "," $on -}}
 {{- end }}
+
+{{/* A label map as k=v,k2=v2 (sorted), what the operator's label flags read; an empty map is "". */}}
+{{- define "dverl.labelPairs" -}}
+{{- $pairs := list -}}
+{{- range $key, $value := (. | default dict) -}}
+{{- $pairs = append $pairs (printf "%s=%s" $key $value) -}}
+{{- end -}}
+{{- join "," $pairs -}}
+{{- end -}}
