@@ -85,6 +85,11 @@ def parser() -> argparse.ArgumentParser:
         help="k=v,... labels of the Prometheus pods let in ('' any pod of those namespaces)",
     )
     p.add_argument(
+        "--pod-service-accounts",
+        default=os.environ.get("DVERL_POD_SERVICE_ACCOUNTS", ""),
+        help="a,b,...: the ServiceAccounts a job's podTemplate may name (none by default)",
+    )
+    p.add_argument(
         "--identity-secret",
         default=os.environ.get("DVERL_IDENTITY_SECRET", "dverl-operator-identity"),
         help="Secret (in the operator's namespace) holding the CA and key that job credentials come from",
@@ -156,4 +161,5 @@ def reconcile_settings(args: argparse.Namespace, own_namespace: str) -> Settings
         volunteer_service_type=args.volunteer_service_type,
         network_policy=policy,
         gang_schedulers=gang_schedulers(args.gang_schedulers),
+        service_accounts=frozenset(n.strip() for n in args.pod_service_accounts.split(",") if n.strip()),
     )

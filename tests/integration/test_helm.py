@@ -407,6 +407,12 @@ def test_network_policies_are_on_by_default_and_can_be_turned_off(helm: list[str
     assert _rules(_one(docs, "Role", "dverl", RELEASE_NS)) == JOB_RULES - {POLICY_RULE}
 
 
+def test_the_service_accounts_a_pod_template_may_name_come_from_values(helm: list[str]) -> None:
+    assert _env(_container(_render(helm)))["DVERL_POD_SERVICE_ACCOUNTS"] == ""  # none by default
+    env = _env(_container(_render(helm, "--set", "podTemplate.serviceAccountNames={reader,hf-puller}")))
+    assert env["DVERL_POD_SERVICE_ACCOUNTS"] == "reader,hf-puller"
+
+
 def test_the_metrics_scraper_each_job_policy_admits_comes_from_values(helm: list[str]) -> None:
     env = _env(_container(_render(helm)))
     assert env["DVERL_METRICS_SCRAPER_NAMESPACE_LABELS"] == "kubernetes.io/metadata.name=monitoring"

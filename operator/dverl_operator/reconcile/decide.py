@@ -26,6 +26,7 @@ from decentralized_verl.planning.fixes import gib, memory_quantity
 from decentralized_verl.planning.plan import Plan, plan_job
 from decentralized_verl.spec import JobSpec
 from decentralized_verl.spec.manifest import parse_spec
+from decentralized_verl.spec.pod_security import violations
 from dverl_operator.children import gang, kueue
 from dverl_operator.children.job_children import Children
 from dverl_operator.children.services import gateway_address
@@ -114,6 +115,35 @@ def _gang_refused(spec: Any, settings: Settings) -> list[Problem]:
     ]
 
 
+def _accounts_refused(spec: JobSpec, settings: Settings) -> list[Problem]:
+    """A podTemplate's serviceAccountName only from the operator's list: the operator creates pods
+    under any account of the namespace, so the list, not the job's author, decides which it lends."""
+    problems = []
+    allowed = ", ".join(sorted(settings.service_accounts)) or "none"
+    for name, role in spec.roles.items():
+        account = role.pod_template.spec.service_account_name if role.pod_template is not None else None
+        if account and account not in settings.service_accounts:
+            problems.append(
+                Problem(
+                    f"spec.roles.{name}.podTemplate.spec.serviceAccountName",
+                    f"{account!r} is not one this operator may give pods (allowed: {allowed}; the chart's "
+                    "podTemplate.serviceAccountNames)",
+                )
+            )
+    return problems
+
+
+def _profile_refused(pods: Mapping[str, Mapping[str, Any]]) -> list[Problem]:
+    """Every pod the job would get, checked against Pod Security restricted before any is created: what
+    `dverl validate` checked of the template, now on the merged pods, so nothing outside the profile is
+    ever sent to the API server."""
+    return [
+        Problem(f"pod {name}: {v.field}", f"{v.message} (outside Pod Security restricted: {v.rule})")
+        for name, pod in sorted(pods.items())
+        for v in violations(pod, "restricted")
+    ]
+
+
 def _all_pods_go(observed: Observed) -> list[tuple[str, str]]:
     return [("Pod", n) for n, p in observed.pods.items() if not pod_deleting(p)]
 
@@ -140,6 +170,9 @@ def decide(observed: Observed, settings: Settings) -> Actions:
     conditions = refusal.conditions
 
     wanted = _wanted(observed, settings, status, refusal.effective)
+    outside = _profile_refused(wanted.desired.pods)
+    if outside:
+        return _invalid(observed, outside, status)
     _sync_shared_children(observed, actions, wanted, suspended=spec.suspend)
     restarts = {role: int((c or {}).get("restarts", 0)) for role, c in (status.get("roles") or {}).items()}
     plan_desired = wanted.plan.desired()
@@ -188,7 +221,7 @@ def _validated(observed: Observed, settings: Settings, status: dict[str, Any]) -
     # them.
     memory = plan_for(spec, base_dir=None)
     spec = planned_spec(spec, memory)
-    too_big = memory.problems() + _gang_refused(spec, settings)
+    too_big = memory.problems() + _gang_refused(spec, settings) + _accounts_refused(spec, settings)
     if too_big:
         return _invalid(observed, too_big, status)
     return spec
