@@ -27,6 +27,7 @@ from decentralized_verl.planning.plan import Plan, plan_job
 from decentralized_verl.spec import JobSpec
 from decentralized_verl.spec.manifest import parse_spec
 from decentralized_verl.spec.pod_security import violations
+from decentralized_verl.spec.source_paths import unseen_paths
 from dverl_operator.children import gang, kueue
 from dverl_operator.children.job_children import Children
 from dverl_operator.children.services import gateway_address
@@ -221,7 +222,8 @@ def _validated(observed: Observed, settings: Settings, status: dict[str, Any]) -
     # them.
     memory = plan_for(spec, base_dir=None)
     spec = planned_spec(spec, memory)
-    too_big = memory.problems() + _gang_refused(spec, settings) + _accounts_refused(spec, settings)
+    unseen = [Problem(field, why) for field, why in unseen_paths(spec)]
+    too_big = memory.problems() + _gang_refused(spec, settings) + _accounts_refused(spec, settings) + unseen
     if too_big:
         return _invalid(observed, too_big, status)
     return spec

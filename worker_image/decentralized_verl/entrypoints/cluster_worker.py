@@ -32,6 +32,7 @@ from decentralized_verl.spans.front_volunteers import start_front_volunteers
 from decentralized_verl.spans.server import serve_span_role
 from decentralized_verl.spec import JobSpec
 from decentralized_verl.spec.manifest import load_job, load_yaml_text, parse_spec
+from decentralized_verl.spec.source_paths import CONFIG_DIR, IMAGE_EXAMPLES_DIR
 from decentralized_verl.training.distributed import exit_process
 from decentralized_verl.transport.weights.fanout import RelayWeightSource
 from decentralized_verl.transport.weights.publish import WeightPublisher
@@ -41,9 +42,15 @@ log = logging.getLogger(__name__)
 
 
 def base_dir_of(config: Path, annotations: dict | None) -> Path:
-    """Where relative data paths resolve: the manifest's folder `dverl run` recorded, else the config's."""
+    """Where relative model and data paths resolve: the manifest's folder `dverl run` recorded; in a pod
+    (the config the operator mounts), the image's examples folder, where a shipped example's data lies;
+    else the config's own folder."""
     recorded = (annotations or {}).get("dverl.io/base-dir")
-    return Path(recorded) if recorded else config.parent
+    if recorded:
+        return Path(recorded)
+    if config.parent == Path(CONFIG_DIR):
+        return Path(IMAGE_EXAMPLES_DIR)
+    return config.parent
 
 
 async def serve_role(

@@ -10,18 +10,22 @@ import json
 import sys
 from collections.abc import Sequence
 
-from decentralized_verl.errors import ManifestError
+from decentralized_verl.errors import ManifestError, Problem
 from decentralized_verl.planning.fitting_job import load_fitting_job
 from decentralized_verl.spec.manifest import summary, warnings_for
-from decentralized_verl.spec.source_paths import cluster_warnings
+from decentralized_verl.spec.source_paths import cluster_warnings, unseen_paths
 
 
-def main_validate(files: Sequence[str], *, as_json: bool = False) -> int:
-    """Each file's summary (problems and warnings on stderr), or one JSON list; 2 when any is invalid."""
+def main_validate(files: Sequence[str], *, as_json: bool = False, target: str = "local") -> int:
+    """Each file's summary (problems and warnings on stderr), or one JSON list; 2 when any is invalid.
+    `target` cluster: a model or data path no pod can see is a problem, as the operator refuses it."""
     status, results = 0, []
     for file in files:
         try:
             job = load_fitting_job(file)
+            unseen = unseen_paths(job.spec) if target == "cluster" else []
+            if unseen:
+                raise ManifestError([Problem(field, why) for field, why in unseen], source=file)
         except ManifestError as exc:
             status = 2
             problems = [{"path": p.path, "message": p.message} for p in exc.problems]

@@ -17,11 +17,18 @@ JSON_HELP = "print machine-readable JSON on stdout instead of text"
 def _validate(parser: argparse.ArgumentParser) -> Command:
     parser.add_argument("files", nargs="+", metavar="FILE.yaml", help="one or more RLHFJob manifests")
     parser.add_argument("--json", action="store_true", help=JSON_HELP + " (one object per file, a list)")
+    parser.add_argument(
+        "--target",
+        choices=("local", "cluster"),
+        default="local",
+        help="where the job will run: cluster makes a model or data path no pod can see an error "
+        "(local, for `dverl run`: a warning)",
+    )
 
     def run(args: argparse.Namespace) -> int:
         from decentralized_verl.planning.run_validate import main_validate  # noqa: PLC0415 entry: the command's body
 
-        return main_validate(args.files, as_json=args.json)
+        return main_validate(args.files, as_json=args.json, target=args.target)
 
     return run
 
