@@ -178,7 +178,7 @@ def load_worker_config(path: Path, job_name: str | None) -> tuple[JobSpec, str, 
         return job.spec, job.metadata.name, base_dir_of(path, extra.get("annotations"))
     if not job_name:
         raise ManifestError([Problem("--job", "required when the config is a bare spec")], str(path))
-    return parse_spec(document, str(path)), job_name, path.parent
+    return parse_spec(document, str(path)), job_name, base_dir_of(path, None)
 
 
 def main_cluster_worker(
