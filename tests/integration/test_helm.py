@@ -28,12 +28,12 @@ K8S_VERSIONS = ["1.27", kubernetes_validate.latest_version()]
 
 # Least privilege, spelled out: (apiGroup, resource, verbs, resourceNames) for each rule.
 JOB_RULES = {
-    ("dverl.io", "rlhfjobs", frozenset({"get", "list", "watch", "patch", "update"}), ()),
-    ("dverl.io", "rlhfjobs/status", frozenset({"get", "patch", "update"}), ()),
-    ("", "pods", frozenset({"create", "delete", "get", "list", "watch", "patch"}), ()),
-    ("", "services", frozenset({"create", "get", "list", "watch", "patch", "delete"}), ()),
-    ("", "configmaps", frozenset({"create", "get", "list", "watch", "patch", "delete"}), ()),
-    ("", "events", frozenset({"create", "patch"}), ()),
+    ("dverl.io", "rlhfjobs", frozenset({"get", "list", "watch", "patch"}), ()),
+    ("dverl.io", "rlhfjobs/status", frozenset({"patch"}), ()),
+    ("", "pods", frozenset({"create", "delete", "list", "watch", "patch"}), ()),
+    ("", "services", frozenset({"create", "get", "patch", "delete"}), ()),
+    ("", "configmaps", frozenset({"create", "get", "patch", "delete"}), ()),
+    ("", "events", frozenset({"create"}), ()),
     ("", "secrets", frozenset({"create"}), ()),
     ("networking.k8s.io", "networkpolicies", frozenset({"create", "get", "patch", "delete"}), ()),
 }
@@ -57,6 +57,7 @@ LEASE_RULE = (
 SCENARIOS = {
     "default": [],
     "namespaced": ["--set", "watchNamespaces={a,b}"],
+    "cluster-wide": ["--set", "clusterWide=true"],
     "no-policy": ["--set", "networkPolicy.enabled=false"],
     "gateway": [
         "--set", "volunteers.gateway.enabled=true",
@@ -208,7 +209,7 @@ def test_schema_validation_can_fail(helm: list[str]) -> None:
     docs = _render(helm)
     deployment = copy.deepcopy(_one(docs, "Deployment"))
     deployment["spec"]["replicas"] = "one"
-    role = copy.deepcopy(_one(docs, "ClusterRole", "dverl"))
+    role = copy.deepcopy(_one(docs, "Role", "dverl", RELEASE_NS))
     role["rules"][0]["verbz"] = ["get"]
     for broken in (deployment, role):
         with pytest.raises(kubernetes_validate.ValidationError):
@@ -218,15 +219,15 @@ def test_schema_validation_can_fail(helm: list[str]) -> None:
 # --- what gets rendered ---------------------------------------------------------------------------
 
 
-def test_default_render_is_cluster_mode(helm: list[str]) -> None:
+def test_default_render_watches_the_release_namespace_only(helm: list[str]) -> None:
     docs = _render(helm)
     assert Counter(d["kind"] for d in docs) == Counter(
         {
             "ServiceAccount": 1,
-            "ClusterRole": 4,
-            "ClusterRoleBinding": 2,
-            "Role": 2,
-            "RoleBinding": 2,
+            "ClusterRole": 3,
+            "ClusterRoleBinding": 1,
+            "Role": 3,
+            "RoleBinding": 3,
             "Service": 1,
             "Deployment": 1,
             "NetworkPolicy": 1,
@@ -235,15 +236,25 @@ def test_default_render_is_cluster_mode(helm: list[str]) -> None:
     for doc in docs:
         if doc["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
             assert doc["metadata"]["namespace"] == RELEASE_NS, doc["kind"]
-
-    assert _rules(_one(docs, "ClusterRole", "dverl")) == JOB_RULES | {NAMESPACES_RULE}
+    # The operator holds one ClusterRole, the read-only CRD reader; its job rules are a Role here.
+    bound = [d["roleRef"]["name"] for d in docs if d["kind"] == "ClusterRoleBinding"]
+    assert bound == ["dverl-crd-reader"]
+    assert _rules(_one(docs, "Role", "dverl", RELEASE_NS)) == JOB_RULES
     assert _rules(_one(docs, "ClusterRole", "dverl-crd-reader")) == {CRD_RULE}
     assert _rules(_one(docs, "Role", "dverl-leader-election", RELEASE_NS)) == {LEASE_RULE}
     assert _rules(_one(docs, "Role", "dverl-identity", RELEASE_NS)) == IDENTITY_RULES
 
     args = _container(docs)["args"]
-    assert args[0] == "operator" and "--all-namespaces" in args and "--namespace" not in args
+    assert args[:3] == ["operator", "--namespace", RELEASE_NS] and "--all-namespaces" not in args
     assert Counter(d["kind"] for d in _render(helm, crds=True))["CustomResourceDefinition"] == 1
+
+
+def test_cluster_wide_is_an_opt_in(helm: list[str]) -> None:
+    docs = _render(helm, *SCENARIOS["cluster-wide"], "--set", "watchNamespaces={ignored}")
+    assert _rules(_one(docs, "ClusterRole", "dverl")) == JOB_RULES | {NAMESPACES_RULE}
+    assert not [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "dverl"]
+    args = _container(docs)["args"]
+    assert "--all-namespaces" in args and "--namespace" not in args
 
 
 def test_namespaced_mode_grants_a_role_per_watched_namespace(helm: list[str]) -> None:
@@ -330,7 +341,7 @@ def test_podgroup_rbac_is_rendered_only_for_the_gang_schedulers_enabled(
     helm: list[str], args: list[str], rules: set[tuple], env: str
 ) -> None:
     docs = _render(helm, *args)
-    assert _rules(_one(docs, "ClusterRole", "dverl")) == JOB_RULES | {NAMESPACES_RULE} | rules
+    assert _rules(_one(docs, "Role", "dverl", RELEASE_NS)) == JOB_RULES | rules
     assert _env(_container(docs))["DVERL_GANG_SCHEDULERS"] == env
     namespaced = _render(helm, *args, "--set", "watchNamespaces={a}")
     assert _rules(_one(namespaced, "Role", "dverl", "a")) == JOB_RULES | rules
@@ -341,7 +352,7 @@ def test_podgroup_rbac_is_rendered_only_for_the_gang_schedulers_enabled(
 def test_join_token_secrets_are_readable_by_name_only(helm: list[str]) -> None:
     docs = _render(helm, "--set", "volunteers.joinTokenSecretNames={tok-a,tok-b}")
     secret_rule = ("", "secrets", frozenset({"get"}), ("tok-a", "tok-b"))
-    assert _rules(_one(docs, "ClusterRole", "dverl")) == JOB_RULES | {NAMESPACES_RULE, secret_rule}
+    assert _rules(_one(docs, "Role", "dverl", RELEASE_NS)) == JOB_RULES | {secret_rule}
     docs = _render(helm, "--set", "volunteers.joinTokenSecretNames={tok-a}", "--set", "watchNamespaces={a}")
     assert ("", "secrets", frozenset({"get"}), ("tok-a",)) in _rules(_one(docs, "Role", "dverl", "a"))
 
@@ -388,12 +399,36 @@ def test_network_policies_are_on_by_default_and_can_be_turned_off(helm: list[str
     assert policy["spec"]["ingress"] == [
         {"ports": [{"protocol": "TCP", "port": 9191}, {"protocol": "TCP", "port": 8181}]}
     ]
-    assert POLICY_RULE in _rules(_one(docs, "ClusterRole", "dverl"))
+    assert POLICY_RULE in _rules(_one(docs, "Role", "dverl", RELEASE_NS))
 
     docs = _render(helm, *SCENARIOS["no-policy"])
     assert _env(_container(docs))["DVERL_NETWORK_POLICY"] == "false"
     assert not [d for d in docs if d["kind"] == "NetworkPolicy"]
-    assert _rules(_one(docs, "ClusterRole", "dverl")) == (JOB_RULES - {POLICY_RULE}) | {NAMESPACES_RULE}
+    assert _rules(_one(docs, "Role", "dverl", RELEASE_NS)) == JOB_RULES - {POLICY_RULE}
+
+
+def test_the_service_accounts_a_pod_template_may_name_come_from_values(helm: list[str]) -> None:
+    assert _env(_container(_render(helm)))["DVERL_POD_SERVICE_ACCOUNTS"] == ""  # none by default
+    env = _env(_container(_render(helm, "--set", "podTemplate.serviceAccountNames={reader,hf-puller}")))
+    assert env["DVERL_POD_SERVICE_ACCOUNTS"] == "reader,hf-puller"
+
+
+def test_the_metrics_scraper_each_job_policy_admits_comes_from_values(helm: list[str]) -> None:
+    env = _env(_container(_render(helm)))
+    assert env["DVERL_METRICS_SCRAPER_NAMESPACE_LABELS"] == "kubernetes.io/metadata.name=monitoring"
+    assert env["DVERL_METRICS_SCRAPER_POD_LABELS"] == "app.kubernetes.io/name=prometheus"
+    env = _env(_container(_render(
+        helm,
+        "--set", "networkPolicy.metricsScrapers.namespaceLabels=null",
+        "--set", "networkPolicy.metricsScrapers.podLabels.app=prom",
+        "--set", "networkPolicy.metricsScrapers.podLabels.tier=ops",
+    )))  # fmt: skip
+    assert env["DVERL_METRICS_SCRAPER_NAMESPACE_LABELS"] == ""  # any namespace
+    assert env["DVERL_METRICS_SCRAPER_POD_LABELS"] == "app=prom,app.kubernetes.io/name=prometheus,tier=ops"
+    env = _env(_container(_render(helm, "--set", "networkPolicy.metricsScrapers.enabled=false")))
+    assert (
+        "DVERL_METRICS_SCRAPER_POD_LABELS" not in env and "DVERL_METRICS_SCRAPER_NAMESPACE_LABELS" not in env
+    )
 
 
 def test_deployment_ports_probes_and_services_line_up(helm: list[str]) -> None:
@@ -410,8 +445,8 @@ def test_deployment_ports_probes_and_services_line_up(helm: list[str]) -> None:
     assert args[args.index("--liveness-port") + 1] == "8181"
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"metrics": 9191, "health": 8181}
-    for probe in ("livenessProbe", "readinessProbe"):
-        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
 
     service = _one(docs, "Service", "dverl-metrics")
     assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
@@ -452,7 +487,7 @@ def test_release_name_is_used_for_object_names(helm: list[str]) -> None:
     assert done.returncode == 0, done.stderr
     docs = [d for d in yaml.safe_load_all(done.stdout) if d]
     assert _one(docs, "Deployment")["metadata"]["name"] == "prod-dverl"
-    binding = _one(docs, "ClusterRoleBinding", "prod-dverl")
+    binding = _one(docs, "RoleBinding", "prod-dverl", "ops")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "prod-dverl", "namespace": "ops"}]
 
 

@@ -730,7 +730,7 @@ async def test_kubectl_get_rlhfjobs_shows_printer_columns(cluster, tmp_path):
     )  # fmt: skip
     assert custom.returncode == 0, custom.stderr
     head, row = custom.stdout.splitlines()
-    assert head.split() == ["PHASE", "STEP", "REWARD", "WORKERS", "VOLUNTEERS", "BLOCKED", "AGE"]
+    assert head.split() == ["PHASE", "STEP", "REWARD", "WORKERS", "VOLUNTEERS", "BLOCKED", "AGE", "MESSAGE"]
     status = (await emu.job("shown"))["status"]
     cells = row.split()
     if "reward" in status:  # kubectl prints 0.0 as 0

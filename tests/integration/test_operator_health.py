@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Any
 
 import aiohttp
+import aiohttp.web
+import kmock
 import yaml
+from kmock._internal import enums
 
 from tests.support.operator_fixtures import Emulator, Operator, tiny_spec, wait_for
 from tests.support.processes import free_port
@@ -60,11 +64,11 @@ class Relay:
         self.pipes -= {writer, up_writer}
 
 
-async def _healthz(port: int) -> tuple[int, str] | None:
+async def _healthz(port: int, path: str = "/healthz") -> tuple[int, str] | None:
     try:
         async with (
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
-            session.get(f"http://127.0.0.1:{port}/healthz") as resp,
+            session.get(f"http://127.0.0.1:{port}{path}") as resp,
         ):
             return resp.status, await resp.text()
     except aiohttp.ClientError:
@@ -111,11 +115,80 @@ async def test_healthz_follows_the_api_server(tmp_path) -> None:
             await relay.close()
 
 
-async def _unhealthy(port: int) -> tuple[int, str] | None:
-    answer = await _healthz(port)
+async def _unhealthy(port: int, path: str = "/healthz") -> tuple[int, str] | None:
+    answer = await _healthz(port, path)
     return answer if answer is not None and answer[0] != 200 else None
 
 
 async def _is_ok(port: int) -> tuple[int, str] | None:
     answer = await _healthz(port)
     return answer if answer is not None and answer[0] == 200 else None
+
+
+class ForbiddingEmulator(kmock.KubernetesEmulator):
+    """The emulator behind an authorizer whose rules a test changes while the operator runs: `forbid`
+    holds (action, plural) pairs answered 403, as RBAC answers a request the role no longer allows."""
+
+    forbid: set[tuple[str, str]]
+
+    async def _handle(self, request: Any) -> aiohttp.web.StreamResponse:
+        resource = request.resource
+        plural = resource.plural if resource is not None else ""
+        action = request.action.name.lower() if request.action is not None else ""
+        if (action, plural) in getattr(self, "forbid", set()):
+            body = {"kind": "Status", "status": "Failure", "reason": "Forbidden", "code": 403}
+            message = (
+                f'{plural} is forbidden: User "system:serviceaccount:dverl:dverl" cannot {action} {plural}'
+            )
+            return aiohttp.web.json_response({**body, "message": message}, status=403)
+        return await super()._handle(request)
+
+
+async def _forbidding(tmp_path, *extra: str) -> tuple[Emulator, int, list[str]]:
+    emu = Emulator(tmp_path)
+    emu.kmock = ForbiddingEmulator()
+    emu.kmock.forbid = set()
+    emu.server = kmock.Server(emu.kmock)
+    liveness = free_port()
+    args = ["--liveness-port", str(liveness), "--no-leader-election", "--stall-seconds", "4", *extra]
+    return emu, liveness, args
+
+
+async def test_healthz_fails_when_every_reconcile_is_forbidden_and_readyz_does_not(tmp_path) -> None:
+    emu, port, args = await _forbidding(tmp_path)
+    async with emu:
+        op = Operator(emu, "op-forbidden", *args).start()
+        try:
+            await emu.create_job("j", tiny_spec())
+            await wait_for(lambda: emu.pods("j"), timeout=60, what=f"the operator to act\n{op.log()}")
+            assert await _healthz(port) == (200, "ok\n")
+            # Each pass reads its job, then its pods: the role loses the pods it manages.
+            emu.kmock.forbid = {(enums.action.LIST.name.lower(), "pods")}
+            down = await wait_for(lambda: _unhealthy(port), timeout=60, what=f"/healthz to fail\n{op.log()}")
+            assert "every reconcile pass has failed" in down[1] and "403" in down[1], down
+            assert await _healthz(port, "/readyz") == (200, "ok\n")  # the API and the watch are fine
+            emu.kmock.forbid = set()
+            assert await wait_for(lambda: _is_ok(port), timeout=60, what="/healthz to recover") == (
+                200,
+                "ok\n",
+            )
+        finally:
+            await asyncio.to_thread(op.stop)
+
+
+async def test_healthz_and_readyz_fail_while_rlhfjobs_cannot_be_watched(tmp_path) -> None:
+    emu, port, args = await _forbidding(tmp_path)
+    async with emu:
+        op = Operator(emu, "op-unwatched", *args).start()
+        try:
+            assert await wait_for(lambda: _is_ok(port), timeout=60, what=f"/healthz\n{op.log()}") == (
+                200,
+                "ok\n",
+            )
+            emu.kmock.forbid = {(enums.action.WATCH.name.lower(), "rlhfjobs")}
+            for path in ("/healthz", "/readyz"):
+                down = await wait_for(lambda p=path: _unhealthy(port, p), timeout=30, what=f"{path} to fail")
+                assert "watch RLHFJobs" in down[1] and "cannot watch rlhfjobs" in down[1], down
+        finally:
+            emu.kmock.forbid = set()
+            await asyncio.to_thread(op.stop)

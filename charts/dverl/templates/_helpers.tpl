@@ -65,26 +65,30 @@ all of them). Every verb list is the smallest that the reconcile loop uses; no w
 */}}
 {{- define "dverl.namespacedRules" -}}
 # RLHFJobs: kopf lists/watches them and patches metadata (finalizers, its handled-state annotation);
-# update covers replace-style metadata writes. Never create/delete: users own their jobs.
+# each pass reads its job (get). Never create/delete: users own their jobs; never update: all writes patch.
 - apiGroups: ["dverl.io"]
   resources: ["rlhfjobs"]
-  verbs: ["get", "list", "watch", "patch", "update"]
-# RLHFJob status: the operator is the only writer of .status (phase, conditions, progress columns).
+  verbs: ["get", "list", "watch", "patch"]
+# RLHFJob status: the operator is the only writer of .status (phase, conditions, progress columns), by
+# merge patch of the status subresource; it reads status with the job itself.
 - apiGroups: ["dverl.io"]
   resources: ["rlhfjobs/status"]
-  verbs: ["get", "patch", "update"]
-# Worker pods, one per planned worker: created, watched for health, recreated or removed on scale/suspend.
+  verbs: ["patch"]
+# Worker pods, one per planned worker: listed by the job's label and watched (kopf) for health, created,
+# annotated (patch: a failure counted once, a Kueue group finished), removed on failure, scale or suspend.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["create", "delete", "get", "list", "watch", "patch"]
-# Per-job headless Service (worker discovery), volunteer gateway Service and rendered job ConfigMap.
+  verbs: ["create", "delete", "list", "watch", "patch"]
+# Per-job headless Service (worker discovery), volunteer gateway Service and rendered job ConfigMap: read
+# by name to see drift, created, patched back, removed when unwanted. Never listed or watched.
 - apiGroups: [""]
   resources: ["services", "configmaps"]
-  verbs: ["create", "get", "list", "watch", "patch", "delete"]
-# Events on RLHFJobs (validation failures, restarts) so `kubectl describe rlhfjob` explains them.
+  verbs: ["create", "get", "patch", "delete"]
+# Events on RLHFJobs (refusals, failures, restarts) so `kubectl describe rlhfjob` explains them; each is
+# a new Event, never an update of one.
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create"]
 # Each job's credentials Secret: created once (a 409 means it exists). Nothing else: it is owned by its
 # RLHFJob, so the garbage collector (not the operator) deletes it with the job, and it is never read,
 # listed or watched (the operator derives what it needs from its own identity). Kubernetes cannot limit
@@ -126,3 +130,12 @@ all of them). Every verb list is the smallest that the reconcile loop uses; no w
 {{- if .Values.gangScheduling.volcano }}{{- $on = append $on "volcano" -}}{{- end -}}
 {{- join "," $on -}}
 {{- end }}
+
+{{/* A label map as k=v,k2=v2 (sorted), what the operator's label flags read; an empty map is "". */}}
+{{- define "dverl.labelPairs" -}}
+{{- $pairs := list -}}
+{{- range $key, $value := (. | default dict) -}}
+{{- $pairs = append $pairs (printf "%s=%s" $key $value) -}}
+{{- end -}}
+{{- join "," $pairs -}}
+{{- end -}}

@@ -25,10 +25,26 @@ from dverl_operator.objects.owned import LABEL_JOB, LABEL_ROLE, Owner, job_label
 
 @dataclass(frozen=True)
 class PolicyScope:
-    """Who, besides the job's own pods, may reach them: the operator's pods (for Status)."""
+    """Who, besides the job's own pods, may reach them: the operator's pods (for Status), and the
+    metrics scraper (Prometheus) on the learner's metrics port only."""
 
     operator_namespace: str
     operator_labels: Mapping[str, str]
+    scraper_namespace_labels: Mapping[str, str] | None = None
+    """Labels of the namespaces the scraper runs in ({}: any namespace; None, with no pod labels: no
+    scraper is let in)."""
+    scraper_pod_labels: Mapping[str, str] | None = None
+    """Labels of the scraper's pods ({}: any pod of those namespaces)."""
+
+    @property
+    def scraper(self) -> dict[str, Any] | None:
+        """The NetworkPolicy peer the scraper is, or None when none is configured."""
+        if self.scraper_namespace_labels is None and self.scraper_pod_labels is None:
+            return None
+        return {
+            "namespaceSelector": {"matchLabels": dict(self.scraper_namespace_labels or {})},
+            "podSelector": {"matchLabels": dict(self.scraper_pod_labels or {})},
+        }
 
 
 def credentials_secret_name(job: str) -> str:
@@ -58,12 +74,26 @@ def credentials_secret(owner: Owner, credentials: IssuedCredentials) -> dict[str
 
 def network_policy(owner: Owner, plan: Plan, scope: PolicyScope) -> dict[str, Any]:
     """Ingress to every pod of the job from the job's own pods (any port: gRPC, the learners'
-    rendezvous, the DHT) and from the operator's pods to the coordinator's gRPC port; nothing else."""
+    rendezvous, the DHT), from the operator's pods to the coordinator's gRPC port, and from the metrics
+    scraper, when one is configured, to the metrics port (the learner's: the pod its prometheus.io
+    annotations name); nothing else."""
     coordinator_ports = sorted({w.ports["grpc"] for w in plan.by_role("learner")})
     operator_peer = {
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": scope.operator_namespace}},
         "podSelector": {"matchLabels": dict(scope.operator_labels)},
     }
+    ingress: list[dict[str, Any]] = [
+        {"from": [{"podSelector": {"matchLabels": {LABEL_JOB: owner.name}}}]},
+        {
+            "from": [operator_peer],
+            "ports": [{"protocol": "TCP", "port": port} for port in coordinator_ports],
+        },
+    ]
+    metrics_ports = sorted({w.ports["metrics"] for w in plan.workers if "metrics" in w.ports})
+    if scope.scraper is not None and metrics_ports:
+        ingress.append(
+            {"from": [scope.scraper], "ports": [{"protocol": "TCP", "port": port} for port in metrics_ports]}
+        )
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -71,13 +101,7 @@ def network_policy(owner: Owner, plan: Plan, scope: PolicyScope) -> dict[str, An
         "spec": {
             "podSelector": {"matchLabels": {LABEL_JOB: owner.name}},
             "policyTypes": ["Ingress"],
-            "ingress": [
-                {"from": [{"podSelector": {"matchLabels": {LABEL_JOB: owner.name}}}]},
-                {
-                    "from": [operator_peer],
-                    "ports": [{"protocol": "TCP", "port": port} for port in coordinator_ports],
-                },
-            ],
+            "ingress": ingress,
         },
     }
 

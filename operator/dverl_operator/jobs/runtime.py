@@ -21,7 +21,7 @@ from dverl_operator.jobs.apply import apply, issue_credentials
 from dverl_operator.jobs.coordinator import CoordinatorClient
 from dverl_operator.jobs.identity import OperatorIdentity
 from dverl_operator.jobs.observe import observe
-from dverl_operator.jobs.retry import classify
+from dverl_operator.jobs.retry import classify, refused_retry
 from dverl_operator.jobs.wakeups import Wakeups
 from dverl_operator.kube.client import Cluster
 from dverl_operator.objects.pod_state import pod_phase
@@ -30,6 +30,7 @@ from dverl_operator.reconcile.actions import Actions
 from dverl_operator.reconcile.decide import decide
 from dverl_operator.reconcile.observed import Observed
 from dverl_operator.reconcile.settings import Settings
+from dverl_operator.status.refusals import Refusal, with_refusals
 
 log = logging.getLogger(__name__)
 CREDENTIALS_RECHECK_SECONDS = 300.0
@@ -52,6 +53,8 @@ class Runtime:
     first_reconciled: dict[tuple[str, str], float] = field(default_factory=dict)
     _credentials_seen: dict[tuple[str, str, str], float] = field(default_factory=dict)
     """(namespace, job, uid) -> when its credentials Secret was last made or found to exist."""
+    _refused: dict[tuple[str, str], int] = field(default_factory=dict)
+    """Passes in a row whose creates the API server refused, per job (their backoff)."""
     _observed: dict[tuple[str, str], Observed] = field(default_factory=dict)
     """Each job's last full observation, its status as the last pass left it."""
     _slots: asyncio.Semaphore | None = None
@@ -116,13 +119,28 @@ class Runtime:
         self._progress[key] = (time.monotonic(), progress)
         return progress
 
-    async def _apply(self, observed: Observed, actions: Actions) -> None:
+    async def _apply(self, observed: Observed, actions: Actions) -> float | None:
+        """Apply the pass; returns when to try again if the API server refused a create (else None)."""
+        meta = observed.job["metadata"]
         if actions.issue_credentials:  # before any pod: a pod mounts it
-            meta = observed.job["metadata"]
             await issue_credentials(self.cluster, self.identity, observed.job)
             key = (meta.get("namespace") or "default", meta["name"], str(meta.get("uid") or ""))
             self._credentials_seen[key] = time.monotonic()
-        await apply(self.cluster, observed, actions)
+        job = (meta.get("namespace") or "default", meta["name"])
+        attempts = self._refused.get(job, 0) + 1
+        retry_in = refused_retry(
+            attempts, self.settings.backoff_base_seconds, self.settings.backoff_max_seconds
+        )
+
+        def refused_status(refusals: list[Refusal]) -> tuple[dict[str, Any], list[tuple[str, str, str]]]:
+            return with_refusals(actions.status, refusals, attempts, retry_in, observed.now)
+
+        if await apply(self.cluster, observed, actions, refused_status):
+            self._refused[job] = attempts
+            self.metrics.errors.labels(kind="CreateRefused").inc()
+            return retry_in
+        self._refused.pop(job, None)
+        return None
 
     async def reconcile_once(self, namespace: str, name: str, *, light: bool = False) -> float:
         """One level-based pass; returns how long to wait before the next one.
@@ -138,13 +156,14 @@ class Runtime:
                 if observed is None:
                     return self.settings.resync_seconds
                 actions = decide(observed, self.settings)
-            await self._apply(observed, actions)
+            refused_retry_in = await self._apply(observed, actions)
             applied = {**observed.job, "status": actions.status}
             self._observed[(namespace, name)] = replace(observed, job=applied)
         except Exception as exc:  # a failed pass must not silence the job's loop: log it and try again
             failure = classify(exc, self.settings.resync_seconds)
             self.metrics.errors.labels(kind=failure.kind).inc()
             self.metrics.reconciles.labels(result="error").inc()
+            self.metrics.pass_failed(f"{failure.kind}: {exc}")
             where = {"job": name, "namespace": namespace}
             if failure.from_cluster:
                 log.warning("reconcile failed: %s", exc, extra=where)
@@ -155,6 +174,7 @@ class Runtime:
             self.metrics.latency.observe(time.monotonic() - started)
             self.metrics.pass_finished()
         self.metrics.reconciles.labels(result="ok").inc()
+        self.metrics.pass_succeeded()
         self.metrics.job_phase(namespace, name, actions.status.get("phase"))
         self.first_reconciled.setdefault((namespace, name), time.time())
         if actions.create or actions.delete or actions.patch:
@@ -170,6 +190,8 @@ class Runtime:
             wait = min(wait, 0.5)  # look again soon: confirm what was applied
         if self._progress.get((namespace, name)) is not None:
             wait = min(wait, self.status_interval)  # a coordinator is running: keep progress fresh
+        if refused_retry_in is not None:
+            wait = refused_retry_in  # what was refused is not asked for again until its backoff ends
         return wait
 
     def spec_changed(self, namespace: str, name: str, body: Mapping[str, Any]) -> bool:
@@ -188,6 +210,7 @@ class Runtime:
         self._progress.pop((namespace, name), None)
         self._observed.pop((namespace, name), None)
         self._spec_seen.pop((namespace, name), None)
+        self._refused.pop((namespace, name), None)
         for key in [k for k in self._credentials_seen if k[:2] == (namespace, name)]:
             del self._credentials_seen[key]
         self.metrics.job_phase(namespace, name, None)

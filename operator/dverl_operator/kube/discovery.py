@@ -1,6 +1,7 @@
 """API discovery: which resources the API server serves in a group version. Discovery is readable by
 every authenticated client, so asking needs no RBAC of its own: what the health probe uses to tell that
-the API answers and still serves RLHFJobs.
+the API answers and still serves RLHFJobs. Opening a watch of them (and closing it at once) is what tells
+that kopf's watch can work: the same credentials, the same request.
 
 lightkube has verbs for objects, not for discovery documents; this is one GET on an httpx2 client that
 lightkube's own adapter sets up from the same config (server, TLS, credentials)."""
@@ -33,3 +34,17 @@ class Discovery:
             response.raise_for_status()
             found = response.json()
         return {r.get("name") for r in (found.get("resources") or []) if isinstance(r, dict)}
+
+    async def watch_opens(self, group: str, version: str, plural: str, namespace: str | None) -> None:
+        """Open a watch of `plural` (in `namespace`, or across the cluster) as kopf's does, with these
+        credentials, and close it at once: raises kube.errors' ApiError when the server refuses it (RBAC
+        taken away, the resource gone, an error of its own), ApiUnreachable when it does not answer."""
+        where = f"namespaces/{namespace}/" if namespace else ""
+        params = {"watch": "true", "timeoutSeconds": "1", "allowWatchBookmarks": "true"}
+        async with (
+            translate_errors(),
+            self._client.stream("GET", f"apis/{group}/{version}/{where}{plural}", params=params) as answer,
+        ):
+            if answer.status_code >= 400:
+                await answer.aread()
+            answer.raise_for_status()

@@ -1,10 +1,11 @@
 """Which pods of a job to create and delete now: scale, failures counted once with exponential backoff,
-preempted or evicted pods replaced at once and not counted, replaced templates, and the gangs: the learners
-and a sharded critic's ranks (torch.distributed needs every rank restarted together). Pure."""
+failures no retry can mend (bad input, out of memory) ending the job at once, preempted or evicted pods
+replaced at once and not counted, replaced templates, and the gangs: the learners and a sharded critic's
+ranks (torch.distributed needs every rank restarted together). Pure."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +16,7 @@ from dverl_operator.objects import owned
 from dverl_operator.objects.pod_state import pod_deleting, pod_phase
 from dverl_operator.objects.times import parse_time
 from dverl_operator.pods.disruption import disruption, event_reason
-from dverl_operator.pods.failure import failure_reason
+from dverl_operator.pods.failure import ending, failure_reason, memory_limit
 
 ANNOTATION_FAILURE_COUNTED = "dverl.io/failure-counted"
 ANNOTATION_FAILED_AT = "dverl.io/failed-at"
@@ -36,7 +37,9 @@ class PodDecision:
     restart_messages: list[str] = field(default_factory=list)
     restart_reason: str = "WorkerFailed"
     failed_job: str | None = None
-    """Why the job fails (restarts past backoffLimit), or None."""
+    """Why the job fails (restarts past backoffLimit, bad input, out of memory), or None."""
+    failed_reason: str = "BackoffLimitExceeded"
+    """The reason of the job's Failed condition and Event when `failed_job` is set."""
     succeeded: bool = False
     """Learner 0 exited successfully."""
     requeue_after: float | None = None
@@ -64,8 +67,10 @@ def decide_pods(
     restarts: Mapping[str, int],
     now: float,
     backoff: tuple[float, float],
+    oom_advice: Callable[[str, str | None], str] | None = None,
 ) -> PodDecision:
-    """`backoff` is (base, max) seconds."""
+    """`backoff` is (base, max) seconds; `oom_advice(role, limit)` is the planner's fix for a role whose
+    worker ran out of memory under `limit` (pure, asked only when one did)."""
     out = PodDecision(restarts=dict(restarts))
     by_role: dict[str, list[str]] = {}
     for name, pod in desired_pods.items():
@@ -95,9 +100,11 @@ def decide_pods(
                 out.to_delete.update(n for n in by_role[role] if n in pods and not pod_deleting(pods[n]))
             continue
         if phase in ("Failed", "Succeeded"):
+            if phase == "Failed" and _unmendable(out, pod_name, role, have, oom_advice):
+                continue
             replace = _exited(out, pod_name, role, have, phase, spec, now, backoff)
             policy = spec.roles.failure_policy(role)
-            if replace and policy == "failJob":
+            if replace and policy == "failJob" and not _ends_unmended(out):
                 out.failed_job = (
                     f"pod {pod_name} ({role}) {phase.lower()} and roles.{role}.failurePolicy is failJob"
                 )
@@ -116,6 +123,47 @@ def decide_pods(
     for role in sorted(gangs):
         _gang(out, pods, by_role[role], role in gang_restart, role)
     return out
+
+
+def _ends_unmended(out: PodDecision) -> bool:
+    """The job already ends for a failure no retry mends: that cause is the one it names."""
+    return out.failed_job is not None and out.failed_reason != "BackoffLimitExceeded"
+
+
+def _unmendable(
+    out: PodDecision,
+    pod_name: str,
+    role: str,
+    have: Mapping[str, Any],
+    oom_advice: Callable[[str, str | None], str] | None,
+) -> bool:
+    """A failure that would fail the same way again ends the job now, with what the worker said: the
+    runtime's bad-input exit (a manifest, data file or model to fix), or a kill for memory (the same
+    limit kills it again), named with the role, its limit and the planner's fix."""
+    end = ending(have)
+    if end.kind == "bad-input":
+        said = f": {end.message}" if end.message else ""
+        out.failed_job = (
+            f"pod {pod_name} ({role}): container {end.container} exited {end.exit_code} (bad input, not "
+            f"retried){said}"
+        )
+        out.failed_reason = "BadInput"
+    elif end.kind == "oom":
+        limit = memory_limit(have, end.container)
+        under = f"its memory limit {limit}" if limit else "no memory limit (the node ran out)"
+        advice = oom_advice(role, limit) if oom_advice is not None else ""
+        out.failed_job = (
+            f"pod {pod_name} ({role}): container {end.container} was OOMKilled under {under}; "
+            f"{advice or f'raise roles.{role}.resources.memory'}"
+        )
+        out.failed_reason = "OOMKilled"
+    else:
+        return False
+    if _annotations(have).get(ANNOTATION_FAILURE_COUNTED) != "true":
+        out.restarts[role] = out.restarts.get(role, 0) + 1
+        said = failure_reason(have)
+        out.events.append(("Warning", "WorkerFailed", f"pod {pod_name} ({role}) failed: {said}"))
+    return True
 
 
 def _exited(
@@ -140,7 +188,7 @@ def _exited(
     else:
         failed_at = float(annotations.get(ANNOTATION_FAILED_AT) or now)
     total = sum(out.restarts.values())
-    if total > spec.backoff_limit:
+    if total > spec.backoff_limit and not _ends_unmended(out):
         per_role = ", ".join(f"{r}={n}" for r, n in sorted(out.restarts.items()) if n)
         out.failed_job = (
             f"{total} worker restarts ({per_role}) exceed backoffLimit {spec.backoff_limit}; "
@@ -182,8 +230,9 @@ def _disrupted(out: PodDecision, pod_name: str, role: str, have: Mapping[str, An
     says (the worker did not fail; the cluster needed its place)."""
     _announce_disruption(out, pod_name, role, have)
     out.to_delete.add(pod_name)
-    out.restart_messages.append(f"{pod_name} was preempted or evicted; replacing it")
-    out.restart_reason = "Preempted"
+    why = disruption(have) or ""
+    out.restart_messages.append(f"{pod_name} was {event_reason(why).lower()}; replacing it")
+    out.restart_reason = event_reason(why)
 
 
 def stalled_learner(

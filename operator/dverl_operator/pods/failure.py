@@ -1,30 +1,88 @@
-"""Pure: why an exited pod failed, in one line a person can act on.
+"""Pure: why an exited pod failed, in one line a person can act on, and which kind of failure it is.
 
 A container that fails says why in its termination message (a source fetcher names the URL and what went
 wrong there; the worker's last log lines with FallbackToLogsOnError), so the job's WorkerFailed event
 carries it instead of a bare "Failed".
+
+Failures come in kinds, as Kubernetes' and JobSet's pod failure policies tell them apart: a worker that
+exits with the runtime's bad-input code (the CLI's exit 2: a manifest, data file or model a person must
+fix) fails the same way on every retry, and a container the kernel killed for memory will be killed
+again under the same limit; both end the job at once. Only the rest (crashes, lost peers, a node's
+trouble) is worth retrying.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from decentralized_verl.errors import EXIT_USAGE
 
 MESSAGE_CHARS = 300
+BAD_INPUT_EXIT = EXIT_USAGE
+"""The exit code every `dverl` process ends with for input a person must fix (errors.py)."""
+OOM_REASON = "OOMKilled"
+
+Kind = Literal["bad-input", "oom", "other"]
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a failed pod ended: its kind and the container that decided it (None: the pod as a whole)."""
+
+    kind: Kind
+    container: str | None = None
+    exit_code: int | None = None
+    message: str = ""
+
+
+def _failed_containers(status: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """(name, terminated state) of each container that exited non-zero, init containers first: the
+    worker never ran after one of them failed."""
+    found = []
+    for key in ("initContainerStatuses", "containerStatuses"):
+        for container in status.get(key) or []:
+            ended = ((container.get("state") or {}).get("terminated")) or {}
+            if ended.get("exitCode") not in (None, 0):
+                found.append((str(container.get("name")), ended))
+    return found
+
+
+def ending(pod: Mapping[str, Any]) -> Ending:
+    """The kind of a failed pod's end, from its first failed container."""
+    status = pod.get("status") or {}
+    if status.get("reason"):
+        return Ending("other", message=str(status["reason"]))
+    for name, ended in _failed_containers(status)[:1]:
+        code = int(ended["exitCode"])
+        message = " ".join(str(ended.get("message") or "").split())[:MESSAGE_CHARS]
+        if ended.get("reason") == OOM_REASON:
+            return Ending("oom", name, code, message)
+        if code == BAD_INPUT_EXIT:
+            return Ending("bad-input", name, code, message)
+        return Ending("other", name, code, message)
+    return Ending("other")
 
 
 def failure_reason(pod: Mapping[str, Any]) -> str:
     """The pod's reason (Evicted, DeadlineExceeded, ...), else its first failed container's exit and
-    message (init containers first: the worker never ran after one of them failed), else its phase."""
+    message, else its phase."""
     status = pod.get("status") or {}
     if status.get("reason"):
         return str(status["reason"])
-    for key in ("initContainerStatuses", "containerStatuses"):
-        for container in status.get(key) or []:
-            ended = ((container.get("state") or {}).get("terminated")) or {}
-            code = ended.get("exitCode")
-            if code not in (None, 0):
-                message = " ".join(str(ended.get("message") or ended.get("reason") or "").split())
-                line = f"container {container.get('name')} exited {code}"
-                return f"{line}: {message[:MESSAGE_CHARS]}" if message else line
+    for name, ended in _failed_containers(status)[:1]:
+        message = " ".join(str(ended.get("message") or ended.get("reason") or "").split())
+        line = f"container {name} exited {ended['exitCode']}"
+        return f"{line}: {message[:MESSAGE_CHARS]}" if message else line
     return str(status.get("phase") or "Unknown")
+
+
+def memory_limit(pod: Mapping[str, Any], container: str | None) -> str | None:
+    """The memory limit the named container ran under (None: none was set)."""
+    spec = pod.get("spec") or {}
+    for key in ("initContainers", "containers"):
+        for item in spec.get(key) or []:
+            if item.get("name") == container:
+                return ((item.get("resources") or {}).get("limits") or {}).get("memory")
+    return None

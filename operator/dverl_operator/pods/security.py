@@ -15,12 +15,26 @@ from decentralized_verl.planning.locate import model_shape
 from decentralized_verl.planning.plan import PlannedWorker
 from decentralized_verl.runtime.lifecycle import CALL_GRACE_S
 from decentralized_verl.spec import JobSpec
+from decentralized_verl.spec.pod_security import (  # the restricted settings live with the checker
+    WORKER_GID,
+    WORKER_UID,
+    container_security_context,
+    hardened,
+    pod_security_context,
+)
 from decentralized_verl.spec.source_paths import HOME_DIR, SHM_DIR, TMP_DIR
 from dverl_operator.objects import quantity
 
-WORKER_UID = 10001
-WORKER_GID = 10001
-"""The worker image's user and group (Dockerfile USER 10001:10001)."""
+__all__ = [
+    "WORKER_GID",
+    "WORKER_UID",
+    "container_security_context",
+    "grace_seconds",
+    "hardened",
+    "pod_security_context",
+    "scratch",
+    "shm_size",
+]
 
 SHM_DEFAULT = "1Gi"
 SHM_FLOOR = Decimal(64 * 2**20)
@@ -38,34 +52,6 @@ LEARNER_GRACE_UNKNOWN_S = 600
 LEARNER_GRACE_MAX_S = 3600
 STATE_BYTES_PER_PARAMETER = 16
 """fp32 weights + Adam's two moments + slack for the rest of a checkpoint."""
-
-
-def pod_security_context() -> dict[str, Any]:
-    return {
-        "runAsNonRoot": True,
-        "runAsUser": WORKER_UID,
-        "runAsGroup": WORKER_GID,
-        "fsGroup": WORKER_GID,
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
-
-
-def container_security_context() -> dict[str, Any]:
-    return {
-        "allowPrivilegeEscalation": False,
-        "capabilities": {"drop": ["ALL"]},
-        "privileged": False,
-        "readOnlyRootFilesystem": True,
-        "runAsNonRoot": True,
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
-
-
-def hardened(container: dict[str, Any]) -> dict[str, Any]:
-    """A container given by a user (a pod template's init container) with the restricted settings filled in
-    where it says nothing; what it does say is kept (the admission check judges it)."""
-    security = {**container_security_context(), **(container.get("securityContext") or {})}
-    return {**container, "securityContext": security}
 
 
 def shm_size(worker: PlannedWorker, floor_mib: int = 0) -> str:

@@ -47,6 +47,8 @@ class Metrics:
         self._phases: dict[tuple[str, str], str] = {}
         self.last_pass: float | None = None
         """time.monotonic() when a reconcile pass last finished (what /healthz's stall check reads)."""
+        self.failing_since: tuple[float, str] | None = None
+        """(time.monotonic(), what failed) of the first pass that failed since one last succeeded."""
         for phase in PHASES:
             self.jobs.labels(phase=phase).set(0)
 
@@ -65,6 +67,14 @@ class Metrics:
 
     def pass_finished(self) -> None:
         self.last_pass = time.monotonic()
+
+    def pass_succeeded(self) -> None:
+        self.failing_since = None
+
+    def pass_failed(self, what: str) -> None:
+        """A failed pass: the first of a run of them starts the clock /healthz reads."""
+        if self.failing_since is None:
+            self.failing_since = (time.monotonic(), what[:300])
 
     def jobs_known(self) -> int:
         return len(self._phases)

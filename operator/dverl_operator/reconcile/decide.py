@@ -22,14 +22,17 @@ from typing import Any
 from decentralized_verl.errors import ManifestError, Problem
 from decentralized_verl.planning import plan_for
 from decentralized_verl.planning.fit import planned_spec
+from decentralized_verl.planning.fixes import gib, memory_quantity
 from decentralized_verl.planning.plan import Plan, plan_job
 from decentralized_verl.spec import JobSpec
 from decentralized_verl.spec.manifest import parse_spec
+from decentralized_verl.spec.pod_security import violations
+from decentralized_verl.spec.source_paths import unseen_paths
 from dverl_operator.children import gang, kueue
 from dverl_operator.children.job_children import Children
 from dverl_operator.children.services import gateway_address
 from dverl_operator.children.shared import sync_shared
-from dverl_operator.objects import owned
+from dverl_operator.objects import owned, quantity
 from dverl_operator.objects.pod_state import pod_deleting
 from dverl_operator.pods import marks as pod_marks
 from dverl_operator.pods.decisions import (
@@ -47,6 +50,12 @@ from dverl_operator.reconcile.settings import Settings
 from dverl_operator.status import conditions as cond
 from dverl_operator.status import outcome
 from dverl_operator.status.fields import role_counts
+from dverl_operator.status.scheduling import unschedulable
+
+OOM_HEADROOM = 1.25
+"""The estimate a killed worker's advice asks for, with room for what the estimate leaves out."""
+OOM_RAISE = 1.5
+"""At least this much more than the limit a worker was killed under."""
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -107,6 +116,35 @@ def _gang_refused(spec: Any, settings: Settings) -> list[Problem]:
     ]
 
 
+def _accounts_refused(spec: JobSpec, settings: Settings) -> list[Problem]:
+    """A podTemplate's serviceAccountName only from the operator's list: the operator creates pods
+    under any account of the namespace, so the list, not the job's author, decides which it lends."""
+    problems = []
+    allowed = ", ".join(sorted(settings.service_accounts)) or "none"
+    for name, role in spec.roles.items():
+        account = role.pod_template.spec.service_account_name if role.pod_template is not None else None
+        if account and account not in settings.service_accounts:
+            problems.append(
+                Problem(
+                    f"spec.roles.{name}.podTemplate.spec.serviceAccountName",
+                    f"{account!r} is not one this operator may give pods (allowed: {allowed}; the chart's "
+                    "podTemplate.serviceAccountNames)",
+                )
+            )
+    return problems
+
+
+def _profile_refused(pods: Mapping[str, Mapping[str, Any]]) -> list[Problem]:
+    """Every pod the job would get, checked against Pod Security restricted before any is created: what
+    `dverl validate` checked of the template, now on the merged pods, so nothing outside the profile is
+    ever sent to the API server."""
+    return [
+        Problem(f"pod {name}: {v.field}", f"{v.message} (outside Pod Security restricted: {v.rule})")
+        for name, pod in sorted(pods.items())
+        for v in violations(pod, "restricted")
+    ]
+
+
 def _all_pods_go(observed: Observed) -> list[tuple[str, str]]:
     return [("Pod", n) for n, p in observed.pods.items() if not pod_deleting(p)]
 
@@ -133,6 +171,9 @@ def decide(observed: Observed, settings: Settings) -> Actions:
     conditions = refusal.conditions
 
     wanted = _wanted(observed, settings, status, refusal.effective)
+    outside = _profile_refused(wanted.desired.pods)
+    if outside:
+        return _invalid(observed, outside, status)
     _sync_shared_children(observed, actions, wanted, suspended=spec.suspend)
     restarts = {role: int((c or {}).get("restarts", 0)) for role, c in (status.get("roles") or {}).items()}
     plan_desired = wanted.plan.desired()
@@ -181,7 +222,8 @@ def _validated(observed: Observed, settings: Settings, status: dict[str, Any]) -
     # them.
     memory = plan_for(spec, base_dir=None)
     spec = planned_spec(spec, memory)
-    too_big = memory.problems() + _gang_refused(spec, settings)
+    unseen = [Problem(field, why) for field, why in unseen_paths(spec)]
+    too_big = memory.problems() + _gang_refused(spec, settings) + _accounts_refused(spec, settings) + unseen
     if too_big:
         return _invalid(observed, too_big, status)
     return spec
@@ -291,12 +333,34 @@ def _decide_pods(
         restarts,
         observed.now,
         (settings.backoff_base_seconds, settings.backoff_max_seconds),
+        oom_advice=lambda role, limit: oom_advice(spec, role, limit),
     )
     learners = learner_names(desired_pods)
     stalled = stalled_learner(status, observed.pods, learners, spec.training.stall_factor, observed.now)
     if stalled is not None:
         restart_stalled(pods, observed.pods, learners, stalled)
     return pods
+
+
+def oom_advice(spec: JobSpec, role: str, limit: str | None) -> str:
+    """The planner's fix for a role whose worker the kernel killed for memory: its estimate of what one
+    worker needs, as the memory setting to give it, and never less than half again the limit it died
+    under (the estimate missed something there)."""
+    memory = plan_for(spec, base_dir=None)
+    died_under = int(quantity.parse(limit)) if limit else 0
+    for worker in memory.workers:
+        if worker.role == role and worker.verdict != "not checked":
+            need = max(int(worker.estimate.host * OOM_HEADROOM), int(died_under * OOM_RAISE))
+            return (
+                f"the planner estimates ~{gib(worker.estimate.host)} GiB of host memory per {role} worker; "
+                f"set roles.{role}.resources.memory >= {memory_quantity(need)} or lower "
+                f"roles.{role}.microbatchSize"
+            )
+    raise_to = f" to >= {memory_quantity(int(died_under * OOM_RAISE))}" if died_under else ""
+    return (
+        f"the planner has no estimate for {role} (its model's shape is unknown to it): raise "
+        f"roles.{role}.resources.memory{raise_to} or lower roles.{role}.microbatchSize"
+    )
 
 
 def _fail_job(
@@ -313,7 +377,13 @@ def _fail_job(
     actions.patch = [p for p in actions.patch if p[0] != "Pod"]
     actions.patch.extend(kueue.finish(observed.pods, keep=None))
     actions.status, events = outcome.backoff_exhausted(
-        _group_finished(status), conditions, plan_desired, pods.restarts, pods.failed_job, observed.now
+        _group_finished(status),
+        conditions,
+        plan_desired,
+        pods.restarts,
+        pods.failed_job,
+        observed.now,
+        pods.failed_reason,
     )
     actions.events.extend(events)
     return actions
@@ -370,6 +440,7 @@ def _finish(
     elif coordinator_state == "Failed":
         actions.status, events = outcome.coordinator_failed(new_status, conditions, now)
     else:
-        actions.status, events = outcome.running(new_status, conditions, bool(refused), now, queued)
+        unplaced = unschedulable({n: p for n, p in observed.pods.items() if n not in pods.to_delete})
+        actions.status, events = outcome.running(new_status, conditions, bool(refused), now, queued, unplaced)
     actions.events.extend(events)
     return actions

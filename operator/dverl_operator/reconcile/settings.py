@@ -23,6 +23,9 @@ class Settings:
     gang_schedulers: frozenset[str] = frozenset()
     """Gang schedulers whose PodGroups this operator may manage (chart: gangScheduling.<name>, which
     grants the RBAC); a job asking for another is refused by field."""
+    service_accounts: frozenset[str] = frozenset()
+    """ServiceAccounts a job's podTemplate may give its pods (chart: podTemplate.serviceAccountNames);
+    any other is refused by field, so holding the RLHFJob edit role never lends a pod another account."""
 
 
 GATEWAY_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")

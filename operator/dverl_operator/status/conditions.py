@@ -17,6 +17,8 @@ FAILED = "Failed"
 SUCCEEDED = "Succeeded"
 RESTARTING = "Restarting"
 QUEUED = "Queued"
+CREATE_REFUSED = "CreateRefused"
+UNSCHEDULABLE = "Unschedulable"
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
 

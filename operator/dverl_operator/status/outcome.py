@@ -15,6 +15,8 @@ from dverl_operator.status.conditions import (
     READY,
     SUCCEEDED,
     SUSPENDED,
+    UNSCHEDULABLE,
+    condition,
     drop_condition,
     set_condition,
 )
@@ -55,14 +57,17 @@ def backoff_exhausted(
     restarts: Mapping[str, int],
     why: str,
     now: float,
+    reason: str = "BackoffLimitExceeded",
 ) -> tuple[Status, Events]:
-    conditions = set_condition(conditions, FAILED, "True", "BackoffLimitExceeded", why, now)
-    conditions = set_condition(conditions, READY, "False", "BackoffLimitExceeded", why, now)
+    """Failed: past backoffLimit, or at once for a failure no retry mends (`reason` BadInput or
+    OOMKilled)."""
+    conditions = set_condition(conditions, FAILED, "True", reason, why, now)
+    conditions = set_condition(conditions, READY, "False", reason, why, now)
     roles = role_counts(desired, [], restarts)
     new = with_roles(
         status, roles, phase="Failed", message=why, conditions=conditions, completionTime=timestamp(now)
     )
-    return new, [("Warning", "BackoffLimitExceeded", why)]
+    return new, [("Warning", reason, why)]
 
 
 def progress_status(
@@ -73,8 +78,8 @@ def progress_status(
     total_steps: int | None,
     now: float = 0.0,
 ) -> tuple[Status, Events]:
-    """The coordinator's progress copied in; blocked volunteers counted (never down) with one Event each;
-    the time the step last advanced kept for the stall watchdog."""
+    """The coordinator's progress copied in (the step never down); blocked volunteers counted (never
+    down) with one Event each; the time the reported step last moved kept for the stall watchdog."""
     new = dict(base)
     events: Events = []
     if gateway:
@@ -83,7 +88,12 @@ def progress_status(
         new.pop("volunteerGateway", None)
     if progress is not None:
         new.update(progress_fields(progress))
-        if progress.step != status.get("step") or not status.get("lastProgressTime"):
+        # The step shown never goes back: a restarted learner reports 0, then its checkpoint's step,
+        # while the job has already reached more. The stall watchdog's clock follows the reported step.
+        new["step"] = max(int(status.get("step") or 0), progress.step)
+        new["reportedStep"] = progress.step
+        previous = status.get("reportedStep", status.get("step"))
+        if progress.step != previous or not status.get("lastProgressTime"):
             new["lastProgressTime"] = timestamp(now)
         step_seconds = sum(seconds for _, seconds in progress.phase_seconds)
         if step_seconds > 0:
@@ -136,10 +146,17 @@ def coordinator_failed(new: Status, conditions: list, now: float) -> tuple[Statu
 
 
 def running(
-    new: Status, conditions: list, refused: bool, now: float, queued: tuple[str, str] | None = None
+    new: Status,
+    conditions: list,
+    refused: bool,
+    now: float,
+    queued: tuple[str, str] | None = None,
+    unplaced: list[str] | None = None,
 ) -> tuple[Status, Events]:
     """Running once every worker was ready at least once (startTime), else Pending; Queued (with its
-    reason) while a gang scheduler or an admission queue holds pods that are not all ready."""
+    reason) while a gang scheduler or an admission queue holds pods that are not all ready. Pods the
+    scheduler cannot place (`unplaced`, status/scheduling.py) set the Unschedulable condition and the
+    message, with one Event when that changes."""
     roles = new.get("roles") or {}
     ready = sum(r["ready"] for r in roles.values())
     total = sum(r["desired"] for r in roles.values())
@@ -165,5 +182,14 @@ def running(
         conditions = set_condition(conditions, QUEUED, "True", reason, why, now)
     else:
         conditions = drop_condition(conditions, QUEUED)
+    if unplaced:
+        why = unplaced[0] + (f" (and {len(unplaced) - 1} more)" if len(unplaced) > 1 else "")
+        before = condition(conditions, UNSCHEDULABLE)
+        if before is None or before.get("message") != why:
+            events.append(("Warning", "Unschedulable", why))
+        conditions = set_condition(conditions, UNSCHEDULABLE, "True", "Unschedulable", why, now)
+        message = why
+    else:
+        conditions = drop_condition(conditions, UNSCHEDULABLE)
     new.update(phase=phase, message=message, conditions=conditions)
     return new, events

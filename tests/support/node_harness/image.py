@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from decentralized_verl.spec.source_paths import IMAGE_EXAMPLES_DIR
 from tests.support.paths import ROOT
 
 
@@ -32,6 +33,9 @@ class ImageStandIn:
     user: int = 10001
     group: int = 10001
     workdir: str = "/home/dverl"
+    files: Mapping[str, Path] = field(default_factory=lambda: {IMAGE_EXAMPLES_DIR: ROOT / "examples"})
+    """What the Dockerfile COPYs into the image, by its path there: the shipped examples, from this
+    checkout (bound read-only into every container, as the image's layers are)."""
 
     def code_paths(self) -> list[Path]:
         """What the image's user must be able to read: the interpreter (through its symlinks), the venv,

@@ -226,6 +226,8 @@ class PodRunner:
         os.chmod(said, 0o666)
         message_path = container.get("terminationMessagePath") or "/dev/termination-log"
         mounts = [*mounts, mnt.Mount(target=message_path, source=said)]
+        baked = [mnt.Mount(target=t, source=s, read_only=True) for t, s in image.files.items()]
+        mounts = [*baked, *mounts]  # the image's own files first: a volume mounted over them wins
         for target, is_file in mnt.mountpoints(mounts, image.workdir):
             self.mountpoint(target, is_file)
         read_only_root = bool((container.get("securityContext") or {}).get("readOnlyRootFilesystem"))

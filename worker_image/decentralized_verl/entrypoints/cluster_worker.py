@@ -35,6 +35,7 @@ from decentralized_verl.spans.front_volunteers import start_front_volunteers
 from decentralized_verl.spans.server import serve_span_role
 from decentralized_verl.spec import JobSpec
 from decentralized_verl.spec.manifest import load_job, load_yaml_text, parse_spec, read_yaml_file
+from decentralized_verl.spec.source_paths import CONFIG_DIR, IMAGE_EXAMPLES_DIR
 from decentralized_verl.training.distributed import exit_process
 from decentralized_verl.transport.weights.fanout import RelayWeightSource
 from decentralized_verl.transport.weights.publish import WeightPublisher
@@ -44,9 +45,15 @@ log = logging.getLogger(__name__)
 
 
 def base_dir_of(config: Path, annotations: dict | None) -> Path:
-    """Where relative data paths resolve: the manifest's folder `dverl run` recorded, else the config's."""
+    """Where relative model and data paths resolve: the manifest's folder `dverl run` recorded; in a pod
+    (the config the operator mounts), the image's examples folder, where a shipped example's data lies;
+    else the config's own folder."""
     recorded = (annotations or {}).get("dverl.io/base-dir")
-    return Path(recorded) if recorded else config.parent
+    if recorded:
+        return Path(recorded)
+    if config.parent == Path(CONFIG_DIR):
+        return Path(IMAGE_EXAMPLES_DIR)
+    return config.parent
 
 
 async def serve_role(
@@ -180,7 +187,7 @@ def load_worker_config(path: Path, job_name: str | None) -> tuple[JobSpec, str, 
         return job.spec, job.metadata.name, base_dir_of(path, extra.get("annotations"))
     if not job_name:
         raise ManifestError([Problem("--job", "required when the config is a bare spec")], str(path))
-    return parse_spec(document, str(path)), job_name, path.parent
+    return parse_spec(document, str(path)), job_name, base_dir_of(path, None)
 
 
 def worker_device(

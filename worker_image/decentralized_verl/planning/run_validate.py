@@ -19,7 +19,7 @@ from typing import Any
 from decentralized_verl.errors import ManifestError, Problem
 from decentralized_verl.planning.fitting_job import load_fitting_job
 from decentralized_verl.spec.manifest import STAGE_KEYS, load_yaml_documents, summary, warnings_for
-from decentralized_verl.spec.source_paths import cluster_warnings
+from decentralized_verl.spec.source_paths import cluster_warnings, unseen_paths
 
 StagesCheck = Callable[[Any, Path], str]
 """A stages config document and its file -> its summary line; ManifestError when it is invalid."""
@@ -27,9 +27,12 @@ StagesCheck = Callable[[Any, Path], str]
 JOB_KIND = "RLHFJob"
 
 
-def main_validate(files: Sequence[str], *, as_json: bool = False, stages: StagesCheck | None = None) -> int:
-    """Each file's summary (problems and warnings on stderr), or one JSON list; 2 when any is invalid."""
-    results = [result for file in files for result in _check_file(file, stages)]
+def main_validate(
+    files: Sequence[str], *, as_json: bool = False, stages: StagesCheck | None = None, target: str = "local"
+) -> int:
+    """Each file's summary (problems and warnings on stderr), or one JSON list; 2 when any is invalid.
+    `target` cluster: a model or data path no pod can see is a problem, as the operator refuses it."""
+    results = [result for file in files for result in _check_file(file, stages, target)]
     if as_json:
         print(json.dumps(results, indent=2))
     else:
@@ -38,7 +41,7 @@ def main_validate(files: Sequence[str], *, as_json: bool = False, stages: Stages
     return 2 if any(r.get("valid") is False for r in results) else 0
 
 
-def _check_file(file: str, stages: StagesCheck | None) -> Iterator[dict[str, Any]]:
+def _check_file(file: str, stages: StagesCheck | None, target: str) -> Iterator[dict[str, Any]]:
     try:
         text = Path(file).read_text(encoding="utf-8")
         documents = load_yaml_documents(text, file)
@@ -55,13 +58,13 @@ def _check_file(file: str, stages: StagesCheck | None) -> Iterator[dict[str, Any
         yield _check_stages(file, documents[0], stages)
         return
     if len(documents) <= 1:  # one manifest: whatever it holds is checked as a job and refused by field
-        yield _check_job(file, file, documents[0] if documents else None)
+        yield _check_job(file, file, documents[0] if documents else None, target)
         return
     found = False
     for index, document in enumerate(documents):
         for label, job in _jobs_in(file, index, document):
             found = True
-            yield _check_job(file, label, job)
+            yield _check_job(file, label, job, target)
         if not _carries_job(document):
             kind = document.get("kind", "?") if isinstance(document, dict) else type(document).__name__
             name = (
@@ -105,9 +108,12 @@ def _is_stages(document: Any) -> bool:
     return isinstance(document, dict) and "kind" not in document and bool(STAGE_KEYS & set(document))
 
 
-def _check_job(file: str, label: str, document: Any) -> dict[str, Any]:
+def _check_job(file: str, label: str, document: Any, target: str) -> dict[str, Any]:
     try:
         job = load_fitting_job(file) if label == file else load_fitting_job(file, document)
+        unseen = unseen_paths(job.spec) if target == "cluster" else []
+        if unseen:
+            raise ManifestError([Problem(field, why) for field, why in unseen], source=label)
     except ManifestError as exc:
         return _invalid(label, exc)
     warnings = [str(w) for w in warnings_for(job.spec)] + list(cluster_warnings(job.spec))

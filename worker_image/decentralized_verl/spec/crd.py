@@ -114,6 +114,12 @@ PRINTER_COLUMNS = [
         "priority": 1,
     },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    {
+        "name": "Message",
+        "type": "string",
+        "jsonPath": ".status.message",
+        "description": "why the job is in its phase: a refused create, a failure, a queue",
+    },
 ]
 
 

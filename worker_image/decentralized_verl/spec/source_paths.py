@@ -19,6 +19,9 @@ SHM_DIR = "/dev/shm"
 TMP_DIR = "/tmp"
 HOME_DIR = "/home/dverl"
 """The worker image's home and working directory (Dockerfile): a writable emptyDir in the pods."""
+IMAGE_EXAMPLES_DIR = "/opt/dverl/examples"
+"""Where the worker image carries the shipped examples (manifests and their data; Dockerfile), and so
+where a pod resolves a relative model or data path: a shipped example's `data/...` is found there."""
 RESERVED_MOUNT_PATHS = (CONFIG_DIR, CREDENTIALS_DIR, SHM_DIR, TMP_DIR, HOME_DIR)
 """Where the operator mounts its own volumes: no source or pod template may mount at, above or under them."""
 
@@ -74,13 +77,37 @@ def pod_roles_of(source: SourceSpec, spec: JobSections) -> set[str]:
     return roles - colocated
 
 
-def cluster_warnings(spec: JobSections) -> list[str]:
-    """Model and data paths a cluster's pods would not find: under no source's mountPath."""
-    warnings = []
+def unseen_paths(spec: JobSections) -> list[tuple[str, str]]:
+    """(field, why) of each model or data path a cluster's pods cannot see: an absolute path under no
+    source's mountPath and outside the image's examples folder. A relative path resolves in that folder
+    (IMAGE_EXAMPLES_DIR), which the worker image carries."""
+    unseen = []
     for field, path in model_and_data_paths(spec):
+        if not path.startswith("/"):
+            if not is_under(posixpath.join(IMAGE_EXAMPLES_DIR, path), IMAGE_EXAMPLES_DIR):
+                unseen.append(
+                    (
+                        field,
+                        f"{path!r} climbs out of the image's examples folder {IMAGE_EXAMPLES_DIR}, where a "
+                        "pod resolves a relative path, so no pod of a cluster can see it (add a source in "
+                        "spec.sources that holds it; `dverl run` reads it from this machine)",
+                    )
+                )
+            continue
+        if is_under(path, IMAGE_EXAMPLES_DIR):
+            continue
         if source_of(path, spec.sources) is None:
-            warnings.append(
-                f"{field}: {path!r} lies under no source's mountPath, so a cluster's pods will not find it "
-                "(add a source in spec.sources that holds it; `dverl run` reads it from this machine)"
+            unseen.append(
+                (
+                    field,
+                    f"{path!r} lies under no source's mountPath, so no pod of a cluster can see it (add a "
+                    "source in spec.sources that holds it, or give a path relative to the image's examples "
+                    f"folder {IMAGE_EXAMPLES_DIR}; `dverl run` reads it from this machine)",
+                )
             )
-    return warnings
+    return unseen
+
+
+def cluster_warnings(spec: JobSections) -> list[str]:
+    """What `dverl validate` says of a manifest run in a cluster, when it is not asked to refuse it."""
+    return [f"{field}: {why}" for field, why in unseen_paths(spec)]

@@ -8,12 +8,13 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from decentralized_verl.errors import Problem
+from decentralized_verl.spec.pod_security import template_pod, violations
 from decentralized_verl.spec.source_paths import RESERVED_MOUNT_PATHS, normal, overlaps
 from decentralized_verl.spec.uri import SHA256, UriProblem, parse_uri
 
 if TYPE_CHECKING:
     from decentralized_verl.spec.sections import JobSections
-    from decentralized_verl.spec.sources import PodOverrides
+    from decentralized_verl.spec.sources import PodOverrides, PodTemplate
 
 RESERVED_ENV = re.compile(r"^(DVERL_.*|MASTER_ADDR|MASTER_PORT|WORLD_SIZE|RANK)$")
 """Env the operator sets and the workers depend on: a pod template cannot replace it."""
@@ -123,6 +124,26 @@ def pod_template_problems(spec: JobSections) -> Iterator[Problem]:
     for name, role in spec.roles.items():
         if role.pod_template is not None:
             yield from _override_problems(f"spec.roles.{name}.podTemplate.spec", role.pod_template.spec)
+            yield from _profile_problems(f"spec.roles.{name}.podTemplate", role.pod_template)
+
+
+def _profile_problems(where: str, template: PodTemplate) -> Iterator[Problem]:
+    """What the template adds to its role's pods, judged by Pod Security "restricted" as admission would
+    judge the merged pod: a privileged, root, capability-adding or seccomp-Unconfined init container, a
+    volume type outside the profile (hostPath, nfs, ...), an AppArmor annotation that turns it off."""
+    over = template.spec
+    pod = template_pod(template.metadata.annotations, over.volumes, over.init_containers)
+    for violation in violations(pod, "restricted"):
+        if violation.field.startswith("spec.volumes[") and ".hostPath" in violation.field:
+            continue  # said once, by the volume rule above, with what to use instead
+        if violation.rule == "Volume Types" and any(
+            "hostPath" in v for i, v in enumerate(over.volumes) if violation.field == f"spec.volumes[{i}]"
+        ):
+            continue
+        field = violation.field.replace("spec.", f"{where}.spec.", 1)
+        if violation.field.startswith("metadata."):
+            field = f"{where}.{violation.field}"
+        yield Problem(field, f"{violation.message} (outside Pod Security restricted: {violation.rule})")
 
 
 def _named(where: str, items: list[dict[str, Any]]) -> Iterator[tuple[str, str | None]]:

@@ -64,7 +64,12 @@ class RLHFJobStatus(SpecModel):
         default=None, description="host:port of the job's DHT bootstrap peer as volunteers outside reach it"
     )
     step: NonNegativeInt = 0
-    """Learner steps done."""
+    """Learner steps done: the most the job has reached, never lower after a learner restarts from an
+    older checkpoint."""
+    reported_step: NonNegativeInt = Field(
+        default=0,
+        description="the step the coordinator reports now (below step while a restarted learner catches up)",
+    )
     total_steps: NonNegativeInt = 0
     """Learner steps the job will train."""
     reward: float | None = None

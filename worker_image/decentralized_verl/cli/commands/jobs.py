@@ -22,12 +22,19 @@ def _validate(parser: argparse.ArgumentParser) -> Command:
         help="RLHFJob manifests (every RLHFJob of a multi-document file), or a stages config",
     )
     parser.add_argument("--json", action="store_true", help=JSON_HELP + " (one object per file, a list)")
+    parser.add_argument(
+        "--target",
+        choices=("local", "cluster"),
+        default="local",
+        help="where the job will run: cluster makes a model or data path no pod can see an error "
+        "(local, for `dverl run`: a warning)",
+    )
 
     def run(args: argparse.Namespace) -> int:
         from decentralized_verl.planning.run_validate import main_validate  # noqa: PLC0415 entry: the command's body
         from decentralized_verl.stages.config import stages_summary  # noqa: PLC0415 entry: a stages file's check
 
-        return main_validate(args.files, as_json=args.json, stages=stages_summary)
+        return main_validate(args.files, as_json=args.json, stages=stages_summary, target=args.target)
 
     return run
 

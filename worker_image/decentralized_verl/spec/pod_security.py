@@ -1,9 +1,11 @@
-"""Pure: a pod checked against the Kubernetes Pod Security Standards, "baseline" and "restricted", rule by
-rule as https://kubernetes.io/docs/concepts/security/pod-security-standards/ documents them.
+"""Pure: the Kubernetes Pod Security Standards, "baseline" and "restricted", rule by rule as
+https://kubernetes.io/docs/concepts/security/pod-security-standards/ documents them, and the security
+settings that keep a worker pod within "restricted".
 
 `violations(pod, "restricted")` lists every rule the pod breaks, each with the field and the value found,
-the way the Pod Security admission controller would refuse it (empty: admitted). Tests run it over every
-pod the operator builds; it knows nothing of the operator.
+the way the Pod Security admission controller would refuse it (empty: admitted). `dverl validate` runs it
+over what a role's podTemplate adds to its pods (`template_violations`), the operator over every pod it
+builds, before creating any; it knows nothing of the operator.
 """
 
 from __future__ import annotations
@@ -207,3 +209,54 @@ def violations(pod: Mapping[str, Any], level: Level = "restricted") -> list[Viol
     if level == "restricted":
         found.extend(restricted(pod))
     return found
+
+
+WORKER_UID = 10001
+WORKER_GID = 10001
+"""The worker image's user and group (Dockerfile USER 10001:10001)."""
+
+
+def pod_security_context() -> dict[str, Any]:
+    """The pod-level settings every worker pod runs with."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": WORKER_UID,
+        "runAsGroup": WORKER_GID,
+        "fsGroup": WORKER_GID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security_context() -> dict[str, Any]:
+    """The container-level settings every container of a worker pod runs with."""
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "privileged": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def hardened(container: Mapping[str, Any]) -> dict[str, Any]:
+    """A container given by a user (a pod template's init container) with the restricted settings filled in
+    where it says nothing; what it does say is kept (the admission check judges it)."""
+    security = {**container_security_context(), **(container.get("securityContext") or {})}
+    return {**container, "securityContext": security}
+
+
+def template_pod(
+    annotations: Mapping[str, str], volumes: list[dict[str, Any]], init_containers: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """What a role's podTemplate puts into its pods that the standard judges, as the operator merges it:
+    its annotations, its volumes, its init containers hardened; the rest of the pod is the operator's
+    own, which keeps to "restricted" by construction."""
+    return {
+        "metadata": {"annotations": dict(annotations)},
+        "spec": {
+            "securityContext": pod_security_context(),
+            "volumes": list(volumes),
+            "initContainers": [hardened(c) for c in init_containers],
+        },
+    }

@@ -1,0 +1,156 @@
+"""Failures by kind, as Kubernetes' pod failure policies tell them apart: a bad-input exit and a kill
+for memory end the job at once, with what the worker said or the role's limit and the planner's fix;
+anything else retries up to backoffLimit. Preemption and eviction keep one vocabulary; the step shown
+never goes backwards."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from decentralized_verl.core.status import JobStatus
+from decentralized_verl.errors import EXIT_USAGE
+from dverl_operator.pods.failure import ending
+from dverl_operator.status import conditions as cond
+from dverl_operator.status import outcome
+from tests.support.cluster_world import World
+from tests.support.operator_fixtures import tiny_spec
+
+MISSING_MODEL = "error: spec.model.path: '/models/missing' is not a directory"
+
+
+def ended(world: World, name: str, code: int, reason: str = "Error", message: str = "") -> None:
+    terminated = {"exitCode": code, "reason": reason, "message": message}
+    world.pods[name]["status"] = {
+        "phase": "Failed",
+        "containerStatuses": [{"name": "worker", "state": {"terminated": terminated}}],
+    }
+
+
+def started(spec: dict[str, Any]) -> World:
+    world = World(spec)
+    world.settle()
+    world.run_pods()
+    world.step()
+    return world
+
+
+def failed_condition(world: World) -> dict[str, Any]:
+    found = cond.condition(world.status["conditions"], cond.FAILED)
+    assert found is not None, world.status
+    return found
+
+
+def test_a_bad_input_exit_fails_the_job_at_once_with_the_workers_message() -> None:
+    world = started({**tiny_spec(), "backoffLimit": 6})
+    ended(world, "j-learner-0", EXIT_USAGE, message=MISSING_MODEL)
+    world.step()
+    assert world.status["phase"] == "Failed"
+    failed = failed_condition(world)
+    assert failed["reason"] == "BadInput"
+    assert failed["message"] == (
+        f"pod j-learner-0 (learner): container worker exited 2 (bad input, not retried): {MISSING_MODEL}"
+    )
+    assert ("Warning", "BadInput", failed["message"]) in world.events
+    assert world.pods == {} or all(p["metadata"].get("deletionTimestamp") for p in world.pods.values()), (
+        "every pod of a failed job goes"
+    )
+
+
+def test_an_ordinary_crash_is_retried_with_backoff_not_failed() -> None:
+    world = started({**tiny_spec(), "backoffLimit": 6})
+    ended(world, "j-rollout-0", 1, message="Traceback ... RuntimeError: boom")
+    world.step()
+    assert world.status["phase"] != "Failed"
+    assert world.status["roles"]["rollout"]["restarts"] == 1
+    restarting = cond.condition(world.status["conditions"], cond.RESTARTING)
+    assert restarting is not None and "backoff" in restarting["message"]
+
+
+def test_an_oom_kill_names_the_role_its_limit_and_the_planners_fix() -> None:
+    spec = tiny_spec()
+    spec["roles"]["rollout"]["resources"] = {"memory": "600Mi"}
+    world = started({**spec, "backoffLimit": 6})
+    ended(world, "j-rollout-1", 137, reason="OOMKilled")
+    world.step()
+    assert world.status["phase"] == "Failed"
+    failed = failed_condition(world)
+    assert failed["reason"] == "OOMKilled"
+    message = failed["message"]
+    assert message.startswith(
+        "pod j-rollout-1 (rollout): container worker was OOMKilled under its memory limit 600Mi"
+    )
+    assert "planner estimates ~0.5 GiB" in message
+    assert "set roles.rollout.resources.memory >= 900Mi or lower roles.rollout.microbatchSize" in message
+
+
+def test_an_oom_kill_without_a_limit_says_the_node_ran_out() -> None:
+    world = started({**tiny_spec(), "backoffLimit": 6})
+    ended(world, "j-learner-0", 137, reason="OOMKilled")
+    world.step()
+    assert "no memory limit (the node ran out)" in failed_condition(world)["message"]
+
+
+def test_a_bad_input_init_container_is_read_before_the_worker() -> None:
+    pod = {
+        "status": {
+            "phase": "Failed",
+            "initContainerStatuses": [
+                {"name": "fetch-data", "state": {"terminated": {"exitCode": 2, "message": "bad URI"}}}
+            ],
+            "containerStatuses": [{"name": "worker", "state": {"waiting": {"reason": "PodInitializing"}}}],
+        }
+    }
+    got = ending(pod)
+    assert (got.kind, got.container, got.message) == ("bad-input", "fetch-data", "bad URI")
+    assert ending({"status": {"phase": "Failed", "reason": "Evicted"}}).kind == "other"
+
+
+def test_a_bad_input_exit_wins_over_the_backoff_limit_it_also_crosses() -> None:
+    world = started({**tiny_spec(), "backoffLimit": 0})
+    ended(world, "j-rollout-0", 1)
+    ended(world, "j-learner-0", EXIT_USAGE, message=MISSING_MODEL)
+    world.step()
+    assert failed_condition(world)["reason"] == "BadInput"
+
+
+def test_an_eviction_is_called_evicted_in_the_condition_and_the_event_alike() -> None:
+    world = started(tiny_spec())
+    world.pods["j-rollout-1"]["status"] = {"phase": "Failed", "reason": "Evicted", "message": "node pressure"}
+    world.step()
+    restarting = cond.condition(world.status["conditions"], cond.RESTARTING)
+    assert restarting is not None and restarting["reason"] == "Evicted"
+    assert [e[1] for e in world.events if e[0] == "Warning"] == ["Evicted"]
+    assert "was evicted" in restarting["message"]
+
+
+def test_a_preemption_is_called_preempted_in_the_condition_and_the_event_alike() -> None:
+    world = started(tiny_spec())
+    world.preempt("j-rollout-1")
+    world.step()
+    restarting = cond.condition(world.status["conditions"], cond.RESTARTING)
+    assert restarting is not None and restarting["reason"] == "Preempted"
+    assert [e[1] for e in world.events if e[0] == "Warning"] == ["Preempted"]
+
+
+def progress(step: int) -> JobStatus:
+    return JobStatus(state="Running", step=step, total_steps=20)
+
+
+def test_the_step_never_goes_backwards_while_a_restarted_learner_catches_up() -> None:
+    status: dict[str, Any] = {}
+    shown = []
+    clock = []
+    for now, step in enumerate([7, 8, 0, 5, 6, 8, 9], start=1):
+        status, _ = outcome.progress_status(status, dict(status), progress(step), None, 20, float(now))
+        shown.append(status["step"])
+        clock.append(status["lastProgressTime"])
+    assert shown == [7, 8, 8, 8, 8, 8, 9]
+    assert status["reportedStep"] == 9
+    # The stall watchdog's clock moves with every change of the reported step, catching up included.
+    assert len(set(clock)) == 7
+
+
+def test_the_stall_clock_stays_put_while_the_reported_step_stands_still() -> None:
+    status, _ = outcome.progress_status({}, {}, progress(3), None, 20, 1.0)
+    again, _ = outcome.progress_status(status, dict(status), progress(3), None, 20, 50.0)
+    assert again["lastProgressTime"] == status["lastProgressTime"]
