@@ -8,9 +8,9 @@ from typing import Any
 
 from decentralized_verl.planning.plan import plan_job
 from decentralized_verl.spec.manifest import parse_spec
+from decentralized_verl.spec.pod_security import violations
 from dverl_operator.objects import owned, quantity
 from dverl_operator.pods.gpu import NCCL_DEFAULT_INTERFACE, NCCL_INTERFACE, SHM_PER_GPU_MIB
-from dverl_operator.pods.standards import violations
 from dverl_operator.reconcile.desired import for_job
 from tests.support.operator_fixtures import tiny_spec
 

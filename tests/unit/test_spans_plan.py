@@ -223,6 +223,10 @@ def test_the_operator_makes_the_span_pods_of_a_job_it_places_as_spans():
 
     gpu = {"gpus": 1, "gpuMemory": "24Gi"}
     spec = {
+        "sources": [
+            {"name": "models", "mountPath": "/models", "pvc": {"claimName": "models"}},
+            {"name": "data", "mountPath": "/data", "pvc": {"claimName": "data"}},
+        ],
         "model": {"path": "/models/Qwen2.5-14B-Instruct", "dtype": "bfloat16"},  # known by name: ~28 GiB
         "algorithm": {"name": "grpo", "samplesPerPrompt": 2},
         "data": {"train": "/data/train.jsonl", "maxPromptTokens": 128, "maxNewTokens": 128},

@@ -2,7 +2,7 @@
 ResourceQuota. Pure: the pod, its namespace's labels, the quotas and the pods already counted in, to the
 refusal the API server answers with (None: admitted).
 
-Pod Security is judged by the operator's one Pod Security Standards checker (dverl_operator.pods.standards),
+Pod Security is judged by the product's one checker (decentralized_verl.spec.pod_security),
 so the test world and the product agree on what "restricted" means.
 """
 
@@ -13,8 +13,8 @@ from collections.abc import Iterable, Mapping
 from decimal import Decimal
 from typing import Any
 
+from decentralized_verl.spec.pod_security import violations
 from dverl_operator.objects.quantity import parse
-from dverl_operator.pods.standards import violations
 from tests.support.api_server.schema import FieldError
 from tests.support.api_server.status import Refusal, forbidden
 
