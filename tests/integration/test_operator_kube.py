@@ -36,7 +36,12 @@ def pod(name: str, namespace: str = "default", **labels: str) -> dict:
 
 async def test_each_verb_answers_as_the_reconcile_loop_expects(tmp_path: Path) -> None:
     async with Emulator(tmp_path) as emu, Cluster(client_config(str(emu.kubeconfig))) as cluster:
-        assert await cluster.get("Pod", "default", "p1") is None
+        # The verbs the operator holds on each kind (the chart's Role): it gets ConfigMaps, never one Pod.
+        assert await cluster.get("ConfigMap", "default", "c1") is None
+        config_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c1"}, "data": {"k": "v"}}
+        assert await cluster.create("ConfigMap", "default", config_map) is True
+        got = await cluster.get("ConfigMap", "default", "c1")
+        assert got is not None and got["data"] == {"k": "v"} and type(got) is dict
         assert await cluster.create("Pod", "default", pod("p1", app="a")) is True
         assert await cluster.create("Pod", "default", pod("p1", app="a")) is False  # already there
         assert await cluster.create("Pod", "default", pod("p2", app="b")) is True
@@ -48,7 +53,7 @@ async def test_each_verb_answers_as_the_reconcile_loop_expects(tmp_path: Path) -
         assert await cluster.patch("Pod", "default", "gone", {"metadata": {"labels": {"x": "y"}}}) is None
         assert await cluster.delete("Pod", "default", "p1") is True
         assert await cluster.delete("Pod", "default", "p1") is False
-        assert await cluster.get("Pod", "default", "p1") is None
+        assert await cluster.list("Pod", "default", {"app": "a"}) == []
 
 
 async def test_a_custom_resource_and_its_status_subresource(tmp_path: Path) -> None:

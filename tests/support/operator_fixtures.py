@@ -98,11 +98,15 @@ class Emulator:
     """The strict emulator served on 127.0.0.1 plus a client and cluster behaviours.
 
     The operator (its kubeconfig's token) acts as the chart's ServiceAccount, rendered into `default` with
-    `chart_values` (helm `--set`s); `rbac=False` leaves it unchecked. The tests' own client is an admin."""
+    `chart_values` (helm `--set`s); `rbac=False` leaves it unchecked. The tests' own client is an admin.
+    The operator these fixtures start watches every namespace (`--all-namespaces`), so the chart is
+    rendered with its cluster-wide opt-in unless the test chooses the namespaces itself."""
 
     def __init__(self, tmp: Path, chart_values: Sequence[str] = (), rbac: bool = True) -> None:
         self.tmp = tmp
-        values = [f"fullnameOverride={RELEASE_NAME}", *chart_values]
+        scoped = any(v.startswith(("watchNamespaces", "clusterWide")) for v in chart_values)
+        cluster_wide = [] if scoped else ["clusterWide=true"]
+        values = [f"fullnameOverride={RELEASE_NAME}", *cluster_wide, *chart_values]
         authorizer, user = chart_authorizer("default", values) if rbac else (None, "operator")
         self.operator_user = user
         self.kmock = StrictEmulator(
