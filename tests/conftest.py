@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,7 +11,9 @@ import pytest
 
 from tests.support.dockerfile import Dockerfile, parse_dockerfile
 from tests.support.paths import ROOT
-from tests.support.ray_head import ray_head
+from tests.support.ray_head import SESSION_AUTH, ray_head
+
+os.environ.update(SESSION_AUTH)  # before any test module loads Ray (tests/support/ray_head.py)
 
 
 @pytest.fixture

@@ -67,7 +67,7 @@ def test_every_part_passes_the_cpu_dry_run(tmp_path: Path) -> None:
     assert parts["learner_alone"]["tokens_per_s"] > 0 and parts["learner_alone"]["mfu_6nt"] > 0
     log = (tmp_path / "gpu_check.log").read_text()
     assert "skipped" in parts["gpu_tests"]["summary"]  # no CUDA here: each skips, saying so
-    assert log.count("=====") == 13  # every part's output is kept, in order
+    assert log.count("=====") == len(parts)  # every part's output is kept, in order
     assert "[13/13] learner_alone: passed" in done.stdout
 
 

@@ -24,6 +24,11 @@ import pytest
 from tests.support.paths import ROOT
 from tests.support.processes import free_port
 
+SESSION_AUTH = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+"""Ray's token authentication for every head the tests start, put in the test process's environment when
+the tests load (tests/conftest.py): Ray fixes a process's auth mode the first time it loads, and a test
+module that imports Ray before a head is up would otherwise leave this process unable to join one."""
+
 
 def _reachable(port: int) -> bool:
     with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
@@ -50,7 +55,7 @@ def ray_head(tmp: Path, num_cpus: int = 6) -> Iterator[str]:
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     # Ray's token authentication, as docs/ray.md asks of every cluster a job runs on: the head refuses a
     # client without the token; this test process (and the drivers it starts) holds it while the head runs.
-    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    auth = SESSION_AUTH
     env.update(auth)
     temp = Path("/tmp") / f"ray-{os.getpid()}"  # a Unix socket path under it must stay short
     log = (tmp / "ray-head.log").open("w")
