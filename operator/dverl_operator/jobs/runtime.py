@@ -71,22 +71,15 @@ class Runtime:
         between full passes (which run on every watch event of the job or its pods, and at each resync)
         only progress changes, so polling it must not cost each job six API reads every few seconds."""
         cached = self._observed.get((namespace, name))
-        if cached is None:
-            return None
-        uid = str(cached.job["metadata"].get("uid") or "")
-        progress = await self._poll(namespace, name, uid, cached.pods)
-        return replace(
-            cached,
-            progress=progress,
-            now=time.time(),
-            credentials_ready=self._credentials_fresh(namespace, name, uid),
-        )
+        return None if cached is None else await self._with_progress(namespace, name, cached)
 
     async def observe(self, namespace: str, name: str) -> Observed | None:
         """The job and its children as the API has them, with the coordinator's progress."""
         seen = await observe(self.cluster, self.settings, namespace, name)
-        if seen is None:
-            return None
+        return None if seen is None else await self._with_progress(namespace, name, seen)
+
+    async def _with_progress(self, namespace: str, name: str, seen: Observed) -> Observed:
+        """`seen` with the coordinator's progress polled now, the clock and whether credentials are known."""
         uid = str(seen.job["metadata"].get("uid") or "")
         progress = await self._poll(namespace, name, uid, seen.pods)
         return replace(
