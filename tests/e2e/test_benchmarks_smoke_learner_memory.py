@@ -8,11 +8,8 @@ import os
 import subprocess
 import sys
 
+from tests.support.benchmark_runs import TINY_SMOKE_PARAMS
 from tests.support.paths import ROOT
-
-# tiny-smoke by hand: 2 layers x (attention 4*64*64 + MLP 3*64*128 + 2 norms of 64) + embedding and
-# untied lm_head 2*104*64 + final norm 64; every first dimension is even, so two shards are equal halves.
-TINY_SMOKE_PARAMS = 2 * (4 * 64 * 64 + 3 * 64 * 128 + 2 * 64) + 2 * 104 * 64 + 64
 
 
 def test_fsdp_ranks_hold_half_the_state_of_ddp_ranks(tmp_path):

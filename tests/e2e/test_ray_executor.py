@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from decentralized_verl.planning.plan import plan_job
 from decentralized_verl.reporting.metrics import read_metrics
 from decentralized_verl.spec.manifest import load_job
 from tests.support.processes import wait_for_step
-from tests.support.ray_head import ROOT
+from tests.support.ray_head import ROOT, dverl_on_ray, ray_client_env
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import chaos
@@ -34,23 +33,6 @@ or, for "process", rollout-0's worker process alone (restarted inside its actor)
 
 
 # ----------------------------------------------------------------------------------- a real cluster
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    paths = [str(ROOT / "worker_image"), str(ROOT / "operator"), env.get("PYTHONPATH", "")]
-    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
-    return env
-
-
-def _dverl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "decentralized_verl.cli", *args],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 @pytest.mark.timeout(900)
@@ -74,7 +56,7 @@ def test_tiny_job_runs_on_ray_survives_a_killed_actor_of_each_role_and_shows_in_
                 "--ray",
                 ray_address,
             ],
-            env=_env(),
+            env=ray_client_env(),
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -93,7 +75,7 @@ def test_tiny_job_runs_on_ray_survives_a_killed_actor_of_each_role_and_shows_in_
             ray.get(learner.signal.remote(signal.SIGSTOP))
             try:
                 if status_seen is None:
-                    status_seen = _dverl("status", "rayjob", "--ray", ray_address, "--json")
+                    status_seen = dverl_on_ray("status", "rayjob", "--ray", ray_address, "--json")
                     logged_then = step
                 while pending and pending[0][0] <= step:
                     _, what = pending.pop(0)

@@ -11,33 +11,14 @@ end in tests/e2e/, under the same name.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 
 import pytest
 
+from tests.support.benchmark_runs import run_benchmark as run
 from tests.support.paths import BENCHMARKS as BENCH
-from tests.support.paths import ROOT
 
 sys.path.insert(0, str(BENCH))
-
-
-# tiny-smoke by hand: 2 layers x (attention 4*64*64 + MLP 3*64*128 + 2 norms of 64) + embedding and
-# untied lm_head 2*104*64 + final norm 64.
-TINY_SMOKE_PARAMS = 2 * (4 * 64 * 64 + 3 * 64 * 128 + 2 * 64) + 2 * 104 * 64 + 64
-assert TINY_SMOKE_PARAMS == 95_552
-
-
-def run(script: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(BENCH / script), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        cwd=str(ROOT),
-    )
 
 
 @pytest.mark.parametrize(

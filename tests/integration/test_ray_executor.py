@@ -8,44 +8,21 @@ end in tests/e2e/, under the same name.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import yaml
 
-from tests.support.ray_head import ROOT
+from tests.support.ray_head import ROOT, dverl_on_ray
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import chaos
 
-"""Step the learner has logged -> what is killed then: a role's actor (rollout-1, the others' only worker),
-or, for "process", rollout-0's worker process alone (restarted inside its actor)."""
-
-
 # ----------------------------------------------------------------------------------- a real cluster
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    paths = [str(ROOT / "worker_image"), str(ROOT / "operator"), env.get("PYTHONPATH", "")]
-    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
-    return env
-
-
-def _dverl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "decentralized_verl.cli", *args],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 def test_status_of_a_job_the_cluster_does_not_run_names_it(ray_address: str) -> None:
-    result = _dverl("status", "no-such-job", "--ray", ray_address)
+    result = dverl_on_ray("status", "no-such-job", "--ray", ray_address)
     assert result.returncode == 2
     assert "no job 'no-such-job' on this Ray cluster (jobs running: none)" in result.stderr
 
@@ -55,7 +32,7 @@ def test_run_where_no_ray_cluster_answers_fails_at_once_naming_the_address(tmp_p
 
     job = chaos.tiny_job(tmp_path, "nowhere", 2, seed=1)
     address = f"127.0.0.1:{free_port()}"
-    result = _dverl("run", str(job), "-o", str(tmp_path / "run"), "--ray", address)
+    result = dverl_on_ray("run", str(job), "-o", str(tmp_path / "run"), "--ray", address)
     assert result.returncode == 2
     assert f"error: --ray {address}: no Ray cluster answers there" in result.stderr
     assert not (tmp_path / "run" / "logs").exists()  # no worker was started anywhere
@@ -68,10 +45,10 @@ def test_a_worker_no_ray_node_can_hold_fails_the_run_naming_it_and_places_nothin
     doc = yaml.safe_load(job.read_text())
     doc["spec"]["roles"]["reward"]["resources"] = {"cpu": "64"}  # the head has 6
     job.write_text(yaml.safe_dump(doc))
-    result = _dverl("run", str(job), "-o", str(tmp_path / "run"), "--ray", ray_address)
+    result = dverl_on_ray("run", str(job), "-o", str(tmp_path / "run"), "--ray", ray_address)
     assert result.returncode == 2, result.stderr
     assert (
         "error: toobig-reward-0: no node of the Ray cluster has CPU 64 (most on a node: 6)" in result.stderr
     )
-    status = _dverl("status", "toobig", "--ray", ray_address)
+    status = dverl_on_ray("status", "toobig", "--ray", ray_address)
     assert "no job 'toobig' on this Ray cluster" in status.stderr  # no record, no actor was made

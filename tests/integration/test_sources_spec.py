@@ -12,23 +12,8 @@ from pathlib import Path
 
 import yaml
 
+from tests.support.job_manifests import GOOD_SOURCES as GOOD
 from tests.support.job_manifests import sources_spec
-
-DIGEST = "ab" * 32
-
-
-GOOD = [
-    {"name": "toy", "mountPath": "/data", "local": "data", "pvc": {"claimName": "rl", "subPath": "toy/v1"}},
-    {"name": "model", "mountPath": "/models", "uri": {"url": "hf://owner/repo/m.tar.gz", "sha256": DIGEST}},
-    {"name": "small", "mountPath": "/small", "configMap": {"name": "small-data"}},
-    {"name": "examples", "image": {"path": "/opt/dverl/examples"}},
-    {
-        "name": "s3",
-        "mountPath": "/s3",
-        "roles": ["rollout"],
-        "uri": {"url": "s3://bucket/key/file.bin", "insecureSkipDigest": True},
-    },
-]
 
 
 def test_dverl_validate_prints_problems_and_warnings(tmp_path: Path) -> None:

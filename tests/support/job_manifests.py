@@ -126,6 +126,28 @@ def cluster_manifest(folder: Path, sources: list[dict], **overrides) -> Path:
     )
 
 
+SOURCE_DIGEST = "ab" * 32
+
+GOOD_SOURCES = [
+    {"name": "toy", "mountPath": "/data", "local": "data", "pvc": {"claimName": "rl", "subPath": "toy/v1"}},
+    {
+        "name": "model",
+        "mountPath": "/models",
+        "uri": {"url": "hf://owner/repo/m.tar.gz", "sha256": SOURCE_DIGEST},
+    },
+    {"name": "small", "mountPath": "/small", "configMap": {"name": "small-data"}},
+    {"name": "examples", "image": {"path": "/opt/dverl/examples"}},
+    {
+        "name": "s3",
+        "mountPath": "/s3",
+        "roles": ["rollout"],
+        "uri": {"url": "s3://bucket/key/file.bin", "insecureSkipDigest": True},
+    },
+]
+"""One source of every kind, each valid: a pvc with a local copy, a digest-checked URI, a ConfigMap, the
+image's own folder, and a role-limited URI that accepts an unchecked download explicitly."""
+
+
 def sources_spec(sources: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
     """A spec reading its model and data from pod paths that `sources` fill."""
     document: dict[str, Any] = {

@@ -30,6 +30,26 @@ the tests load (tests/conftest.py): Ray fixes a process's auth mode the first ti
 module that imports Ray before a head is up would otherwise leave this process unable to join one."""
 
 
+def ray_client_env() -> dict[str, str]:
+    """This environment with the product's two source folders on PYTHONPATH, so the Ray workers the head
+    starts import the same code as the test process."""
+    env = dict(os.environ)
+    paths = [str(ROOT / "worker_image"), str(ROOT / "operator"), env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    return env
+
+
+def dverl_on_ray(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`dverl ARGS...` as a user types it against a Ray head, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "decentralized_verl.cli", *args],
+        env=ray_client_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def _reachable(port: int) -> bool:
     with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
         return True

@@ -13,29 +13,15 @@ import pytest
 from decentralized_verl.errors import ManifestError
 from decentralized_verl.spec.manifest import parse_spec
 from decentralized_verl.spec.source_paths import cluster_warnings, pod_roles_of, source_of
+from tests.support.job_manifests import GOOD_SOURCES as GOOD
+from tests.support.job_manifests import SOURCE_DIGEST as DIGEST
 from tests.support.job_manifests import sources_spec
-
-DIGEST = "ab" * 32
 
 
 def problems(document: dict[str, Any]) -> list[str]:
     with pytest.raises(ManifestError) as caught:
         parse_spec(document)
     return [str(p) for p in caught.value.problems]
-
-
-GOOD = [
-    {"name": "toy", "mountPath": "/data", "local": "data", "pvc": {"claimName": "rl", "subPath": "toy/v1"}},
-    {"name": "model", "mountPath": "/models", "uri": {"url": "hf://owner/repo/m.tar.gz", "sha256": DIGEST}},
-    {"name": "small", "mountPath": "/small", "configMap": {"name": "small-data"}},
-    {"name": "examples", "image": {"path": "/opt/dverl/examples"}},
-    {
-        "name": "s3",
-        "mountPath": "/s3",
-        "roles": ["rollout"],
-        "uri": {"url": "s3://bucket/key/file.bin", "insecureSkipDigest": True},
-    },
-]
 
 
 def test_every_kind_of_source_is_accepted() -> None:
