@@ -3,12 +3,19 @@ it the role's token, while another process of the same user (root without CAP_SY
 what an ordinary user's processes are to each other) tries every route `/proc` offers from the moment
 the worker exists: each `/proc/<pid>/fd/<n>` opened and read, its environment, its memory. The handed
 secrets were readable through the pipe they used to come on; now none of them is ever read, and once the
-worker serves, its descriptors and memory are closed to the neighbour."""
+worker serves, its descriptors and memory are closed to the neighbour.
+
+At the same time a process of another user (uid 65534, `setpriv`, with the shell tools of /usr/bin: the
+interpreter lives under /root, out of that user's reach) lists `/proc/<pid>/fd`, reads every
+`/proc/<pid>/fd/<n>` and `/proc/<pid>/environ` from the worker's first moments: nothing opens to it.
+The same tools as the same uid read a process of that uid's own environment and descriptors, so the
+attack is one that works where the kernel allows it."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -27,13 +34,59 @@ def _support(*args: str, **kwargs) -> subprocess.Popen:
     )
 
 
+NOBODY = ("setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups")
+ATTACK = """
+echo "uid $(id -u)"
+P=$1; END=$(( $(date +%s) + $2 ))
+while [ "$(date +%s)" -lt "$END" ] && [ -d "/proc/$P" ]; do
+  ls "/proc/$P/fd" >/dev/null 2>&1 && echo "listed fd"
+  cat "/proc/$P/environ" 2>/dev/null && echo && echo "read environ"
+  for n in 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15; do
+    timeout 0.2 cat "/proc/$P/fd/$n" 2>/dev/null; rc=$?
+    if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then echo "opened fd $n"; fi
+  done
+done
+"""
+"""Every route `/proc` offers, with /usr/bin's tools, for `$2` seconds; what it read, and a line for each
+route that opened."""
+
+
+def _attack_as_nobody(pid: int, seconds: int) -> subprocess.Popen:
+    return subprocess.Popen(
+        [*NOBODY, "/bin/sh", "-c", ATTACK, "attack", str(pid), str(seconds)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        cwd="/",
+        env={"PATH": "/usr/bin:/bin"},
+    )
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="util-linux's setpriv is not installed")
+def test_the_attack_reads_a_process_of_its_own_uid() -> None:
+    """The control: the same tools, as uid 65534, against a process of uid 65534 holding a secret."""
+    victim = subprocess.Popen(
+        [*NOBODY, "/usr/bin/sleep", "30"], env={"PATH": "/usr/bin", "SECRET": "own-uid-secret"}
+    )
+    try:
+        out = _attack_as_nobody(victim.pid, 1).communicate(timeout=60)[0].decode(errors="replace")
+    finally:
+        victim.kill()
+        victim.wait()
+    assert "uid 65534" in out and "own-uid-secret" in out and "read environ" in out, out
+    assert "listed fd" in out and "opened fd 0" in out, out
+
+
 def test_a_neighbour_of_the_same_user_reads_no_handed_secret(tmp_path: Path) -> None:
     launcher = _support("launch", str(tmp_path), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    other = None
     try:
         started = json.loads(launcher.stdout.readline())
         # From the worker's first moments (it is still importing) until well after it serves.
         snoop = _support("snoop", str(started["pid"]), "20", stdout=subprocess.PIPE)
+        if shutil.which("setpriv") is not None:
+            other = _attack_as_nobody(started["pid"], 20)
         seen = json.loads(snoop.communicate(timeout=120)[0])
+        by_nobody = other.communicate(timeout=120)[0] if other is not None else b""
     finally:
         launcher.stdin.close()
         launcher.wait(timeout=60)
@@ -45,3 +98,10 @@ def test_a_neighbour_of_the_same_user_reads_no_handed_secret(tmp_path: Path) -> 
     # Before its entry ran the worker was an ordinary process (the neighbour could open its
     # descriptors, which held nothing yet); once it took its secrets, nothing of it opens.
     assert "fd_opened" not in seen["at_the_end"] and "mem" not in seen["at_the_end"], seen
+    if other is not None:
+        # Another uid: not one route opens, not even before the worker's entry ran.
+        said = by_nobody.decode(errors="replace")
+        assert said.startswith("uid 65534"), said[:200]
+        assert not any(line.startswith(("listed", "read", "opened")) for line in said.splitlines()), said
+        for secret in started["secrets"]:
+            assert secret.encode() not in by_nobody and bytes.fromhex(secret) not in by_nobody
