@@ -25,9 +25,11 @@ from decentralized_verl.environments.base import EpisodeRecord, StepResult
 from decentralized_verl.environments.replay import transcript
 from decentralized_verl.proto import dverl_pb2 as pb
 from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc
+from decentralized_verl.spec import TinyModelSpec
 from tests.support.paths import ROOT
 
 SPY = "tests.support.spy_environment:Spy"
+TINY = TinyModelSpec(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, max_positions=256)
 GAME = """
 import time
 from decentralized_verl.environments.base import StepResult
@@ -83,6 +85,36 @@ def test_a_user_environments_problems_are_named_and_a_hung_step_restarts_the_chi
     fresh = registry.make_environment("user_game:Counter", timeout_s=10)
     fresh.reset(EpisodeRecord("p", "2", 0))
     assert fresh.step("a").done
+
+
+def test_a_rollout_worker_plays_the_same_episodes_through_the_child(
+    policy, apart_mode: None, tmp_path: Path
+) -> None:
+    """The guessing game as a user's `module:Class` in a child, played by a tiny policy through a rollout
+    worker (episodes stepped concurrently by the worker, one at a time by the child): the same samples,
+    turn for turn and token for token, as the built-in played in-process."""
+    from dataclasses import replace
+
+    from tests.support.multiturn import GAME, play, prompts
+
+    (tmp_path / "user_guess.py").write_text(
+        "from decentralized_verl.environments.guessing_game import GuessingGame as Game\n"
+    )
+    model, tok = policy
+    items = [(p, k) for p in prompts(tok) for k in range(2)]
+    built_in = play(model, tok, items)
+    child = play(model, tok, items, settings=replace(GAME, name="user_guess:Game"))
+    assert apart._child._proc is not None  # the user's class ran there
+    assert any(len(s.turns) > 1 for s in built_in.values())
+    for key, sample in built_in.items():
+        other = child[key]
+        assert other.turns == sample.turns and other.response_ids == sample.response_ids
+        assert other.loss_mask == sample.loss_mask
+
+        def untimed(extra: dict) -> dict:
+            return {k: v for k, v in extra.items() if not k.endswith("seconds")}
+
+        assert untimed(other.extra) == untimed(sample.extra)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the worker runs as root less CAP_SYS_PTRACE")
