@@ -194,6 +194,69 @@ def test_a_volunteer_answers_only_the_fronts_it_serves(swarm):
         stranger.shutdown()
 
 
+def test_a_stolen_key_cannot_lock_a_live_front_out_of_genuine_rosters(swarm, reference, monkeypatch):
+    """A front taking volunteers from rosters (its handler on the swarm's P2P peer), pushed to over libp2p
+    by another peer holding the learner's key: the coordinator's roster is taken; the thief's, with an
+    enormous, infinite or NaN sequence and the cheating volunteer offered, is refused by the clock bound;
+    the coordinator's next roster is still taken, and the volunteer it offers is attached. With the bound
+    lifted the same roster locks the front out: every genuine roster after it is a "replay"."""
+    import math
+    import time
+
+    import hivemind
+    from google.protobuf.wrappers_pb2 import BytesValue
+
+    from decentralized_verl.spans import front_volunteers
+    from decentralized_verl.spans.front_volunteers import FrontVolunteers
+    from decentralized_verl.spans.roster import PUSH, sign_push
+    from decentralized_verl.transport.p2p import connect, peer
+
+    model, _ = reference
+    p2p, loop, trusted, peers = swarm
+
+    def run(coroutine, timeout: float = 60.0):
+        return asyncio.run_coroutine_threadsafe(coroutine, loop).result(timeout)
+
+    options = {"timeout_s": 60.0, "failover_s": 120.0, "check_fraction": 1.0, "seed": 0}
+    backend = SpanBackend.from_spec(
+        SPEC, ONE, [[trusted]], chain_options=options, verify_key=PUBLIC, max_batch_size=6
+    )
+    _refresh(backend, model, 4)
+    me = p2p.peer_id.to_base58()
+    front = FrontVolunteers(backend, p2p, "job", me, PUBLIC, loop)
+    run(front.register())
+    maddrs = [str(a) for a in run(p2p.get_visible_maddrs())]
+    sender = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=maddrs)
+    try:
+        other = run(sender.replicate_p2p())
+        assert run(connect(other, me, [a.split("/p2p/")[0] for a in maddrs]))
+
+        def push(seq: float, *offered: str) -> dict:
+            volunteers = [{"peer": peers[name], "span": "0:4", "maddrs": peers["honest-maddrs"]}
+                          for name in offered]  # fmt: skip
+            payload = {"job": "job", "front": me, "seq": seq, "volunteers": volunteers}
+            data = BytesValue(value=sign_push(payload, KEY))
+            return json.loads(run(other.call_protobuf_handler(peer(me), PUSH, data, BytesValue)).value)
+
+        assert "error" not in push(time.time())  # the coordinator's, at its send time
+        for enormous in (9e18, math.inf, math.nan):
+            assert "ahead of this front's clock" in push(enormous, "cheat")["error"]
+        assert "error" not in push(time.time(), "honest")  # genuine rosters are still taken
+        deadline = time.monotonic() + 180
+        while peers["honest"] not in push(time.time(), "honest").get("attached", {}):
+            assert time.monotonic() < deadline, front.reply()
+            time.sleep(0.5)
+        assert peers["cheat"] not in front.attached and peers["cheat"] not in front.dropped
+
+        monkeypatch.setattr(front_volunteers, "ROSTER_CLOCK_SKEW_S", math.inf)  # the bound lifted
+        assert "error" not in push(9e18)
+        assert "a replay" in push(time.time())["error"]
+        run(other.shutdown())
+    finally:
+        sender.shutdown()
+        backend.close()
+
+
 def _cheat() -> int:
     """A volunteer that adds noise to every activation it returns: this process's span server is made to
     lie before the volunteer starts."""

@@ -1,9 +1,11 @@
 """A job run by an ordinary user, and a neighbour of its workers.
 
 Both run as root without CAP_SYS_PTRACE (`_as_plain_user`): to each other what two processes of one
-ordinary user are. `launch FOLDER`: `dverl run`'s launcher issues the run's credentials and starts one
-reward worker the way `dverl run` does; prints one JSON line (the worker's pid, the run's secrets in
-hex) and stops the worker when its stdin closes.
+ordinary user are. `launch FOLDER [OVERRIDES]`: `dverl run`'s launcher issues the run's credentials and
+starts one reward worker the way `dverl run` does (the job's spec changed by the JSON `OVERRIDES`, dotted
+paths);
+prints one JSON line (the worker's pid and address, the run's secrets in hex, each role's token, the CA)
+and stops the worker when its stdin closes.
 
 `snoop PID SECONDS`: tries what any process of the same user can try on a freshly started
 worker, again and again: open every `/proc/<pid>/fd/<n>` and read what is buffered there, read
@@ -89,7 +91,7 @@ def snoop(pid: int, seconds: float) -> dict[str, object]:
     return {"stolen": sorted(stolen), "ever": sorted(seen), "at_the_end": at_the_end}
 
 
-def launch(folder: Path) -> None:
+def launch(folder: Path, overrides: dict | None = None) -> None:
     from decentralized_verl.launch.local import LocalCluster
     from decentralized_verl.launch.run import write_config
     from decentralized_verl.planning.plan import plan_job
@@ -97,7 +99,7 @@ def launch(folder: Path) -> None:
     from decentralized_verl.spec.manifest import load_job
     from tests.support.job_manifests import e2e_manifest
 
-    manifest = e2e_manifest(folder, "neighbours", **{"roles.reward": {"replicas": 1}})
+    manifest = e2e_manifest(folder, "neighbours", **{"roles.reward": {"replicas": 1}, **(overrides or {})})
     job = load_job(manifest)
     output = folder / "run"
     config = write_config(job, manifest, output)
@@ -105,8 +107,11 @@ def launch(folder: Path) -> None:
     with LocalCluster(plan_job(job.spec, job.metadata.name), config, output, credentials=local) as cluster:
         cluster.start(("reward",))
         worker = cluster.by_role("reward")[0]
-        secrets = [local.issued.signing_key.hex(), *(t.hex() for t in local.issued.tokens.values())]
-        print(json.dumps({"pid": worker.process.pid, "secrets": secrets}), flush=True)
+        secrets = [local.issued.signing_key.hex(), local.issued.dht_seed.hex()]
+        secrets += [t.hex() for t in local.issued.tokens.values()]
+        tokens = {role: token.decode() for role, token in local.issued.tokens.items()}
+        started = {"pid": worker.process.pid, "secrets": secrets, "address": worker.address, "tokens": tokens}
+        print(json.dumps({**started, "ca": local.issued.ca.decode()}), flush=True)
         sys.stdin.read()
 
 
@@ -115,13 +120,14 @@ def main() -> int:
     sub = parser.add_subparsers(dest="what", required=True)
     launching = sub.add_parser("launch")
     launching.add_argument("folder", type=Path)
+    launching.add_argument("overrides", nargs="?", type=json.loads, default=None)
     snooping = sub.add_parser("snoop")
     snooping.add_argument("pid", type=int)
     snooping.add_argument("seconds", type=float)
     args = parser.parse_args()
     _as_plain_user()
     if args.what == "launch":
-        launch(args.folder)
+        launch(args.folder, args.overrides)
     else:
         print(json.dumps(snoop(args.pid, args.seconds)), flush=True)
     return 0

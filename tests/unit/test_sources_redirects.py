@@ -58,3 +58,21 @@ def test_the_authorization_header_stays_with_its_origin() -> None:
     assert moved.get_header("User-agent") == "u"
     with pytest.raises(RedirectRefused, match="refusing the redirect to http://cdn"):
         handler.redirect_request(request, None, 302, "Found", {}, "http://cdn-lfs.hf.co/x")
+
+
+def test_a_host_is_resolved_once_and_the_check_judges_that_answer() -> None:
+    from decentralized_verl.sources.pinned import Pins
+
+    answers = iter([["18.239.50.1"], ["127.0.0.1"]])
+    asked: list[str] = []
+
+    def rebinding(host: str) -> list[str]:
+        asked.append(host)
+        return next(answers)
+
+    pins = Pins(rebinding)
+    handler = GuardedRedirects(pins=pins)
+    request = urllib.request.Request(SOURCE)
+    assert handler.redirect_request(request, None, 302, "Found", {}, "https://cdn.example/x") is not None
+    assert pins.addresses("CDN.example") == ["18.239.50.1"]  # what a connection dials: the checked answer
+    assert asked == ["cdn.example"]

@@ -92,6 +92,9 @@ def _take_secrets(settings: WorkerSettings) -> None:
 
     os.environ.pop(SECRETS_FD_VARIABLE, None)  # nothing it starts inherits a number naming nothing
     taken = handed.take(settings.secrets_fd) or b""
+    from decentralized_verl.environments.apart import run_user_environments_apart  # noqa: PLC0415 light: a flag, for a process handed secrets
+
+    run_user_environments_apart()  # a user's environment runs with no role's secret
     if taken.split(b"\n", 1)[0] != b"reward":  # a user's reward runs with no other role's secrets
         from decentralized_verl.rewards.apart import run_user_rewards_apart  # noqa: PLC0415 light: a flag, for a process handed secrets
 

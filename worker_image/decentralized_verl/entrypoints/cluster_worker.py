@@ -169,6 +169,7 @@ async def serve_rollout(worker: RolloutWorker, port: int, *, learner: str | None
             lambda s: pb_grpc.add_RolloutServicer_to_server(rollout, s),
             lambda s: pb_grpc.add_HealthServicer_to_server(health, s),
         ),
+        services=("Rollout", "Health"),
     )
     try:
         ready = f"{worker.worker_id} ready on port {server.port} (weight relay on the same port)"

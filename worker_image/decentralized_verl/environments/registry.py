@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from decentralized_verl.core.registry import register_as, resolve
+from decentralized_verl.environments import apart
 from decentralized_verl.environments.base import Environment
 from decentralized_verl.environments.calculator import Calculator
 from decentralized_verl.environments.guessing_game import GuessingGame
@@ -72,15 +73,24 @@ def parse_options(name: str, options: Mapping[str, Any]) -> BaseModel | None:
 
 def preflight(name: str, options: Mapping[str, Any] | None = None) -> None:
     """Check what episodes will need before the first one: the options, and the class's own `preflight`
-    when it has one (an optional package, files it reads); ValueError naming what is missing."""
+    when it has one (an optional package, files it reads); ValueError naming what is missing. A user's
+    environment in a process that holds secrets is checked in its child (`apart`)."""
+    if apart.runs_apart(name):
+        apart.preflight_apart(name, dict(options or {}))
+        return
     parsed = parse_options(name, options or {})
     check = getattr(environment_class(name), "preflight", None)
     if callable(check):
         check(parsed)
 
 
-def make_environment(name: str, options: Mapping[str, Any] | None = None) -> Environment:
-    """A fresh environment for one episode."""
+def make_environment(
+    name: str, options: Mapping[str, Any] | None = None, *, timeout_s: float = apart.CALL_TIMEOUT_S
+) -> Environment:
+    """A fresh environment for one episode; a user's, in a process that holds secrets, lives in the child
+    (`apart`), each of its calls answered within `timeout_s`."""
+    if apart.runs_apart(name):
+        return apart.make_apart(name, dict(options or {}), timeout_s)
     cls = environment_class(name)
     parsed = parse_options(name, options or {})
     return cls(parsed) if parsed is not None else cls()
@@ -88,4 +98,6 @@ def make_environment(name: str, options: Mapping[str, Any] | None = None) -> Env
 
 def instructions(name: str) -> str:
     """The environment's usage text for the model ("" when it has none)."""
+    if apart.runs_apart(name):
+        return apart.instructions_apart(name)
     return str(getattr(environment_class(name), "instructions", "") or "")

@@ -72,7 +72,7 @@ def replay(
     if len(turns) > settings.max_turns:
         return zero(f"{len(turns)} turns, more than maxTurns {settings.max_turns}")
     try:
-        env = make_environment(settings.name, settings.options)
+        env = make_environment(settings.name, settings.options, timeout_s=settings.step_timeout_s)
     except Exception as exc:
         return zero(f"environment {settings.name!r} unavailable: {exc}"[:300])
     stepper = Stepper(settings.step_timeout_s)

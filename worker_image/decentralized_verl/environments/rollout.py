@@ -59,7 +59,9 @@ class EpisodeRunner:
         self.eos_token_ids = frozenset(int(i) for i in eos_token_ids)
         self.context_tokens = context_tokens
         self.fmt = fmt or turn_format(tokenizer)
-        self._make = lambda: make_environment(settings.name, settings.options)
+        self._make = lambda: make_environment(
+            settings.name, settings.options, timeout_s=settings.step_timeout_s
+        )
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -47,3 +47,16 @@ def keep_freed_memory() -> bool:
     if not _applied:
         log.debug("mallopt refused a setting; freed memory goes back to the kernel as usual")
     return _applied
+
+
+def return_freed_memory() -> bool:
+    """Give the heap's free pages back to the kernel (`malloc_trim`): after a refused oversized request, so
+    what reading it took does not stay resident (a compute process keeps freed memory otherwise). True
+    when glibc returned something; elsewhere than glibc it does nothing."""
+    name = ctypes.util.find_library("c")
+    try:
+        trim = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return bool(trim(0))

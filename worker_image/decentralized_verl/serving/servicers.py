@@ -186,12 +186,17 @@ async def serve(
     `await server.stop(grace)`. `credentials` default to this process's job credentials (TLS, and the
     job token required on every call); None serves plaintext.
     """
-    server = secure.aio_server(credentials=credentials)
-    for servicer in servicers:
-        matched = [add for base, add in _ADDERS if isinstance(servicer, base)]
+    registering = [
+        (servicer, [(base, add) for base, add in _ADDERS if isinstance(servicer, base)])
+        for servicer in servicers
+    ]
+    for servicer, matched in registering:
         if not matched:
             raise TypeError(f"{type(servicer).__name__} is not a servicer of any dverl service")
-        for add in matched:
+    services = {base.__name__.removesuffix("Servicer") for _, matched in registering for base, _ in matched}
+    server = secure.aio_server(credentials=credentials, services=services)
+    for servicer, matched in registering:
+        for _, add in matched:
             add(servicer, server)
     bound = secure.bind(server, host, port)
     if bound == 0:

@@ -4,7 +4,8 @@ put a source into DIR.
 The init container of a pod whose source is a URI runs this (and `dverl run` calls `fetch` for its local
 cache). A file is checked against its digest before anything lands in DIR, and without a digest nothing
 is downloaded unless the caller says it accepts an unchecked download (a whole hf repository pinned by a
-commit hash excepted); redirects are followed as `redirects` allows. An archive is unpacked there
+commit hash excepted); redirects are followed as `redirects` allows, and every connection goes to the
+addresses that were checked (`pinned`). An archive is unpacked there
 (no member may escape DIR), any other file keeps its name. A marker file records what DIR holds, so a
 restarted init container or a second `dverl run` does not download it again. When it cannot, it says why
 on stderr and in the container's termination message, and exits 1.
@@ -28,7 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from decentralized_verl.errors import DverlError
-from decentralized_verl.sources.redirects import GuardedRedirects, Network, RedirectRefused, networks_from_env
+from decentralized_verl.sources.pinned import PinnedHTTPHandler, PinnedHTTPSHandler, Pins
+from decentralized_verl.sources.redirects import (
+    GuardedRedirects,
+    Network,
+    RedirectRefused,
+    networks_from_env,
+    resolve,
+)
 from decentralized_verl.spec.uri import Uri, UriProblem, download_url, listing_url, parse_uri
 
 MARKER = ".dverl-source.json"
@@ -75,7 +83,12 @@ def _request(url: str, uri: Uri, endpoints: Endpoints) -> urllib.request.Request
 
 def _download(url: str, uri: Uri, endpoints: Endpoints, target: Path) -> str:
     """Stream `url` into `target`; its hex SHA-256. Retries connection failures and 5xx answers."""
-    opener = urllib.request.build_opener(GuardedRedirects(endpoints.private_redirects))
+    pins = Pins(resolve)  # each host resolved once: what the redirect check judged is what is dialled
+    opener = urllib.request.build_opener(
+        GuardedRedirects(endpoints.private_redirects, pins=pins),
+        PinnedHTTPHandler(pins),
+        PinnedHTTPSHandler(pins),
+    )
     for attempt in range(1, ATTEMPTS + 1):
         digest = hashlib.sha256()
         try:

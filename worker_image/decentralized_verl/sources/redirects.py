@@ -8,8 +8,8 @@ followed as it is; one to another origin is followed only over https and only to
 networks the deployment names in `FETCH_PRIVATE_REDIRECTS`, e.g. an in-cluster mirror), and never with
 the `Authorization` header.
 
-The address is checked when the redirect is seen; the connection resolves the name again, so a DNS
-answer that changes in between (rebinding) is not covered: pin a digest, which every source must.
+A host is resolved once per fetch (`pinned.Pins`): the addresses judged here are the ones the connection
+goes to (`pinned`), so a DNS answer that changes in between (rebinding) changes nothing.
 """
 
 from __future__ import annotations
@@ -17,17 +17,17 @@ from __future__ import annotations
 import ipaddress
 import socket
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
 from decentralized_verl.errors import DverlError
+from decentralized_verl.sources.pinned import Pins, Resolver
 
 PRIVATE_REDIRECTS_ENV = "FETCH_PRIVATE_REDIRECTS"
 """Comma-separated networks (CIDR) a redirect may lead to although they are not public."""
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
-Resolver = Callable[[str], list[str]]
 
 
 class RedirectRefused(DverlError):
@@ -89,16 +89,20 @@ def redirect_problem(
 class GuardedRedirects(urllib.request.HTTPRedirectHandler):
     """urllib's redirect handling with `redirect_problem` asked first and credentials left behind."""
 
-    def __init__(self, allowed: tuple[Network, ...] = (), resolver: Resolver = resolve) -> None:
+    def __init__(
+        self, allowed: tuple[Network, ...] = (), resolver: Resolver = resolve, pins: Pins | None = None
+    ) -> None:
         self.allowed = allowed
-        self.resolver = resolver
+        self.pins = pins if pins is not None else Pins(resolver)
 
     def redirect_request(
         self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any, newurl: str
     ) -> urllib.request.Request | None:
         host = urlsplit(newurl).hostname or ""
         same = origin(req.full_url) == origin(newurl)
-        problem = redirect_problem(req.full_url, newurl, [] if same else self.resolver(host), self.allowed)
+        problem = redirect_problem(
+            req.full_url, newurl, [] if same else self.pins.addresses(host), self.allowed
+        )
         if problem is not None:
             raise RedirectRefused(f"{req.full_url}: refusing the redirect to {newurl}: {problem}")
         follow = super().redirect_request(req, fp, code, msg, headers, newurl)

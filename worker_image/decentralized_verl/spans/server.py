@@ -349,7 +349,9 @@ def span_handler(server: SpanServer) -> Any:
 
 async def serve_span(server: SpanServer, port: int, host: str = "127.0.0.1", credentials: Any = None) -> Any:
     """Start a gRPC server for `server` (credentials: `transport.secure`'s; None is plaintext)."""
-    grpc_server = secure.aio_server(credentials=secure.PROCESS if credentials is None else credentials)
+    grpc_server = secure.aio_server(
+        credentials=secure.PROCESS if credentials is None else credentials, services=("Span",)
+    )
     grpc_server.add_generic_rpc_handlers((span_handler(server),))
     bound = secure.bind(grpc_server, host, port)
     if bound == 0:

@@ -1,9 +1,9 @@
 """gRPC channel and server options, set deliberately in one place.
 
 Why each value:
-- Message size: gRPC's default receive limit is 4 MiB, which a batch of long completions or one weight
-  chunk can exceed. 64 MiB leaves room for a large rollout batch while still refusing a runaway or
-  hostile message early; weight transfers stay below it by streaming chunks (a few MiB each).
+- Message size: a channel sends and accepts up to 64 MiB (gRPC's default receive limit, 4 MiB, is less
+  than a batch of long completions); weight transfers stay below it by streaming chunks (a few MiB each).
+  A server accepts only what the methods it serves take (`message_limits`: 64 KiB for most methods).
 - Keepalive: generation and weight streams can be silent for minutes (a long batch on a slow worker);
   without pings, NATs and load balancers drop idle connections and the caller only notices at its
   deadline. Clients ping every 30 s, and a peer that does not answer within 10 s is declared dead, so
@@ -19,6 +19,10 @@ Why each value:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from decentralized_verl.transport.message_limits import server_limit
+
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 """Largest message either side sends or accepts."""
 
@@ -33,7 +37,6 @@ MIN_PING_INTERVAL_MS = 10_000
 
 GRPC_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
     ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
     ("grpc.keepalive_permit_without_calls", 1),
@@ -60,9 +63,12 @@ CHANNEL_ONLY_OPTIONS: tuple[tuple[str, int], ...] = (
 
 def channel_options() -> list[tuple[str, int]]:
     """Options for `grpc.aio.insecure_channel(address, options=channel_options())` and friends."""
-    return [*GRPC_OPTIONS, *CHANNEL_ONLY_OPTIONS]
+    return [*GRPC_OPTIONS, ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), *CHANNEL_ONLY_OPTIONS]
 
 
-def server_options() -> list[tuple[str, int]]:
-    """Options for `grpc.aio.server(options=server_options())`."""
-    return [*GRPC_OPTIONS, *SERVER_ONLY_OPTIONS]
+def server_options(services: Iterable[str] | None = None) -> list[tuple[str, int]]:
+    """Options for `grpc.aio.server(options=server_options(...))` of a server of `services` (`Reward`,
+    `Health`, ...): it receives no message larger than the largest its methods take, refused by gRPC from
+    the length prefix before the body is buffered; every method's largest when `services` is None."""
+    receive = ("grpc.max_receive_message_length", server_limit(services))
+    return [*GRPC_OPTIONS, receive, *SERVER_ONLY_OPTIONS]

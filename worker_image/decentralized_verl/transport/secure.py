@@ -2,7 +2,8 @@
 traffic encrypted) and the caller's role token on every call, checked by a server interceptor against the
 rights of that role (`security.rights`); it names the call and the caller when it refuses (`Push from
 10.0.3.7:51234: no valid job token`, `Score from 10.0.3.7:51234: the rollout role has no right to
-Reward/Score`). A refused call never reaches the servicer and its request is never parsed.
+Reward/Score`). A refused call never reaches the servicer and its request is never parsed. An allowed
+call's request is held to its method's size limit (`message_limits`) before it is parsed.
 
 Every process of a job that `dverl run` or the operator starts holds credentials (`DVERL_TLS_DIR`); a
 process without them (library use, unit tests of one component) talks plaintext with no token.
@@ -10,17 +11,21 @@ process without them (library use, unit tests of one component) talks plaintext 
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import grpc
 
+from decentralized_verl.runtime.heap import return_freed_memory
 from decentralized_verl.security.credentials import CallerCredentials, JobCredentials, token_digest
 from decentralized_verl.security.rights import may_call, method_key
 from decentralized_verl.security.trust import process_credentials
 from decentralized_verl.transport.grpc_options import channel_options, server_options
+from decentralized_verl.transport.message_limits import over_limit
 from decentralized_verl.transport.token_metadata import TOKEN_KEY, SyncToken, aio_token
 
 PROCESS: Any = object()
@@ -62,13 +67,17 @@ def sync_channel(address: str, credentials: Any = PROCESS) -> grpc.Channel:
 
 
 def aio_server(
-    extra_options: list[tuple[str, Any]] | None = None, credentials: Any = PROCESS
+    extra_options: list[tuple[str, Any]] | None = None,
+    credentials: Any = PROCESS,
+    services: Iterable[str] | None = None,
 ) -> grpc.aio.Server:
     """A server that refuses every call that does not carry the token of a role allowed to make it, when
-    the process holds credentials."""
+    the process holds credentials. Naming the `services` it will serve (`Reward`, `Health`, ...) keeps its
+    receive limit to what they take (`message_limits`); unnamed, it takes every method's largest."""
     creds = _resolve(credentials)
     interceptors = [RequireRole(creds.callers)] if creds is not None else []
-    server = grpc.aio.server(options=[*server_options(), *(extra_options or [])], interceptors=interceptors)
+    options = [*server_options(services), *(extra_options or [])]
+    server = grpc.aio.server(options=options, interceptors=interceptors)
     server._dverl_credentials = creds  # type: ignore[attr-defined]  # what `bind` listens with
     return server
 
@@ -94,12 +103,14 @@ def _peer(context: Any) -> str:
 class RequireRole(grpc.aio.ServerInterceptor):
     """Refuse, before the servicer runs and before the request's body is even parsed, every call whose
     token is no role's (UNAUTHENTICATED) or whose role has no right to the method (PERMISSION_DENIED,
-    `security.rights`). Refusals are logged at most `log_per_window` times a minute, so a flood of
-    refused calls costs the worker neither disk nor time."""
+    `security.rights`); and, before parsing, every request larger than its method takes
+    (RESOURCE_EXHAUSTED, `message_limits`). Refusals are logged at most `log_per_window` times a minute,
+    so a flood of refused calls costs the worker neither disk nor time."""
 
     def __init__(self, callers: tuple[tuple[str, str], ...], log_per_window: int = 20) -> None:
         self.roles = dict(callers)
         self.log = RateLimitedLog(log_per_window, window_s=60.0)
+        self.trim = MemoryReturn()
 
     def _role(self, metadata: Any) -> str | None:
         for key, value in metadata or ():
@@ -114,7 +125,9 @@ class RequireRole(grpc.aio.ServerInterceptor):
         role = self._role(details.invocation_metadata)
         if role is not None and may_call(role, details.method):
             handler = await continuation(details)
-            return _parsing(handler, _short(details.method)) if handler is not None else None
+            if handler is None:
+                return None
+            return _parsing(handler, _short(details.method), method_key(details.method), self)
         handler = await continuation(details)
         if handler is None:
             return None
@@ -155,12 +168,44 @@ def _raw(data: bytes) -> bytes:
     return data
 
 
-def _parsing(handler: Any, method: str) -> Any:
-    """The same method, parsing its request itself: bytes that are not the message it takes end the call
-    with INVALID_ARGUMENT naming the call and the caller (gRPC would answer UNKNOWN, as for a crash)."""
-    parse = handler.request_deserializer
-    if parse is None or parse is _raw:
-        return handler
+class MemoryReturn:
+    """Give the heap's free pages back to the kernel soon after a refused oversized request is dropped: at
+    most one return pending at a time, so a flood of them costs one `malloc_trim` per `delay_s`."""
+
+    def __init__(self, delay_s: float = 0.2) -> None:
+        self.delay_s = delay_s
+        self.pending = False
+
+    def soon(self) -> None:
+        if self.pending:
+            return
+        self.pending = True
+        asyncio.get_running_loop().call_later(self.delay_s, self._run)
+
+    def _run(self) -> None:
+        self.pending = False
+        return_freed_memory()
+
+
+_REFUSED: Any = object()
+"""What a request refused for its size becomes: the call ends with the status already set."""
+
+
+def _parsing(handler: Any, method: str, key: str, guard: RequireRole) -> Any:
+    """The same method, checking each request's size against its method's limit and parsing it itself:
+    a request over the limit ends the call with RESOURCE_EXHAUSTED naming the call, the caller and the
+    limit, before it is parsed; bytes that are not the message it takes end it with INVALID_ARGUMENT
+    (gRPC would answer UNKNOWN, as for a crash)."""
+    parse = handler.request_deserializer or _raw
+
+    def oversized(size: int, context: Any) -> str | None:
+        too_big = over_limit(key, size)
+        if too_big is None:
+            return None
+        why = f"{method} from {_peer(context)}: {too_big}"
+        guard.log.warning(why)
+        guard.trim.soon()
+        return why
 
     async def parsed(raw: bytes, context: Any) -> Any:
         try:
@@ -171,6 +216,10 @@ def _parsing(handler: Any, method: str) -> Any:
 
     async def each(raws: Any, context: Any) -> Any:
         async for raw in raws:
+            why = oversized(len(raw), context)
+            if why is not None:
+                del raw  # the abort's traceback keeps this frame until a collection
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
             yield await parsed(raw, context)
 
     inner = handler.unary_unary or handler.unary_stream or handler.stream_unary or handler.stream_stream
@@ -184,6 +233,13 @@ def _parsing(handler: Any, method: str) -> Any:
     else:
 
         async def unary_in(raw: bytes, context: Any) -> Any:
+            why = oversized(len(raw), context)
+            if why is not None:
+                # Ended by setting the status, not by `abort`: an abort's exception is kept by the call's
+                # state and its traceback holds these frames, and so the request, until a collection.
+                context.set_code(grpc.StatusCode.RESOURCE_EXHAUSTED)
+                context.set_details(why)
+                return _REFUSED
             return inner(await parsed(raw, context), context)
 
         behavior = unary_in
@@ -209,6 +265,8 @@ def _rebuild(handler: Any, parse_then_call: Any) -> Any:
 
         async def streamed(request: Any, context: Any) -> Any:
             out = await parse_then_call(request, context)
+            if out is _REFUSED:
+                return
             if hasattr(out, "__aiter__"):
                 async for item in out:
                     yield item
@@ -223,6 +281,8 @@ def _rebuild(handler: Any, parse_then_call: Any) -> Any:
 
         async def single(request: Any, context: Any) -> Any:
             out = await parse_then_call(request, context)
+            if out is _REFUSED:
+                return None
             return await out if inspect.isawaitable(out) else out
 
         behavior = single

@@ -225,10 +225,12 @@ async def serve_relay(
     host: str = "127.0.0.1",
     *,
     add: Iterable[Callable[[grpc.aio.Server], None]] = (),
+    services: Iterable[str] = (),
 ) -> grpc.aio.Server:
     """A grpc.aio server with ``relay``'s Weights service (and whatever each ``add`` registers, e.g. a
-    rollout worker's own services, so the relay shares its port); its port is ``server.port``."""
-    server = secure.aio_server(list(relay.grpc_options), relay.credentials)
+    rollout worker's own services, so the relay shares its port, named in ``services`` for the server's
+    receive limit); its port is ``server.port``."""
+    server = secure.aio_server(list(relay.grpc_options), relay.credentials, services=("Weights", *services))
     relay.add_to_server(server)
     for register in add:
         register(server)
