@@ -138,7 +138,8 @@ def _unmendable(
     oom_advice: Callable[[str, str | None], str] | None,
 ) -> bool:
     """A failure that would fail the same way again ends the job now, with what the worker said: the
-    runtime's bad-input exit (a manifest, data file or model to fix), or a kill for memory (the same
+    runtime's bad-input exit (a manifest, data file or model to fix), a learner's refit-parity exit (the
+    verdict names the rollout workers, the learner and the version), or a kill for memory (the same
     limit kills it again), named with the role, its limit and the planner's fix."""
     end = ending(have)
     if end.kind == "bad-input":
@@ -157,6 +158,13 @@ def _unmendable(
             f"{advice or f'raise roles.{role}.resources.memory'}"
         )
         out.failed_reason = "OOMKilled"
+    elif end.kind == "refit-parity" and role == "learner":  # only the learner ends with that code
+        said = end.message or "its log names the rollout workers and the version"
+        out.failed_job = (
+            f"pod {pod_name} ({role}): container {end.container} exited {end.exit_code} (refit parity "
+            f"failed, not retried): {said}"
+        )
+        out.failed_reason = "RefitParityFailed"
     else:
         return False
     if _annotations(have).get(ANNOTATION_FAILURE_COUNTED) != "true":

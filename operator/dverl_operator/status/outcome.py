@@ -59,8 +59,8 @@ def backoff_exhausted(
     now: float,
     reason: str = "BackoffLimitExceeded",
 ) -> tuple[Status, Events]:
-    """Failed: past backoffLimit, or at once for a failure no retry mends (`reason` BadInput or
-    OOMKilled)."""
+    """Failed: past backoffLimit, or at once for a failure no retry mends (`reason` BadInput,
+    RefitParityFailed or OOMKilled)."""
     conditions = set_condition(conditions, FAILED, "True", reason, why, now)
     conditions = set_condition(conditions, READY, "False", reason, why, now)
     roles = role_counts(desired, [], restarts)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from decentralized_verl.core.status import JobStatus
+from decentralized_verl.core.status import JobStatus, RefitParity
 from decentralized_verl.transport.wire.common import (
     WireError,
     _check_finite,
@@ -31,7 +31,31 @@ def job_status_to_proto(s: JobStatus) -> pb.JobStatus:
     )
     if s.eval_accuracy is not None:
         msg.eval_accuracy = s.eval_accuracy
+    if s.refit_parity is not None:
+        p = s.refit_parity
+        msg.refit_parity.CopyFrom(
+            pb.RefitParity(diff_mean=p.diff_mean, diff_max=p.diff_max, version=p.version, tokens=p.tokens)
+        )
     return msg
+
+
+def refit_parity_from_proto(msg: pb.JobStatus) -> RefitParity | None:
+    """The reply's refit parity, checked: finite, non-negative differences, the max at least the mean, a
+    version the job has reached."""
+    if not msg.HasField("refit_parity"):
+        return None
+    p = msg.refit_parity
+    for name in ("diff_mean", "diff_max"):
+        _check_finite(getattr(p, name), f"refit_parity.{name}", minimum=0.0)
+    if (
+        p.diff_max + 1e-9 * max(1.0, p.diff_mean) < p.diff_mean
+    ):  # rounding aside, a mean is never above its max
+        raise WireError("refit_parity.diff_max", f"{p.diff_max} is below diff_mean {p.diff_mean}")
+    if p.version > msg.policy_version:
+        raise WireError(
+            "refit_parity.version", f"{p.version} is newer than the policy_version {msg.policy_version}"
+        )
+    return RefitParity(diff_mean=p.diff_mean, diff_max=p.diff_max, version=p.version, tokens=p.tokens)
 
 
 def job_status_from_proto(msg: pb.JobStatus) -> JobStatus:
@@ -50,6 +74,7 @@ def job_status_from_proto(msg: pb.JobStatus) -> JobStatus:
         raise WireError("eval_accuracy", f"must be in [0, 1] (got {accuracy})")
     for i, peer in enumerate(msg.blocked_peers):
         _check_nonempty_text(peer.peer_id, f"blocked_peers[{i}].peer_id")
+    parity = refit_parity_from_proto(msg)
     return JobStatus(
         step=msg.step,
         total_steps=msg.total_steps,
@@ -66,4 +91,5 @@ def job_status_from_proto(msg: pb.JobStatus) -> JobStatus:
         eval_accuracy=accuracy,
         volunteers=msg.volunteers,
         blocked_peers=tuple((p.peer_id, p.reason) for p in msg.blocked_peers),
+        refit_parity=parity,
     )
