@@ -7,7 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from decentralized_verl.proto import dverl_pb2 as pb
 from decentralized_verl.transport.weights.codec import decode_bundle, encode_state_dict
+from decentralized_verl.transport.weights.publish import WeightPublisher
+from decentralized_verl.transport.weights.push import HeldMessages
 from decentralized_verl.transport.weights.staging import HostStaging, bucket_ranges
 
 
@@ -60,3 +63,15 @@ def test_device_buckets_cover_a_tensor_exactly() -> None:
     assert torch.equal(target.view(torch.int32), torch.arange(3, dtype=torch.int32))
     with pytest.raises(ValueError, match="target: holds 12 bytes, the tensor has 8"):
         staging.copy_into(torch.arange(2, dtype=torch.int32), target)
+
+
+def test_a_learner_holds_its_version_once_and_makes_each_message_when_sent() -> None:
+    publisher = WeightPublisher(keep=1, chunk_bytes=1024, signing_key=None)
+    publisher.publish({"w": torch.randn(64, 32), "b": torch.zeros(32)}, 1)
+    held = publisher.get(1)
+    messages = HeldMessages(held)
+    assert len(messages) == len(held.bundle.chunks) > 1
+    first, second = pb.WeightChunk.FromString(messages[0]), pb.WeightChunk.FromString(messages[1])
+    assert first.HasField("manifest") and not second.HasField("manifest")
+    assert first.data == bytes(held.bundle.chunks[0].data) and second.index == 1
+    assert [pb.WeightChunk.FromString(r).index for r in messages[1:3]] == [1, 2]
