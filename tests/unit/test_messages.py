@@ -592,6 +592,8 @@ def test_status_round_trip() -> None:
     assert m.job_status_from_proto(m.job_status_to_proto(_status(eval_accuracy=None))).eval_accuracy is None
     assert m.job_status_from_proto(m.job_status_to_proto(_status(eval_accuracy=0.0))).eval_accuracy == 0.0
     assert m.job_status_from_proto(m.job_status_to_proto(_status(refit_parity=None))).refit_parity is None
+    failed = _status(state="Failed", failure="refit parity failed ...", failure_reason="RefitParityFailed")
+    assert m.job_status_from_proto(m.job_status_to_proto(failed)) == failed
 
 
 @pytest.mark.parametrize(
@@ -609,6 +611,9 @@ def test_status_round_trip() -> None:
         (_status(refit_parity=RefitParity(-0.5, 1.0, 3)), "refit_parity.diff_mean", ">= 0"),
         (_status(refit_parity=RefitParity(0.5, 0.25, 3)), "refit_parity.diff_max", "below diff_mean 0.5"),
         (_status(refit_parity=RefitParity(0.5, 1.0, 13)), "refit_parity.version", "newer than the policy"),
+        (_status(state="Failed", failure_reason="Refit Parity"), "failure_reason", "one word"),
+        (_status(state="Failed", failure_reason="refitParity"), "failure_reason", "one word"),
+        (_status(state="Failed", failure="x" * 4001), "failure", "at most 4000"),
     ],
 )
 def test_bad_status(status: m.JobStatus, field: str, fragment: str) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from decentralized_verl.core.status import JobStatus
-from decentralized_verl.errors import EXIT_REFIT_PARITY, EXIT_USAGE
+from decentralized_verl.errors import EXIT_REFIT_PARITY, EXIT_USAGE, REFIT_PARITY_REASON
 from dverl_operator.pods.failure import ending
 from dverl_operator.status import conditions as cond
 from dverl_operator.status import outcome
@@ -204,3 +204,17 @@ def test_exit_3_from_a_worker_that_is_not_the_learner_is_retried_like_any_crash(
     world.step()
     assert world.status["phase"] != "Failed"
     assert world.status["roles"]["rollout"]["restarts"] == 1
+
+
+def test_a_coordinator_that_reports_a_refit_failure_fails_the_job_for_that_reason_in_its_words() -> None:
+    progress = JobStatus(
+        state="Failed", step=2, total_steps=3, failure=REFIT_VERDICT, failure_reason=REFIT_PARITY_REASON
+    )
+    status, events = outcome.coordinator_failed({}, [], 1.0, progress)
+    failed = cond.condition(status["conditions"], cond.FAILED)
+    assert failed is not None and failed["reason"] == REFIT_PARITY_REASON
+    assert failed["message"] == f"the coordinator reports the training failed: {REFIT_VERDICT}"
+    assert events == [("Warning", REFIT_PARITY_REASON, failed["message"])]
+    plain, _ = outcome.coordinator_failed({}, [], 1.0, JobStatus(state="Failed"))
+    assert cond.condition(plain["conditions"], cond.FAILED)["reason"] == "CoordinatorFailed"
+    assert plain["message"] == "the coordinator reports the training failed"

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from decentralized_verl.errors import REFIT_PARITY_REASON
 from decentralized_verl.launch.watchdog import STARTUP_S, allowance
 from decentralized_verl.planning.plan import is_gang
 from decentralized_verl.spec import JobSpec
@@ -164,7 +165,7 @@ def _unmendable(
             f"pod {pod_name} ({role}): container {end.container} exited {end.exit_code} (refit parity "
             f"failed, not retried): {said}"
         )
-        out.failed_reason = "RefitParityFailed"
+        out.failed_reason = REFIT_PARITY_REASON
     else:
         return False
     if _annotations(have).get(ANNOTATION_FAILURE_COUNTED) != "true":

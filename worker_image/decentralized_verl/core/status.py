@@ -51,6 +51,10 @@ class JobStatus:
     """(peer id, reason) in blocking order; the operator counts them and raises an Event for each."""
     refit_parity: RefitParity | None = None
     """The latest refit parity measured; None before the first (or when no step compared fresh rows)."""
+    failure: str = ""
+    """With state Failed: why, naming what to look at (a refit-parity verdict names the workers)."""
+    failure_reason: str = ""
+    """With state Failed: the failure's kind as one word (a Kubernetes condition reason); empty: unsaid."""
 
     @property
     def reported(self) -> bool:

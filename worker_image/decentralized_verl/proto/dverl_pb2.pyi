@@ -300,7 +300,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("step", "total_steps", "phase", "state", "reward_mean", "reward_std", "kl", "response_length_mean", "policy_version", "tokens_per_second", "phase_seconds", "last_checkpoint", "eval_accuracy", "volunteers", "blocked_peers", "refit_parity")
+    __slots__ = ("step", "total_steps", "phase", "state", "reward_mean", "reward_std", "kl", "response_length_mean", "policy_version", "tokens_per_second", "phase_seconds", "last_checkpoint", "eval_accuracy", "volunteers", "blocked_peers", "refit_parity", "failure", "failure_reason")
     class PhaseSecondsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -324,6 +324,8 @@ class JobStatus(_message.Message):
     VOLUNTEERS_FIELD_NUMBER: _ClassVar[int]
     BLOCKED_PEERS_FIELD_NUMBER: _ClassVar[int]
     REFIT_PARITY_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_REASON_FIELD_NUMBER: _ClassVar[int]
     step: int
     total_steps: int
     phase: str
@@ -340,7 +342,9 @@ class JobStatus(_message.Message):
     volunteers: int
     blocked_peers: _containers.RepeatedCompositeFieldContainer[BlockedPeer]
     refit_parity: RefitParity
-    def __init__(self, step: _Optional[int] = ..., total_steps: _Optional[int] = ..., phase: _Optional[str] = ..., state: _Optional[str] = ..., reward_mean: _Optional[float] = ..., reward_std: _Optional[float] = ..., kl: _Optional[float] = ..., response_length_mean: _Optional[float] = ..., policy_version: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., phase_seconds: _Optional[_Mapping[str, float]] = ..., last_checkpoint: _Optional[str] = ..., eval_accuracy: _Optional[float] = ..., volunteers: _Optional[int] = ..., blocked_peers: _Optional[_Iterable[_Union[BlockedPeer, _Mapping]]] = ..., refit_parity: _Optional[_Union[RefitParity, _Mapping]] = ...) -> None: ...
+    failure: str
+    failure_reason: str
+    def __init__(self, step: _Optional[int] = ..., total_steps: _Optional[int] = ..., phase: _Optional[str] = ..., state: _Optional[str] = ..., reward_mean: _Optional[float] = ..., reward_std: _Optional[float] = ..., kl: _Optional[float] = ..., response_length_mean: _Optional[float] = ..., policy_version: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., phase_seconds: _Optional[_Mapping[str, float]] = ..., last_checkpoint: _Optional[str] = ..., eval_accuracy: _Optional[float] = ..., volunteers: _Optional[int] = ..., blocked_peers: _Optional[_Iterable[_Union[BlockedPeer, _Mapping]]] = ..., refit_parity: _Optional[_Union[RefitParity, _Mapping]] = ..., failure: _Optional[str] = ..., failure_reason: _Optional[str] = ...) -> None: ...
 
 class RefitParity(_message.Message):
     __slots__ = ("diff_mean", "diff_max", "version", "tokens")

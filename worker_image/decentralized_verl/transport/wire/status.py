@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from decentralized_verl.core.status import JobStatus, RefitParity
 from decentralized_verl.transport.wire.common import (
     WireError,
@@ -10,6 +12,11 @@ from decentralized_verl.transport.wire.common import (
     _optional,
     pb,
 )
+
+FAILURE_CHARS = 4000
+"""The most a failure's text may say: it becomes a condition's message."""
+REASON_WORD = re.compile(r"[A-Z][A-Za-z]{0,63}")
+"""A condition reason as the operator writes them (CamelCase, one word)."""
 
 
 def job_status_to_proto(s: JobStatus) -> pb.JobStatus:
@@ -28,6 +35,8 @@ def job_status_to_proto(s: JobStatus) -> pb.JobStatus:
         last_checkpoint=s.last_checkpoint,
         volunteers=s.volunteers,
         blocked_peers=[pb.BlockedPeer(peer_id=p, reason=r) for p, r in s.blocked_peers],
+        failure=s.failure,
+        failure_reason=s.failure_reason,
     )
     if s.eval_accuracy is not None:
         msg.eval_accuracy = s.eval_accuracy
@@ -75,6 +84,10 @@ def job_status_from_proto(msg: pb.JobStatus) -> JobStatus:
     for i, peer in enumerate(msg.blocked_peers):
         _check_nonempty_text(peer.peer_id, f"blocked_peers[{i}].peer_id")
     parity = refit_parity_from_proto(msg)
+    if len(msg.failure) > FAILURE_CHARS:
+        raise WireError("failure", f"has {len(msg.failure)} characters, at most {FAILURE_CHARS}")
+    if msg.failure_reason and not REASON_WORD.fullmatch(msg.failure_reason):
+        raise WireError("failure_reason", f"must be one word of letters (got {msg.failure_reason[:40]!r})")
     return JobStatus(
         step=msg.step,
         total_steps=msg.total_steps,
@@ -92,4 +105,6 @@ def job_status_from_proto(msg: pb.JobStatus) -> JobStatus:
         volunteers=msg.volunteers,
         blocked_peers=tuple((p.peer_id, p.reason) for p in msg.blocked_peers),
         refit_parity=parity,
+        failure=msg.failure,
+        failure_reason=msg.failure_reason,
     )
