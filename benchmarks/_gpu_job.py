@@ -296,8 +296,9 @@ def one_gpu_colocated(
     device: str, tiny: bool, *, out_dir: Path, budget_s: float = 600.0, **_: Any
 ) -> dict[str, Any]:
     """`dverl run` on a machine with one GPU (this one's first, the others hidden): the layout runs the HF
-    rollout inside the learner, one copy of the weights, and puts the reference on the same GPU. On the
-    CPU dry run the same job is laid out on no GPU and runs on the CPU."""
+    rollout inside the learner, one copy of the weights, and puts the reference on the same GPU; then a
+    vLLM rollout on that GPU sleeps between its calls (`vllm_sleep_check`). On the CPU dry run the same job
+    is laid out on no GPU and runs on the CPU, and the vLLM check is reported as not run."""
     import os
 
     if device.startswith("cuda"):
@@ -326,13 +327,80 @@ def one_gpu_colocated(
     on_cuda = device.startswith("cuda")
     devices = {p.name: p.device for p in layout.placed}
     expected = colocated == ("rollout",) and set(devices.values()) == {"cuda:0"} if on_cuda else True
+    sleep = vllm_sleep_check(device) if on_cuda else {"ran": False, "why": "vLLM sleeps on CUDA only"}
     return {
-        "passed": summary["steps"] == steps and expected and (bool(watch.pids) or not on_cuda),
+        "passed": summary["steps"] == steps
+        and expected
+        and (bool(watch.pids) or not on_cuda)
+        and sleep.get("passed", True),
         "steps": summary["steps"],
         "machine": machine.words(),
         "colocated": list(colocated),
         "devices": devices,
         "gpu_processes_seen": sorted(watch.pids) if watch.available else None,
+        "vllm_sleep": sleep,
+    }
+
+
+def vllm_sleep_check(device: str) -> dict[str, Any]:
+    """A vLLM rollout on the learner's GPU, as the one-GPU layout starts it (`sleep_while_idle`, from
+    `backends/sleep.py`'s decision): after a generate call it must have handed memory back (the GPU's free
+    memory, read device-wide because the engine computes in its own process, rises by at least 256 MiB),
+    and after waking decode greedily what it decoded before sleeping. Not run, and said so, where vLLM is
+    not installed (it is not among benchmarks/gpu_wheels.txt)."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError as exc:
+        return {"ran": False, "why": f"vllm is not installed here ({exc}); pip install vllm to check it"}
+    from types import SimpleNamespace
+
+    import torch
+
+    from decentralized_verl.backends.base import GenerationRequest
+    from decentralized_verl.backends.sleep import sleeps_while_learner_updates
+    from decentralized_verl.backends.vllm_backend import VLLMBackend
+    from decentralized_verl.core.sampling import SamplingParams
+    from decentralized_verl.models.tiny import build_tiny, tiny_config
+    from decentralized_verl.models.tokenizer import build_char_tokenizer
+    from decentralized_verl.spec.catalogue.backends import VLLM
+
+    asked = sleeps_while_learner_updates(VLLM, device, True)
+    tokenizer = build_char_tokenizer()
+    shape = SimpleNamespace(
+        architecture="llama",
+        hidden_size=256,
+        num_layers=4,
+        num_heads=4,
+        intermediate_size=512,
+        max_positions=256,
+    )
+    config = tiny_config(shape, tokenizer)
+    model = build_tiny(config, 0).to(torch.bfloat16).eval()
+    greedy = SamplingParams(max_new_tokens=16, temperature=0.0, top_k=0, top_p=1.0)
+    request = [GenerationRequest("0", tuple(tokenizer.encode("the learner updates")), greedy)]
+    backend = VLLMBackend(
+        model, tokenizer, enforce_eager=True, sleep_while_idle=asked,
+        engine_kwargs={"gpu_memory_utilization": 0.1},
+    )  # fmt: skip
+    try:
+        backend.sleeper.enabled = False  # the first call stays awake: its free memory is the baseline
+        first = [o.response_token_ids for o in backend.generate(request)]
+        awake_free = torch.cuda.mem_get_info()[0]
+        backend.sleeper.enabled = asked
+        backend.sleeper.sleep()
+        asleep_free = torch.cuda.mem_get_info()[0]
+        again = [o.response_token_ids for o in backend.generate(request)]  # wakes, generates, sleeps
+    finally:
+        backend.close()
+    freed = asleep_free - awake_free
+    return {
+        "ran": True,
+        "passed": asked and freed >= 256 * 2**20 and again == first,
+        "decided_to_sleep": asked,
+        "freed_mib": round(freed / 2**20, 1),
+        "same_tokens_after_waking": again == first,
+        "sleep_s": [round(t, 3) for t in backend.sleeper.sleep_seconds],
+        "wake_s": [round(t, 3) for t in backend.sleeper.wake_seconds],
     }
 
 

@@ -730,18 +730,21 @@ async def test_kubectl_get_rlhfjobs_shows_printer_columns(cluster, tmp_path):
     )  # fmt: skip
     assert custom.returncode == 0, custom.stderr
     head, row = custom.stdout.splitlines()
-    assert head.split() == ["PHASE", "STEP", "REWARD", "WORKERS", "VOLUNTEERS", "BLOCKED", "AGE", "MESSAGE"]
+    assert head.split() == [
+        "PHASE", "STEP", "REWARD", "WORKERS", "VOLUNTEERS", "BLOCKED", "REFIT", "AGE", "MESSAGE",
+    ]  # fmt: skip
     status = (await emu.job("shown"))["status"]
     cells = row.split()
     if "reward" in status:  # kubectl prints 0.0 as 0
         assert float(cells[2]) == status["reward"]
         cells[2] = str(status["reward"])
     expected = [status["phase"], str(status.get("step", "<none>")), str(status.get("reward", "<none>"))]
-    assert cells[:6] == [
+    assert cells[:7] == [
         *expected,
         "3/3",
         str(status.get("volunteers", "<none>")),
         str(status.get("blockedPeers", "<none>")),
+        str((status.get("refitParity") or {}).get("meanAbsDiff", "<none>")),
     ]
     assert row.split()[0] == "Running"
     table = await asyncio.to_thread(

@@ -21,9 +21,19 @@ def test_names_scope_and_subresources() -> None:
     version = spec["versions"][0]
     assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns == ["Phase", "Step", "Reward", "Workers", "Volunteers", "Blocked", "Age", "Message"]
+    assert columns == [
+        "Phase",
+        "Step",
+        "Reward",
+        "Workers",
+        "Volunteers",
+        "Blocked",
+        "Refit",
+        "Age",
+        "Message",
+    ]
     wide_only = [c["name"] for c in version["additionalPrinterColumns"] if c.get("priority")]
-    assert wide_only == ["Blocked"]  # `kubectl get rlhfjobs -o wide`
+    assert wide_only == ["Blocked", "Refit"]  # `kubectl get rlhfjobs -o wide`
 
 
 def _walk(node: dict, path: str, found: list[str]) -> None:

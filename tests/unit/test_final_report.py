@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from decentralized_verl.core.final_report import final_fields, read_final, write_final
+from decentralized_verl.core.final_report import final_fields, read_final, write_final, write_verdict
 from dverl_operator.status.outcome import with_final_report
 
 SUMMARY = {"steps": 3, "policy_version": 3, "reward_last": 0.25, "seconds": 1.0}
@@ -44,3 +44,15 @@ def test_the_operator_takes_the_final_step_only_when_it_is_not_behind() -> None:
     assert with_final_report({"step": 4}, _learner(message)) == {"step": 4}
     assert with_final_report(status, None) == status
     assert with_final_report(status, _learner("bye")) == status
+
+
+def test_a_refit_verdict_is_the_whole_termination_message_and_no_final_report(tmp_path: Path) -> None:
+    log = tmp_path / "termination-log"
+    verdict = (
+        "refit parity failed after the refresh to policy version 3:\n rollout r-0 and learner l-0 differ"
+    )
+    assert write_verdict(verdict, log) is False  # not in a pod
+    log.touch()
+    assert write_verdict(verdict, log) is True
+    assert log.read_text() == " ".join(verdict.split()) + "\n"
+    assert read_final(log.read_text()) == {}

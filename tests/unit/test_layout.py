@@ -75,6 +75,10 @@ def test_a_vllm_rollout_gets_its_share_of_a_shared_gpu() -> None:
     assert rollout.device == "cuda:0" and rollout.memory_fraction == 0.25  # 6 of 24 GiB
     assert rollout.env()["DVERL_GPU_MEMORY_FRACTION"] == "0.250"
     assert layout.of("j-learner-0").memory_fraction is None and layout.problems == ()
+    assert rollout.shares_with_learner and rollout.env()["DVERL_GPU_SHARED_WITH_LEARNER"] == "1"
+    apart = lay_out(*machine_job(parsed, "j", parse_machine("8x80Gi"))[:2], parse_machine("8x80Gi"))
+    assert not apart.of("j-rollout-0").shares_with_learner  # its own GPU: nothing to make room for
+    assert "DVERL_GPU_SHARED_WITH_LEARNER" not in apart.of("j-rollout-0").env()
     over = lay_out(moved, plan, parse_machine("1x24Gi"), {"rollout": 16 * 2**30, "learner": 10 * 2**30})
     assert over.problems == (
         "GPU 0: j-learner-0, j-rollout-0, j-reference-0 need 26.0 GiB together, it has 24.0 GiB",

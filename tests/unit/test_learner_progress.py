@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from decentralized_verl.core.status import StatusBoard
 from decentralized_verl.models.loading import load_model_and_tokenizer
 from decentralized_verl.orchestration.assemble import build_loop
 from decentralized_verl.orchestration.wiring import connect_roles
@@ -23,7 +24,7 @@ from tests.support.tracker_files import tensorboard_run
 LINE = re.compile(r"^step (\d)/3 reward \d\.\d{3}( acc \d+\.\d%)? tok/s \d+ eta (\?|\d+s)$")
 
 
-async def _train(output: Path) -> dict:
+async def _train(output: Path, board: StatusBoard) -> dict:
     spec = parse_spec(
         {
             "model": {"tiny": {"hiddenSize": 32, "numLayers": 1, "numHeads": 2, "intermediateSize": 64}},
@@ -52,7 +53,9 @@ async def _train(output: Path) -> dict:
         spec, "progress", model, tokenizer, temperature=1.0, publisher=None,
         addresses=lambda role: [], pools=lambda role: [],
     )  # fmt: skip
-    loop = await build_loop(spec, PolicyTrainer(model, spec), tokenizer, roles, job="progress", output=output)
+    loop = await build_loop(
+        spec, PolicyTrainer(model, spec), tokenizer, roles, job="progress", output=output, status=board
+    )
     try:
         return await loop.run()
     finally:
@@ -61,13 +64,16 @@ async def _train(output: Path) -> dict:
 
 def test_progress_lines_samples_entropy_and_tracker(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="decentralized_verl.orchestration.coordinator"):
-        asyncio.run(_train(tmp_path))
+        asyncio.run(_train(tmp_path, board := StatusBoard()))
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
     assert len(lines) == 3 and all(LINE.match(line) for line in lines), lines
     assert [LINE.match(line).group(1) for line in lines] == ["1", "2", "3"]
     assert " acc " in lines[1] and " acc " not in lines[0]  # accuracy on the evaluated step only
     records = read_metrics(tmp_path / "metrics.jsonl")
     assert all(r["entropy"] > 0 for r in records)  # measured every step, entropyCoef 0 or not
+    parity = board.current.refit_parity  # what the Status RPC sends: the last step's, refreshed to version 2
+    assert parity is not None and parity.version == 2 and parity.tokens > 0, parity
+    assert parity.diff_mean == records[-1]["refit_logprob_diff_mean"] < 1e-3
     samples = read_metrics(tmp_path / "samples.jsonl")
     assert [s["step"] for s in samples] == [2, 2, 2]
     assert all(s["prompt"] and isinstance(s["response"], str) and s["reward"] is not None for s in samples)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import pytest
 from blake3 import blake3
 
+from decentralized_verl.core.status import RefitParity
 from decentralized_verl.errors import DverlError, WireError
 from decentralized_verl.proto import dverl_pb2 as pb
 from decentralized_verl.transport import messages as m
@@ -580,6 +581,7 @@ def _status(**kw: object) -> m.JobStatus:
         last_checkpoint="/ckpt/step-10",
         eval_accuracy=0.375,
         volunteers=2,
+        refit_parity=RefitParity(diff_mean=2.5e-7, diff_max=1.5e-6, version=11, tokens=96),
     )
     base.update(kw)
     return m.JobStatus(**base)  # type: ignore[arg-type]
@@ -589,6 +591,9 @@ def test_status_round_trip() -> None:
     assert m.job_status_from_proto(m.job_status_to_proto(_status())) == _status()
     assert m.job_status_from_proto(m.job_status_to_proto(_status(eval_accuracy=None))).eval_accuracy is None
     assert m.job_status_from_proto(m.job_status_to_proto(_status(eval_accuracy=0.0))).eval_accuracy == 0.0
+    assert m.job_status_from_proto(m.job_status_to_proto(_status(refit_parity=None))).refit_parity is None
+    failed = _status(state="Failed", failure="refit parity failed ...", failure_reason="RefitParityFailed")
+    assert m.job_status_from_proto(m.job_status_to_proto(failed)) == failed
 
 
 @pytest.mark.parametrize(
@@ -601,6 +606,14 @@ def test_status_round_trip() -> None:
         (_status(reward_std=-0.5), "reward_std", ">= 0"),
         (_status(phase_seconds=(("rollout", -1.0),)), "phase_seconds['rollout']", ">= 0"),
         (_status(eval_accuracy=1.5), "eval_accuracy", "[0, 1]"),
+        (_status(refit_parity=RefitParity(NAN, 1.0, 3)), "refit_parity.diff_mean", "finite"),
+        (_status(refit_parity=RefitParity(0.5, INF, 3)), "refit_parity.diff_max", "finite"),
+        (_status(refit_parity=RefitParity(-0.5, 1.0, 3)), "refit_parity.diff_mean", ">= 0"),
+        (_status(refit_parity=RefitParity(0.5, 0.25, 3)), "refit_parity.diff_max", "below diff_mean 0.5"),
+        (_status(refit_parity=RefitParity(0.5, 1.0, 13)), "refit_parity.version", "newer than the policy"),
+        (_status(state="Failed", failure_reason="Refit Parity"), "failure_reason", "one word"),
+        (_status(state="Failed", failure_reason="refitParity"), "failure_reason", "one word"),
+        (_status(state="Failed", failure="x" * 4001), "failure", "at most 4000"),
     ],
 )
 def test_bad_status(status: m.JobStatus, field: str, fragment: str) -> None:

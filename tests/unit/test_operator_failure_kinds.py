@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from decentralized_verl.core.status import JobStatus
-from decentralized_verl.errors import EXIT_USAGE
+from decentralized_verl.errors import EXIT_REFIT_PARITY, EXIT_USAGE, REFIT_PARITY_REASON
 from dverl_operator.pods.failure import ending
 from dverl_operator.status import conditions as cond
 from dverl_operator.status import outcome
@@ -154,3 +154,67 @@ def test_the_stall_clock_stays_put_while_the_reported_step_stands_still() -> Non
     status, _ = outcome.progress_status({}, {}, progress(3), None, 20, 1.0)
     again, _ = outcome.progress_status(status, dict(status), progress(3), None, 20, 50.0)
     assert again["lastProgressTime"] == status["lastProgressTime"]
+
+
+REFIT_VERDICT = (
+    "refit parity failed after the refresh to policy version 3: rollout j-rollout-1 (max 7.1) and learner "
+    "j-learner-0 disagree on the same tokens by 2.4 nats per token on average (max 7.1), over "
+    "training.refitParityBound 0.5; the weights the rollout loaded are not the learner's"
+)
+
+
+def test_a_refit_parity_exit_fails_the_job_at_once_naming_both_workers_and_the_version() -> None:
+    world = started({**tiny_spec(), "backoffLimit": 6})
+    ended(world, "j-learner-0", EXIT_REFIT_PARITY, message=REFIT_VERDICT)
+    world.step()
+    assert world.status["phase"] == "Failed"
+    failed = failed_condition(world)
+    assert failed["reason"] == "RefitParityFailed"
+    assert failed["message"] == (
+        f"pod j-learner-0 (learner): container worker exited 3 (refit parity failed, not retried): "
+        f"{REFIT_VERDICT}"
+    )
+    assert ("Warning", "RefitParityFailed", failed["message"]) in world.events
+    assert world.status["roles"]["learner"]["restarts"] == 1
+
+
+def test_a_long_refit_verdict_is_kept_whole_where_other_messages_are_cut() -> None:
+    many = ", ".join(f"j-rollout-{i} (max 7.1)" for i in range(4))
+    verdict = (
+        f"refit parity failed after the refresh to policy version 9: rollout {many} and learner j-learner-0"
+    )
+    pod = {
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [
+                {
+                    "name": "worker",
+                    "state": {"terminated": {"exitCode": EXIT_REFIT_PARITY, "message": verdict}},
+                }
+            ],
+        }
+    }
+    got = ending(pod)
+    assert (got.kind, got.exit_code, got.message) == ("refit-parity", 3, verdict)
+
+
+def test_exit_3_from_a_worker_that_is_not_the_learner_is_retried_like_any_crash() -> None:
+    world = started({**tiny_spec(), "backoffLimit": 6})
+    ended(world, "j-rollout-0", EXIT_REFIT_PARITY, message="something else")
+    world.step()
+    assert world.status["phase"] != "Failed"
+    assert world.status["roles"]["rollout"]["restarts"] == 1
+
+
+def test_a_coordinator_that_reports_a_refit_failure_fails_the_job_for_that_reason_in_its_words() -> None:
+    progress = JobStatus(
+        state="Failed", step=2, total_steps=3, failure=REFIT_VERDICT, failure_reason=REFIT_PARITY_REASON
+    )
+    status, events = outcome.coordinator_failed({}, [], 1.0, progress)
+    failed = cond.condition(status["conditions"], cond.FAILED)
+    assert failed is not None and failed["reason"] == REFIT_PARITY_REASON
+    assert failed["message"] == f"the coordinator reports the training failed: {REFIT_VERDICT}"
+    assert events == [("Warning", REFIT_PARITY_REASON, failed["message"])]
+    plain, _ = outcome.coordinator_failed({}, [], 1.0, JobStatus(state="Failed"))
+    assert cond.condition(plain["conditions"], cond.FAILED)["reason"] == "CoordinatorFailed"
+    assert plain["message"] == "the coordinator reports the training failed"

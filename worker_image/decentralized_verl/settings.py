@@ -135,6 +135,12 @@ class WorkerSettings(BaseModel):
         description="`dverl run`'s layout: a vLLM rollout's share of a GPU other workers share (the "
         "planner's estimate of what it needs)",
     )
+    gpu_shared_with_learner: bool = Field(
+        False,
+        alias="DVERL_GPU_SHARED_WITH_LEARNER",
+        description="`dverl run`'s layout: `1` when this rollout's GPU is the learner's too (a vLLM engine "
+        "on CUDA then sleeps while the learner updates)",
+    )
     device: str | None = Field(
         None,
         alias="DVERL_DEVICE",
@@ -228,7 +234,7 @@ class WorkerSettings(BaseModel):
             return tuple(part for part in value.split(",") if part)
         return value
 
-    @field_validator("vllm_eager", "fixed_threads", mode="before")
+    @field_validator("vllm_eager", "fixed_threads", "gpu_shared_with_learner", mode="before")
     @classmethod
     def _flag(cls, value: object) -> object:
         if isinstance(value, str):

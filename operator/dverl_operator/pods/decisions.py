@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from decentralized_verl.errors import REFIT_PARITY_REASON
 from decentralized_verl.launch.watchdog import STARTUP_S, allowance
 from decentralized_verl.planning.plan import is_gang
 from decentralized_verl.spec import JobSpec
@@ -138,7 +139,8 @@ def _unmendable(
     oom_advice: Callable[[str, str | None], str] | None,
 ) -> bool:
     """A failure that would fail the same way again ends the job now, with what the worker said: the
-    runtime's bad-input exit (a manifest, data file or model to fix), or a kill for memory (the same
+    runtime's bad-input exit (a manifest, data file or model to fix), a learner's refit-parity exit (the
+    verdict names the rollout workers, the learner and the version), or a kill for memory (the same
     limit kills it again), named with the role, its limit and the planner's fix."""
     end = ending(have)
     if end.kind == "bad-input":
@@ -157,6 +159,13 @@ def _unmendable(
             f"{advice or f'raise roles.{role}.resources.memory'}"
         )
         out.failed_reason = "OOMKilled"
+    elif end.kind == "refit-parity" and role == "learner":  # only the learner ends with that code
+        said = end.message or "its log names the rollout workers and the version"
+        out.failed_job = (
+            f"pod {pod_name} ({role}): container {end.container} exited {end.exit_code} (refit parity "
+            f"failed, not retried): {said}"
+        )
+        out.failed_reason = REFIT_PARITY_REASON
     else:
         return False
     if _annotations(have).get(ANNOTATION_FAILURE_COUNTED) != "true":

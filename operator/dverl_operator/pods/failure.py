@@ -6,8 +6,10 @@ carries it instead of a bare "Failed".
 
 Failures come in kinds, as Kubernetes' and JobSet's pod failure policies tell them apart: a worker that
 exits with the runtime's bad-input code (the CLI's exit 2: a manifest, data file or model a person must
-fix) fails the same way on every retry, and a container the kernel killed for memory will be killed
-again under the same limit; both end the job at once. Only the rest (crashes, lost peers, a node's
+fix) fails the same way on every retry, a container the kernel killed for memory will be killed
+again under the same limit, and a learner whose weight refresh failed its refit-parity check (exit 3:
+the rollout's log-probs are not the learner's) would refresh the same way from its checkpoint; all three
+end the job at once. Only the rest (crashes, lost peers, a node's
 trouble) is worth retrying.
 """
 
@@ -17,14 +19,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from decentralized_verl.errors import EXIT_USAGE
+from decentralized_verl.errors import EXIT_REFIT_PARITY, EXIT_USAGE
 
 MESSAGE_CHARS = 300
+REFIT_MESSAGE_CHARS = 1000
+"""A refit-parity verdict names the rollout workers, the learner and the version: kept whole."""
 BAD_INPUT_EXIT = EXIT_USAGE
 """The exit code every `dverl` process ends with for input a person must fix (errors.py)."""
 OOM_REASON = "OOMKilled"
 
-Kind = Literal["bad-input", "oom", "other"]
+Kind = Literal["bad-input", "oom", "refit-parity", "other"]
 
 
 @dataclass(frozen=True)
@@ -56,9 +60,12 @@ def ending(pod: Mapping[str, Any]) -> Ending:
         return Ending("other", message=str(status["reason"]))
     for name, ended in _failed_containers(status)[:1]:
         code = int(ended["exitCode"])
-        message = " ".join(str(ended.get("message") or "").split())[:MESSAGE_CHARS]
+        said = " ".join(str(ended.get("message") or "").split())
+        message = said[:MESSAGE_CHARS]
         if ended.get("reason") == OOM_REASON:
             return Ending("oom", name, code, message)
+        if code == EXIT_REFIT_PARITY:
+            return Ending("refit-parity", name, code, said[:REFIT_MESSAGE_CHARS])
         if code == BAD_INPUT_EXIT:
             return Ending("bad-input", name, code, message)
         return Ending("other", name, code, message)

@@ -438,7 +438,7 @@ def _finish(
         actions.patch = [p for p in actions.patch if p not in ending] + ending
         actions.status, events = outcome.succeeded(_group_finished(new_status), conditions, now)
     elif coordinator_state == "Failed":
-        actions.status, events = outcome.coordinator_failed(new_status, conditions, now)
+        actions.status, events = outcome.coordinator_failed(new_status, conditions, now, observed.progress)
     else:
         unplaced = unschedulable({n: p for n, p in observed.pods.items() if n not in pods.to_delete})
         actions.status, events = outcome.running(new_status, conditions, bool(refused), now, queued, unplaced)

@@ -50,7 +50,21 @@ def progress_fields(progress: JobStatus) -> dict[str, Any]:
     ):
         if value is not None:
             out[key] = round(value, 6) if isinstance(value, float) else value
+    parity = progress.refit_parity
+    if parity is not None:
+        out["refitParity"] = {
+            "meanAbsDiff": _significant(parity.diff_mean),
+            "maxAbsDiff": _significant(parity.diff_max),
+            "version": parity.version,
+            "tokens": parity.tokens,
+        }
     return out
+
+
+def _significant(value: float) -> float:
+    """Four significant digits: parity spans 1e-7 (fp32 on one machine) to whole nats (a broken refresh),
+    so rounding to fixed decimals would show a healthy refresh as 0."""
+    return float(f"{value:.4g}")
 
 
 def newly_blocked(previous_count: int, progress: JobStatus) -> list[tuple[str, str]]:

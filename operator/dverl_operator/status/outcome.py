@@ -59,8 +59,8 @@ def backoff_exhausted(
     now: float,
     reason: str = "BackoffLimitExceeded",
 ) -> tuple[Status, Events]:
-    """Failed: past backoffLimit, or at once for a failure no retry mends (`reason` BadInput or
-    OOMKilled)."""
+    """Failed: past backoffLimit, or at once for a failure no retry mends (`reason` BadInput,
+    RefitParityFailed or OOMKilled)."""
     conditions = set_condition(conditions, FAILED, "True", reason, why, now)
     conditions = set_condition(conditions, READY, "False", reason, why, now)
     roles = role_counts(desired, [], restarts)
@@ -132,9 +132,15 @@ def succeeded(new: Status, conditions: list, now: float) -> tuple[Status, Events
     return new, [("Normal", "Succeeded", "training finished")]
 
 
-def coordinator_failed(new: Status, conditions: list, now: float) -> tuple[Status, Events]:
-    message = "the coordinator reports the training failed"
-    conditions = set_condition(conditions, FAILED, "True", "CoordinatorFailed", message, now)
+def coordinator_failed(
+    new: Status, conditions: list, now: float, progress: JobStatus | None = None
+) -> tuple[Status, Events]:
+    """Failed as the coordinator says: with its words and the failure's kind when it gives them (a
+    refit-parity verdict names the workers and the version), else in general terms."""
+    said = progress.failure if progress is not None else ""
+    reason = (progress.failure_reason if progress is not None else "") or "CoordinatorFailed"
+    message = "the coordinator reports the training failed" + (f": {said}" if said else "")
+    conditions = set_condition(conditions, FAILED, "True", reason, message, now)
     new = {
         **new,
         "phase": "Failed",
@@ -142,7 +148,7 @@ def coordinator_failed(new: Status, conditions: list, now: float) -> tuple[Statu
         "conditions": conditions,
         "completionTime": timestamp(now),
     }
-    return new, [("Warning", "CoordinatorFailed", message)]
+    return new, [("Warning", reason, message)]
 
 
 def running(

@@ -25,13 +25,21 @@ check_registry("backend", (kind.name for kind in ENGINES), BACKEND_KINDS)
 
 
 def engine_options(
-    kind: BackendKind, gpus: int = 1, *, eager: bool = False, memory_fraction: float | None = None
+    kind: BackendKind,
+    gpus: int = 1,
+    *,
+    eager: bool = False,
+    memory_fraction: float | None = None,
+    sleep_while_idle: bool = False,
 ) -> dict[str, Any]:
     """Options a worker with ``gpus`` GPUs (its ``resources.gpus``) builds the kind's engine with: a
     tensor-parallel engine is split over all of them, and a compiling one skips compilation with
     ``eager`` (``WorkerSettings.vllm_eager``); an engine on one device takes neither. An engine that
-    reserves a share of its GPU takes ``memory_fraction`` (the plan's, when its GPU is shared)."""
+    reserves a share of its GPU takes ``memory_fraction`` (the plan's, when its GPU is shared); one that
+    can sleep on a GPU sleeps between generate calls with ``sleep_while_idle`` (`backends/sleep.py`)."""
     options: dict[str, Any] = {}
+    if kind.sleeps_on_gpu and sleep_while_idle:
+        options["sleep_while_idle"] = True
     if kind.reserves_gpu_share and memory_fraction is not None:
         options["engine_kwargs"] = {"gpu_memory_utilization": memory_fraction}
     if kind.tensor_parallel:
@@ -49,6 +57,7 @@ def make_backend(
     gpus: int = 1,
     eager: bool = False,
     memory_fraction: float | None = None,
+    sleep_while_idle: bool = False,
     **options: Any,
 ) -> GenerationBackend:
     """Build the kind's engine on ``model``, importing it only now; ``options`` go to the engine as
@@ -62,5 +71,7 @@ def make_backend(
             f"install the extra that provides it, e.g. `pip install 'decentralized-verl[{kind.name}]'`"
         ) from exc
     factory = getattr(module, attribute)
-    chosen = engine_options(kind, gpus, eager=eager, memory_fraction=memory_fraction)
+    chosen = engine_options(
+        kind, gpus, eager=eager, memory_fraction=memory_fraction, sleep_while_idle=sleep_while_idle
+    )
     return factory(model, tokenizer, **chosen, **options)

@@ -38,6 +38,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from decentralized_verl.backends.base import GenerationOutput, GenerationRequest, SamplingParams
+from decentralized_verl.backends.sleep import EngineSleep
 from decentralized_verl.backends.vllm_engine_args import VLLM_DTYPES, engine_args
 from decentralized_verl.backends.vllm_lora import (
     engine_dtype,
@@ -102,7 +103,9 @@ class VLLMBackend:
     (``backend_options``). ``max_model_len`` defaults to the
     model's positions. ``tensor_parallel_size`` splits the engine over that many GPUs of this machine
     (a worker's ``resources.gpus``); on CPU the engine stays on one process (see
-    ``vllm_engine_args.parallel_kwargs``). ``engine_kwargs`` go to ``vllm.LLM`` unchanged. ``work_dir``
+    ``vllm_engine_args.parallel_kwargs``). ``engine_kwargs`` go to ``vllm.LLM`` unchanged. With
+    ``sleep_while_idle`` (a CUDA engine on the learner's GPU, `backends/sleep.py`) the engine starts with
+    sleep mode and sleeps after every generate call, waking before the next call or refresh. ``work_dir``
     holds the exported model folder (a private temporary folder by default).
     CPU engines read ``VLLM_CPU_KVCACHE_SPACE`` (GiB) and ``VLLM_CPU_OMP_THREADS_BIND`` from the
     environment. Call ``close()`` to stop the engine process.
@@ -122,6 +125,7 @@ class VLLMBackend:
         work_dir: str | os.PathLike[str] | None = None,
         shm_dir: str | os.PathLike[str] | None = None,
         engine_kwargs: Mapping[str, Any] | None = None,
+        sleep_while_idle: bool = False,
         **_ignored: Any,  # options meant for other backends (max_batch_size: vLLM batches itself)
     ) -> None:
         if not isinstance(version, int) or version < 0:
@@ -157,6 +161,8 @@ class VLLMBackend:
         _write_model_dir(model, tokenizer, self.model_dir, merge_adapters=not self.hot_swap)
         if self.hot_swap:
             engine_kwargs = {**lora_engine_kwargs(model), **dict(engine_kwargs or {})}
+        if sleep_while_idle:  # vLLM allocates through its sleep-capable allocator only when asked at start
+            engine_kwargs = {"enable_sleep_mode": True, **dict(engine_kwargs or {})}
         kwargs = engine_args(
             self.model_dir,
             dtype=dtype,
@@ -172,6 +178,8 @@ class VLLMBackend:
         except BaseException:
             self.close()  # do not leave the exported model folder behind
             raise
+        self.sleeper = EngineSleep(self.llm, enabled=sleep_while_idle)
+        """Asleep between generate calls when its GPU is the learner's too (`backends/sleep.py`)."""
         self.refresh_seconds: list[float] = []  # wall time of each refresh, for benchmarks and logs
         self.last_refresh: dict[str, float] = {}  # where the last refresh's time went
         if self.hot_swap:
@@ -227,9 +235,11 @@ class VLLMBackend:
             return
         with self._lock:
             version = self._version
+            self.sleeper.wake()
             began = time.perf_counter()
             results = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self._lora)
             seconds = time.perf_counter() - began
+            self.sleeper.sleep()  # the results are in host memory: the learner may have the GPU
         for request, result in zip(requests, results, strict=True):
             for completion in sorted(result.outputs, key=lambda c: c.index):
                 if completion.finish_reason not in ("stop", "length"):
@@ -289,6 +299,7 @@ class VLLMBackend:
         log.info("vllm: adapters of version %d in %.2f s", version, self.refresh_seconds[-1])
 
     def _refresh(self, version: int) -> None:
+        self.sleeper.wake()  # weights are reloaded into memory the engine holds
         if self.hot_swap:
             self._swap_adapters(version)
             return

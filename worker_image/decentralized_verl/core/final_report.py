@@ -4,6 +4,7 @@ The operator copies progress into `.status` by polling the coordinator every few
 step can finish, and the learner exit, between two polls, leaving a Succeeded job that shows an
 earlier step. So the learner writes its final numbers where the kubelet keeps them after the process
 is gone (`terminationMessagePath`, `/dev/termination-log`), and the operator reads them from the pod.
+A learner that fails for a reason no retry mends (refit parity) writes its verdict there instead.
 Outside a pod the file does not exist and nothing is written.
 """
 
@@ -34,6 +35,18 @@ def write_final(summary: Mapping[str, Any], path: Path = TERMINATION_LOG) -> boo
         return False
     try:
         path.write_text(json.dumps({KEY: final_fields(summary)}) + "\n")
+    except OSError:
+        return False
+    return True
+
+
+def write_verdict(verdict: str, path: Path = TERMINATION_LOG) -> bool:
+    """Write why the learner failed as its termination message, so the operator's failure condition
+    quotes it whole even when teardown lines follow it in the log."""
+    if not path.exists():
+        return False
+    try:
+        path.write_text(" ".join(verdict.split())[:4000] + "\n")  # the kubelet keeps at most 4096 bytes
     except OSError:
         return False
     return True

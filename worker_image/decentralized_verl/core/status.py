@@ -14,6 +14,21 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class RefitParity:
+    """How far the rollout's log-probs were from the learner's on the same tokens after the refresh to
+    `version` (`training/refit_parity.py` measures it): what a person checks when rewards look wrong."""
+
+    diff_mean: float
+    """Mean absolute difference per compared token, in nats."""
+    diff_max: float
+    """The largest absolute difference of any compared token."""
+    version: int
+    """The policy version whose refresh was compared."""
+    tokens: int = 0
+    """Tokens compared."""
+
+
+@dataclass(frozen=True)
 class JobStatus:
     """A snapshot of training progress."""
 
@@ -34,6 +49,12 @@ class JobStatus:
     volunteers: int = 0
     blocked_peers: tuple[tuple[str, str], ...] = ()
     """(peer id, reason) in blocking order; the operator counts them and raises an Event for each."""
+    refit_parity: RefitParity | None = None
+    """The latest refit parity measured; None before the first (or when no step compared fresh rows)."""
+    failure: str = ""
+    """With state Failed: why, naming what to look at (a refit-parity verdict names the workers)."""
+    failure_reason: str = ""
+    """With state Failed: the failure's kind as one word (a Kubernetes condition reason); empty: unsaid."""
 
     @property
     def reported(self) -> bool:

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from decentralized_verl.backends.factory import make_backend
+from decentralized_verl.backends.sleep import sleeps_while_learner_updates
 from decentralized_verl.errors import ManifestError, Problem
 from decentralized_verl.models.loading import load_model_and_tokenizer
 from decentralized_verl.planning.plan import worker_resources
@@ -88,6 +89,9 @@ async def serve_role(
             gpus=worker_resources(spec.roles.rollout, index).gpus,  # what this worker's pod was given
             eager=settings.vllm_eager,
             memory_fraction=settings.gpu_memory_fraction,  # the plan's share of a GPU it shares
+            sleep_while_idle=sleeps_while_learner_updates(  # the one-GPU layout: room for the update
+                spec.roles.rollout.backend_kind, str(on), settings.gpu_shared_with_learner
+            ),
             seed=spec.training.seed + index,
         )
     if role == "rollout":

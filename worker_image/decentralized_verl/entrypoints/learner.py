@@ -20,9 +20,9 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from decentralized_verl.core.final_report import write_final
+from decentralized_verl.core.final_report import write_final, write_verdict
 from decentralized_verl.core.status import StatusBoard
-from decentralized_verl.errors import EXIT_REFIT_PARITY
+from decentralized_verl.errors import EXIT_REFIT_PARITY, REFIT_PARITY_REASON
 from decentralized_verl.orchestration.assemble import build_loop
 from decentralized_verl.orchestration.coordinator import TrainingStopped
 from decentralized_verl.orchestration.membership import follow_scaling
@@ -181,7 +181,13 @@ async def _coordinate(
             return STOPPED_EXIT
         except RefitParityError as failed:
             log.error("%s", failed)  # the job's verdict, in the learner's log and `dverl run`'s error
-            status.update(state="Failed", phase=f"refit parity: {failed}")
+            status.update(
+                state="Failed",
+                phase=f"refit parity: {failed}",
+                failure=str(failed),
+                failure_reason=REFIT_PARITY_REASON,
+            )
+            write_verdict(str(failed))  # the operator's Failed condition quotes it
             return EXIT_REFIT_PARITY
         if group.world > 1:
             summary["replica_digests"] = group.release()

@@ -25,7 +25,7 @@ from decentralized_verl.core.status import StatusBoard
 from decentralized_verl.environments.replay import ENVIRONMENT_REWARD
 from decentralized_verl.orchestration.dispatch import Dispatcher
 from decentralized_verl.orchestration.evaluation import Evaluator
-from decentralized_verl.orchestration.refit_check import check_refit, fresh_rows
+from decentralized_verl.orchestration.refit_check import check_refit, fresh_rows, measured_parity
 from decentralized_verl.orchestration.reward_errors import RewardErrorWatch
 from decentralized_verl.orchestration.step_report import StepReporter, run_summary, step_record
 from decentralized_verl.reporting.metrics import MetricsLog
@@ -262,7 +262,8 @@ class Coordinator:
             record.update(await self.evaluate())
             done()
         record.update(await self._checkpoint_if_due(elapsed, timings))
-        self.reporter.publish(self.step, self.version, record, timings)
+        parity = measured_parity(metrics, refreshed)
+        self.reporter.publish(self.step, self.version, record, timings, parity)
         self.reporter.log_samples(self.step, generated.samples)
         check_refit(  # after the step is on record: its metrics show what failed
             metrics,

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from decentralized_verl.core.samples import Sample
+from decentralized_verl.core.status import RefitParity
 from decentralized_verl.errors import OperationFailed
 
 
@@ -37,6 +38,20 @@ def worst_by_worker(
         worker = samples[row].worker_id or "an unnamed rollout worker"
         worst[worker] = max(worst.get(worker, 0.0), value)
     return worst
+
+
+def measured_parity(metrics: dict[str, Any], version: int) -> RefitParity | None:
+    """The step's parity as the Status RPC reports it (the refresh to `version`); None when the step
+    compared no tokens (every row stale, or nothing updated)."""
+    mean = metrics.get("refit_logprob_diff_mean")
+    if mean is None:
+        return None
+    return RefitParity(
+        diff_mean=float(mean),
+        diff_max=float(metrics.get("refit_logprob_diff_max", mean)),
+        version=version,
+        tokens=int(metrics.get("refit_parity_tokens", 0)),
+    )
 
 
 def check_refit(

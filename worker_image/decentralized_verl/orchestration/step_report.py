@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from decentralized_verl.core.samples import Sample
-from decentralized_verl.core.status import StatusBoard
+from decentralized_verl.core.status import RefitParity, StatusBoard
 from decentralized_verl.environments.metrics import episode_metrics
 from decentralized_verl.reporting.metrics import MetricsLog
 from decentralized_verl.reporting.progress import eta_seconds, progress_line
@@ -139,8 +139,19 @@ class StepReporter:
         """Training starts now at `step`: the ETA measures the pace from here (not the evaluation before)."""
         self._pace_from = (step, time.monotonic())
 
-    def publish(self, step: int, version: int, record: dict[str, Any], timings: dict[str, float]) -> None:
+    def publish(
+        self,
+        step: int,
+        version: int,
+        record: dict[str, Any],
+        timings: dict[str, float],
+        parity: RefitParity | None = None,
+    ) -> None:
+        """The step on the board, in the log, the metrics file and the hook; the board keeps the latest
+        refit parity when this step measured none."""
+        kept = {"refit_parity": parity} if parity is not None else {}
         self.status.update(
+            **kept,
             step=step,
             total_steps=self.total_steps,
             reward_mean=record["reward_mean"],

@@ -8,7 +8,8 @@ The rules (the anchors' defaults):
 - fewer GPUs than that (a workstation, a one-GPU pod): an HF rollout runs inside the learner and
   generates with the learner's own model (one copy of the weights, the colocated mode), and the other
   workers share the GPUs round-robin within the planner's memory budget; a vLLM rollout is given the
-  fraction of its GPU that the planner's estimate needs, never the engine's default of nearly all;
+  fraction of its GPU that the planner's estimate needs, never the engine's default of nearly all, and,
+  on the learner's GPU, sleeps while the learner updates (`backends/sleep.py`);
 - no GPU: everything on the CPU.
 A worker the spec keeps on the CPU (`device: cpu`) is never placed on a GPU; one that asks for `cuda` is,
 even with `gpus: 0`. The device names come from `runtime/device_choice.py`, the one device home.
@@ -16,6 +17,7 @@ even with `gpus: 0`. The device names come from `runtime/device_choice.py`, the 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -76,12 +78,16 @@ class Placed:
     device: str
     slots: tuple[int, ...] = ()
     memory_fraction: float | None = None
+    shares_with_learner: bool = False
+    """A rollout on a GPU the learner computes on too (a vLLM engine there sleeps while it updates)."""
 
     def env(self) -> dict[str, str]:
         """What the worker starts with: the GPUs it may see and its device (`runtime/device_choice`)."""
         out = {**gpu_env(self.slots), "DVERL_DEVICE": ACCELERATOR if self.slots else CPU}
         if self.memory_fraction is not None:
             out["DVERL_GPU_MEMORY_FRACTION"] = f"{self.memory_fraction:.3f}"
+        if self.shares_with_learner:
+            out["DVERL_GPU_SHARED_WITH_LEARNER"] = "1"
         return out
 
 
@@ -185,6 +191,10 @@ def lay_out(
                         f"GPU {g}: {', '.join(holders[g])} need {used / 2**30:.1f} GiB together, it has "
                         f"{machine.gpu_memory / 2**30:.1f} GiB"
                     )
+    learner_slots = {g for p in placed.values() if p.role == "learner" for g in p.slots}
+    for name, p in placed.items():
+        if p.role == "rollout" and learner_slots.intersection(p.slots):
+            placed[name] = dataclasses.replace(p, shares_with_learner=True)
     for worker in plan.workers:
         if worker.name not in placed:
             placed[worker.name] = Placed(worker.name, worker.role, CPU)

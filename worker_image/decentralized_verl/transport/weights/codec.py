@@ -16,11 +16,11 @@ must match its digest, the digest binds every byte, the order and the count, lik
 blob would, but the receiver hashes each byte once instead of twice (per chunk, then the whole blob).
 The learner signs the manifest holding the bundle digest (`signing`), so no relay can forge it.
 
-Tied weights and other aliases: safetensors refuses tensors that share storage. A tensor that is the
-exact same view as an earlier one (e.g. ``lm_head.weight`` tied to ``model.embed_tokens.weight``) is
-sent once and recorded as an alias in the safetensors metadata; the decoder puts the *same* tensor
-object back under the alias name. Tensors that share storage without being the same view (slices of a
-fused buffer) are cloned and sent separately.
+Tied weights and other aliases: a tensor that is the exact same view as an earlier one (e.g.
+``lm_head.weight`` tied to ``model.embed_tokens.weight``) is sent once and recorded as an alias in the
+safetensors metadata; the decoder puts the *same* tensor object back under the alias name. Tensors that
+share storage without being the same view (slices of a fused buffer) are sent separately, each copied
+into its own place.
 
 Wire dtype: ``dtype="bfloat16"`` (the default) casts floating tensors to bf16, halving the bytes; the
 receiver casts back to its model's dtypes with ``cast_like``. Integer and bool tensors keep their dtype.
@@ -35,12 +35,12 @@ from dataclasses import dataclass
 
 import torch
 from safetensors.torch import load as safetensors_load
-from safetensors.torch import save as safetensors_save
 from torch import Tensor
 
+from decentralized_verl.core.streamed_weights import TensorSlot
 from decentralized_verl.errors import WireError
 from decentralized_verl.transport.digest import blake3, digest_hex
-from decentralized_verl.transport.weights.staging import HostStaging
+from decentralized_verl.transport.weights.blob import BlobWriter
 
 WIRE_DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
@@ -71,7 +71,7 @@ class WeightChunk:
     version: int
     index: int
     data: bytes | memoryview
-    """Bytes, or a read-only view of the buffer a bulk transfer received the version into."""
+    """Bytes, or a read-only view of the one buffer the version was encoded or bulk-received into."""
     digest: str
 
 
@@ -108,16 +108,11 @@ class WeightBundle:
         return b"".join(c.data for c in self.chunks)
 
 
-def _wire_tensors(
-    state_dict: Mapping[str, Tensor], dtype: torch.dtype | None, staging: HostStaging | None = None
-) -> tuple[dict, dict[str, str]]:
-    """CPU, contiguous, storage-owning tensors to serialize, and alias name -> sent name. Device tensors are
-    cast to the wire dtype where they are, then read out through `staging`'s buckets."""
-    staging = staging or HostStaging()
+def distinct_tensors(state_dict: Mapping[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """The tensors to send (each distinct view once) and alias name -> sent name; nothing is copied."""
     views: dict[tuple, str] = {}
     aliases: dict[str, str] = {}
     tensors: dict[str, Tensor] = {}
-    seen_storage: set[int] = set()
     for name, tensor in state_dict.items():
         if not isinstance(name, str) or not isinstance(tensor, Tensor):
             raise TypeError(
@@ -135,15 +130,7 @@ def _wire_tensors(
             aliases[name] = views[view]
             continue
         views[view] = name
-        out = tensor.detach()
-        if dtype is not None and out.is_floating_point():
-            out = out.to(dtype)
-        out = staging.to_host(out.contiguous())  # from a GPU: bucket by bucket through pinned memory
-        storage = out.untyped_storage()
-        if storage.data_ptr() in seen_storage or storage.nbytes() != out.numel() * out.element_size():
-            out = out.clone()
-        seen_storage.add(out.untyped_storage().data_ptr())
-        tensors[name] = out
+        tensors[name] = tensor
     return tensors, aliases
 
 
@@ -167,25 +154,30 @@ def encode_state_dict(
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     metadata: Mapping[str, str] | None = None,
 ) -> WeightBundle:
-    """Serialize ``state_dict`` as safetensors bytes tagged with ``version`` and cut it into chunks.
+    """Serialize ``state_dict`` as safetensors bytes tagged with ``version``, in one buffer whose chunks are
+    views of it (`blob.BlobWriter`): the bundle is the only copy the host holds.
 
     ``dtype`` is the wire dtype for floating tensors (``None`` keeps each tensor's own dtype);
     ``metadata`` adds entries to the blob's header (a decoder returns them on `WireStateDict.metadata`).
     """
-    tensors, aliases = _wire_tensors(state_dict, encoding_dtype(version, chunk_bytes, dtype))
+    wire = encoding_dtype(version, chunk_bytes, dtype)
+    tensors, aliases = distinct_tensors(state_dict)
     header = {**(metadata or {}), "format": "pt", _VERSION_KEY: str(version)}
     header[_ALIASES_KEY] = json.dumps(aliases, sort_keys=True)
-    blob = safetensors_save(tensors, metadata=header)
-    view = memoryview(blob)
-    chunks = tuple(
-        WeightChunk(version, i, bytes(part), digest_hex(part))
-        for i, part in enumerate(
-            view[start : start + chunk_bytes] for start in range(0, len(blob), chunk_bytes)
-        )
-    )
+    slots = [TensorSlot(name, tuple(t.shape), t.dtype) for name, t in tensors.items()]
+    writer = BlobWriter(slots, wire, header, chunk_bytes)
+    for tensor in tensors.values():
+        writer.put(tensor)
+    return bundle_of(writer, version, dtype)
+
+
+def bundle_of(writer: BlobWriter, version: int, dtype: str | None) -> WeightBundle:
+    """The bundle a filled writer holds: its chunks are views of the writer's one buffer."""
+    chunks = tuple(WeightChunk(version, i, part, digest) for i, (part, digest) in enumerate(writer.finish()))
     digest = bundle_digest(c.digest for c in chunks)
-    header = BundleHeader(version, len(chunks), len(blob), chunk_bytes, digest, dtype)
-    return WeightBundle(header, chunks)
+    return WeightBundle(
+        BundleHeader(version, len(chunks), writer.total, writer.chunk_bytes, digest, dtype), chunks
+    )
 
 
 def _safetensors_metadata(blob: bytes) -> dict[str, str]:

@@ -96,8 +96,7 @@ class WeightFanout:
         """Encode and hold ``version`` (off the event loop), then push it when `pushing`; returns the
         push's per-worker outcome. A failed push never fails the publish: the workers pull instead."""
         loop = asyncio.get_running_loop()
-        encode = self.relay.publish if self.pushing else self.publisher.publish  # relay: pre-serialized
-        await loop.run_in_executor(None, encode, state_dict, version)
+        await loop.run_in_executor(None, self.publisher.publish, state_dict, version)
         if not self.pushing:
             self.last_results = {}
             return {}

@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, overload
 
 import grpc
 
@@ -46,24 +46,43 @@ def metadata_value(metadata: Iterable | None, key: str) -> str | None:
 # ------------------------------------------------------------------------------------------ sending
 
 
-def wire_messages(held: Published) -> tuple[bytes, ...]:
-    """Every chunk of a version as serialized `WeightChunk` messages; the first carries the manifest."""
-    return tuple(
-        WeightsServicer.chunk_message(held, c, first=c.index == 0).SerializeToString()
-        for c in held.bundle.chunks
-    )
+class HeldMessages(Sequence[bytes]):
+    """A held version's chunks as serialized `WeightChunk` messages (the first carries the manifest), each
+    made when read and not kept: a stream holds the messages it has in flight, never a serialized copy of
+    the whole version beside the one buffer the publisher holds."""
+
+    def __init__(self, held: Published) -> None:
+        self.held = held
+
+    def __len__(self) -> int:
+        return len(self.held.bundle.chunks)
+
+    @overload
+    def __getitem__(self, index: int) -> bytes: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[bytes]: ...
+    def __getitem__(self, index: int | slice) -> bytes | list[bytes]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        chunk = self.held.bundle.chunks[index]
+        return WeightsServicer.chunk_message(self.held, chunk, first=chunk.index == 0).SerializeToString()
+
+
+Message = bytes | Callable[[], bytes]
+"""A serialized chunk message, or what makes it when a stream is about to send it."""
 
 
 # ------------------------------------------------------------------------------------------ fan-out
 
 
 class Downstream:
-    """One Push stream to a child, fed with verified serialized chunks as the session gets them."""
+    """One Push stream to a child, fed with verified serialized chunks as the session gets them (a message
+    still to be made is made when the stream sends it)."""
 
     def __init__(self, session: Session, hop: Hop) -> None:
         self.session = session
         self.hop = hop
-        self.queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.queue: asyncio.Queue[Message | None] = asyncio.Queue()
         for raw in session.backlog:
             self.queue.put_nowait(raw)
         if session.sealed:
@@ -73,7 +92,7 @@ class Downstream:
 
     async def _requests(self) -> AsyncIterator[bytes]:
         while (raw := await self.queue.get()) is not None:
-            yield raw
+            yield raw() if callable(raw) else raw
 
     async def _run(self) -> dict[str, str]:
         relay = self.session.relay
@@ -118,14 +137,14 @@ class Session:
     """One version flowing through this node: the chunks verified so far and the children fed with them."""
 
     relay: RelayNode
-    backlog: list[bytes] = field(default_factory=list)
+    backlog: list[Message] = field(default_factory=list)
     downstreams: list[Downstream] = field(default_factory=list)
     sealed: bool = False
 
     def open(self, hop: Hop) -> None:
         self.downstreams.append(Downstream(self, hop))
 
-    def send(self, raw: bytes) -> None:
+    def send(self, raw: Message) -> None:
         self.backlog.append(raw)
         for d in self.downstreams:
             d.queue.put_nowait(raw)

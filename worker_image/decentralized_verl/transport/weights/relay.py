@@ -21,7 +21,8 @@ Failure rules:
 Speed: the runtime pushes over the bulk data plane (`bulk_plane`: BulkOpen carries the signed
 manifest over gRPC, the bytes flow over TCP/TLS into one buffer, hashed per chunk and relayed from it);
 the gRPC Push below is the fallback. There, messages travel as the serialized bytes they arrived in, each
-chunk hashed exactly once (in a worker thread) and never re-encoded.
+chunk hashed exactly once (in a worker thread) and never re-encoded; a version encoded here (the learner's)
+is held only as its one buffer, and each stream makes a chunk's message when it sends it.
 
 Each concern has its module: the Weights service a relay answers (Push received, verified and passed on;
 Fetch of held versions) is `transport.weights.relay_service`, the hashing threads every receive path shares
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from typing import Any
 
 import grpc
@@ -50,7 +52,7 @@ from decentralized_verl.transport.weights.bulk_plane import BulkPlane
 from decentralized_verl.transport.weights.catch_up import fetch_version, newest_manifest
 from decentralized_verl.transport.weights.chunk_verify import ChunkVerifier
 from decentralized_verl.transport.weights.publish import Published, WeightPublisher
-from decentralized_verl.transport.weights.push import Session, wire_messages
+from decentralized_verl.transport.weights.push import HeldMessages, Session
 from decentralized_verl.transport.weights.relay_service import RelayServicer
 from decentralized_verl.transport.weights.route import Hop
 from decentralized_verl.transport.weights.version_admission import confirm_with_learner, follows_held
@@ -125,13 +127,11 @@ class WeightRelay:
 
     # ----------------------------------------------------------------- holding
 
-    def wire(self, held: Published) -> tuple[bytes, ...]:
-        """The serialized messages of a held version, built once and shared by every stream."""
-        key = (held.manifest.version, held.manifest.digest)
-        if key not in self._wire:
-            self._wire[key] = wire_messages(held)
-        self._remember(key, self._wire[key])
-        return self._wire[key]
+    def wire(self, held: Published) -> Sequence[bytes]:
+        """The serialized messages of a held version: as received, when it came in as messages, else
+        made one at a time as a stream reads them (a version encoded here is held once, as its buffer)."""
+        raws = self._wire.get((held.manifest.version, held.manifest.digest))
+        return raws if raws is not None else HeldMessages(held)
 
     def _remember(self, key: tuple[int, str], raws: tuple[bytes, ...]) -> None:
         self._wire[key] = raws
@@ -140,10 +140,8 @@ class WeightRelay:
             del self._wire[old]
 
     def publish(self, state_dict, version: int) -> m.WeightManifest:
-        """Learner side: encode, hold and pre-serialize a version (so no stream pays for it)."""
-        manifest = self.publisher.publish(state_dict, version)
-        self.wire(self.publisher.get(version))
-        return manifest
+        """Learner side: encode and hold a version; streams serialize its chunks as they send them."""
+        return self.publisher.publish(state_dict, version)
 
     def hold(self, published: Published, raws: Sequence[bytes]) -> None:
         """Hold a verified version: where every way in (Push, bulk plane, catch-up) ends, so the node holds
@@ -181,12 +179,12 @@ class WeightRelay:
             raise WireError(
                 "weights.version", f"version {version} is not held (held: {self.publisher.versions})"
             )
-        raws = await self.verifier.run(self.wire, held)
+        raws = self.wire(held)
         session = Session(self)
         for hop in route:
             session.open(hop)
-        for raw in raws:
-            session.send(raw)
+        for index in range(len(raws)):  # each child's stream makes a message when it sends it
+            session.send(partial(raws.__getitem__, index))
         return await session.finish(timeout_s)
 
     async def fan_out_bulk(

@@ -71,7 +71,8 @@ class RelayServicer:
     async def fetch(
         self, request: pb.FetchRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bytes]:
-        """A held version's messages from ``from_chunk`` on, as serialized once (`WeightRelay.wire`)."""
+        """A held version's messages from ``from_chunk`` on (`WeightRelay.wire`: as received, or made one
+        at a time)."""
         publisher = self.relay.publisher
         held = publisher.get(request.version)
         if held is None:
@@ -87,8 +88,8 @@ class RelayServicer:
         if request.from_chunk > 0:  # a resumed stream's first message carries the manifest too
             first = held.bundle.chunks[request.from_chunk]
             yield WeightsServicer.chunk_message(held, first, first=True).SerializeToString()
-        for raw in raws[request.from_chunk + (request.from_chunk > 0) :]:
-            yield raw
+        for index in range(request.from_chunk + (request.from_chunk > 0), len(raws)):
+            yield raws[index]
 
     async def push(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> pb.PushAck:
         """Receive a pushed version: admit its manifest, verify and forward each chunk, then hold it.

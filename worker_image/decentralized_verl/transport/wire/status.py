@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from decentralized_verl.core.status import JobStatus
+import re
+
+from decentralized_verl.core.status import JobStatus, RefitParity
 from decentralized_verl.transport.wire.common import (
     WireError,
     _check_finite,
@@ -10,6 +12,11 @@ from decentralized_verl.transport.wire.common import (
     _optional,
     pb,
 )
+
+FAILURE_CHARS = 4000
+"""The most a failure's text may say: it becomes a condition's message."""
+REASON_WORD = re.compile(r"[A-Z][A-Za-z]{0,63}")
+"""A condition reason as the operator writes them (CamelCase, one word)."""
 
 
 def job_status_to_proto(s: JobStatus) -> pb.JobStatus:
@@ -28,10 +35,36 @@ def job_status_to_proto(s: JobStatus) -> pb.JobStatus:
         last_checkpoint=s.last_checkpoint,
         volunteers=s.volunteers,
         blocked_peers=[pb.BlockedPeer(peer_id=p, reason=r) for p, r in s.blocked_peers],
+        failure=s.failure,
+        failure_reason=s.failure_reason,
     )
     if s.eval_accuracy is not None:
         msg.eval_accuracy = s.eval_accuracy
+    if s.refit_parity is not None:
+        p = s.refit_parity
+        msg.refit_parity.CopyFrom(
+            pb.RefitParity(diff_mean=p.diff_mean, diff_max=p.diff_max, version=p.version, tokens=p.tokens)
+        )
     return msg
+
+
+def refit_parity_from_proto(msg: pb.JobStatus) -> RefitParity | None:
+    """The reply's refit parity, checked: finite, non-negative differences, the max at least the mean, a
+    version the job has reached."""
+    if not msg.HasField("refit_parity"):
+        return None
+    p = msg.refit_parity
+    for name in ("diff_mean", "diff_max"):
+        _check_finite(getattr(p, name), f"refit_parity.{name}", minimum=0.0)
+    if (
+        p.diff_max + 1e-9 * max(1.0, p.diff_mean) < p.diff_mean
+    ):  # rounding aside, a mean is never above its max
+        raise WireError("refit_parity.diff_max", f"{p.diff_max} is below diff_mean {p.diff_mean}")
+    if p.version > msg.policy_version:
+        raise WireError(
+            "refit_parity.version", f"{p.version} is newer than the policy_version {msg.policy_version}"
+        )
+    return RefitParity(diff_mean=p.diff_mean, diff_max=p.diff_max, version=p.version, tokens=p.tokens)
 
 
 def job_status_from_proto(msg: pb.JobStatus) -> JobStatus:
@@ -50,6 +83,11 @@ def job_status_from_proto(msg: pb.JobStatus) -> JobStatus:
         raise WireError("eval_accuracy", f"must be in [0, 1] (got {accuracy})")
     for i, peer in enumerate(msg.blocked_peers):
         _check_nonempty_text(peer.peer_id, f"blocked_peers[{i}].peer_id")
+    parity = refit_parity_from_proto(msg)
+    if len(msg.failure) > FAILURE_CHARS:
+        raise WireError("failure", f"has {len(msg.failure)} characters, at most {FAILURE_CHARS}")
+    if msg.failure_reason and not REASON_WORD.fullmatch(msg.failure_reason):
+        raise WireError("failure_reason", f"must be one word of letters (got {msg.failure_reason[:40]!r})")
     return JobStatus(
         step=msg.step,
         total_steps=msg.total_steps,
@@ -66,4 +104,7 @@ def job_status_from_proto(msg: pb.JobStatus) -> JobStatus:
         eval_accuracy=accuracy,
         volunteers=msg.volunteers,
         blocked_peers=tuple((p.peer_id, p.reason) for p in msg.blocked_peers),
+        refit_parity=parity,
+        failure=msg.failure,
+        failure_reason=msg.failure_reason,
     )
