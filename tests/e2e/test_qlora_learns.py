@@ -65,8 +65,11 @@ def test_a_qlora_grpo_job_raises_its_reward_on_the_toy_task(tmp_path: Path) -> N
 
     asyncio.run(run_in_process(spec, model, tokenizer, tmp_path, job="qlora-learns"))
 
-    rewards = [r["reward_mean"] for r in read_metrics(tmp_path / "metrics.jsonl")]
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    rewards = [r["reward_mean"] for r in records]
     assert len(rewards) == STEPS
+    # refit parity: the rollout's log-probs are the learner's own on every step (the same 4-bit layers)
+    assert max(r["refit_logprob_diff_max"] for r in records) < 1e-4
     first, last = statistics.mean(rewards[:5]), statistics.mean(rewards[-10:])
     # about 0.04 at first (the first character is rarely a digit) and 0.4-0.5 by the end on every seed
     # tried; the margin leaves room for any seed's sampling
