@@ -309,7 +309,7 @@ def qlora(device: str, tiny: bool, **_: Any) -> dict[str, Any]:
     """QLoRA on the device: a Llama with its base in 4 bits (NF4, double-quantized) trains its adapters
     (finite loss, every adapter gets a gradient); the reference (adapters off on the learner's own model)
     equals a base loaded alone; a second copy given only the adapters computes the learner's log-probs.
-    Reports the learner's memory on CUDA."""
+    Reports the learner's memory on CUDA, and there, where vLLM is installed, runs vLLM's QLoRA path."""
     import torch
 
     from decentralized_verl.core.forward import response_logprobs
@@ -373,7 +373,70 @@ def qlora(device: str, tiny: bool, **_: Any) -> dict[str, Any]:
     }
     if device == "cuda":
         result["peak_allocated_mib"] = torch.cuda.max_memory_allocated() / 2**20
+        vllm = _qlora_vllm(learner, spec)
+        result.update(vllm)
+        result["passed"] = result["passed"] and vllm.get("vllm_passed", True)
     return result
+
+
+def _qlora_vllm(learner: Any, spec: Any) -> dict[str, Any]:
+    """vLLM's QLoRA path, where this machine has vLLM: the engine loads the dequantized base through its
+    bitsandbytes loader with LoRA on, the learner's adapters arrive as the next version's `LoRARequest`, and
+    the engine's sampled-token log-probs are held against the learner's own forward: closer to it than to
+    the adapter-free base (the adapters are on), and within a bf16 engine's usual distance."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return {"vllm": "not installed here: the vLLM QLoRA path did not run"}
+    import torch
+
+    from decentralized_verl.backends.vllm_backend import VLLMBackend
+    from decentralized_verl.core.forward import response_logprobs
+    from decentralized_verl.core.samples import Prompt, collate
+    from decentralized_verl.core.sampling import SamplingParams
+    from decentralized_verl.models.loading import load_model_and_tokenizer
+    from decentralized_verl.models.lora import base_only
+    from decentralized_verl.serving.rollout import RolloutWorker
+    from decentralized_verl.training.trainer import rollout_state_dict
+
+    backend = None
+    try:
+        host, tokenizer = load_model_and_tokenizer(spec.model, device="cpu")  # the backend's host copy
+        backend = VLLMBackend(
+            host, tokenizer, seed=0, enforce_eager=True, engine_kwargs={"gpu_memory_utilization": 0.3}
+        )
+        worker = RolloutWorker(backend, "gpu-check", backend_name="vllm")
+        first = backend._lora.lora_int_id
+        worker.load_weights({k: v.to("cpu") for k, v in rollout_state_dict(learner).items()}, 1)
+        second = backend._lora.lora_int_id
+        items = [
+            (Prompt(f"p{i}", i, tuple(tokenizer(f"{i}+{i}=", add_special_tokens=False)["input_ids"]), ""), k)
+            for i in range(4)
+            for k in range(4)
+        ]
+        samples = list(worker.generate_sync(items, SamplingParams(max_new_tokens=16, temperature=1.0), 1))
+        batch = collate(samples, tokenizer.pad_token_id).to(next(learner.parameters()).device)
+        mask = batch.response_mask.bool()
+        learner.eval()
+        with torch.no_grad():
+            ours, _ = response_logprobs(learner, batch)
+            with base_only(learner):
+                base, _ = response_logprobs(learner, batch)
+        engine = batch.old_logprobs
+        to_learner = float((ours - engine).abs()[mask].mean())
+        to_base = float((base - engine).abs()[mask].mean())
+        return {
+            "vllm_passed": (first, second) == (1, 2) and to_learner < 0.1 and to_learner < to_base / 2,
+            "vllm_lora_ids": [first, second],
+            "vllm_vs_learner_mean_abs": to_learner,
+            "vllm_vs_learner_max_abs": float((ours - engine).abs()[mask].max()),
+            "vllm_vs_adapter_free_base_mean_abs": to_base,
+        }
+    except Exception as exc:  # reported beside the rest of the part, which stands on its own
+        return {"vllm_passed": False, "vllm_error": f"{type(exc).__name__}: {exc}"[:2000]}
+    finally:
+        if backend is not None:
+            backend.close()
 
 
 PARTS = {

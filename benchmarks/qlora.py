@@ -159,7 +159,9 @@ def one_variant(args: argparse.Namespace) -> None:
     version_bytes = encode_state_dict(update, 1, dtype=None).header.total_bytes
     plain = spec.model.model_copy(update={"lora": None, "quantization": None})
     base, _ = load_model_and_tokenizer(plain)
-    full_bytes = sum(t.numel() * t.element_size() for t in base.state_dict().values())
+    # tied weights (SmolLM2's head is its embedding) counted once, as they are held and sent
+    unique = {t.data_ptr(): t for t in base.state_dict().values()}
+    full_bytes = sum(t.numel() * t.element_size() for t in unique.values())
 
     rollout_model, _ = load_model_and_tokenizer(spec.model)
     RolloutWorker(HFBackend(rollout_model, tokenizer), "bench").load_weights(update, 1)
@@ -179,6 +181,7 @@ def one_variant(args: argparse.Namespace) -> None:
             row_base = {
                 "base_gap_max": float(base_gap.max()),
                 "base_gap_mean": float(base_gap.mean()),
+                **on_policy_gap(model, base, tokenizer, args),
             }
     row = {
         "model": args.model,
@@ -201,6 +204,42 @@ def one_variant(args: argparse.Namespace) -> None:
         "threads": torch.get_num_threads(),
     }
     Path(args.row_out).write_text(json.dumps(row) + "\n")
+
+
+ARITHMETIC = ["What is 17 + 25?", "Compute 9 * 8.", "What is 64 - 19?", "Add 33 and 48."]
+
+
+def on_policy_gap(model: Any, exact: Any, tokenizer: Any, args: argparse.Namespace) -> dict[str, float]:
+    """The rollout-correction metrics an engine running the exact base would put beside a learner on the
+    4-bit base (adapters off, as both start): responses the exact base samples at T = 1 to short chat
+    prompts, their log-probs under the 4-bit base against the engine's, through `correct_rollout` with
+    token TIS (cap 2) and token rejection outside [0.5, 2]."""
+    import torch
+
+    from decentralized_verl.algorithms.rollout_correction import RolloutCorrection, correct_rollout
+    from decentralized_verl.backends.hf import HFBackend
+    from decentralized_verl.core.forward import response_logprobs
+    from decentralized_verl.core.samples import Prompt, collate
+    from decentralized_verl.core.sampling import SamplingParams
+    from decentralized_verl.data.prompts import render_prompt
+    from decentralized_verl.models.lora import base_only
+    from decentralized_verl.serving.rollout import RolloutWorker
+
+    items = []
+    for i, question in enumerate(ARITHMETIC):
+        text = render_prompt(question, tokenizer)
+        ids = tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
+        items.extend((Prompt(f"q{i}", i, ids, text), k) for k in range(args.samples))
+    sampling = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, seed=0)
+    engine = RolloutWorker(HFBackend(exact.eval(), tokenizer), "exact")
+    samples = list(engine.generate_sync(items, sampling, 0))
+    batch = collate(samples, tokenizer.pad_token_id)
+    with torch.no_grad(), base_only(model):
+        four, _ = response_logprobs(model, batch)
+    config = RolloutCorrection(importance_sampling="token", cap=2.0, rejection="token")
+    _, _, metrics = correct_rollout(four, batch.old_logprobs, batch.response_mask, config)
+    tokens = int(batch.response_mask.sum())
+    return {f"sampled_{k}": v for k, v in metrics.items()} | {"sampled_tokens": tokens}
 
 
 def seven_b_versions(rank: int) -> dict[str, Any]:
@@ -237,6 +276,21 @@ def table(rows: list[dict[str, Any]], seven_b: dict[str, Any]) -> str:
         f"| {seven_b['model']} | any (rank {seven_b.get('rank', '')}) | - | - | - | - | - | "
         f"{seven_b['version_bytes'] / MIB:.1f} / {seven_b['full_weights_bytes'] / MIB:.0f} | - | - |"
     )
+    sampled = [r for r in rows if "sampled_kl" in r]
+    if sampled:
+        lines += [
+            "",
+            "| model | variant | sampled tokens | abs log ratio mean / max | kl (k3) | masked by [0.5, 2] | "
+            "TIS weights capped at 2 |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in sampled:
+            lines.append(
+                f"| {r['model']} | {r['variant']} | {r['sampled_tokens']} | "
+                f"{r['sampled_abs_log_ratio_mean']:.3f} / {r['sampled_abs_log_ratio_max']:.2f} | "
+                f"{r['sampled_kl']:.4f} | {r['sampled_masked_frac']:.1%} | "
+                f"{r['sampled_truncated_frac']:.1%} |"
+            )
     return "\n".join(lines)
 
 

@@ -1,6 +1,7 @@
 """Smoke run of benchmarks/qlora.py (LoRA vs QLoRA) on the tiny model: every variant reports, the 4-bit
 variants hold fewer weight bytes than LoRA's, a version carries the adapters only, and a rollout worker
-given those adapters computes exactly the learner's log-probs."""
+given those adapters computes exactly the learner's log-probs; the rollout-correction metrics of an
+exact-base engine's samples against the 4-bit learner are reported."""
 
 from __future__ import annotations
 
@@ -38,6 +39,9 @@ def test_qlora_benchmark_smoke(tmp_path: Path) -> None:
     for variant in ("qlora-nf4", "qlora-fp4"):
         assert by_variant[variant]["weights_bytes"] < by_variant["lora"]["weights_bytes"]
         assert by_variant[variant]["base_gap_max"] > 0  # 4 bits round the base
+        row = by_variant[variant]  # an exact-base engine's samples against the 4-bit learner
+        assert row["sampled_tokens"] > 0 and row["sampled_abs_log_ratio_max"] > 0 and row["sampled_kl"] >= 0
+        assert 0 <= row["sampled_masked_frac"] <= 1
     for row in by_variant.values():
         assert row["version_bytes"] < row["full_weights_bytes"]
         assert row["version_bytes"] >= row["adapter_bytes"]

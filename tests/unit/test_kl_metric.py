@@ -8,11 +8,9 @@ import asyncio
 from pathlib import Path
 
 from decentralized_verl.models.loading import load_model_and_tokenizer
-from decentralized_verl.orchestration.assemble import build_loop
-from decentralized_verl.orchestration.wiring import connect_roles
 from decentralized_verl.reporting.metrics import read_metrics
 from decentralized_verl.spec.manifest import parse_job, parse_spec, summary
-from decentralized_verl.training.trainer import PolicyTrainer
+from tests.support.in_process import run_in_process
 from tests.support.paths import TOY
 
 
@@ -34,15 +32,7 @@ def _spec(**roles: dict) -> dict:
 async def _train(output: Path) -> list[dict]:
     spec = parse_spec(_spec(reference={"replicas": 0}))
     model, tokenizer = load_model_and_tokenizer(spec.model)
-    roles = await connect_roles(
-        spec, "kl", model, tokenizer, temperature=1.0, publisher=None,
-        addresses=lambda role: [], pools=lambda role: [],
-    )  # fmt: skip
-    loop = await build_loop(spec, PolicyTrainer(model, spec), tokenizer, roles, job="kl", output=output)
-    try:
-        await loop.run()
-    finally:
-        await loop.close()
+    await run_in_process(spec, model, tokenizer, output, job="kl")
     return read_metrics(output / "metrics.jsonl")
 
 

@@ -13,11 +13,9 @@ import pytest
 
 from decentralized_verl.core.status import StatusBoard
 from decentralized_verl.models.loading import load_model_and_tokenizer
-from decentralized_verl.orchestration.assemble import build_loop
-from decentralized_verl.orchestration.wiring import connect_roles
 from decentralized_verl.reporting.metrics import read_metrics
 from decentralized_verl.spec.manifest import parse_spec
-from decentralized_verl.training.trainer import PolicyTrainer
+from tests.support.in_process import run_in_process
 from tests.support.paths import TOY
 from tests.support.tracker_files import tensorboard_run
 
@@ -49,17 +47,7 @@ async def _train(output: Path, board: StatusBoard) -> dict:
         }
     )
     model, tokenizer = load_model_and_tokenizer(spec.model)
-    roles = await connect_roles(
-        spec, "progress", model, tokenizer, temperature=1.0, publisher=None,
-        addresses=lambda role: [], pools=lambda role: [],
-    )  # fmt: skip
-    loop = await build_loop(
-        spec, PolicyTrainer(model, spec), tokenizer, roles, job="progress", output=output, status=board
-    )
-    try:
-        return await loop.run()
-    finally:
-        await loop.close()
+    return await run_in_process(spec, model, tokenizer, output, job="progress", status=board)
 
 
 def test_progress_lines_samples_entropy_and_tracker(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
