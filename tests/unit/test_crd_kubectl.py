@@ -235,6 +235,11 @@ GOOD = {
     "gang": {"scheduling.gang": {"scheduler": "volcano", "queue": "q", "minRollout": 2}},
     "reward model on its role": {"data.rewardType": "reward_model", "roles.reward": {"model": {"tiny": {}}}},
     "integer kl coef": {"algorithm.klCoef": 1, "roles.reference": {"replicas": 0}},
+    "nf4 base on a vllm rollout": {
+        "model.lora": {"rank": 4},
+        "model.quantization": {"type": "nf4", "doubleQuant": True},
+        "roles.rollout": {"replicas": 1, "backend": "vllm"},
+    },
 }
 
 
@@ -454,6 +459,16 @@ BAD = {
         "spec.roles.learner.sharding",
         "spec",
         "roles.learner.sharding:",
+    ),
+    "fp4 base on a vllm rollout": (
+        {
+            "model.lora": {"rank": 4},
+            "model.quantization": {"type": "fp4"},
+            "roles.rollout": {"replicas": 1, "backend": "vllm"},
+        },
+        "spec.model.quantization",
+        "spec",
+        "model.quantization:",
     ),
     "quantization without lora": (
         {"model.quantization": {"type": "nf4"}},
