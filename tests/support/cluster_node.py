@@ -53,10 +53,11 @@ def claims(tmp: Path) -> dict[str, Path]:
 
 @contextlib.asynccontextmanager
 async def cluster(
-    tmp: Path, claims: dict[str, Path], *extra: str
+    tmp: Path, claims: dict[str, Path], *extra: str, chart_values: tuple[str, ...] = ()
 ) -> AsyncIterator[tuple[Emulator, Node, Operator]]:
-    """The emulator, the node and the real operator (dialing coordinators by their Service names)."""
-    async with Emulator(tmp) as emu, Node(emu, tmp, claims=claims) as node:
+    """The emulator, the node and the real operator (dialing coordinators by their Service names);
+    `chart_values` are the chart's `--set`s the operator's rights are rendered with."""
+    async with Emulator(tmp, chart_values) as emu, Node(emu, tmp, claims=claims) as node:
         op = Operator(emu, "op-a", *extra)
         op.args = node.operator_command(op.args)
         op.start()
