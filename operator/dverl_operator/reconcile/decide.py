@@ -366,7 +366,9 @@ def _decide_pods(
         oom_advice=lambda role, limit: oom_advice(spec, role, limit),
     )
     learners = learner_names(desired_pods)
-    stalled = stalled_learner(status, observed.pods, learners, spec.training.stall_factor, observed.now)
+    stalled = stalled_learner(
+        status, observed.pods, learners, spec.training.stall_factor, observed.now, others=desired_pods
+    )
     if stalled is not None:
         restart_stalled(pods, observed.pods, learners, stalled)
     return pods
