@@ -88,6 +88,7 @@ class Node:
     async def __aenter__(self) -> Node:
         USERS.mkdir(parents=True, exist_ok=True)
         (USERS / str(os.getpid())).touch()
+        _OPEN.add(id(self))
         self.dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.dir, 0o755)
         self.operator_hosts.write_text(dns.hosts_file(None))
@@ -116,6 +117,10 @@ class Node:
         if self._dns is not None:
             self._dns.close()
         await asyncio.to_thread(self.bridge.close)
+        _OPEN.discard(id(self))
+        if not _OPEN:
+            with contextlib.suppress(OSError):
+                (USERS / str(os.getpid())).unlink()
         others = _others_running()
         for path in reversed(self._made):
             if others and not path.name.startswith(MARKER):
@@ -330,6 +335,10 @@ USERS = Path("/run/dverl-node-harness")
 (`/etc/dverl`, `/opt/dverl/examples`, ...) are shared by every node on the machine, and removing one
 detaches the mounts made on it in every pod's namespace, so they are left in place while another
 process's nodes may still be using them."""
+
+
+_OPEN: set[int] = set()
+"""This process's nodes now open: its pid file goes with the last."""
 
 
 def _others_running() -> bool:
