@@ -35,6 +35,7 @@ JOB_RULES = {
     ("", "configmaps", frozenset({"create", "get", "patch", "delete"}), ()),
     ("", "events", frozenset({"create"}), ()),
     ("", "secrets", frozenset({"create"}), ()),
+    ("", "namespaces", frozenset({"get"}), ()),
     ("networking.k8s.io", "networkpolicies", frozenset({"create", "get", "patch", "delete"}), ()),
 }
 PODGROUP_VERBS = frozenset({"create", "get", "patch", "delete"})
@@ -263,8 +264,9 @@ def test_namespaced_mode_grants_a_role_per_watched_namespace(helm: list[str]) ->
     assert "--all-namespaces" not in args
     assert args[:5] == ["operator", "--namespace", "a", "--namespace", "b"]
 
-    # Only the cluster-scoped CRD reader stays a ClusterRole the operator holds; namespaces are never
-    # readable. (The users' aggregated roles are bound to nobody by the chart.)
+    # Only the cluster-scoped CRD reader stays a ClusterRole the operator holds; of namespaces, only each
+    # watched one is readable, by its Role (for its Pod Security label), never listed or watched. (The users'
+    # aggregated roles are bound to nobody by the chart.)
     cluster_roles = [r["metadata"]["name"] for r in docs if r["kind"] == "ClusterRole"]
     assert cluster_roles == ["dverl-crd-reader", "dverl-rlhfjobs-edit", "dverl-rlhfjobs-view"]
     assert [r["metadata"]["name"] for r in docs if r["kind"] == "ClusterRoleBinding"] == ["dverl-crd-reader"]

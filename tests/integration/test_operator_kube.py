@@ -76,6 +76,10 @@ async def test_a_refusal_names_its_status_reason_and_the_servers_message(tmp_pat
             'pods "x" is forbidden: violates PodSecurity "restricted:latest"'
         )
         assert "POST api/v1/namespaces/locked/pods: HTTP 403 Forbidden" in str(caught.value)
+        assert await cluster.namespace_labels("locked") == {
+            "pod-security.kubernetes.io/enforce": "restricted"
+        }
+        assert await cluster.namespace_labels("nowhere") == {}
         emu.kmock["get /api/v1/namespaces/broken/configmaps/c"] << 500 << b"upstream exploded"
         with pytest.raises(ApiError) as caught:
             await cluster.get("ConfigMap", "broken", "c")  # not a Status body: its text is the message
@@ -111,3 +115,22 @@ async def test_discovery_lists_what_a_group_version_serves(tmp_path: Path) -> No
             assert caught.value.status == 404
         finally:
             await discovery.close()
+
+
+async def test_a_namespaced_operator_reads_only_its_own_namespaces_labels(tmp_path: Path) -> None:
+    """The chart's Role grants get on namespaces; as the API server files a namespace's GET under that
+    namespace, a Role in `team` reads `team` and no other."""
+    async with (
+        Emulator(tmp_path, chart_values=["watchNamespaces={team}"]) as emu,
+        Cluster(client_config(str(emu.kubeconfig))) as cluster,
+    ):
+        await emu.namespace("team", {"pod-security.kubernetes.io/enforce": "baseline"})
+        await emu.namespace("other", {"pod-security.kubernetes.io/enforce": "privileged"})
+        assert await cluster.namespace_labels("team") == {"pod-security.kubernetes.io/enforce": "baseline"}
+        with pytest.raises(ApiError) as caught:
+            await cluster.namespace_labels("other")
+        assert caught.value.status == 403
+        assert (
+            'cannot get resource "namespaces" in API group "" in the namespace "other"'
+            in caught.value.message
+        )

@@ -217,3 +217,59 @@ async def test_the_operators_pods_pass_restricted_admission_and_meet_the_quota(t
 
 async def _count(emu: Emulator, job: str, namespace: str, count: int) -> bool:
     return len(await emu.pods(job, namespace)) == count
+
+
+def needs_baseline() -> dict:
+    """A job whose rollout pods need baseline: an init container running as root with a default
+    capability, declared as such."""
+    spec = tiny_spec()
+    setup = {
+        "name": "setup",
+        "image": "i",
+        "securityContext": {"runAsUser": 0, "capabilities": {"add": ["CHOWN"]}},
+    }
+    spec["roles"]["rollout"]["podTemplate"] = {"spec": {"initContainers": [setup]}}
+    spec["podSecurity"] = "baseline"
+    return spec
+
+
+async def test_a_job_declaring_more_than_its_namespace_enforces_is_refused_before_any_pod(
+    tmp_path: Path,
+) -> None:
+    """The operator reads the namespace's enforce label (a right the chart grants): in a restricted
+    namespace a baseline job fails naming the field, its level and the label, and no pod create reaches
+    admission; in a baseline namespace the same job's pods are made and admitted."""
+    async with Emulator(tmp_path) as emu:
+        label = "pod-security.kubernetes.io/enforce"
+        await emu.namespace("locked", {label: "restricted"})
+        await emu.namespace("open", {label: "baseline"})
+        op = Operator(emu, "op-a").start()
+        try:
+            await emu.create_job("needy", needs_baseline(), namespace="locked")
+            await emu.create_job("needy", needs_baseline(), namespace="open")
+
+            async def failed() -> dict | None:
+                status = ((await emu.job("needy", "locked")) or {}).get("status") or {}
+                return status if status.get("phase") == "Failed" else None
+
+            status = await wait_for(failed, timeout=60, what="the job in the restricted namespace refused")
+            said = (
+                "spec.podSecurity: 'baseline' is more than namespace 'locked' admits: its label "
+                f"{label}=restricted enforces restricted"
+            )
+            assert status["message"] == said
+            assert [c["reason"] for c in status["conditions"] if c["type"] == "ValidationFailed"] == [
+                "InvalidSpec"
+            ]
+            assert said in [
+                e["message"] for e in await emu.events("locked") if e["reason"] == "ValidationFailed"
+            ]
+            await wait_for(
+                lambda: _count(emu, "needy", "open", 3), timeout=60, what="3 admitted baseline pods"
+            )
+            assert await emu.pods("needy", "locked") == {}
+            assert not [
+                r for r in emu.kmock.refusals if "PodSecurity" in r["message"] or "namespaces" in r["message"]
+            ]
+        finally:
+            await asyncio.to_thread(op.stop)

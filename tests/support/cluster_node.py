@@ -39,6 +39,26 @@ def cluster_spec(steps: int = 3) -> dict[str, Any]:
     return spec
 
 
+def shipped(name: str, steps: int = 2) -> dict[str, Any]:
+    """A shipped example's spec as shipped (its paths, image and sources), cut short: `steps` steps of a
+    few samples, no evaluation, no checkpoints."""
+    spec = yaml.safe_load((REPO / "examples" / f"{name}.yaml").read_text())["spec"]
+    spec["algorithm"] = {**spec["algorithm"], "samplesPerPrompt": 2}
+    learners = (spec["roles"].get("learner") or {}).get("replicas", 1)
+    for role in spec["roles"].values():
+        if "batchSize" in role:
+            role["batchSize"] = 2 * learners  # a rollout batch is a multiple of every learner rank's
+    spec["training"] = {
+        **spec["training"],
+        "steps": steps,
+        "batchSize": 2,
+        "minibatchSize": 2,
+        "evalEvery": 0,
+    }
+    spec["training"].pop("checkpoint", None)
+    return spec
+
+
 def claims(tmp: Path) -> dict[str, Path]:
     """The example's claims as host folders: `rl-data` holding the toy task in `toy/`, `rl-checkpoints`
     empty."""
@@ -53,10 +73,11 @@ def claims(tmp: Path) -> dict[str, Path]:
 
 @contextlib.asynccontextmanager
 async def cluster(
-    tmp: Path, claims: dict[str, Path], *extra: str
+    tmp: Path, claims: dict[str, Path], *extra: str, chart_values: tuple[str, ...] = ()
 ) -> AsyncIterator[tuple[Emulator, Node, Operator]]:
-    """The emulator, the node and the real operator (dialing coordinators by their Service names)."""
-    async with Emulator(tmp) as emu, Node(emu, tmp, claims=claims) as node:
+    """The emulator, the node and the real operator (dialing coordinators by their Service names);
+    `chart_values` are the chart's `--set`s the operator's rights are rendered with."""
+    async with Emulator(tmp, chart_values) as emu, Node(emu, tmp, claims=claims) as node:
         op = Operator(emu, "op-a", *extra)
         op.args = node.operator_command(op.args)
         op.start()

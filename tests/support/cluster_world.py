@@ -45,6 +45,7 @@ class World:
     status: dict[str, Any] = field(default_factory=dict)
     events: list[tuple[str, str, str]] = field(default_factory=list)
     now: float = NOW
+    namespace_labels: dict[str, str] = field(default_factory=dict)
 
     def observed(self) -> Observed:
         job = {
@@ -64,6 +65,7 @@ class World:
             now=self.now,
             credentials_ready=True,
             pod_groups=groups,
+            namespace_labels=dict(self.namespace_labels),
         )
 
     def step(self) -> Actions:

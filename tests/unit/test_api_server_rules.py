@@ -170,6 +170,10 @@ def test_pod_security_refuses_a_pod_only_where_the_namespace_enforces_it() -> No
     assert refusal.message.startswith('pods "p" is forbidden: violates PodSecurity "restricted:latest": ')
     assert "spec.containers[0].securityContext.allowPrivilegeEscalation" in refusal.message
     assert "spec.containers[0].securityContext.capabilities.drop" in refusal.message
+    enforce = "pod-security.kubernetes.io/enforce"
+    assert admission.pod_security(pod(secure=False), {enforce: "privileged"}) is None
+    bad_label = admission.pod_security(pod(secure=False), {enforce: "no-such-level"})
+    assert bad_label is not None and '"restricted:latest"' in bad_label.message  # fails closed
 
 
 GPU_QUOTA = {"metadata": {"name": "gpus"}, "spec": {"hard": {"requests.nvidia.com/gpu": "2", "pods": "3"}}}

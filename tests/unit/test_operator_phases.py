@@ -369,6 +369,52 @@ def test_a_learner_whose_step_stops_advancing_is_restarted_once_its_allowance_is
     assert decision.events[0][1] == "LearnerStalled" and decision.restart_reason == "LearnerStalled"
 
 
+def test_a_learner_waiting_for_a_replaced_or_starting_pod_is_not_stalled() -> None:
+    """The allowance follows the pods the learner works with: while a rollout pod is being replaced (the
+    old one deleting, the new one not made, pending or not ready) the learner is waiting, however long;
+    once the new pod is ready the clock starts again from then, and only a step that then outlasts its
+    allowance is a stall."""
+    from dverl_operator.pods.decisions import stalled_learner
+
+    _, want = children_of(tiny_spec())
+    learners = ["j-learner-0"]
+    others = sorted(want.pods)
+    learner = running(want.pods["j-learner-0"])
+    learner["status"]["startTime"] = timestamp(NOW - 2000)
+
+    def ready_at(at: float) -> dict:
+        pod = running(want.pods["j-rollout-0"])
+        pod["status"]["conditions"] = [
+            {"type": "Ready", "status": "True", "lastTransitionTime": timestamp(at)}
+        ]
+        return pod
+
+    def job(rollout: dict | None) -> dict:
+        steady = ready_at(NOW - 1900)
+        steady["metadata"] = {**steady["metadata"], "name": "j-rollout-1"}
+        return {
+            "j-learner-0": learner,
+            "j-rollout-1": steady,
+            **({"j-rollout-0": rollout} if rollout is not None else {}),
+        }
+
+    late = {"lastProgressTime": timestamp(NOW - 400), "stepSeconds": 30.0}  # 400 s > its 300 s
+    old_rollout = ready_at(NOW - 1900)
+    assert stalled_learner(late, job(old_rollout), learners, 10.0, NOW, others)
+    deleting = {**old_rollout, "metadata": {**old_rollout["metadata"], "deletionTimestamp": "x"}}
+    pending = {**want.pods["j-rollout-0"], "status": {"phase": "Pending"}}
+    starting = running(want.pods["j-rollout-0"])
+    starting["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+    for rollout in (deleting, None, pending, starting):
+        assert stalled_learner(late, job(rollout), learners, 10.0, NOW, others) is None, rollout
+    replaced = job(ready_at(NOW - 100))
+    assert stalled_learner(late, replaced, learners, 10.0, NOW, others) is None  # 100 s since it came
+    why = stalled_learner(late, replaced, learners, 10.0, NOW + 201, others)
+    assert why is not None and "for 301s (allowed 300s)" in why
+    # Without the pods it works with, the old rule: the learner's own start and its progress.
+    assert stalled_learner(late, {"j-learner-0": learner}, learners, 10.0, NOW) is not None
+
+
 def test_progress_time_moves_only_when_the_step_does() -> None:
     progress = JobStatus(
         step=3, total_steps=9, state="Running", phase_seconds=(("rollout", 1.0), ("update", 2.0))

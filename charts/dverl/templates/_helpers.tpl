@@ -89,6 +89,12 @@ all of them). Every verb list is the smallest that the reconcile loop uses; no w
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+# The watched namespace itself, read by name for its pod-security.kubernetes.io/enforce label: a job that
+# declares more than the namespace admits (spec.podSecurity) is refused before any pod is sent. In a Role
+# this reaches only the Role's own namespace (the API server files a namespace's GET under that namespace).
+- apiGroups: [""]
+  resources: ["namespaces"]
+  verbs: ["get"]
 # Each job's credentials Secret: created once (a 409 means it exists). Nothing else: it is owned by its
 # RLHFJob, so the garbage collector (not the operator) deletes it with the job, and it is never read,
 # listed or watched (the operator derives what it needs from its own identity). Kubernetes cannot limit

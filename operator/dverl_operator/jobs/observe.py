@@ -23,13 +23,14 @@ async def observe(cluster: Cluster, settings: Settings, namespace: str, name: st
     if job is None:
         return None
     policies = settings.network_policy is not None
-    pods, config_map, service, gateway, policy, gateway_policy = await asyncio.gather(
+    pods, config_map, service, gateway, policy, gateway_policy, labels = await asyncio.gather(
         cluster.list("Pod", namespace, {LABEL_JOB: name}),
         cluster.get("ConfigMap", namespace, config_map_name(name)),
         cluster.get("Service", namespace, service_name(name)),
         cluster.get("Service", namespace, gateway_name(name)),
         _maybe_get(cluster, policies, "NetworkPolicy", namespace, guard.network_policy_name(name)),
         _maybe_get(cluster, policies, "NetworkPolicy", namespace, guard.gateway_policy_name(name)),
+        cluster.namespace_labels(namespace),
     )
     return Observed(
         job=job,
@@ -41,6 +42,7 @@ async def observe(cluster: Cluster, settings: Settings, namespace: str, name: st
         gateway=gateway,
         policies=(policy, gateway_policy),
         pod_groups=await _pod_groups(cluster, settings, namespace, name),
+        namespace_labels=labels,
     )
 
 

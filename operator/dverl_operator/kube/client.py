@@ -18,7 +18,7 @@ from lightkube import AsyncClient, KubeConfig
 from lightkube.types import PatchType
 
 from dverl_operator.kube.errors import ApiError, translate_errors
-from dverl_operator.kube.kinds import resource
+from dverl_operator.kube.kinds import namespace_resource, resource
 
 REQUEST_TIMEOUT_SECONDS = 30.0
 T = TypeVar("T")
@@ -58,6 +58,17 @@ class Cluster:
             if exc.status == 404:
                 return None
             raise
+
+    async def namespace_labels(self, name: str) -> dict[str, str]:
+        """A namespace's labels ({} when it is gone): its Pod Security enforce label is read from them."""
+        try:
+            async with translate_errors():
+                found = dict(await self._client.get(namespace_resource(), name))
+        except ApiError as exc:
+            if exc.status == 404:
+                return {}
+            raise
+        return dict((found.get("metadata") or {}).get("labels") or {})
 
     async def list(
         self, kind: str, namespace: str, labels: Mapping[str, str] | None = None

@@ -6,10 +6,16 @@ Two API groups serve a kind named PodGroup, so such kinds are keyed by `kind.gro
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
-from lightkube.generic_resource import GenericNamespacedResource, create_namespaced_resource
+from lightkube.generic_resource import (
+    GenericGlobalResource,
+    GenericNamespacedResource,
+    create_global_resource,
+    create_namespaced_resource,
+)
 
 from decentralized_verl.spec import API_GROUP, API_VERSION, KIND, PLURAL
 
@@ -37,6 +43,13 @@ def resource(key: str) -> type[GenericNamespacedResource]:
         group, version, kind, plural = KINDS[key]
         found = _RESOURCES[key] = create_namespaced_resource(group, version, kind, plural)
     return found
+
+
+@functools.cache
+def namespace_resource() -> type[GenericGlobalResource]:
+    """Namespaces, the one cluster-scoped kind the operator reads (its own, for their labels); made once,
+    as lightkube registers one class per kind."""
+    return create_global_resource("", "v1", "Namespace", "namespaces")
 
 
 def kind_key(obj: Mapping[str, Any]) -> str:

@@ -5,7 +5,7 @@ ranks (torch.distributed needs every rank restarted together). Pure."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,7 +14,7 @@ from decentralized_verl.launch.watchdog import STARTUP_S, allowance
 from decentralized_verl.planning.plan import is_gang
 from decentralized_verl.spec import JobSpec
 from dverl_operator.objects import owned
-from dverl_operator.objects.pod_state import pod_deleting, pod_phase
+from dverl_operator.objects.pod_state import pod_deleting, pod_phase, pod_ready
 from dverl_operator.objects.times import parse_time
 from dverl_operator.pods.disruption import disruption, event_reason
 from dverl_operator.pods.failure import ending, failure_reason, memory_limit
@@ -244,15 +244,32 @@ def _disrupted(out: PodDecision, pod_name: str, role: str, have: Mapping[str, An
     out.restart_reason = event_reason(why)
 
 
+def _ready_since(pod: Mapping[str, Any] | None) -> float | None:
+    """When a pod became ready, or None while it is not (not made yet, being deleted, pending, starting)."""
+    if pod is None or pod_deleting(pod) or not pod_ready(pod):
+        return None
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Ready":
+            at = parse_time(condition.get("lastTransitionTime"))
+            if at is not None:
+                return at
+    return parse_time((pod.get("status") or {}).get("startTime")) or 0.0
+
+
 def stalled_learner(
     status: Mapping[str, Any],
     pods: Mapping[str, Mapping[str, Any]],
     learners: list[str],
     stall_factor: float,
     now: float,
+    others: Iterable[str] = (),
 ) -> str | None:
     """Why the learner counts as stalled (its step has not advanced within its allowance while its pod
-    runs), or None. The clock starts again with each learner pod, so a new one has time to load."""
+    runs), or None. The clock starts again with each learner pod, so a new one has time to load, and
+    with each pod the learner works with (`others`: the job's other desired pods) becoming ready: a
+    learner waiting on a pod being replaced or still starting is waiting, not stalled, however long a
+    loaded node takes to start it, and once that pod is ready the step it was waiting for gets its full
+    allowance."""
     first = pods.get(learners[0]) if learners else None
     if first is None or pod_deleting(first) or pod_phase(first) != "Running":
         return None
@@ -262,7 +279,10 @@ def stalled_learner(
     progressed = parse_time(status.get("lastProgressTime"))
     if started is None:
         return None
-    since = max(started, progressed or started)
+    readied = [_ready_since(pods.get(name)) for name in others if name not in learners]
+    if any(at is None for at in readied):
+        return None
+    since = max(started, progressed or started, *(at for at in readied if at is not None))
     step_seconds = status.get("stepSeconds")
     fresh = progressed is None or progressed < started or not step_seconds
     limit = STARTUP_S if fresh else allowance([float(step_seconds)], stall_factor)

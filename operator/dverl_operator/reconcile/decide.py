@@ -26,7 +26,14 @@ from decentralized_verl.planning.fixes import gib, memory_quantity
 from decentralized_verl.planning.plan import Plan, plan_job
 from decentralized_verl.spec import JobSpec
 from decentralized_verl.spec.manifest import parse_spec
-from decentralized_verl.spec.pod_security import violations
+from decentralized_verl.spec.pod_security import (
+    ENFORCE_LABEL,
+    PodSecurityLevel,
+    enforced_level,
+    outside,
+    permits,
+    violations,
+)
 from decentralized_verl.spec.source_paths import unseen_paths
 from dverl_operator.children import gang, kueue
 from dverl_operator.children.job_children import Children
@@ -134,14 +141,31 @@ def _accounts_refused(spec: JobSpec, settings: Settings) -> list[Problem]:
     return problems
 
 
-def _profile_refused(pods: Mapping[str, Mapping[str, Any]]) -> list[Problem]:
-    """Every pod the job would get, checked against Pod Security restricted before any is created: what
-    `dverl validate` checked of the template, now on the merged pods, so nothing outside the profile is
-    ever sent to the API server."""
+def _profile_refused(pods: Mapping[str, Mapping[str, Any]], level: PodSecurityLevel) -> list[Problem]:
+    """Every pod the job would get, checked against the job's Pod Security level (spec.podSecurity) before
+    any is created: what `dverl validate` checked of the template, now on the merged pods, so nothing
+    outside the declared profile is ever sent to the API server."""
     return [
-        Problem(f"pod {name}: {v.field}", f"{v.message} (outside Pod Security restricted: {v.rule})")
+        Problem(f"pod {name}: {v.field}", f"{v.message} ({outside(level, v.rule)})")
         for name, pod in sorted(pods.items())
-        for v in violations(pod, "restricted")
+        for v in violations(pod, level)
+    ]
+
+
+def _namespace_refused(spec: JobSpec, observed: Observed) -> list[Problem]:
+    """A job that declares more than its namespace's Pod Security enforce label admits is refused before
+    anything is created: admission would refuse each of its pods, one create at a time."""
+    enforced = enforced_level(observed.namespace_labels)
+    if permits(enforced, spec.pod_security):
+        return []
+    namespace = _meta(observed.job).get("namespace") or "default"
+    label = observed.namespace_labels.get(ENFORCE_LABEL)
+    return [
+        Problem(
+            "spec.podSecurity",
+            f"{spec.pod_security!r} is more than namespace {namespace!r} admits: its label "
+            f"{ENFORCE_LABEL}={label} enforces {enforced}",
+        )
     ]
 
 
@@ -171,9 +195,9 @@ def decide(observed: Observed, settings: Settings) -> Actions:
     conditions = refusal.conditions
 
     wanted = _wanted(observed, settings, status, refusal.effective)
-    outside = _profile_refused(wanted.desired.pods)
-    if outside:
-        return _invalid(observed, outside, status)
+    beyond = _profile_refused(wanted.desired.pods, spec.pod_security)
+    if beyond:
+        return _invalid(observed, beyond, status)
     _sync_shared_children(observed, actions, wanted, suspended=spec.suspend)
     restarts = {role: int((c or {}).get("restarts", 0)) for role, c in (status.get("roles") or {}).items()}
     plan_desired = wanted.plan.desired()
@@ -223,7 +247,13 @@ def _validated(observed: Observed, settings: Settings, status: dict[str, Any]) -
     memory = plan_for(spec, base_dir=None)
     spec = planned_spec(spec, memory)
     unseen = [Problem(field, why) for field, why in unseen_paths(spec)]
-    too_big = memory.problems() + _gang_refused(spec, settings) + _accounts_refused(spec, settings) + unseen
+    too_big = (
+        memory.problems()
+        + _gang_refused(spec, settings)
+        + _accounts_refused(spec, settings)
+        + _namespace_refused(spec, observed)
+        + unseen
+    )
     if too_big:
         return _invalid(observed, too_big, status)
     return spec
@@ -336,7 +366,9 @@ def _decide_pods(
         oom_advice=lambda role, limit: oom_advice(spec, role, limit),
     )
     learners = learner_names(desired_pods)
-    stalled = stalled_learner(status, observed.pods, learners, spec.training.stall_factor, observed.now)
+    stalled = stalled_learner(
+        status, observed.pods, learners, spec.training.stall_factor, observed.now, others=desired_pods
+    )
     if stalled is not None:
         restart_stalled(pods, observed.pods, learners, stalled)
     return pods

@@ -27,3 +27,5 @@ class Observed:
     """The job's credentials Secret is known to exist (this operator made or met it recently)."""
     pod_groups: Mapping[str, Mapping[str, Any] | None] = field(default_factory=dict)
     """The job's PodGroup under each gang scheduler this operator may manage (None where absent)."""
+    namespace_labels: Mapping[str, str] = field(default_factory=dict)
+    """The labels of the job's namespace (its Pod Security enforce label is what `decide` reads)."""

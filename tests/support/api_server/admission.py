@@ -13,21 +13,19 @@ from collections.abc import Iterable, Mapping
 from decimal import Decimal
 from typing import Any
 
-from decentralized_verl.spec.pod_security import violations
+from decentralized_verl.spec.pod_security import enforced_level, violations
 from dverl_operator.objects.quantity import parse
 from tests.support.api_server.schema import FieldError
 from tests.support.api_server.status import Refusal, forbidden
 
-ENFORCE = "pod-security.kubernetes.io/enforce"
-LEVELS = ("baseline", "restricted")
 TERMINAL = ("Succeeded", "Failed")
 
 
 def pod_security(pod: Mapping[str, Any], namespace_labels: Mapping[str, str]) -> Refusal | None:
-    """403 when the namespace enforces baseline or restricted and the pod breaks it, listing every
-    violation as the Pod Security admission does."""
-    level = namespace_labels.get(ENFORCE)
-    if level not in LEVELS:
+    """403 when the namespace enforces baseline or restricted (a label value that is no level counts as
+    restricted) and the pod breaks it, listing every violation as the Pod Security admission does."""
+    level = enforced_level(namespace_labels)
+    if level is None:
         return None
     found = violations(pod, level)
     if not found:

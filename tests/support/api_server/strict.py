@@ -151,6 +151,8 @@ class StrictEmulator(kmock.KubernetesEmulator):
 
     # ------------------------------------------------------------------------------ dispatch
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        if self._names_a_namespace(request):
+            return self._get_namespace(request)
         if request.resource is None or not request.resource.plural:  # discovery: every user may read it
             return await super()._handle(request)
         try:
@@ -165,6 +167,32 @@ class StrictEmulator(kmock.KubernetesEmulator):
             self.refusals.append(refusal.body)
             return aiohttp.web.json_response(refusal.body, status=refusal.code)
         return await super()._handle(request)
+
+    @staticmethod
+    def _names_a_namespace(request: rendering.Request) -> bool:
+        """`GET /api/v1/namespaces/<n>`, which kmock reads as namespace <n> with no resource."""
+        resource = request.resource
+        return (
+            request.method == enums.method.GET
+            and bool(request.namespace)
+            and resource is not None
+            and resource.group == ""
+            and not resource.plural
+        )
+
+    def _get_namespace(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        """One Namespace by name, authorized as the API server files it: under that namespace."""
+        name = request.namespace or ""
+        try:
+            if self.authorizer is not None and (user := self._user(request)) != ADMIN:
+                self.authorizer.check(Request(user, "get", "", "namespaces", "", name, name))
+            key = (kmock.resource("", "v1", "namespaces"), None, name)
+            if key not in self._objects or self._objects[key].deleted:
+                raise status.not_found("namespaces", "", name)
+        except status.Refusal as refusal:
+            self.refusals.append(refusal.body)
+            return aiohttp.web.json_response(refusal.body, status=refusal.code)
+        return aiohttp.web.json_response(self._objects[key].raw)
 
     def _user(self, request: rendering.Request) -> str:
         header = request.headers.get("Authorization") or request.headers.get("authorization") or ""

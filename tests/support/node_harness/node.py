@@ -86,6 +86,9 @@ class Node:
 
     # ------------------------------------------------------------------------------ lifecycle
     async def __aenter__(self) -> Node:
+        USERS.mkdir(parents=True, exist_ok=True)
+        (USERS / str(os.getpid())).touch()
+        _OPEN.add(id(self))
         self.dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.dir, 0o755)
         self.operator_hosts.write_text(dns.hosts_file(None))
@@ -114,7 +117,14 @@ class Node:
         if self._dns is not None:
             self._dns.close()
         await asyncio.to_thread(self.bridge.close)
+        _OPEN.discard(id(self))
+        if not _OPEN:
+            with contextlib.suppress(OSError):
+                (USERS / str(os.getpid())).unlink()
+        others = _others_running()
         for path in reversed(self._made):
+            if others and not path.name.startswith(MARKER):
+                continue  # a file mountpoint or folder another process's pods may still be using
             with contextlib.suppress(OSError):
                 path.unlink() if path.is_file() else path.rmdir()
 
@@ -301,6 +311,49 @@ class Node:
         if is_file and not path.exists():
             path.touch()
             self._made.append(path)
+        if not is_file and (path in self._made or _harness_made(path)):
+            # A marker keeps the folder from being removed (so its mounts detached in every pod) by
+            # another node that made it too and closes first: rmdir refuses a folder that is not empty.
+            marker = path / f"{MARKER}{os.getpid()}-{id(self)}"
+            marker.touch()
+            self._made.append(marker)
+
+
+MARKER = ".dverl-node-harness-"
+
+
+def _harness_made(folder: Path) -> bool:
+    """A folder only nodes' markers are in (made by another node for its mountpoints)."""
+    with contextlib.suppress(OSError):
+        names = [entry.name for entry in folder.iterdir()]
+        return bool(names) and all(name.startswith(MARKER) for name in names)
+    return False
+
+
+USERS = Path("/run/dverl-node-harness")
+"""One file per process running nodes (named by its pid). The mountpoints a node makes on the host
+(`/etc/dverl`, `/opt/dverl/examples`, ...) are shared by every node on the machine, and removing one
+detaches the mounts made on it in every pod's namespace, so they are left in place while another
+process's nodes may still be using them."""
+
+
+_OPEN: set[int] = set()
+"""This process's nodes now open: its pid file goes with the last."""
+
+
+def _others_running() -> bool:
+    for entry in USERS.glob("*") if USERS.is_dir() else ():
+        if entry.name == str(os.getpid()):
+            continue
+        try:
+            os.kill(int(entry.name), 0)
+            return True
+        except (ValueError, ProcessLookupError):
+            with contextlib.suppress(OSError):
+                entry.unlink()
+        except PermissionError:
+            return True
+    return False
 
 
 class Scheduler:

@@ -4,8 +4,10 @@ settings that keep a worker pod within "restricted".
 
 `violations(pod, "restricted")` lists every rule the pod breaks, each with the field and the value found,
 the way the Pod Security admission controller would refuse it (empty: admitted). `dverl validate` runs it
-over what a role's podTemplate adds to its pods (`template_violations`), the operator over every pod it
-builds, before creating any; it knows nothing of the operator.
+over what a role's podTemplate adds to its pods (`template_pod`), the operator over every pod it builds,
+before creating any, at the level the job declares (`spec.podSecurity`, restricted unless it says
+otherwise); `permits` says whether a namespace's enforce label admits that level. It knows nothing of the
+operator.
 """
 
 from __future__ import annotations
@@ -15,6 +17,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 Level = Literal["baseline", "restricted"]
+PodSecurityLevel = Literal["privileged", "baseline", "restricted"]
+"""A job's declared level: the Pod Security Admission level names, least to most restrictive."""
+LEVELS: tuple[PodSecurityLevel, ...] = ("privileged", "baseline", "restricted")
+ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
 
 BASELINE_CAPABILITIES = frozenset(
     {
@@ -203,12 +209,36 @@ def restricted(pod: Mapping[str, Any]) -> Iterator[Violation]:
             )
 
 
-def violations(pod: Mapping[str, Any], level: Level = "restricted") -> list[Violation]:
-    """Every rule of `level` (restricted includes baseline) the pod breaks; empty when it is admitted."""
+def violations(pod: Mapping[str, Any], level: PodSecurityLevel = "restricted") -> list[Violation]:
+    """Every rule of `level` (restricted includes baseline) the pod breaks; empty when it is admitted
+    (always at privileged, which has no rules)."""
+    if level == "privileged":
+        return []
     found = list(baseline(pod))
     if level == "restricted":
         found.extend(restricted(pod))
     return found
+
+
+def outside(level: PodSecurityLevel, rule: str) -> str:
+    """How a problem names the level (the job's spec.podSecurity) a rule of it belongs to."""
+    return f"outside Pod Security {level}: {rule}"
+
+
+def enforced_level(namespace_labels: Mapping[str, str]) -> PodSecurityLevel | None:
+    """The level a namespace's `pod-security.kubernetes.io/enforce` label enforces: None when unlabelled
+    (the cluster's admission default applies, which a label cannot show); a value that is not a level
+    enforces restricted, as Pod Security Admission fails closed on a bad label."""
+    value = namespace_labels.get(ENFORCE_LABEL)
+    if value is None:
+        return None
+    return value if value in LEVELS else "restricted"  # type: ignore[return-value]
+
+
+def permits(enforced: PodSecurityLevel | None, wanted: PodSecurityLevel) -> bool:
+    """Whether a namespace enforcing `enforced` admits pods that need `wanted`: only a level at least as
+    permissive as the one the pods need."""
+    return enforced is None or LEVELS.index(enforced) <= LEVELS.index(wanted)
 
 
 WORKER_UID = 10001

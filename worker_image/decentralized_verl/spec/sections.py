@@ -16,6 +16,7 @@ from decentralized_verl.spec.base import SpecModel
 from decentralized_verl.spec.catalogue.algorithms import LOSS_DEFAULTS, PRESETS, AlgorithmPreset
 from decentralized_verl.spec.data import DataSpec
 from decentralized_verl.spec.model import ModelSpec
+from decentralized_verl.spec.pod_security import PodSecurityLevel
 from decentralized_verl.spec.roles import RolesSpec
 from decentralized_verl.spec.scheduling import PriorityClassName, SchedulingSpec
 from decentralized_verl.spec.sources import SourceSpec
@@ -47,6 +48,14 @@ class JobSections(SpecModel):
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     """How the job shares the cluster with others (gang scheduling)."""
     priority_class_name: str | None = PriorityClassName
+    pod_security: PodSecurityLevel = Field(
+        default="restricted",
+        description=(
+            "The Pod Security level the job's pods keep to (a podTemplate is checked against it): "
+            "restricted, or baseline or privileged for a job that needs more; the operator refuses a job "
+            "whose namespace's pod-security.kubernetes.io/enforce label does not admit it"
+        ),
+    )
     pod_annotations: dict[str, str] = Field(default_factory=dict)
     """Annotations put on every pod of the job."""
     sources: list[SourceSpec] = Field(

@@ -8,7 +8,7 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from decentralized_verl.errors import Problem
-from decentralized_verl.spec.pod_security import template_pod, violations
+from decentralized_verl.spec.pod_security import PodSecurityLevel, outside, template_pod, violations
 from decentralized_verl.spec.source_paths import RESERVED_MOUNT_PATHS, normal, overlaps
 from decentralized_verl.spec.uri import SHA256, UriProblem, parse_uri
 
@@ -121,19 +121,22 @@ def _kind_problems(where: str, source: Any) -> Iterator[Problem]:
 
 
 def pod_template_problems(spec: JobSections) -> Iterator[Problem]:
+    level = spec.pod_security
     for name, role in spec.roles.items():
         if role.pod_template is not None:
-            yield from _override_problems(f"spec.roles.{name}.podTemplate.spec", role.pod_template.spec)
-            yield from _profile_problems(f"spec.roles.{name}.podTemplate", role.pod_template)
+            where = f"spec.roles.{name}.podTemplate"
+            yield from _override_problems(f"{where}.spec", role.pod_template.spec, level)
+            yield from _profile_problems(where, role.pod_template, level)
 
 
-def _profile_problems(where: str, template: PodTemplate) -> Iterator[Problem]:
-    """What the template adds to its role's pods, judged by Pod Security "restricted" as admission would
-    judge the merged pod: a privileged, root, capability-adding or seccomp-Unconfined init container, a
-    volume type outside the profile (hostPath, nfs, ...), an AppArmor annotation that turns it off."""
+def _profile_problems(where: str, template: PodTemplate, level: PodSecurityLevel) -> Iterator[Problem]:
+    """What the template adds to its role's pods, judged at the job's Pod Security level (spec.podSecurity)
+    as admission would judge the merged pod; under "restricted": a privileged, root, capability-adding or
+    seccomp-Unconfined init container, a volume type outside the profile (hostPath, nfs, ...), an AppArmor
+    annotation that turns it off."""
     over = template.spec
     pod = template_pod(template.metadata.annotations, over.volumes, over.init_containers)
-    for violation in violations(pod, "restricted"):
+    for violation in violations(pod, level):
         if violation.field.startswith("spec.volumes[") and ".hostPath" in violation.field:
             continue  # said once, by the volume rule above, with what to use instead
         if violation.rule == "Volume Types" and any(
@@ -143,7 +146,7 @@ def _profile_problems(where: str, template: PodTemplate) -> Iterator[Problem]:
         field = violation.field.replace("spec.", f"{where}.spec.", 1)
         if violation.field.startswith("metadata."):
             field = f"{where}.{violation.field}"
-        yield Problem(field, f"{violation.message} (outside Pod Security restricted: {violation.rule})")
+        yield Problem(field, f"{violation.message} ({outside(level, violation.rule)})")
 
 
 def _named(where: str, items: list[dict[str, Any]]) -> Iterator[tuple[str, str | None]]:
@@ -152,7 +155,7 @@ def _named(where: str, items: list[dict[str, Any]]) -> Iterator[tuple[str, str |
         yield f"{where}[{i}]", value if isinstance(value, str) and value else None
 
 
-def _override_problems(where: str, spec: PodOverrides) -> Iterator[Problem]:
+def _override_problems(where: str, spec: PodOverrides, level: PodSecurityLevel) -> Iterator[Problem]:
     for field, items in (
         ("env", spec.env),
         ("volumes", spec.volumes),
@@ -166,10 +169,11 @@ def _override_problems(where: str, spec: PodOverrides) -> Iterator[Problem]:
             elif field == "volumes" and RESERVED_VOLUMES.match(value):
                 yield Problem(f"{at}.name", f"{value!r} is the name of one of the operator's volumes")
     for i, volume in enumerate(spec.volumes):
-        if "hostPath" in volume:
+        if "hostPath" in volume and level != "privileged":
             yield Problem(
                 f"{where}.volumes[{i}].hostPath",
-                "not allowed: the pods stay within the Pod Security restricted profile (use a PVC)",
+                f"not allowed: the pods stay within the Pod Security {level} profile (use a PVC, or declare "
+                "spec.podSecurity: privileged where the namespace allows it)",
             )
     declared = {v.get("name") for v in spec.volumes}
     for i, mount in enumerate(spec.volume_mounts):
