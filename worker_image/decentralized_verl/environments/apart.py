@@ -20,13 +20,13 @@ import json
 import os
 import select
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import asdict
 from typing import Any, ClassVar
 
 from decentralized_verl.environments.base import EpisodeRecord, StepInfo, StepResult
+from decentralized_verl.runtime.secret_free_child import start_secret_free_child
 
 SHIPPED = "decentralized_verl."
 """Environments of this package: run where they are called."""
@@ -64,15 +64,7 @@ class EnvironmentChild:
     def _started(self) -> subprocess.Popen[bytes]:
         if self._proc is not None and self._proc.poll() is None:
             return self._proc
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DVERL_")}
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "decentralized_verl.environments._user_env_child"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=env,
-            close_fds=True,
-        )
+        self._proc = start_secret_free_child("decentralized_verl.environments._user_env_child", text=False)
         self.generation += 1
         return self._proc
 

@@ -18,6 +18,7 @@ import threading
 from typing import Any
 
 from decentralized_verl.rewards.result import RewardResult, zero
+from decentralized_verl.runtime.secret_free_child import start_secret_free_child
 
 _apart = False
 SHIPPED = "decentralized_verl."
@@ -44,16 +45,7 @@ class UserRewardProcess:
     def _started(self) -> subprocess.Popen[str]:
         if self._proc is not None and self._proc.poll() is None:
             return self._proc
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DVERL_")}
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "decentralized_verl.rewards._user_reward_child"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=env,
-            text=True,
-            close_fds=True,
-        )
+        self._proc = start_secret_free_child("decentralized_verl.rewards._user_reward_child", text=True)
         return self._proc
 
     def call(
