@@ -4,7 +4,6 @@ blew through (0.6-2.3 GB for a 1 KB file)."""
 
 from __future__ import annotations
 
-import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -17,17 +16,20 @@ MEMORY_CAP = 1024 * 1024 * 1024
 """Address space each command may use; the interpreter and its imports need well under it."""
 
 
-def _capped() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
+CAPPED = (
+    f"import os, resource, sys; resource.setrlimit(resource.RLIMIT_AS, ({MEMORY_CAP}, {MEMORY_CAP})); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+)
+"""Caps itself, then execs the command: a preexec_fn would make this process fork(), and a fork of a
+process whose gRPC threads are busy (earlier tests' servers) can abort in the child."""
 
 
 def run_dverl(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(
-        [sys.executable, "-m", "decentralized_verl.cli", *args],
+        [sys.executable, "-c", CAPPED, "-m", "decentralized_verl.cli", *args],
         capture_output=True,
         input=stdin,
         timeout=120,
-        preexec_fn=_capped,
     )
 
 

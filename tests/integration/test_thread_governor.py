@@ -44,10 +44,15 @@ def test_a_real_process_computes_on_one_thread_beside_a_busy_one() -> None:
     rival = subprocess.Popen([sys.executable, "-c", RIVAL])
     try:
         os.sched_setaffinity(rival.pid, {cores[1]})
+        # The worker pins itself, then execs: a preexec_fn would make this process fork(), and a fork of
+        # a process whose gRPC threads are busy (earlier tests' servers) can abort in the child.
+        pinned = (
+            f"import os, sys; os.sched_setaffinity(0, {set(cores)!r}); "
+            "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+        )
         worker = subprocess.run(
-            [sys.executable, "-c", WORKER],
+            [sys.executable, "-c", pinned, "-c", WORKER],
             capture_output=True, text=True, timeout=300,
-            preexec_fn=lambda: os.sched_setaffinity(0, set(cores)),
         )  # fmt: skip
     finally:
         rival.kill()
