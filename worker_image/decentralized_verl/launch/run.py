@@ -443,6 +443,8 @@ class _ProgressDisplay:
             )
         if self.startup is not None:
             self.startup.begin(workers, now)
+        if hasattr(self.cluster, "publish"):  # the cluster's record knows the run's length before any poll
+            self.cluster.publish(total_steps=self.job.spec.training.steps)
 
     def show(self, status: JobStatus | None, now: float) -> None:
         if self.startup is not None:
@@ -463,7 +465,9 @@ class _ProgressDisplay:
                 self.kl = status.kl  # no metrics file here (Ray): a KL that is not 0 was measured
             _show(self.bar, status, self.kl)
         if hasattr(self.cluster, "publish"):
-            self.cluster.publish(step=status.step, total_steps=status.total_steps, phase=status.phase)
+            # A learner still starting (a restart) answers with no total: the spec's is known from the start.
+            total = status.total_steps or self.job.spec.training.steps
+            self.cluster.publish(step=status.step, total_steps=total, phase=status.phase)
 
     def close(self) -> None:
         if self.bar is not None:
