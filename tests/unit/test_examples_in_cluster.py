@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from decentralized_verl.entrypoints.cluster_worker import base_dir_of
+from decentralized_verl.entrypoints.worker_config import base_dir_of
 from decentralized_verl.planning.run_validate import main_validate
 from decentralized_verl.spec.manifest import load_job, parse_spec
 from decentralized_verl.spec.source_paths import CONFIG_DIR, IMAGE_EXAMPLES_DIR, unseen_paths

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from decentralized_verl.core.memory_report import MemoryEstimate, estimate_line
 from decentralized_verl.core.status import JobStatus
 from decentralized_verl.errors import EXIT_REFIT_PARITY, EXIT_USAGE, REFIT_PARITY_REASON
-from dverl_operator.pods.failure import ending
+from dverl_operator.pods.failure import ending, failure_reason
 from dverl_operator.status import conditions as cond
 from dverl_operator.status import outcome
 from tests.support.cluster_world import World
@@ -88,6 +89,97 @@ def test_an_oom_kill_without_a_limit_says_the_node_ran_out() -> None:
     ended(world, "j-learner-0", 137, reason="OOMKilled")
     world.step()
     assert "no memory limit (the node ran out)" in failed_condition(world)["message"]
+
+
+def folder_model_spec() -> dict[str, Any]:
+    """A model the operator cannot size: a folder it never reads."""
+    spec = tiny_spec(model={"path": "models/m"})
+    spec["roles"]["learner"]["resources"] = {"memory": "2Gi"}
+    return {**spec, "backoffLimit": 6}
+
+
+LEARNER_SAID = estimate_line(MemoryEstimate("learner", 35_429_146_656, None))
+"""What a learner of a 1B-parameter model left as its termination message before the kernel killed it."""
+
+
+def test_an_oom_kill_names_the_estimate_the_worker_left_when_the_operator_has_none() -> None:
+    world = started(folder_model_spec())
+    ended(world, "j-learner-0", 137, reason="OOMKilled", message=LEARNER_SAID)
+    world.step()
+    failed = failed_condition(world)
+    assert failed["reason"] == "OOMKilled"
+    assert failed["message"] == (
+        "pod j-learner-0 (learner): container worker was OOMKilled under its memory limit 2Gi; the planner "
+        "estimates ~33.0 GiB of host memory per learner worker; set roles.learner.resources.memory >= "
+        "42Gi or lower roles.learner.microbatchSize"
+    )
+    failed_events = [m for kind, reason, m in world.events if reason == "WorkerFailed"]
+    assert failed_events and all("dverlMemory" not in m for m in failed_events), world.events
+    assert all("dverlMemory" not in m for _, _, m in world.events)
+
+
+def test_the_workers_estimate_comes_before_the_operators_own() -> None:
+    spec = tiny_spec()
+    spec["roles"]["rollout"]["resources"] = {"memory": "600Mi"}
+    world = started({**spec, "backoffLimit": 6})
+    said = estimate_line(MemoryEstimate("rollout", 3 * 1024**3, None))
+    ended(world, "j-rollout-1", 137, reason="OOMKilled", message=said)
+    world.step()
+    message = failed_condition(world)["message"]
+    assert "the planner estimates ~3.0 GiB of host memory per rollout worker" in message
+    assert "set roles.rollout.resources.memory >= 3840Mi or lower roles.rollout.microbatchSize" in message
+
+
+def test_a_limit_far_over_the_estimate_is_raised_by_half_all_the_same() -> None:
+    spec = folder_model_spec()
+    spec["roles"]["learner"]["resources"] = {"memory": "64Gi"}
+    world = started(spec)
+    ended(world, "j-learner-0", 137, reason="OOMKilled", message=LEARNER_SAID)
+    world.step()
+    assert (
+        "~33.0 GiB of host memory per learner worker; set roles.learner.resources.memory >= 96Gi"
+        in (failed_condition(world)["message"])
+    )
+
+
+def test_without_a_well_formed_estimate_of_its_own_role_the_fix_is_the_fallback() -> None:
+    for said in (
+        "",
+        "Killed",
+        estimate_line(MemoryEstimate("rollout", 35_429_146_656, None)),  # another role's figures
+        '{"dverlMemory": {"role": "learner", "hostBytes": "35429146656"}}',
+        '{"dverlMemory": {"role": "learner", "hostBytes": 1' + "0" * 30 + "}}",
+    ):
+        world = started(folder_model_spec())
+        ended(world, "j-learner-0", 137, reason="OOMKilled", message=said)
+        world.step()
+        message = failed_condition(world)["message"]
+        assert "the planner has no estimate for learner (its model's shape is unknown to it): raise " in (
+            message
+        ), (said, message)
+        assert "roles.learner.resources.memory to >= 3072Mi or lower" in message, message
+
+
+def test_an_estimate_left_by_a_worker_that_died_another_way_is_never_its_message() -> None:
+    world = started(folder_model_spec())
+    ended(world, "j-learner-0", 137, reason="Error", message=LEARNER_SAID)  # killed, not for memory
+    world.step()
+    assert world.status["phase"] != "Failed"
+    assert world.status["roles"]["learner"]["restarts"] == 1
+    pod = {
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [
+                {
+                    "name": "worker",
+                    "state": {"terminated": {"exitCode": 137, "reason": "Error", "message": LEARNER_SAID}},
+                }
+            ],
+        }
+    }
+    assert failure_reason(pod) == "container worker exited 137: Error"
+    got = ending(pod)
+    assert (got.kind, got.message, got.estimate) == ("other", "", None)  # only a kill for memory reads it
 
 
 def test_a_bad_input_init_container_is_read_before_the_worker() -> None:

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from decentralized_verl.core.memory_report import MemoryEstimate
 from decentralized_verl.errors import REFIT_PARITY_REASON
 from decentralized_verl.launch.watchdog import STARTUP_S, allowance
 from decentralized_verl.planning.plan import is_gang
@@ -24,6 +25,8 @@ ANNOTATION_FAILED_AT = "dverl.io/failed-at"
 DISRUPTED = "disrupted"
 """ANNOTATION_FAILURE_COUNTED's value on a pod the cluster took away: announced, never counted."""
 LEARNER = "learner"
+OomAdvice = Callable[[str, str | None, MemoryEstimate | None], str]
+"""(role, the memory limit it died under, the worker's own estimate or None) -> the fix to name."""
 
 
 @dataclass
@@ -68,10 +71,11 @@ def decide_pods(
     restarts: Mapping[str, int],
     now: float,
     backoff: tuple[float, float],
-    oom_advice: Callable[[str, str | None], str] | None = None,
+    oom_advice: OomAdvice | None = None,
 ) -> PodDecision:
-    """`backoff` is (base, max) seconds; `oom_advice(role, limit)` is the planner's fix for a role whose
-    worker ran out of memory under `limit` (pure, asked only when one did)."""
+    """`backoff` is (base, max) seconds; `oom_advice(role, limit, reported)` is the planner's fix for a
+    role whose worker ran out of memory under `limit`, `reported` the worker's own estimate when its
+    termination message held one (pure, asked only when one did)."""
     out = PodDecision(restarts=dict(restarts))
     by_role: dict[str, list[str]] = {}
     for name, pod in desired_pods.items():
@@ -136,7 +140,7 @@ def _unmendable(
     pod_name: str,
     role: str,
     have: Mapping[str, Any],
-    oom_advice: Callable[[str, str | None], str] | None,
+    oom_advice: OomAdvice | None,
 ) -> bool:
     """A failure that would fail the same way again ends the job now, with what the worker said: the
     runtime's bad-input exit (a manifest, data file or model to fix), a learner's refit-parity exit (the
@@ -153,7 +157,8 @@ def _unmendable(
     elif end.kind == "oom":
         limit = memory_limit(have, end.container)
         under = f"its memory limit {limit}" if limit else "no memory limit (the node ran out)"
-        advice = oom_advice(role, limit) if oom_advice is not None else ""
+        reported = end.estimate if end.estimate is not None and end.estimate.role == role else None
+        advice = oom_advice(role, limit, reported) if oom_advice is not None else ""
         out.failed_job = (
             f"pod {pod_name} ({role}): container {end.container} was OOMKilled under {under}; "
             f"{advice or f'raise roles.{role}.resources.memory'}"

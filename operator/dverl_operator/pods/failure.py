@@ -7,7 +7,8 @@ carries it instead of a bare "Failed".
 Failures come in kinds, as Kubernetes' and JobSet's pod failure policies tell them apart: a worker that
 exits with the runtime's bad-input code (the CLI's exit 2: a manifest, data file or model a person must
 fix) fails the same way on every retry, a container the kernel killed for memory will be killed
-again under the same limit, and a learner whose weight refresh failed its refit-parity check (exit 3:
+again under the same limit (the worker's own memory estimate, left in its termination message, says by
+how much), and a learner whose weight refresh failed its refit-parity check (exit 3:
 the rollout's log-probs are not the learner's) would refresh the same way from its checkpoint; all three
 end the job at once. Only the rest (crashes, lost peers, a node's
 trouble) is worth retrying.
@@ -19,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from decentralized_verl.core.memory_report import MemoryEstimate, read_estimate
 from decentralized_verl.errors import EXIT_REFIT_PARITY, EXIT_USAGE
 
 MESSAGE_CHARS = 300
@@ -39,6 +41,9 @@ class Ending:
     container: str | None = None
     exit_code: int | None = None
     message: str = ""
+    estimate: MemoryEstimate | None = None
+    """The worker's own memory estimate, when its termination message still held it (it was killed
+    before it could clear it: core/memory_report.py); never quoted as the message."""
 
 
 def _failed_containers(status: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
@@ -60,10 +65,11 @@ def ending(pod: Mapping[str, Any]) -> Ending:
         return Ending("other", message=str(status["reason"]))
     for name, ended in _failed_containers(status)[:1]:
         code = int(ended["exitCode"])
-        said = " ".join(str(ended.get("message") or "").split())
+        estimate = read_estimate(str(ended.get("message") or ""))
+        said = "" if estimate is not None else " ".join(str(ended.get("message") or "").split())
         message = said[:MESSAGE_CHARS]
         if ended.get("reason") == OOM_REASON:
-            return Ending("oom", name, code, message)
+            return Ending("oom", name, code, message, estimate)
         if code == EXIT_REFIT_PARITY:
             return Ending("refit-parity", name, code, said[:REFIT_MESSAGE_CHARS])
         if code == BAD_INPUT_EXIT:
@@ -79,7 +85,10 @@ def failure_reason(pod: Mapping[str, Any]) -> str:
     if status.get("reason"):
         return str(status["reason"])
     for name, ended in _failed_containers(status)[:1]:
-        message = " ".join(str(ended.get("message") or ended.get("reason") or "").split())
+        said = str(ended.get("message") or "")
+        if read_estimate(said) is not None:  # a memory estimate the worker left, not why it ended
+            said = ""
+        message = " ".join(str(said or ended.get("reason") or "").split())
         line = f"container {name} exited {ended['exitCode']}"
         return f"{line}: {message[:MESSAGE_CHARS]}" if message else line
     return str(status.get("phase") or "Unknown")

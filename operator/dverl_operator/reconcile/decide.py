@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from decentralized_verl.core.memory_report import MemoryEstimate
 from decentralized_verl.errors import ManifestError, Problem
 from decentralized_verl.planning import plan_for
 from decentralized_verl.planning.fit import planned_spec
@@ -363,7 +364,7 @@ def _decide_pods(
         restarts,
         observed.now,
         (settings.backoff_base_seconds, settings.backoff_max_seconds),
-        oom_advice=lambda role, limit: oom_advice(spec, role, limit),
+        oom_advice=lambda role, limit, reported: oom_advice(spec, role, limit, reported),
     )
     learners = learner_names(desired_pods)
     stalled = stalled_learner(
@@ -374,24 +375,32 @@ def _decide_pods(
     return pods
 
 
-def oom_advice(spec: JobSpec, role: str, limit: str | None) -> str:
+def oom_advice(spec: JobSpec, role: str, limit: str | None, reported: MemoryEstimate | None = None) -> str:
     """The planner's fix for a role whose worker the kernel killed for memory: its estimate of what one
     worker needs, as the memory setting to give it, and never less than half again the limit it died
-    under (the estimate missed something there)."""
-    memory = plan_for(spec, base_dir=None)
+    under (the estimate missed something there). The worker's own estimate (`reported`: planned with
+    its model's files, which the operator never reads) comes first; else the operator's, which knows a
+    model's shape only from `model.tiny` or the known-shapes table."""
     died_under = int(quantity.parse(limit)) if limit else 0
+    if reported is not None:
+        return _sized_advice(role, reported.host_bytes, died_under)
+    memory = plan_for(spec, base_dir=None)
     for worker in memory.workers:
         if worker.role == role and worker.verdict != "not checked":
-            need = max(int(worker.estimate.host * OOM_HEADROOM), int(died_under * OOM_RAISE))
-            return (
-                f"the planner estimates ~{gib(worker.estimate.host)} GiB of host memory per {role} worker; "
-                f"set roles.{role}.resources.memory >= {memory_quantity(need)} or lower "
-                f"roles.{role}.microbatchSize"
-            )
+            return _sized_advice(role, worker.estimate.host, died_under)
     raise_to = f" to >= {memory_quantity(int(died_under * OOM_RAISE))}" if died_under else ""
     return (
         f"the planner has no estimate for {role} (its model's shape is unknown to it): raise "
         f"roles.{role}.resources.memory{raise_to} or lower roles.{role}.microbatchSize"
+    )
+
+
+def _sized_advice(role: str, host: int, died_under: int) -> str:
+    need = max(int(host * OOM_HEADROOM), int(died_under * OOM_RAISE))
+    return (
+        f"the planner estimates ~{gib(host)} GiB of host memory per {role} worker; "
+        f"set roles.{role}.resources.memory >= {memory_quantity(need)} or lower "
+        f"roles.{role}.microbatchSize"
     )
 
 

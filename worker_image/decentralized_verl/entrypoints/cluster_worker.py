@@ -1,7 +1,8 @@
 """`dverl worker --config JOB --role ROLE`: one in-cluster process of a job (a pod, or under `dverl run`).
 
-Reads the job config (the ConfigMap's job.yaml or `dverl run`'s copy), builds the role and serves it
-over gRPC until SIGTERM. The learner role runs the training loop instead (entrypoints/learner.py).
+Given the job config (the ConfigMap's job.yaml or `dverl run`'s copy, read by worker_config.py before
+torch loaded), builds the role and serves it over gRPC until SIGTERM. The learner role runs the training
+loop instead (entrypoints/learner.py).
 
 A rollout worker also serves a weight relay (`transport.weights.relay.WeightRelay`) on the same port: the
 learner pushes each new version down a chain of rollout workers, each verifying and forwarding it, and
@@ -20,7 +21,6 @@ import torch.distributed as dist
 
 from decentralized_verl.backends.factory import make_backend
 from decentralized_verl.backends.sleep import sleeps_while_learner_updates
-from decentralized_verl.errors import ManifestError, Problem
 from decentralized_verl.models.loading import load_model_and_tokenizer
 from decentralized_verl.planning.plan import worker_resources
 from decentralized_verl.proto import dverl_pb2_grpc as pb_grpc
@@ -35,26 +35,12 @@ from decentralized_verl.spans.backend import SpanBackend, parse_span_addresses
 from decentralized_verl.spans.front_volunteers import start_front_volunteers
 from decentralized_verl.spans.server import serve_span_role
 from decentralized_verl.spec import JobSpec
-from decentralized_verl.spec.manifest import load_job, load_yaml_text, parse_spec, read_yaml_file
-from decentralized_verl.spec.source_paths import CONFIG_DIR, IMAGE_EXAMPLES_DIR
 from decentralized_verl.training.distributed import exit_process
 from decentralized_verl.transport.weights.fanout import RelayWeightSource
 from decentralized_verl.transport.weights.publish import WeightPublisher
 from decentralized_verl.transport.weights.relay import WeightRelay, serve_relay
 
 log = logging.getLogger(__name__)
-
-
-def base_dir_of(config: Path, annotations: dict | None) -> Path:
-    """Where relative model and data paths resolve: the manifest's folder `dverl run` recorded; in a pod
-    (the config the operator mounts), the image's examples folder, where a shipped example's data lies;
-    else the config's own folder."""
-    recorded = (annotations or {}).get("dverl.io/base-dir")
-    if recorded:
-        return Path(recorded)
-    if config.parent == Path(CONFIG_DIR):
-        return Path(IMAGE_EXAMPLES_DIR)
-    return config.parent
 
 
 async def serve_role(
@@ -183,18 +169,6 @@ async def serve_rollout(worker: RolloutWorker, port: int, *, learner: str | None
         await relay.close()
 
 
-def load_worker_config(path: Path, job_name: str | None) -> tuple[JobSpec, str, Path]:
-    """A whole RLHFJob manifest (`dverl run`) or the bare spec the operator's ConfigMap holds."""
-    document = load_yaml_text(read_yaml_file(path), str(path))
-    if isinstance(document, dict) and "kind" in document:
-        job = load_job(path)
-        extra = job.metadata.model_extra or {}
-        return job.spec, job.metadata.name, base_dir_of(path, extra.get("annotations"))
-    if not job_name:
-        raise ManifestError([Problem("--job", "required when the config is a bare spec")], str(path))
-    return parse_spec(document, str(path)), job_name, base_dir_of(path, None)
-
-
 def worker_device(
     spec: JobSpec, role: str, index: int, settings: WorkerSettings, flag: str | None = None
 ) -> torch.device:
@@ -221,19 +195,19 @@ def worker_device(
 
 
 def main_cluster_worker(
-    config: str,
+    config: tuple[JobSpec, str, Path],
     role: str,
     index: int,
     port: int,
     output: str | None,
     resume: bool,
-    job: str | None = None,
     *,
     settings: WorkerSettings,
     device_flag: str | None = None,
 ) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    spec, name, base = load_worker_config(Path(config), job)
+    """`config`: the spec, the job's name and the base folder (entrypoints/worker_config.py), read by the
+    worker's entry before torch loaded."""
+    spec, name, base = config
     if str(base) not in sys.path:  # a user's `module:function` reward next to the manifest imports, as
         sys.path.append(str(base))  # `dverl run`'s preflight found it (installed modules come first)
     on = worker_device(spec, role, index, settings, device_flag)

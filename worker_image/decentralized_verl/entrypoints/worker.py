@@ -11,15 +11,21 @@ kind then has its own module, imported only by a process of that kind:
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
+from decentralized_verl.core.final_report import TERMINATION_LOG
+from decentralized_verl.core.memory_report import clear_estimate
 from decentralized_verl.entrypoints.worker_args import WorkerArgs, worker_kind
-from decentralized_verl.runtime import device
-from decentralized_verl.runtime.cpus import configure_from_environment
+from decentralized_verl.entrypoints.worker_config import leave_memory_estimate, load_worker_config
 from decentralized_verl.settings import WorkerSettings
 
 
 def volunteer_device(args: WorkerArgs, settings: WorkerSettings) -> None:
     """A volunteer's device, chosen before anything touches CUDA: the GPU it has (it was given its whole
     machine), unless `--device` or DVERL_DEVICE says otherwise."""
+    from decentralized_verl.runtime import device  # noqa: PLC0415 torch loads only once the entry needs it
+
     override, field = (
         (args.device, "--device") if args.device else (settings.device or "auto", "DVERL_DEVICE")
     )
@@ -35,9 +41,12 @@ def volunteer_device(args: WorkerArgs, settings: WorkerSettings) -> None:
 def main_worker(args: WorkerArgs) -> int:
     kind = worker_kind(args)
     settings = WorkerSettings.from_env()  # the worker process's entry: read once, passed down from here
+    if kind == "cluster":
+        return _job_worker(args, settings)
+    from decentralized_verl.runtime.cpus import configure_from_environment  # noqa: PLC0415 torch loads here
+
     configure_from_environment(settings)
-    if kind != "cluster":  # a job's worker chooses once it has read its role's resources (cluster_worker)
-        volunteer_device(args, settings)
+    volunteer_device(args, settings)
     reach = {
         "initial_peers": tuple(args.initial_peers),
         "port": args.p2p_port,
@@ -87,16 +96,32 @@ def main_worker(args: WorkerArgs) -> int:
                 **relays,
             )
         )
-    from decentralized_verl.entrypoints.cluster_worker import main_cluster_worker  # noqa: PLC0415 entry: a job's worker process
+    raise AssertionError(f"unhandled worker kind {kind!r}")
 
-    return main_cluster_worker(
-        args.config,
-        args.role,
-        args.index,
-        args.port,
-        args.output,
-        args.resume,
-        args.job,
-        settings=settings,
-        device_flag=args.device,
-    )
+
+def _job_worker(args: WorkerArgs, settings: WorkerSettings, termination_log: Path = TERMINATION_LOG) -> int:
+    """A job's worker (a pod, `dverl run`): its config read and its memory estimate left as the
+    termination message before torch loads, so a kill for memory at any point after names the planner's
+    figure; any other end clears the estimate (core/memory_report.py). It chooses its device once it has
+    read its role's resources (cluster_worker.worker_device)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = load_worker_config(Path(args.config), args.job)
+    try:
+        leave_memory_estimate(config[0], args.role, args.index, config[2], termination_log)
+        from decentralized_verl.runtime.cpus import configure_from_environment  # noqa: PLC0415 torch loads here
+
+        configure_from_environment(settings)
+        from decentralized_verl.entrypoints.cluster_worker import main_cluster_worker  # noqa: PLC0415 entry: a job's worker process
+
+        return main_cluster_worker(
+            config,
+            args.role,
+            args.index,
+            args.port,
+            args.output,
+            args.resume,
+            settings=settings,
+            device_flag=args.device,
+        )
+    finally:
+        clear_estimate(termination_log)

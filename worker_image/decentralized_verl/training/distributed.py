@@ -19,6 +19,7 @@ import sys
 import torch
 import torch.distributed as dist
 
+from decentralized_verl.core.memory_report import clear_estimate
 from decentralized_verl.runtime import device
 from decentralized_verl.runtime.ports import free_port
 
@@ -46,7 +47,9 @@ def weights_digest(model: torch.nn.Module) -> str:
 
 def exit_process(code: int) -> None:
     """End a learner of a distributed group now: flush what it wrote, then leave without running
-    destructors (see the module docstring)."""
+    destructors (see the module docstring). Leaving this way skips every `finally`, so the memory
+    estimate the worker left as its termination message is cleared here (a kill for memory it is not)."""
+    clear_estimate()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
