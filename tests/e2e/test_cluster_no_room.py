@@ -34,11 +34,12 @@ LIMIT = "96Mi"
 """Far below what a worker process needs once torch is loaded (some hundreds of MiB). The model is a
 folder on the data claim: the operator reads no user folders, so the planner cannot refuse the limit up
 front (a model.tiny job with this limit is refused at validation: the planner knows its size), and the
-kernel is what says no."""
+kernel is what says no. The worker, which can read the folder, leaves the planner's estimate for its own
+role as its termination message before torch loads, so the failure names that figure all the same."""
 
 
 def too_small(data: Path) -> dict[str, Any]:
-    save_tiny_model(data / "models" / "tiny")
+    save_tiny_model(data / "toy" / "models" / "tiny")  # the claim's `toy/` is mounted at /data
     spec = cluster_spec(steps=2)
     spec["model"] = {"path": "/data/models/tiny", "dtype": "float32"}
     spec["roles"]["learner"]["resources"] = {**spec["roles"]["learner"].get("resources", {}), "memory": LIMIT}
@@ -162,5 +163,12 @@ async def test_an_oom_killed_role_and_an_unplaceable_one_end_in_statuses_that_na
     assert "pod small-learner-0 (learner)" in message, message
     assert f"was OOMKilled under its memory limit {LIMIT}" in message, message
     assert "roles.learner.resources.memory" in message, message  # the planner's fix names the field
+    # The figure is the worker's own, planned from the model's config.json on the claim; the operator's
+    # fallback ("has no estimate") is what it would say without it.
+    assert (
+        "; the planner estimates ~" in message and " GiB of host memory per learner worker; set " in message
+    )
+    assert "has no estimate" not in message and "dverlMemory" not in message, message
+    assert not [m for _, m in events if "dverlMemory" in m], events
     assert any(r == "OOMKilled" and "small-learner-0" in m for r, m in events), events
     assert not [m for r, m in events if r == "Restarting" and "small-" in m], events

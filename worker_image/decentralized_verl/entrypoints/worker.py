@@ -24,7 +24,7 @@ from decentralized_verl.settings import WorkerSettings
 def volunteer_device(args: WorkerArgs, settings: WorkerSettings) -> None:
     """A volunteer's device, chosen before anything touches CUDA: the GPU it has (it was given its whole
     machine), unless `--device` or DVERL_DEVICE says otherwise."""
-    from decentralized_verl.runtime import device  # noqa: PLC0415 torch loads only once the entry needs it
+    from decentralized_verl.runtime import device  # noqa: PLC0415 light: torch, loaded only once a volunteer needs it
 
     override, field = (
         (args.device, "--device") if args.device else (settings.device or "auto", "DVERL_DEVICE")
@@ -43,7 +43,7 @@ def main_worker(args: WorkerArgs) -> int:
     settings = WorkerSettings.from_env()  # the worker process's entry: read once, passed down from here
     if kind == "cluster":
         return _job_worker(args, settings)
-    from decentralized_verl.runtime.cpus import configure_from_environment  # noqa: PLC0415 torch loads here
+    from decentralized_verl.runtime.cpus import configure_from_environment  # noqa: PLC0415 light: torch, loaded after the memory estimate is left
 
     configure_from_environment(settings)
     volunteer_device(args, settings)
@@ -108,7 +108,7 @@ def _job_worker(args: WorkerArgs, settings: WorkerSettings, termination_log: Pat
     config = load_worker_config(Path(args.config), args.job)
     try:
         leave_memory_estimate(config[0], args.role, args.index, config[2], termination_log)
-        from decentralized_verl.runtime.cpus import configure_from_environment  # noqa: PLC0415 torch loads here
+        from decentralized_verl.runtime.cpus import configure_from_environment  # noqa: PLC0415 light: torch, loaded after the memory estimate is left
 
         configure_from_environment(settings)
         from decentralized_verl.entrypoints.cluster_worker import main_cluster_worker  # noqa: PLC0415 entry: a job's worker process

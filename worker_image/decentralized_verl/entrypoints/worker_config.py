@@ -11,6 +11,7 @@ from decentralized_verl.core.final_report import TERMINATION_LOG
 from decentralized_verl.core.memory_report import write_estimate
 from decentralized_verl.errors import ManifestError, Problem
 from decentralized_verl.planning import plan_for
+from decentralized_verl.planning.fixes import gib
 from decentralized_verl.planning.own_estimate import own_estimate
 from decentralized_verl.spec import JobSpec
 from decentralized_verl.spec.manifest import load_job, load_yaml_text, parse_spec, read_yaml_file
@@ -51,17 +52,22 @@ def leave_memory_estimate(
     advises: a model the planner cannot size, or a planning error, writes nothing and stops nothing
     (loading the model reports a bad one)."""
     try:
-        estimate = own_estimate(plan_for(spec, base_dir), spec, role, index)
-    except Exception:  # advice only: the worker goes on, and loading names what is wrong
-        log.debug("no memory estimate for %s %d", role, index, exc_info=True)
+        plan = plan_for(spec, base_dir)
+        estimate = own_estimate(plan, spec, role, index)
+    except Exception as exc:  # advice only: the worker goes on, and loading names what is wrong
+        log.info("%s %d: no memory estimate (%s: %s)", role, index, type(exc).__name__, exc)
         return False
-    if estimate is None or not write_estimate(estimate, termination_log):
+    if estimate is None:
+        why = "; ".join(n for n in plan.notes if n.startswith(f"{role}:")) or "the planner does not size it"
+        log.info("%s %d: no memory estimate (%s)", role, index, why)
+        return False
+    if not write_estimate(estimate, termination_log):
         return False
     log.info(
-        "%s %d: the planner estimates %d bytes of host memory for this worker (left as the termination "
+        "%s %d: the planner estimates ~%s GiB of host memory for this worker (left as the termination "
         "message until it ends, for a kill for memory to name)",
         role,
         index,
-        estimate.host_bytes,
+        gib(estimate.host_bytes),
     )
     return True
