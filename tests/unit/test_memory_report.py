@@ -5,6 +5,9 @@ and cleared on every end but a kill for memory, never over what else a worker wr
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -187,3 +190,30 @@ def test_a_worker_leaves_its_estimate_only_when_the_planner_has_one(tmp_path: Pa
         plan_for(path_spec(), tmp_path), path_spec(), "learner", 0
     )
     assert leave_memory_estimate(path_spec(), "learner", 0, tmp_path, tmp_path / "absent") is False
+
+
+TERMINATED_WHILE_LOADING = """
+import os, signal, sys, time
+from pathlib import Path
+from decentralized_verl.core.final_report import write_final
+from decentralized_verl.core.memory_report import MemoryEstimate, clear_on_sigterm, write_estimate
+
+log, finished = Path(sys.argv[1]), sys.argv[2] == "finished"
+write_estimate(MemoryEstimate("learner", 1000), log)
+clear_on_sigterm(log)
+if finished:
+    write_final({"steps": 2, "policy_version": 2}, log)
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(30)  # the signal ends it first
+sys.exit(9)
+"""
+
+
+def test_a_sigterm_before_the_worker_handles_it_clears_the_estimate_and_still_ends_it(tmp_path: Path) -> None:
+    log = tmp_path / "termination-log"
+    log.touch()
+    for finished, left in ((False, ""), (True, '{"dverlFinal": {"step": 2, "policyVersion": 2}}\n')):
+        command = [sys.executable, "-c", TERMINATED_WHILE_LOADING, str(log), "finished" if finished else "no"]
+        ended = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        assert ended.returncode == -signal.SIGTERM, ended.stderr  # ended by the signal, as by default
+        assert log.read_text() == left

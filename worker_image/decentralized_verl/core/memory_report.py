@@ -16,9 +16,12 @@ is written.
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 
 from decentralized_verl.core.final_report import TERMINATION_LOG
 
@@ -99,3 +102,16 @@ def clear_estimate(path: Path = TERMINATION_LOG) -> bool:
     except OSError:
         return False
     return True
+
+
+def clear_on_sigterm(path: Path = TERMINATION_LOG) -> None:
+    """Until the worker sets its own SIGTERM handling (a serving loop's, the learner's), a SIGTERM
+    (the pod deleted while the model loads) clears the estimate, then ends the process as the default
+    action would, so the kubelet falls back to the log tail."""
+
+    def clear_then_end(signum: int, _frame: FrameType | None) -> None:
+        clear_estimate(path)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, clear_then_end)

@@ -15,7 +15,7 @@ import logging
 from pathlib import Path
 
 from decentralized_verl.core.final_report import TERMINATION_LOG
-from decentralized_verl.core.memory_report import clear_estimate
+from decentralized_verl.core.memory_report import clear_estimate, clear_on_sigterm
 from decentralized_verl.entrypoints.worker_args import WorkerArgs, worker_kind
 from decentralized_verl.entrypoints.worker_config import leave_memory_estimate, load_worker_config
 from decentralized_verl.settings import WorkerSettings
@@ -107,7 +107,8 @@ def _job_worker(args: WorkerArgs, settings: WorkerSettings, termination_log: Pat
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = load_worker_config(Path(args.config), args.job)
     try:
-        leave_memory_estimate(config[0], args.role, args.index, config[2], termination_log)
+        if leave_memory_estimate(config[0], args.role, args.index, config[2], termination_log):
+            clear_on_sigterm(termination_log)
         from decentralized_verl.runtime.cpus import configure_from_environment  # noqa: PLC0415 light: torch, loaded after the memory estimate is left
 
         configure_from_environment(settings)
