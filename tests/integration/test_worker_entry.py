@@ -86,6 +86,7 @@ def test_bare_spec_without_job_name_is_a_clear_error(tmp_path: Path) -> None:
 
 
 LEAVING_ITS_ESTIMATE = """
+import logging
 import sys
 from pathlib import Path
 
@@ -94,6 +95,8 @@ from decentralized_verl.entrypoints.worker_args import WorkerArgs
 from decentralized_verl.settings import WorkerSettings
 
 log, role, config, port = sys.argv[1:]
+logging.basicConfig(level=logging.WARNING)
+logging.getLogger("decentralized_verl.entrypoints.worker_config").setLevel(logging.DEBUG)  # what it left
 args = WorkerArgs(role=role, config=config, job="demo", port=int(port))
 sys.exit(_job_worker(args, WorkerSettings.from_env(), Path(log)))
 """

@@ -207,6 +207,7 @@ def main_cluster_worker(
 ) -> int:
     """`config`: the spec, the job's name and the base folder (entrypoints/worker_config.py), read by the
     worker's entry before torch loaded."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     spec, name, base = config
     if str(base) not in sys.path:  # a user's `module:function` reward next to the manifest imports, as
         sys.path.append(str(base))  # `dverl run`'s preflight found it (installed modules come first)

@@ -11,7 +11,6 @@ kind then has its own module, imported only by a process of that kind:
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 from decentralized_verl.core.final_report import TERMINATION_LOG
@@ -104,7 +103,6 @@ def _job_worker(args: WorkerArgs, settings: WorkerSettings, termination_log: Pat
     termination message before torch loads, so a kill for memory at any point after names the planner's
     figure; any other end clears the estimate (core/memory_report.py). It chooses its device once it has
     read its role's resources (cluster_worker.worker_device)."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = load_worker_config(Path(args.config), args.job)
     try:
         if leave_memory_estimate(config[0], args.role, args.index, config[2], termination_log):

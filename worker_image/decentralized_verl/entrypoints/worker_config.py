@@ -50,20 +50,21 @@ def leave_memory_estimate(
     """Plan the job with the model's files (config.json, a GGUF header) found from `base_dir` and leave
     this worker's estimate as its termination message; True when one was written. The estimate only
     advises: a model the planner cannot size, or a planning error, writes nothing and stops nothing
-    (loading the model reports a bad one)."""
+    (loading the model reports a bad one). What it did is logged at DEBUG only: a failed worker's log
+    tail is its failure message, and a line here would push the cause out of the part quoted."""
     try:
         plan = plan_for(spec, base_dir)
         estimate = own_estimate(plan, spec, role, index)
     except Exception as exc:  # advice only: the worker goes on, and loading names what is wrong
-        log.info("%s %d: no memory estimate (%s: %s)", role, index, type(exc).__name__, exc)
+        log.debug("%s %d: no memory estimate (%s: %s)", role, index, type(exc).__name__, exc)
         return False
     if estimate is None:
         why = "; ".join(n for n in plan.notes if n.startswith(f"{role}:")) or "the planner does not size it"
-        log.info("%s %d: no memory estimate (%s)", role, index, why)
+        log.debug("%s %d: no memory estimate (%s)", role, index, why)
         return False
     if not write_estimate(estimate, termination_log):
         return False
-    log.info(
+    log.debug(
         "%s %d: the planner estimates ~%s GiB of host memory for this worker (left as the termination "
         "message until it ends, for a kill for memory to name)",
         role,
