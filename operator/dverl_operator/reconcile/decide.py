@@ -58,6 +58,7 @@ from dverl_operator.reconcile.settings import Settings
 from dverl_operator.status import conditions as cond
 from dverl_operator.status import outcome
 from dverl_operator.status.fields import role_counts
+from dverl_operator.status.image_pulls import cannot_pull
 from dverl_operator.status.scheduling import unschedulable
 
 OOM_HEADROOM = 1.25
@@ -481,7 +482,9 @@ def _finish(
     elif coordinator_state == "Failed":
         actions.status, events = outcome.coordinator_failed(new_status, conditions, now, observed.progress)
     else:
-        unplaced = unschedulable({n: p for n, p in observed.pods.items() if n not in pods.to_delete})
-        actions.status, events = outcome.running(new_status, conditions, bool(refused), now, queued, unplaced)
+        staying = {n: p for n, p in observed.pods.items() if n not in pods.to_delete}
+        actions.status, events = outcome.running(
+            new_status, conditions, bool(refused), now, queued, unschedulable(staying), cannot_pull(staying)
+        )
     actions.events.extend(events)
     return actions

@@ -4,13 +4,26 @@ entry reads flags or the environment)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 
 from dverl_operator.children.guard import PolicyScope
 
 
+def _release() -> str:
+    try:
+        return version("decentralized-verl")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "latest"
+
+
+DEFAULT_WORKER_IMAGE = f"ghcr.io/dverl/dverl-worker:{_release()}"
+"""The chart's worker image at this release (charts/dverl/values.yaml `workerImage`, its tag the chart's
+appVersion): what an operator started without DVERL_WORKER_IMAGE or --worker-image puts into pods."""
+
+
 @dataclass(frozen=True)
 class Settings:
-    default_image: str = "ghcr.io/dverl/worker:latest"
+    default_image: str = DEFAULT_WORKER_IMAGE
     backoff_base_seconds: float = 10.0
     backoff_max_seconds: float = 300.0
     resync_seconds: float = 10.0

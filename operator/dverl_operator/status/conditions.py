@@ -19,6 +19,7 @@ RESTARTING = "Restarting"
 QUEUED = "Queued"
 CREATE_REFUSED = "CreateRefused"
 UNSCHEDULABLE = "Unschedulable"
+IMAGE_PULL_FAILED = "ImagePullFailed"
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
 

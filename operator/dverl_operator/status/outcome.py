@@ -11,6 +11,7 @@ from decentralized_verl.core.status import JobStatus
 from dverl_operator.objects.times import timestamp
 from dverl_operator.status.conditions import (
     FAILED,
+    IMAGE_PULL_FAILED,
     QUEUED,
     READY,
     SUCCEEDED,
@@ -158,11 +159,14 @@ def running(
     now: float,
     queued: tuple[str, str] | None = None,
     unplaced: list[str] | None = None,
+    unpulled: list[tuple[str, str]] | None = None,
 ) -> tuple[Status, Events]:
     """Running once every worker was ready at least once (startTime), else Pending; Queued (with its
     reason) while a gang scheduler or an admission queue holds pods that are not all ready. Pods the
     scheduler cannot place (`unplaced`, status/scheduling.py) set the Unschedulable condition and the
-    message, with one Event when that changes."""
+    message, with one Event when that changes; containers waiting on an image the kubelet cannot pull
+    (`unpulled`, status/image_pulls.py) set the ImagePullFailed condition, with one Event when it is
+    first set (the kubelet's reason alternates between ErrImagePull and ImagePullBackOff meanwhile)."""
     roles = new.get("roles") or {}
     ready = sum(r["ready"] for r in roles.values())
     total = sum(r["desired"] for r in roles.values())
@@ -197,5 +201,14 @@ def running(
         message = why
     else:
         conditions = drop_condition(conditions, UNSCHEDULABLE)
+    if unpulled:
+        reason, first = unpulled[0]
+        why = first + (f" (and {len(unpulled) - 1} more)" if len(unpulled) > 1 else "")
+        if condition(conditions, IMAGE_PULL_FAILED) is None:
+            events.append(("Warning", IMAGE_PULL_FAILED, why))
+        conditions = set_condition(conditions, IMAGE_PULL_FAILED, "True", reason, why, now)
+        message = message if unplaced else why
+    else:
+        conditions = drop_condition(conditions, IMAGE_PULL_FAILED)
     new.update(phase=phase, message=message, conditions=conditions)
     return new, events

@@ -5,6 +5,7 @@ the mapping of a container's command line onto the venv's interpreter and consol
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -12,8 +13,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from decentralized_verl import __version__
 from decentralized_verl.spec.source_paths import IMAGE_EXAMPLES_DIR
 from tests.support.paths import ROOT
+
+WORKER_REPOSITORY = "ghcr.io/dverl/dverl-worker"
+"""Where the chart's worker image lives (charts/dverl/values.yaml `workerImage`)."""
+TEST_WORKER_IMAGE = "registry.example/dverl-worker:test"
+"""The worker image the tests' operator puts into pods (its DVERL_WORKER_IMAGE)."""
+
+
+def node_images() -> frozenset[str]:
+    """The images a test node holds, every one played by the stand-in: the worker image under the names
+    the tests' operator, the chart and the plain examples use, and its `-verifiers` flavour when the
+    stand-in's venv has verifiers (scripts/install.sh installs that extra). Any other name cannot be
+    pulled: its container waits in ErrImagePull / ImagePullBackOff, as a kubelet's does when the
+    registry lacks the image. The vLLM flavours are never here: vLLM needs its own torch build and lives
+    in another venv (scripts/install-vllm.sh), not in the one the stand-in plays."""
+    names = {"test", TEST_WORKER_IMAGE, f"{WORKER_REPOSITORY}:{__version__}", f"{WORKER_REPOSITORY}:latest"}
+    if importlib.util.find_spec("verifiers") is not None:
+        names.add(f"{WORKER_REPOSITORY}:{__version__}-verifiers")
+    return frozenset(names)
 
 
 def _default_pythonpath() -> str:

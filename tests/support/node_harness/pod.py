@@ -16,7 +16,7 @@ import os
 import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from dverl_operator.objects.quantity import parse as parse_quantity
 from tests.support.node_harness import cgroups, probes
 from tests.support.node_harness import mounts as mnt
 from tests.support.node_harness.env import EnvError, container_env
-from tests.support.node_harness.image import ImageStandIn, resolve_argv
+from tests.support.node_harness.image import ImageStandIn, node_images, resolve_argv
 from tests.support.node_harness.netns import PodNetwork
 from tests.support.node_harness.status import (
     ContainerState,
@@ -89,6 +89,8 @@ class Settings:
 
     image: ImageStandIn
     claims: Mapping[str, Path]
+    images: frozenset[str] = field(default_factory=node_images)
+    """The image names this node can pull (image.py `node_images`); any other waits ImagePullBackOff."""
     api_server: tuple[str, int] | None = None
     backoff: tuple[float, float] = (0.5, 4.0)
     memory: cgroups.Hierarchy | None = None
@@ -200,8 +202,33 @@ class PodRunner:
         mounts = mnt.prepare(self.pod, container, self.pod_dir, self.lookup, self.settings.claims)
         return argv, env, mounts
 
+    async def _pull(self, container: Mapping[str, Any], cs: ContainerState) -> bool:
+        """The kubelet's image pull: an image the node cannot get leaves the container waiting,
+        ErrImagePull after each try and ImagePullBackOff between tries (doubling), until the pod goes.
+        False when the pod stopped before the image came."""
+        name = str(container.get("image") or "")
+        tries = 0
+        while name not in self.settings.images:
+            if self.stopping:
+                return False
+            cs.waiting(
+                "ErrImagePull",
+                f'rpc error: code = NotFound desc = failed to pull and unpack image "{name}": failed to '
+                f'resolve reference "{name}": {name}: not found',
+            )
+            await self.report(self.state)
+            base, cap = self.settings.backoff
+            await asyncio.sleep(base)
+            cs.waiting("ImagePullBackOff", f'Back-off pulling image "{name}"')
+            await self.report(self.state)
+            await asyncio.sleep(min(base * 2**tries, cap))
+            tries += 1
+        return True
+
     async def _run_once(self, container: Mapping[str, Any], cs: ContainerState) -> int | None:
         """One start of the container; its exit code, or None when it could not start."""
+        if not await self._pull(container, cs):
+            return None
         image = self.settings.image
         try:
             who = identity_of(self.pod, container, image)

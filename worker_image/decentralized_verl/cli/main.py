@@ -24,6 +24,7 @@ from decentralized_verl.errors import (
     ManifestError,
     OperationFailed,
 )
+from decentralized_verl.runtime.library_notices import quiet_library_notices
 from decentralized_verl.runtime.orphans import die_with_parent
 from decentralized_verl.settings import SettingsError, WorkerSettings, env_name
 
@@ -127,6 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["operator"]:
         return run_operator(argv[1:])  # the operator owns its flags (and its --help)
     _adopt(settings)
+    quiet_library_notices()
     try:
         args = build_parser().parse_args(argv)
         code = _run(args)

@@ -34,6 +34,7 @@ from decentralized_verl.models.tiny import build_tiny, tiny_config
 from decentralized_verl.models.tokenizer import build_char_tokenizer
 from decentralized_verl.runtime import compute_thread
 from decentralized_verl.runtime.device import process_device, to_device
+from decentralized_verl.spec.source_paths import IMAGE_MODELS_DIR
 
 log = logging.getLogger(__name__)
 
@@ -127,8 +128,17 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     log.info("converted %s to %s in %.1fs", gguf.name, target, time.monotonic() - started)
 
 
+def baked_root() -> Path:
+    """Where the image keeps model packages converted at build time (read-only; may not exist)."""
+    return Path(IMAGE_MODELS_DIR)
+
+
 def cached_gguf_dir(gguf: Path, key: str) -> Path:
-    """The HF folder converted from `gguf`, converting on first use."""
+    """The HF folder converted from `gguf`: the image's baked one when it has it, else the cache's,
+    converting on first use."""
+    baked = baked_root() / key
+    if (baked / _COMPLETE_MARKER).exists():
+        return baked
     target = cache_root() / key
     if not (target / _COMPLETE_MARKER).exists():
         _convert_gguf(gguf, target)

@@ -22,6 +22,10 @@ HOME_DIR = "/home/dverl"
 IMAGE_EXAMPLES_DIR = "/opt/dverl/examples"
 """Where the worker image carries the shipped examples (manifests and their data; Dockerfile), and so
 where a pod resolves a relative model or data path: a shipped example's `data/...` is found there."""
+IMAGE_MODELS_DIR = "/opt/dverl/models"
+"""Where the worker image carries its model packages already converted from GGUF (read-only, made at
+build time by `python -m decentralized_verl.models.bake`): a pod loads SmolLM2 from there instead of
+spending its first minute dequantising into its own emptyDir home, as every pod of a job would."""
 RESERVED_MOUNT_PATHS = (CONFIG_DIR, CREDENTIALS_DIR, SHM_DIR, TMP_DIR, HOME_DIR)
 """Where the operator mounts its own volumes: no source or pod template may mount at, above or under them."""
 
