@@ -57,6 +57,17 @@ def test_a_bad_input_exit_fails_the_job_at_once_with_the_workers_message() -> No
     )
 
 
+def test_a_long_log_tail_is_quoted_from_its_end_where_the_cause_is() -> None:
+    """FallbackToLogsOnError hands over the log's tail: start-up chatter first, the cause last."""
+    world = started({**tiny_spec(), "backoffLimit": 6})
+    chatter = "\n".join(f"2026-11-28 12:00:{i:02d} INFO worker: starting part {i}" for i in range(20))
+    ended(world, "j-learner-0", EXIT_USAGE, message=f"{chatter}\nerror: {MISSING_MODEL}\n")
+    world.step()
+    message = failed_condition(world)["message"]
+    assert message.endswith(f"error: {MISSING_MODEL}"), message
+    assert "(bad input, not retried): …" in message, message
+
+
 def test_an_ordinary_crash_is_retried_with_backoff_not_failed() -> None:
     world = started({**tiny_spec(), "backoffLimit": 6})
     ended(world, "j-rollout-0", 1, message="Traceback ... RuntimeError: boom")

@@ -46,6 +46,12 @@ class Ending:
     before it could clear it: core/memory_report.py); never quoted as the message."""
 
 
+def quoted(said: str, limit: int = MESSAGE_CHARS) -> str:
+    """A termination message cut to `limit` characters from its end: with FallbackToLogsOnError it is the
+    log's tail, whose last lines say why the worker ended (its first ones are start-up chatter)."""
+    return said if len(said) <= limit else "…" + said[-(limit - 1) :]
+
+
 def _failed_containers(status: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
     """(name, terminated state) of each container that exited non-zero, init containers first: the
     worker never ran after one of them failed."""
@@ -67,7 +73,7 @@ def ending(pod: Mapping[str, Any]) -> Ending:
         code = int(ended["exitCode"])
         estimate = read_estimate(str(ended.get("message") or ""))
         said = "" if estimate is not None else " ".join(str(ended.get("message") or "").split())
-        message = said[:MESSAGE_CHARS]
+        message = quoted(said)
         if ended.get("reason") == OOM_REASON:
             return Ending("oom", name, code, message, estimate)
         if code == EXIT_REFIT_PARITY:
@@ -90,7 +96,7 @@ def failure_reason(pod: Mapping[str, Any]) -> str:
             said = ""
         message = " ".join(str(said or ended.get("reason") or "").split())
         line = f"container {name} exited {ended['exitCode']}"
-        return f"{line}: {message[:MESSAGE_CHARS]}" if message else line
+        return f"{line}: {quoted(message)}" if message else line
     return str(status.get("phase") or "Unknown")
 
 
