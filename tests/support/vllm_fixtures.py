@@ -1,9 +1,13 @@
 """What the vllm backend tests build the engine from: a tiny Llama with tied embeddings (like SmolLM2),
-the case the weight export and the engine's re-tying must get right."""
+the case the weight export and the engine's re-tying must get right; and a stand-in `vllm` module for
+tests that drive the backend against a fake engine."""
 
 from __future__ import annotations
 
+import sys
+import types
 from types import SimpleNamespace
+from typing import Any
 
 import torch
 
@@ -36,3 +40,13 @@ def tiny_tied_model(
     model.tie_weights()
     assert model.lm_head.weight is model.model.embed_tokens.weight
     return model, tokenizer
+
+
+def install_fake_vllm(monkeypatch: Any, llm: type, sampling_params: type) -> None:
+    """`import vllm` gives a module whose LLM and SamplingParams are the test's stand-ins (for this test
+    only: `monkeypatch` takes it back); `llm.made` starts empty."""
+    module = types.ModuleType("vllm")
+    module.LLM = llm  # type: ignore[attr-defined]
+    module.SamplingParams = sampling_params  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm", module)
+    llm.made = []  # type: ignore[attr-defined]

@@ -13,8 +13,6 @@ in tests/integration/test_backend_vllm.py and `benchmarks/vllm_episodes.py` run 
 
 from __future__ import annotations
 
-import sys
-import types
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
@@ -30,6 +28,7 @@ from decentralized_verl.environments.settings import EpisodeSettings
 from decentralized_verl.models.tiny import build_tiny, tiny_config
 from decentralized_verl.models.tokenizer import build_char_tokenizer
 from decentralized_verl.serving.rollout import RolloutWorker
+from tests.support.vllm_fixtures import install_fake_vllm
 
 GAME = EpisodeSettings("guessing_game", {"maxNumber": 9}, max_turns=3)
 STOP = tuple("0123456789aeiou")  # a digit or a vowel ends a turn, as `</calc>` hands one to the calculator
@@ -103,11 +102,7 @@ class FakeLLM:
 
 @pytest.fixture
 def fake_vllm(monkeypatch):
-    module = types.ModuleType("vllm")
-    module.LLM = FakeLLM
-    module.SamplingParams = FakeSamplingParams
-    monkeypatch.setitem(sys.modules, "vllm", module)
-    FakeLLM.made = []
+    install_fake_vllm(monkeypatch, FakeLLM, FakeSamplingParams)
     torch.set_num_threads(1)
     tokenizer = build_char_tokenizer()
     spec = SimpleNamespace(

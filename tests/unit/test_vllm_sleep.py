@@ -8,8 +8,6 @@ same weights; the GPU check's one_gpu_colocated part runs a real engine for that
 
 from __future__ import annotations
 
-import sys
-import types
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
@@ -24,6 +22,7 @@ from decentralized_verl.core.sampling import SamplingParams
 from decentralized_verl.settings import WorkerSettings
 from decentralized_verl.spec.catalogue.backends import HF, VLLM
 from tests.support import vllm_fixtures
+from tests.support.vllm_fixtures import install_fake_vllm
 
 
 @pytest.mark.parametrize(
@@ -96,11 +95,7 @@ class FakeLLM:
 
 @pytest.fixture
 def fake_vllm(monkeypatch):
-    module = types.ModuleType("vllm")
-    module.LLM = FakeLLM
-    module.SamplingParams = FakeSamplingParams
-    monkeypatch.setitem(sys.modules, "vllm", module)
-    FakeLLM.made = []
+    install_fake_vllm(monkeypatch, FakeLLM, FakeSamplingParams)
     return FakeLLM
 
 
