@@ -193,7 +193,7 @@ def running(
     else:
         conditions = drop_condition(conditions, QUEUED)
     if unplaced:
-        why = unplaced[0] + (f" (and {len(unplaced) - 1} more)" if len(unplaced) > 1 else "")
+        why = _first_of(unplaced)
         before = condition(conditions, UNSCHEDULABLE)
         if before is None or before.get("message") != why:
             events.append(("Warning", "Unschedulable", why))
@@ -202,8 +202,8 @@ def running(
     else:
         conditions = drop_condition(conditions, UNSCHEDULABLE)
     if unpulled:
-        reason, first = unpulled[0]
-        why = first + (f" (and {len(unpulled) - 1} more)" if len(unpulled) > 1 else "")
+        reason = unpulled[0][0]
+        why = _first_of([line for _, line in unpulled])
         if condition(conditions, IMAGE_PULL_FAILED) is None:
             events.append(("Warning", IMAGE_PULL_FAILED, why))
         conditions = set_condition(conditions, IMAGE_PULL_FAILED, "True", reason, why, now)
@@ -212,3 +212,8 @@ def running(
         conditions = drop_condition(conditions, IMAGE_PULL_FAILED)
     new.update(phase=phase, message=message, conditions=conditions)
     return new, events
+
+
+def _first_of(lines: list[str]) -> str:
+    """The first of several pods' lines, saying how many more there are."""
+    return lines[0] + (f" (and {len(lines) - 1} more)" if len(lines) > 1 else "")

@@ -29,27 +29,28 @@ def final_fields(summary: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def write_final(summary: Mapping[str, Any], path: Path = TERMINATION_LOG) -> bool:
-    """Write the final fields as one JSON line where the kubelet reads the termination message."""
+def write_termination_message(text: str, path: Path = TERMINATION_LOG) -> bool:
+    """Replace the container's termination message with `text`; False outside a pod (no such file) or
+    when it cannot be written."""
     if not path.exists():
         return False
     try:
-        path.write_text(json.dumps({KEY: final_fields(summary)}) + "\n")
+        path.write_text(text)
     except OSError:
         return False
     return True
+
+
+def write_final(summary: Mapping[str, Any], path: Path = TERMINATION_LOG) -> bool:
+    """Write the final fields as one JSON line where the kubelet reads the termination message."""
+    return write_termination_message(json.dumps({KEY: final_fields(summary)}) + "\n", path)
 
 
 def write_verdict(verdict: str, path: Path = TERMINATION_LOG) -> bool:
     """Write why the learner failed as its termination message, so the operator's failure condition
     quotes it whole even when teardown lines follow it in the log."""
-    if not path.exists():
-        return False
-    try:
-        path.write_text(" ".join(verdict.split())[:4000] + "\n")  # the kubelet keeps at most 4096 bytes
-    except OSError:
-        return False
-    return True
+    # the kubelet keeps at most 4096 bytes
+    return write_termination_message(" ".join(verdict.split())[:4000] + "\n", path)
 
 
 def read_final(message: str) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from decentralized_verl.core.final_report import TERMINATION_LOG
+from decentralized_verl.core.final_report import TERMINATION_LOG, write_termination_message
 
 KEY = "dverlMemory"
 MAX_BYTES = 1 << 60
@@ -80,13 +80,7 @@ def read_estimate(message: str) -> MemoryEstimate | None:
 
 def write_estimate(estimate: MemoryEstimate, path: Path = TERMINATION_LOG) -> bool:
     """Leave the estimate where the kubelet reads the termination message; False outside a pod."""
-    if not path.exists():
-        return False
-    try:
-        path.write_text(estimate_line(estimate))
-    except OSError:
-        return False
-    return True
+    return write_termination_message(estimate_line(estimate), path)
 
 
 def clear_estimate(path: Path = TERMINATION_LOG) -> bool:
