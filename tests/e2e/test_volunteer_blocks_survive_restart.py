@@ -69,7 +69,7 @@ def test_a_blocked_volunteer_stays_blocked_after_a_learner_restart(procs: Procs,
 
     deadline = time.monotonic() + 240
     while cheat_peer not in _admission(out).get("blocked", {}) or not any(
-        out.glob("checkpoints/*/trainer_state.json")
+        out.glob("checkpoints/checkpoint-*/trainer_state.json")
     ):
         assert procs.procs["learner"].poll() is None, procs.log("learner")[-3000:]
         assert time.monotonic() < deadline, procs.log("learner")[-3000:]
