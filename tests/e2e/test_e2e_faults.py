@@ -22,7 +22,7 @@ import chaos
 @pytest.mark.timeout(900)
 def test_a_rollout_worker_that_hangs_alive_has_its_work_redone(tmp_path: Path) -> None:
     job = chaos.tiny_job(tmp_path, "hang", 10, seed=5)
-    faults = [chaos.Fault(3, "rollout", "stop", index=0, hold_s=45.0)]
+    faults = [chaos.Fault(3, "rollout", "stop", index=0, hold_s=20.0)]
     report = chaos.run_chaos(job, tmp_path / "run", faults, timeout=800)
     assert report.completed, (tmp_path / "run.log").read_text()[-3000:]
     assert report.rows_missing == [] and report.rows_repeated == []
