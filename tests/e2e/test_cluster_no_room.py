@@ -6,9 +6,8 @@ the scheduler's words in its Unschedulable condition; a coscheduling gang that c
 Queued (WaitingForGang) past its scheduleTimeoutSeconds, as the operator's stated policy says (waiting is
 not a failure: it stays until a node frees room or someone decides). The GPU-sized shipped examples,
 applied as shipped, wait the same way (the one with a Volcano gang and a Kueue queue, Queued). One
-cluster for all, to keep it short. The test node places pods one by one (it has no gang scheduler), so
-the gang's learner is placed here where a coscheduling plugin would place none; what the operator
-decides is the same."""
+cluster for all, to keep it short. The test node places a gang as the plugin does, all or nothing: the
+gang's learner, which alone would fit, is not placed without its rollout."""
 
 from __future__ import annotations
 
@@ -124,6 +123,7 @@ async def test_an_oom_killed_role_and_an_unplaceable_one_end_in_statuses_that_na
         await asyncio.sleep(3.0)  # past the gang's timeout, more passes: waiting is not failing
         still = ((await emu.job("hungry")) or {}).get("status") or {}
         gang = ((await emu.job("gang")) or {}).get("status") or {}
+        gang_pods = await emu.pods("gang")
         events = [(e["reason"], e["message"]) for e in await emu.events()]
 
     said = cond.condition(hungry["conditions"], cond.UNSCHEDULABLE)
@@ -151,8 +151,21 @@ async def test_an_oom_killed_role_and_an_unplaceable_one_end_in_statuses_that_na
     waiting = cond.condition(gang["conditions"], cond.QUEUED)
     assert waiting is not None and waiting["reason"] == "WaitingForGang", gang
     assert "of the gang placed by the coscheduling scheduler" in waiting["message"], waiting
+    assert "0/2 of the gang placed" in waiting["message"], waiting
     placed = cond.condition(gang["conditions"], cond.UNSCHEDULABLE)
     assert placed is not None and "Insufficient nvidia.com/gpu" in placed["message"], gang
+    # All or nothing, as the plugin places a gang: the learner would fit, but not with its rollout, so
+    # neither is bound; the learner waited at the plugin's Permit stage and was rejected at the timeout.
+    assert set(gang_pods) == {"gang-learner-0", "gang-rollout-0"}, gang_pods
+    assert not [name for name, pod in gang_pods.items() if pod["spec"].get("nodeName")], gang_pods
+    scheduled = {
+        name: cond.condition(pod["status"].get("conditions") or [], "PodScheduled")
+        for name, pod in gang_pods.items()
+    }
+    assert "Insufficient nvidia.com/gpu" in scheduled["gang-rollout-0"]["message"], scheduled
+    assert scheduled["gang-learner-0"]["message"] == (
+        "rejected due to timeout after waiting 1s at plugin Coscheduling"
+    ), scheduled
 
     if oom_refused is not None:
         pytest.skip(f"the OOM half needs a memory cgroup: {oom_refused}")

@@ -3,6 +3,7 @@ probe settings as the kubelet reads them."""
 
 from __future__ import annotations
 
+from tests.support.node_harness import gangs
 from tests.support.node_harness.probes import port_of, probe_spec
 from tests.support.node_harness.scheduling import NodeInfo, choose, tolerates, why_not
 
@@ -69,3 +70,57 @@ def test_probe_settings_default_as_the_kubelet_does() -> None:
     assert (
         port_of(container, "http") == 8080 and port_of(container, 9) == 9 and port_of(container, "x") is None
     )
+
+
+def member(name: str, gpus: int = 0, scheduler: str = "coscheduling") -> dict:
+    marks = (
+        {"labels": {gangs.COSCHEDULING_LABEL: "job"}}
+        if scheduler == "coscheduling"
+        else {"annotations": {gangs.VOLCANO_ANNOTATION: "job"}}
+    )
+    return {**pod(gpus=gpus), "metadata": {"name": name, "namespace": "ns", **marks}}
+
+
+def group(min_member: int, timeout: int | None = None) -> dict:
+    return {"spec": {"minMember": min_member, **({"scheduleTimeoutSeconds": timeout} if timeout else {})}}
+
+
+def place(members: list[dict], group_body: dict | None, waited_s: float = 0.0, live: int | None = None):
+    key = gangs.gang_of(members[0])
+    return gangs.place(
+        key, group_body, members, len(members) if live is None else live, {"gpu": []},
+        lambda p, trial: choose(p, [GPU], trial), waited_s,
+    )  # fmt: skip
+
+
+def test_a_gang_is_placed_whole_or_not_at_all() -> None:
+    assert gangs.gang_of(member("a")) == ("coscheduling", "ns", "job")
+    assert gangs.gang_of(member("a", scheduler="volcano")) == ("volcano", "ns", "job")
+    assert gangs.gang_of(pod()) is None
+    fits = place([member("a", gpus=1), member("b", gpus=1)], group(2))
+    assert fits.nodes == {"a": "gpu", "b": "gpu"} and fits.unplaced == {}
+    # Each fits alone; together they need 3 of the node's 2 GPUs: neither is placed. The one that
+    # fits waits at Permit without a word until the group's timeout, then is rejected.
+    members = [member("a", gpus=1), member("b", gpus=2)]
+    waiting = place(members, group(2, timeout=5), waited_s=1.0)
+    assert waiting.nodes == {} and waiting.unplaced == {
+        "a": None, "b": "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+    }  # fmt: skip
+    late = place(members, group(2, timeout=5), waited_s=5.0)
+    assert late.unplaced["a"] == "rejected due to timeout after waiting 5s at plugin Coscheduling"
+    # minMember 1: the member that fits goes, the other waits with its own reason.
+    assert place(members, group(1)).nodes == {"a": "gpu"}
+
+
+def test_a_gang_short_of_pods_or_without_its_group_waits_saying_so() -> None:
+    short = place([member("a")], group(3))
+    assert short.nodes == {} and short.unplaced == {
+        "a": "pre-filter pod a cannot find enough sibling pods, current pods number: 1, minMember of group: 3"
+    }  # fmt: skip
+    assert place([member("a")], None).unplaced == {"a": 'podgroups "job" not found'}
+    volcano = place([member("a", 1, "volcano"), member("b", 2, "volcano")], group(2))
+    assert volcano.nodes == {} and volcano.unplaced["a"] == (
+        "2/2 tasks in gang unschedulable: pod group is not ready, 2 Pending, 2 minAvailable"
+    )
+    # Already-placed members count toward minMember.
+    assert place([member("b", gpus=1)], group(2), live=2).nodes == {"b": "gpu"}

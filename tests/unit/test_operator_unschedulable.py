@@ -53,3 +53,15 @@ def test_several_unplaced_pods_are_counted_and_a_changed_reason_announced_again(
     unplaceable(world, "j-learner-0", NO_GPU)
     world.step()
     assert len([e for e in world.events if e[1] == "Unschedulable"]) == 2
+
+
+def test_a_pod_no_node_takes_is_named_before_its_siblings_held_for_the_gang() -> None:
+    world = World(tiny_spec())
+    world.settle()
+    unplaceable(world, "j-learner-0", "rejected due to timeout after waiting 60s at plugin Coscheduling")
+    unplaceable(world, "j-rollout-0", NO_GPU)
+    unplaceable(world, "j-rollout-1", "rejected due to timeout after waiting 60s at plugin Coscheduling")
+    world.step()
+    found = cond.condition(world.status["conditions"], cond.UNSCHEDULABLE)
+    assert found is not None
+    assert found["message"] == f"pod j-rollout-0 (rollout) cannot be scheduled: {NO_GPU} (and 2 more)"

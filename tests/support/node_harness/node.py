@@ -20,13 +20,15 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.support.node_harness import cgroups, dns, dns_server
+from dverl_operator.objects.pod_state import pod_phase
+from tests.support.node_harness import cgroups, dns, dns_server, gangs
 from tests.support.node_harness.image import ImageStandIn
 from tests.support.node_harness.netns import Bridge, Router
 from tests.support.node_harness.pod import PodRunner, Settings
@@ -356,14 +358,27 @@ def _others_running() -> bool:
     return False
 
 
+def _waiting(pod: Mapping[str, Any]) -> bool:
+    """Not yet bound, not going away, not finished, and named by the API server (it has a uid)."""
+    spec, meta = pod.get("spec") or {}, pod["metadata"]
+    return bool(
+        not spec.get("nodeName")
+        and not meta.get("deletionTimestamp")
+        and pod_phase(pod) not in ("Succeeded", "Failed")
+        and meta.get("uid")
+    )
+
+
 class Scheduler:
     """Binds each pending pod to one of `nodes` (scheduling.choose), or marks it Unschedulable with the
-    scheduler's message; pods behind scheduling gates wait (SchedulingGated)."""
+    scheduler's message; pods behind scheduling gates wait (SchedulingGated); the pods of a PodGroup are
+    placed all together or not at all (gangs.py), before the pods of no gang."""
 
     def __init__(self, emulator: Any, nodes: Sequence[Node]) -> None:
         self.emulator = emulator
         self.nodes = list(nodes)
         self._said: dict[str, str] = {}
+        self._gang_since: dict[gangs.GangKey, float] = {}
 
     async def bind(self, pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The pods, those bound in this pass with their node."""
@@ -373,16 +388,11 @@ class Scheduler:
             node = (pod.get("spec") or {}).get("nodeName")
             if node in bound:
                 bound[node].append(pod)
+        decided = await self._place_gangs(pods, bound, infos)
         out = []
         for pod in pods:
             spec, meta = pod.get("spec") or {}, pod["metadata"]
-            phase = (pod.get("status") or {}).get("phase")
-            waiting = (
-                not spec.get("nodeName")
-                and not meta.get("deletionTimestamp")
-                and phase not in ("Succeeded", "Failed")
-            )
-            if not waiting or not meta.get("uid"):
+            if not _waiting(pod):
                 out.append(pod)
                 continue
             if spec.get("schedulingGates"):
@@ -391,9 +401,13 @@ class Scheduler:
                 )
                 out.append(pod)
                 continue
-            node, message = choose(pod, infos, bound)
+            if meta["uid"] in decided:
+                node, message = decided[meta["uid"]]
+            else:
+                node, message = choose(pod, infos, bound)
             if node is None:
-                await self._unscheduled(pod, "Unschedulable", message)
+                if message is not None:
+                    await self._unscheduled(pod, "Unschedulable", message)
                 out.append(pod)
                 continue
             ns = meta.get("namespace") or "default"
@@ -403,9 +417,43 @@ class Scheduler:
                     "application/merge-patch+json",
                 )  # fmt: skip
             pod = {**pod, "spec": {**spec, "nodeName": node}}
-            bound[node].append(pod)
+            if meta["uid"] not in decided:
+                bound[node].append(pod)
             out.append(pod)
         return out
+
+    async def _place_gangs(
+        self, pods: list[dict[str, Any]], bound: dict[str, list[dict[str, Any]]], infos: list[NodeInfo]
+    ) -> dict[str, tuple[str | None, str | None]]:
+        """Each waiting gang member's (node, message), its gang placed whole or not at all; the nodes the
+        placed ones go to are taken in `bound` before any other pod is placed."""
+        members: dict[gangs.GangKey, list[dict[str, Any]]] = {}
+        live: dict[gangs.GangKey, int] = {}
+        for pod in pods:
+            key = gangs.gang_of(pod)
+            if key is None or not pod["metadata"].get("uid"):
+                continue
+            if pod_phase(pod) not in ("Succeeded", "Failed") and not pod["metadata"].get("deletionTimestamp"):
+                live[key] = live.get(key, 0) + 1
+            if _waiting(pod) and not (pod.get("spec") or {}).get("schedulingGates"):
+                members.setdefault(key, []).append(pod)
+        decided: dict[str, tuple[str | None, str | None]] = {}
+        for key, waiting in members.items():
+            group = await self.emulator.call("GET", gangs.group_path(key))
+            since = self._gang_since.setdefault(key, time.monotonic())
+            placement = gangs.place(
+                key, group, waiting, live.get(key, 0), bound,
+                lambda pod, trial: choose(pod, infos, trial), time.monotonic() - since,
+            )  # fmt: skip
+            if placement.nodes:
+                self._gang_since.pop(key, None)
+            for pod in waiting:
+                name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
+                node = placement.nodes.get(name)
+                decided[uid] = (node, None if node else placement.unplaced.get(name))
+                if node is not None:
+                    bound[node].append({**pod, "spec": {**(pod.get("spec") or {}), "nodeName": node}})
+        return decided
 
     async def _unscheduled(self, pod: dict[str, Any], reason: str, message: str) -> None:
         meta = pod["metadata"]
