@@ -108,6 +108,7 @@ def test_a_gang_is_placed_whole_or_not_at_all() -> None:
     }  # fmt: skip
     late = place(members, group(2, timeout=5), waited_s=5.0)
     assert late.unplaced["a"] == "rejected due to timeout after waiting 5s at plugin Coscheduling"
+    assert [gangs.go_duration(s) for s in (1, 60, 61, 3600)] == ["1s", "1m0s", "1m1s", "1h0m0s"]
     # minMember 1: the member that fits goes, the other waits with its own reason.
     assert place(members, group(1)).nodes == {"a": "gpu"}
 

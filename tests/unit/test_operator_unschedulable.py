@@ -58,9 +58,9 @@ def test_several_unplaced_pods_are_counted_and_a_changed_reason_announced_again(
 def test_a_pod_no_node_takes_is_named_before_its_siblings_held_for_the_gang() -> None:
     world = World(tiny_spec())
     world.settle()
-    unplaceable(world, "j-learner-0", "rejected due to timeout after waiting 60s at plugin Coscheduling")
+    unplaceable(world, "j-learner-0", "rejected due to timeout after waiting 1m0s at plugin Coscheduling")
     unplaceable(world, "j-rollout-0", NO_GPU)
-    unplaceable(world, "j-rollout-1", "rejected due to timeout after waiting 60s at plugin Coscheduling")
+    unplaceable(world, "j-rollout-1", "rejected due to timeout after waiting 1m0s at plugin Coscheduling")
     world.step()
     found = cond.condition(world.status["conditions"], cond.UNSCHEDULABLE)
     assert found is not None

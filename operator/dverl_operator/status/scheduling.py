@@ -6,7 +6,7 @@ node matches, stays Pending with `PodScheduled=False, reason=Unschedulable` and 
 message carry that line with the pod and role, so `kubectl get rlhfjobs` says why nothing runs.
 
 In a gang, the pods that would fit wait on their siblings, and the gang scheduler says only that
-(coscheduling: `rejected due to timeout after waiting 60s at plugin Coscheduling`); the sibling no node
+(coscheduling: `rejected due to timeout after waiting 1m0s at plugin Coscheduling`); the sibling no node
 can take holds the reason a person can act on, so such lines come first.
 """
 

@@ -5,7 +5,7 @@ where placing them one by one would start part of it.
 What each scheduler says is played from its source: coscheduling's PreFilter refuses a pod whose group
 has fewer pods than `minMember` (`pre-filter pod ... cannot find enough sibling pods`); pods that would
 fit wait at its Permit stage, unbound and with no condition, until `scheduleTimeoutSeconds` passes, then
-are rejected (`rejected due to timeout after waiting 60s at plugin Coscheduling`) and retried. Volcano
+are rejected (`rejected due to timeout after waiting 1m0s at plugin Coscheduling`) and retried. Volcano
 says at once how much of the gang it cannot place (`3/3 tasks in gang unschedulable: pod group is not
 ready, 3 Pending, 3 minAvailable`). A member that fits no node carries the scheduler's own reason.
 """
@@ -95,7 +95,7 @@ def place(
         return GangPlacement(nodes, refused)
     if scheduler == "coscheduling":
         timeout = int(spec.get("scheduleTimeoutSeconds") or DEFAULT_TIMEOUT_SECONDS)
-        rejected = f"rejected due to timeout after waiting {timeout}s at plugin Coscheduling"
+        rejected = f"rejected due to timeout after waiting {go_duration(timeout)} at plugin Coscheduling"
         waiting_words = rejected if waited_s >= timeout else None
         return GangPlacement({}, {n: refused.get(n, waiting_words) for n in names})
     unplaceable = len(names)
@@ -104,6 +104,15 @@ def place(
         f"{need} minAvailable"
     )
     return GangPlacement({}, {n: refused.get(n) or said for n in names})
+
+
+def go_duration(seconds: int) -> str:
+    """Whole seconds as Go prints a time.Duration (`60` -> `1m0s`), as the scheduler's message has it."""
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes}m{secs}s"
+    return f"{minutes}m{secs}s" if minutes else f"{secs}s"
 
 
 def group_path(key: GangKey) -> str:
