@@ -7,11 +7,17 @@ oom_kill count tells the node to report `OOMKilled` (exit 137).
 cgroup v2 is used where its memory controller is available (the unified hierarchy at /sys/fs/cgroup, or
 /sys/fs/cgroup/unified on a hybrid host), delegating `+memory` down to our subtree; otherwise the cgroup v1
 memory controller (/sys/fs/cgroup/memory). `unavailable()` says why neither can be used.
+
+cgroup v2 hands a controller to a cgroup's children only while no process sits in that cgroup (the
+no-internal-process rule; the write fails EBUSY). In a container our own cgroup holds every process of
+it, so they first move into a leaf child, `dverl-harness-leaf`, as kind's and systemd's container
+entrypoints do; the containers' cgroups are then made beside that leaf.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import os
 import signal
@@ -20,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path("/sys/fs/cgroup")
+LEAF = "dverl-harness-leaf"
+"""Where the processes of our own v2 cgroup move, so that it may delegate its memory controller."""
 _names = itertools.count()
 
 
@@ -51,7 +59,7 @@ def hierarchy() -> Hierarchy | None:
     v2 = _v2_root()
     if v2 is not None:
         parent = v2 / _own("").lstrip("/")
-        return Hierarchy(2, parent)
+        return Hierarchy(2, parent.parent if parent.name == LEAF else parent)
     v1 = ROOT / "memory"
     if (v1 / "memory.limit_in_bytes").exists():
         return Hierarchy(1, v1 / _own("memory").lstrip("/"))
@@ -66,7 +74,7 @@ def unavailable() -> str | None:
         return "no cgroup memory controller (neither cgroup v2 with memory nor cgroup v1 memory) is mounted"
     try:
         cgroup = MemoryCgroup.make(found, 64 * 2**20)
-    except PermissionError as exc:
+    except OSError as exc:  # refused (no permission, no controller delegated to us): so on every run
         return f"cannot make a memory cgroup under {found.parent}: {exc}"
     cgroup.remove()
     return None
@@ -80,8 +88,7 @@ class MemoryCgroup:
     @classmethod
     def make(cls, where: Hierarchy, limit_bytes: int) -> MemoryCgroup:
         if where.version == 2:
-            with contextlib.suppress(OSError):  # delegate the controller to our children
-                (where.parent / "cgroup.subtree_control").write_text("+memory")
+            delegate_memory(where.parent)
         path = where.parent / f"dverl-harness-{os.getpid()}-{next(_names)}"
         path.mkdir()
         cgroup = cls(path, where.version)
@@ -125,6 +132,26 @@ class MemoryCgroup:
                 return
             except OSError:
                 time.sleep(0.02)
+
+
+def delegate_memory(parent: Path) -> None:
+    """Enable the memory controller for `parent`'s children (v2), moving the processes in `parent` into
+    its leaf child first when the kernel refuses for them."""
+    control = parent / "cgroup.subtree_control"
+    if "memory" in control.read_text().split():
+        return
+    try:
+        control.write_text("+memory")
+        return
+    except OSError as exc:
+        if exc.errno != errno.EBUSY:
+            raise
+    leaf = parent / LEAF
+    leaf.mkdir(exist_ok=True)
+    for pid in (parent / "cgroup.procs").read_text().split():
+        with contextlib.suppress(OSError):  # gone meanwhile, or a kernel thread (EINVAL)
+            (leaf / "cgroup.procs").write_text(pid)
+    control.write_text("+memory")
 
 
 def enter_command(procs: Path) -> list[str]:
