@@ -22,8 +22,8 @@ from typing import Any, Literal
 
 from decentralized_verl.core.memory_report import MemoryEstimate, read_estimate
 from decentralized_verl.errors import EXIT_REFIT_PARITY, EXIT_USAGE
+from dverl_operator.objects import quoting
 
-MESSAGE_CHARS = 300
 REFIT_MESSAGE_CHARS = 1000
 """A refit-parity verdict names the rollout workers, the learner and the version: kept whole."""
 BAD_INPUT_EXIT = EXIT_USAGE
@@ -44,12 +44,6 @@ class Ending:
     estimate: MemoryEstimate | None = None
     """The worker's own memory estimate, when its termination message still held it (it was killed
     before it could clear it: core/memory_report.py); never quoted as the message."""
-
-
-def quoted(said: str, limit: int = MESSAGE_CHARS) -> str:
-    """A termination message cut to `limit` characters from its end: with FallbackToLogsOnError it is the
-    log's tail, whose last lines say why the worker ended (its first ones are start-up chatter)."""
-    return said if len(said) <= limit else "…" + said[-(limit - 1) :]
 
 
 def _failed_containers(status: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
@@ -73,7 +67,7 @@ def ending(pod: Mapping[str, Any]) -> Ending:
         code = int(ended["exitCode"])
         estimate = read_estimate(str(ended.get("message") or ""))
         said = "" if estimate is not None else " ".join(str(ended.get("message") or "").split())
-        message = quoted(said)
+        message = quoting.tail(said)
         if ended.get("reason") == OOM_REASON:
             return Ending("oom", name, code, message, estimate)
         if code == EXIT_REFIT_PARITY:
@@ -96,7 +90,7 @@ def failure_reason(pod: Mapping[str, Any]) -> str:
             said = ""
         message = " ".join(str(said or ended.get("reason") or "").split())
         line = f"container {name} exited {ended['exitCode']}"
-        return f"{line}: {quoted(message)}" if message else line
+        return f"{line}: {quoting.tail(message)}" if message else line
     return str(status.get("phase") or "Unknown")
 
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from dverl_operator.objects import quoting
 from dverl_operator.objects.pod_state import pod_deleting, role_of
 
 PULL_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
-MESSAGE_CHARS = 300
 
 
 def _images(pod: Mapping[str, Any]) -> dict[str, str]:
@@ -45,7 +45,7 @@ def cannot_pull(pods: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str]]:
                     continue
                 cname = str(container.get("name"))
                 image = images.get(cname) or str(container.get("image") or "")
-                said = " ".join(str(waiting.get("message") or reason).split())[:MESSAGE_CHARS]
+                said = quoting.head(str(waiting.get("message") or reason))
                 line = f'pod {name} ({role_of(pod)}): container {cname} cannot pull image "{image}": {said}'
                 found.append((reason, line))
     return found

@@ -14,13 +14,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dverl_operator.objects import quoting
 from dverl_operator.status.conditions import CREATE_REFUSED, condition, drop_condition, set_condition
 
 Status = dict[str, Any]
 Events = list[tuple[str, str, str]]
 REFUSED_STATUSES = range(400, 500)
 """Answers that refuse the object itself (409 AlreadyExists aside, which a create treats as done)."""
-MESSAGE_CHARS = 600
 EVENTS_AT_MOST = 5
 """Refusals announced at once: a large job's many pods refused for one reason say it a few times only."""
 
@@ -51,7 +51,7 @@ class Refusal:
 
     def __str__(self) -> str:
         role = f" ({self.role})" if self.role else ""
-        said = " ".join(self.message.split())[:MESSAGE_CHARS]
+        said = quoting.head(self.message, quoting.LONG)
         server = f"HTTP {self.status} {self.reason}"
         return f"{self.kind} {self.name}{role} refused by the API server: {server}: {said}"
 
