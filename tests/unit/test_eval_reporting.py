@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from decentralized_verl.cli.plotting import _interval_band, plot_run
-from decentralized_verl.launch.run import _eval_ends, format_summary
+from decentralized_verl.launch.run_summary import eval_ends, format_summary
 from decentralized_verl.reporting.metrics import MetricsLog, read_evals
 from decentralized_verl.reporting.stats import difference_interval, wilson_interval
 
@@ -47,10 +47,10 @@ def test_evaluations_go_to_eval_jsonl_and_a_repeated_step_keeps_the_last(tmp_pat
     rows = read_evals(tmp_path / "eval.jsonl")
     assert [r["step"] for r in rows] == [0, 10, 20] and rows[1]["eval_accuracy"] == 71 / 200
     assert all("time" in r for r in rows)
-    ends = _eval_ends(tmp_path / "eval.jsonl")
+    ends = eval_ends(tmp_path / "eval.jsonl")
     assert ends["eval_accuracy_before"] == 0.26 and ends["eval_accuracy_after"] == 0.45
     assert ends["eval_interval_before"] == pytest.approx(list(wilson_interval(52, 200)))
-    assert _eval_ends(tmp_path / "missing.jsonl") is None
+    assert eval_ends(tmp_path / "missing.jsonl") is None
     line = format_summary(
         {"steps": 20, "seconds": 61.0, "reward_first": 0.1, "reward_last": 0.3, **ends}, tmp_path
     )

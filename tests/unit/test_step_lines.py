@@ -12,7 +12,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from decentralized_verl.core.status import JobStatus
-from decentralized_verl.launch.run import _show
+from decentralized_verl.launch.progress_display import show_status
 from decentralized_verl.launch.step_lines import JsonlTail, StartupPhases, StepLines
 from decentralized_verl.reporting.metrics import MetricsLog
 from tests.support.paths import ROOT
@@ -122,18 +122,18 @@ def test_startup_phases_are_announced_with_the_time_each_took() -> None:
     ]
 
 
-def test_the_bar_shows_kl_only_when_the_job_measures_it() -> None:
+def test_the_barshow_statuss_kl_only_when_the_job_measures_it() -> None:
     shown = io.StringIO()
     bar = tqdm(total=10, file=shown, disable=False, dynamic_ncols=False, ncols=200)
     status = JobStatus(step=3, total_steps=10, phase="rollout", reward_mean=0.5, tokens_per_second=100)
-    _show(bar, status, None)  # no KL in the metrics: not measured
+    show_status(bar, status, None)  # no KL in the metrics: not measured
     assert "kl=" not in shown.getvalue() and "reward=0.500" in shown.getvalue()
-    _show(bar, status, 0.0123)
+    show_status(bar, status, 0.0123)
     assert "kl=0.0123" in shown.getvalue()
     bar.close()
 
 
-def test_the_readme_shows_the_lines_dverl_run_prints() -> None:
+def test_the_readmeshow_statuss_the_lines_dverl_run_prints() -> None:
     readme = (ROOT / "README.md").read_text()
     section = readme[readme.index("## Try it: the tiny job") :]
     block = section[

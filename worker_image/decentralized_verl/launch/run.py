@@ -20,23 +20,21 @@ from typing import Any
 
 import grpc
 import yaml
-from tqdm import tqdm
 
 from decentralized_verl.core.status import JobStatus
 from decentralized_verl.errors import EXIT_REFIT_PARITY, DverlError, ManifestError, OperationFailed, WireError
 from decentralized_verl.errors import EXIT_USAGE as EXIT_REFUSED_INPUT
 from decentralized_verl.launch.local import LocalCluster
 from decentralized_verl.launch.preflight import preflight_problems
+from decentralized_verl.launch.progress_display import ProgressDisplay
 from decentralized_verl.launch.run_folder import check_run_folder, clear_run_folder
 from decentralized_verl.launch.run_record import FAILED, FINISHED, INTERRUPTED, end_record, start_record
-from decentralized_verl.launch.step_lines import JsonlTail, RewardErrorNotice, StartupPhases, StepLines
+from decentralized_verl.launch.run_summary import eval_ends, format_summary, reward_window
 from decentralized_verl.launch.volunteer_invite import VolunteerInvite, refuse_without_secret
 from decentralized_verl.launch.watchdog import ProgressClock
 from decentralized_verl.planning.fitting_job import load_fitting_job
 from decentralized_verl.planning.layout import Layout, Machine, lay_out, machine_job
 from decentralized_verl.proto import dverl_pb2, dverl_pb2_grpc
-from decentralized_verl.reporting.metrics import read_evals, read_metrics
-from decentralized_verl.reporting.stats import difference_interval
 from decentralized_verl.runtime.orphans import guard_descendants
 from decentralized_verl.security.credentials import CallerCredentials, run_folder_credentials
 from decentralized_verl.security.handed import make_undumpable
@@ -229,7 +227,7 @@ def _supervise(
     learners = cluster.by_role("learner")
     learner = learners[0]
     gang = _LearnerGang(learners, cluster, job.spec)
-    display = _ProgressDisplay(cluster, job, output, bar=bar, lines=lines and not bar, every=log_every)
+    display = ProgressDisplay(cluster, job, output, bar=bar, lines=lines and not bar, every=log_every)
     dht = cluster.by_role("dht")
     invite = VolunteerInvite(
         job.metadata.name, getattr(dht[0], "log_path", None) if dht else None, secret_file
@@ -408,76 +406,6 @@ def _restart_dead_servers(cluster: Any, spec: Any) -> None:
             cluster.restart(dead.worker.name)
 
 
-class _ProgressDisplay:
-    """Where the learner's progress goes on each poll: a bar on a terminal, or start-up phases then one
-    line per step (every `every`-th) and each evaluation in a pipe; and the Ray cluster's dashboard when
-    the run has one."""
-
-    def __init__(
-        self, cluster: Any, job: Any, output: Path, *, bar: bool, lines: bool, every: int = 1
-    ) -> None:
-        self.cluster = cluster
-        self.job = job
-        self.want_bar = bar
-        self.bar: Any = None
-        self.rows = JsonlTail(output / "metrics.jsonl")
-        self.errors = RewardErrorNotice()
-        self.kl: float | None = None
-        total = job.spec.training.steps or 0
-        self.printer = StepLines(output, total=total, every=every) if lines else None
-        self.startup = StartupPhases(self.say) if lines or bar else None
-
-    def say(self, line: str) -> None:
-        if self.bar is not None:
-            self.bar.write(line, file=sys.stderr)
-        else:
-            print(line, file=sys.stderr, flush=True)
-
-    def open(self, workers: int, now: float) -> None:
-        if self.want_bar:
-            self.bar = tqdm(
-                total=self.job.spec.training.steps or 0,
-                desc=self.job.metadata.name,
-                unit="step",
-                dynamic_ncols=True,
-            )
-        if self.startup is not None:
-            self.startup.begin(workers, now)
-        if hasattr(self.cluster, "publish"):  # the cluster's record knows the run's length before any poll
-            self.cluster.publish(total_steps=self.job.spec.training.steps)
-
-    def show(self, status: JobStatus | None, now: float) -> None:
-        if self.startup is not None:
-            self.startup.observe(status, now)
-        if self.printer is not None:
-            self.printer.show(status, now)
-        if status is None:
-            return
-        if self.bar is not None:
-            rows = self.rows.new_rows()
-            for row in rows:
-                notice = self.errors.line(row)
-                if notice is not None:
-                    self.say(notice)
-            if rows:
-                self.kl = rows[-1].get("kl")
-            elif not self.rows.path.exists() and status.kl:
-                self.kl = status.kl  # no metrics file here (Ray): a KL that is not 0 was measured
-            _show(self.bar, status, self.kl)
-        if hasattr(self.cluster, "publish"):
-            # A learner still starting (a restart) answers with no total: the spec's is known from the start.
-            total = status.total_steps or self.job.spec.training.steps
-            self.cluster.publish(step=status.step, total_steps=total, phase=status.phase)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-    def catch_up(self) -> None:
-        if self.printer is not None:
-            self.printer.catch_up()
-
-
 def _final_summary(output: Path, cluster: Any, learner_restarts: int) -> dict[str, Any]:
     """The learner's summary.json completed with what only the supervisor knows (how often each worker
     was restarted) and with rewards and evaluations read over every learner incarnation, written back
@@ -490,8 +418,8 @@ def _final_summary(output: Path, cluster: Any, learner_restarts: int) -> dict[st
     summary["worker_restarts"] = {
         lw.worker.name: lw.restarts for lw in cluster.workers.values() if lw.restarts
     }
-    summary.update(_reward_window(output / "metrics.jsonl") or {})
-    summary.update(_eval_ends(output / "eval.jsonl") or {})
+    summary.update(reward_window(output / "metrics.jsonl") or {})
+    summary.update(eval_ends(output / "eval.jsonl") or {})
     summary_path.write_text(json.dumps(summary, indent=2, default=str) + "\n")
     return summary
 
@@ -505,74 +433,6 @@ def _learner_down(learners: list, clock: ProgressClock, now: float) -> str | Non
     if clock.stalled(now):
         return f"made no progress for {now - clock.last_change:.0f}s"
     return None
-
-
-def _show(bar: Any, status: JobStatus, kl: float | None) -> None:
-    """The bar's numbers; KL only when the job measures it (`kl` None: it does not, so no 0.0000)."""
-    if status.total_steps and bar.total != status.total_steps:
-        bar.total = status.total_steps
-    bar.n = status.step
-    numbers = {"phase": status.phase, "reward": f"{status.reward_mean:.3f}"}
-    if kl is not None:
-        numbers["kl"] = f"{kl:.4f}"
-    bar.set_postfix(**numbers, tok_s=f"{status.tokens_per_second:.0f}", refresh=False)
-    bar.refresh()
-
-
-def _reward_window(metrics: Path) -> dict[str, float] | None:
-    """First and last rewards over the whole run (every learner incarnation), as the summary states them."""
-    rewards = [float(r["reward_mean"]) for r in read_metrics(metrics) if r.get("reward_mean") is not None]
-    if not rewards:
-        return None
-    window = max(1, min(5, len(rewards) // 3 or 1))
-    return {
-        "reward_first": sum(rewards[:window]) / window,
-        "reward_last": sum(rewards[-window:]) / window,
-    }
-
-
-def _eval_ends(evals: Path) -> dict[str, Any] | None:
-    """The first evaluation (before training, even if the learner restarted since) and the last one."""
-    rows = read_evals(evals)
-    if not rows:
-        return None
-    first, last = rows[0], rows[-1]
-    ends = {
-        "eval_accuracy_before": first["eval_accuracy"],
-        "eval_interval_before": [first["eval_accuracy_low"], first["eval_accuracy_high"]],
-        "eval_accuracy_after": last["eval_accuracy"],
-        "eval_interval_after": [last["eval_accuracy_low"], last["eval_accuracy_high"]],
-        "eval_problems": last["eval_problems"],
-    }
-    if len(rows) > 1:
-        counts = [(round(r["eval_accuracy"] * r["eval_problems"]), r["eval_problems"]) for r in (first, last)]
-        ends["eval_gain"] = last["eval_accuracy"] - first["eval_accuracy"]
-        ends["eval_gain_interval"] = list(difference_interval(*counts))
-    return ends
-
-
-def format_summary(summary: dict[str, Any], output: Path) -> str:
-    def pct(value: float | None, interval: list[float] | None = None) -> str:
-        if value is None:
-            return "n/a"
-        if not interval:
-            return f"{100 * value:.1f}%"
-        return f"{100 * value:.1f}% [{100 * interval[0]:.1f}-{100 * interval[1]:.1f}]"
-
-    problems = (
-        f" on {summary['eval_problems']} problems, 95% intervals" if summary.get("eval_problems") else ""
-    )
-    if summary.get("eval_gain_interval"):
-        low, high = summary["eval_gain_interval"]
-        problems += f"; gain {100 * summary['eval_gain']:+.1f} points [{100 * low:+.1f}, {100 * high:+.1f}]"
-    return (
-        f"done: {summary['steps']} steps in {summary['seconds']:.0f} s; "
-        f"reward {summary['reward_first']:.3f} -> {summary['reward_last']:.3f}; "
-        f"eval accuracy {pct(summary.get('eval_accuracy_before'), summary.get('eval_interval_before'))} -> "
-        f"{pct(summary.get('eval_accuracy_after'), summary.get('eval_interval_after'))}{problems}\n"
-        f"metrics: {output / 'metrics.jsonl'}  (plot: dverl plot {output})"
-        + (f"\ncheckpoint: {summary['last_checkpoint']}" if summary.get("last_checkpoint") else "")
-    )
 
 
 def main_run(
