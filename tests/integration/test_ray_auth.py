@@ -43,11 +43,14 @@ def _client(address: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 
 def test_a_client_without_the_token_is_refused(ray_address: str) -> None:
     token = os.environ["RAY_AUTH_TOKEN"]  # the head's, held by this process while it runs
-    stranger = _client(ray_address, _env())
+    # A refused client retries its connection for Ray's whole window (~20 s) before it gives up; the
+    # refusal is the same after a few tries.
+    brief = {"RAY_gcs_server_port_wait_time_s": "3"}
+    stranger = _client(ray_address, _env(**brief))
     assert stranger.returncode != 0 and "JOINED" not in stranger.stdout, (
         stranger.stdout + stranger.stderr[-2000:]
     )
-    wrong = _client(ray_address, _env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="0" * 64))
+    wrong = _client(ray_address, _env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="0" * 64, **brief))
     assert wrong.returncode != 0 and "JOINED" not in wrong.stdout, wrong.stdout + wrong.stderr[-2000:]
     member = _client(ray_address, _env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token))
     assert member.returncode == 0 and "JOINED 1" in member.stdout, member.stderr[-2000:]

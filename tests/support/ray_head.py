@@ -136,8 +136,10 @@ def _end_group(head: subprocess.Popen) -> None:
     whatever of its session is left: Ray's worker processes lead process groups of their own."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(head.pid, signal.SIGTERM)
+    # Ray's own stop takes longer than this (it waits on its services one by one): a little grace for
+    # them to let go of their sockets, then the session goes, as it would in the end anyway.
     with contextlib.suppress(subprocess.TimeoutExpired):
-        head.wait(timeout=10)
+        head.wait(timeout=3)
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and _session(int(entry.name)) == head.pid:
             with contextlib.suppress(ProcessLookupError):
