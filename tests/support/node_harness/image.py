@@ -1,10 +1,13 @@
-"""The worker image, played by the test venv: its entrypoint, user, working folder and environment, and
-the mapping of a container's command line onto the venv's interpreter and console scripts (`dverl`
--> <venv>/bin/dverl). Pure apart from reading the process's own interpreter and import path.
+"""The worker image, played by a venv: its entrypoint, user, working folder and environment, and the
+mapping of a container's command line onto the venv's interpreter and console scripts (`dverl`
+-> <venv>/bin/dverl). The images a node holds, by name, each with the venv that plays it: the test venv
+for the plain worker image, the vLLM venv (scripts/install-vllm.sh) for its `-vllm-cpu` flavour. Pure
+apart from reading the process's own interpreter and import path and whether a venv's interpreter exists.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import sys
@@ -21,19 +24,10 @@ WORKER_REPOSITORY = "ghcr.io/dverl/dverl-worker"
 """Where the chart's worker image lives (charts/dverl/values.yaml `workerImage`)."""
 TEST_WORKER_IMAGE = "registry.example/dverl-worker:test"
 """The worker image the tests' operator puts into pods (its DVERL_WORKER_IMAGE)."""
-
-
-def node_images() -> frozenset[str]:
-    """The images a test node holds, every one played by the stand-in: the worker image under the names
-    the tests' operator, the chart and the plain examples use, and its `-verifiers` flavour when the
-    stand-in's venv has verifiers (scripts/install.sh installs that extra). Any other name cannot be
-    pulled: its container waits in ErrImagePull / ImagePullBackOff, as a kubelet's does when the
-    registry lacks the image. The vLLM flavours are never here: vLLM needs its own torch build and lives
-    in another venv (scripts/install-vllm.sh), not in the one the stand-in plays."""
-    names = {"test", TEST_WORKER_IMAGE, f"{WORKER_REPOSITORY}:{__version__}", f"{WORKER_REPOSITORY}:latest"}
-    if importlib.util.find_spec("verifiers") is not None:
-        names.add(f"{WORKER_REPOSITORY}:{__version__}-verifiers")
-    return frozenset(names)
+VLLM_CPU_IMAGE = f"{WORKER_REPOSITORY}:{__version__}-vllm-cpu"
+"""The worker image with vLLM's CPU build (Dockerfile --build-arg VLLM=cpu), as the vLLM examples name it."""
+VLLM_VENV = ROOT / ".venv-vllm"
+"""Where scripts/install-vllm.sh makes the vLLM venv in this checkout."""
 
 
 def _default_pythonpath() -> str:
@@ -107,3 +101,27 @@ def resolve_argv(container: Mapping[str, Any], image: ImageStandIn, env: Mapping
                     f"container {container.get('name')!r}: {program!r} is not in the image"
                 )
     return argv
+
+
+def vllm_venv(path: Path | None = None) -> Path | None:
+    """The vLLM venv that plays the `-vllm-cpu` image: `path`, or else this checkout's `.venv-vllm`; None
+    when it has no interpreter (never installed: CI has none)."""
+    venv = path if path is not None else VLLM_VENV
+    return venv if (venv / "bin" / "python").exists() else None
+
+
+def node_images(plain: ImageStandIn, vllm: Path | None = None) -> dict[str, ImageStandIn]:
+    """The images a test node holds, by name, and the stand-in that plays each: `plain` (the test venv)
+    under the names the tests' operator, the chart and the plain examples use, and as the `-verifiers`
+    flavour when its venv has verifiers (scripts/install.sh installs that extra); the `-vllm-cpu` flavour
+    only when the node is given a vLLM venv (`vllm`), played by that venv's interpreter and scripts with
+    the same files (vLLM needs its own torch build, so it lives in a venv of its own). Any other name
+    cannot be pulled: its container waits in ErrImagePull / ImagePullBackOff, as a kubelet's does when
+    the registry lacks the image."""
+    names = {"test", TEST_WORKER_IMAGE, f"{WORKER_REPOSITORY}:{__version__}", f"{WORKER_REPOSITORY}:latest"}
+    if importlib.util.find_spec("verifiers") is not None:
+        names.add(f"{WORKER_REPOSITORY}:{__version__}-verifiers")
+    images = dict.fromkeys(names, plain)
+    if vllm is not None:
+        images[VLLM_CPU_IMAGE] = dataclasses.replace(plain, venv=vllm)
+    return images

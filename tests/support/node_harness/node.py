@@ -29,7 +29,7 @@ from typing import Any
 
 from dverl_operator.objects.pod_state import pod_phase
 from tests.support.node_harness import cgroups, dns, dns_server, gangs
-from tests.support.node_harness.image import ImageStandIn
+from tests.support.node_harness.image import ImageStandIn, node_images
 from tests.support.node_harness.netns import Bridge, Router
 from tests.support.node_harness.pod import PodRunner, Settings
 from tests.support.node_harness.scheduling import NodeInfo, choose
@@ -50,7 +50,9 @@ class RunningPod:
 
 class Node:
     """`async with Node(emulator, tmp, claims={"rl-data": folder}) as node:` runs every pod created while
-    inside. `emulator` is tests/operator_fixtures.Emulator."""
+    inside. `emulator` is tests/operator_fixtures.Emulator. `image` plays the worker image (default: the
+    test venv); with `vllm_venv` (image.py `vllm_venv`) the node also holds the `-vllm-cpu` flavour, played
+    by that venv."""
 
     def __init__(
         self,
@@ -58,6 +60,7 @@ class Node:
         tmp: Path,
         claims: Mapping[str, Path] | None = None,
         image: ImageStandIn | None = None,
+        vllm_venv: Path | None = None,
         poll_seconds: float = 0.2,
         info: NodeInfo | None = None,
         schedules: bool = True,
@@ -67,7 +70,7 @@ class Node:
         self.dir = tmp / "node" if info is None else tmp / "nodes" / self.info.name
         self.bridge = Bridge()
         self.settings = Settings(
-            image=image or ImageStandIn(),
+            images=node_images(image or ImageStandIn(), vllm_venv),
             claims={k: Path(v) for k, v in (claims or {}).items()},
             memory=cgroups.hierarchy() if cgroups.unavailable() is None else None,
         )

@@ -16,7 +16,7 @@ import os
 import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from dverl_operator.objects.quantity import parse as parse_quantity
 from tests.support.node_harness import cgroups, probes
 from tests.support.node_harness import mounts as mnt
 from tests.support.node_harness.env import EnvError, container_env
-from tests.support.node_harness.image import ImageStandIn, node_images, resolve_argv
+from tests.support.node_harness.image import ImageStandIn, resolve_argv
 from tests.support.node_harness.netns import PodNetwork
 from tests.support.node_harness.status import (
     ContainerState,
@@ -84,13 +84,13 @@ def user_wrapper(who: Identity) -> list[str]:
 
 @dataclass
 class Settings:
-    """How the node plays the kubelet: the image stand-in, the claims it can bind, the API server address
+    """How the node plays the kubelet: the images it holds, the claims it can bind, the API server address
     pods see, and the crash-loop back-off (10 s doubling to 5 min in a kubelet; short here)."""
 
-    image: ImageStandIn
+    images: Mapping[str, ImageStandIn]
+    """The image names this node can pull, each with the stand-in a container of it runs in (image.py
+    `node_images`); any other waits ImagePullBackOff."""
     claims: Mapping[str, Path]
-    images: frozenset[str] = field(default_factory=node_images)
-    """The image names this node can pull (image.py `node_images`); any other waits ImagePullBackOff."""
     api_server: tuple[str, int] | None = None
     backoff: tuple[float, float] = (0.5, 4.0)
     memory: cgroups.Hierarchy | None = None
@@ -193,7 +193,7 @@ class PodRunner:
     def argv_and_env(self, container: Mapping[str, Any]) -> tuple[list[str], dict[str, str], list[mnt.Mount]]:
         """What one start of the container runs (raises EnvError/VolumeError/FileNotFoundError as the
         kubelet's CreateContainerConfigError / FailedMount / StartError)."""
-        image = self.settings.image
+        image = self.image_of(container)
         env = {
             **image.env(),
             **container_env(self.pod, container, self.net.ip, self.lookup, self.settings.api_server),
@@ -201,6 +201,10 @@ class PodRunner:
         argv = resolve_argv(container, image, env)
         mounts = mnt.prepare(self.pod, container, self.pod_dir, self.lookup, self.settings.claims)
         return argv, env, mounts
+
+    def image_of(self, container: Mapping[str, Any]) -> ImageStandIn:
+        """The stand-in that plays the container's image (pulled: the node holds it)."""
+        return self.settings.images[str(container.get("image") or "")]
 
     async def _pull(self, container: Mapping[str, Any], cs: ContainerState) -> bool:
         """The kubelet's image pull: an image the node cannot get leaves the container waiting,
@@ -229,7 +233,7 @@ class PodRunner:
         """One start of the container; its exit code, or None when it could not start."""
         if not await self._pull(container, cs):
             return None
-        image = self.settings.image
+        image = self.image_of(container)
         try:
             who = identity_of(self.pod, container, image)
             argv, env, mounts = self.argv_and_env(container)
