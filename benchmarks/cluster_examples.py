@@ -32,16 +32,13 @@ def log(message: str) -> None:
 
 
 async def run_wave(names: tuple[str, ...], args: argparse.Namespace, tmp: Path, baked: Path) -> list[dict]:
-    from tests.support.cluster_node import claims, cluster, image_with_models, join_secret, shipped
+    from tests.support.cluster_node import apply_jobs, claims, cluster, image_with_models, shipped
 
     specs = {name: shipped(name, args.steps, max_new_tokens=args.new_tokens) for name in names}
     rows: dict[str, dict[str, Any]] = {}
     started = time.monotonic()
     async with cluster(tmp, claims(tmp), image=image_with_models(baked)) as (emu, node, _op):
-        for name, spec in specs.items():
-            if (spec.get("volunteers") or {}).get("enabled"):
-                await join_secret(emu, spec)
-            await emu.create_job(name, spec)
+        await apply_jobs(emu, specs)
         while len(rows) < len(specs) and time.monotonic() - started < args.timeout:
             for name in specs:
                 status = ((await emu.job(name)) or {}).get("status") or {}

@@ -116,15 +116,20 @@ async def join_secret(emu: Emulator, spec: dict[str, Any], namespace: str = "def
     await emu.call("POST", f"api/v1/namespaces/{namespace}/secrets", body)
 
 
+async def apply_jobs(emu: Emulator, specs: dict[str, dict[str, Any]]) -> None:
+    """Apply every job as a user would: a job that takes volunteers after the join Secret it names."""
+    for name, spec in specs.items():
+        if (spec.get("volunteers") or {}).get("enabled"):
+            await join_secret(emu, spec)
+        await emu.create_job(name, spec)
+
+
 async def run_to_the_end(
     emu: Emulator, node: Node, op: Operator, specs: dict[str, dict[str, Any]], timeout: float
 ) -> dict[str, dict[str, Any]]:
     """Apply every job (with its join Secret when it takes volunteers) and wait until all succeeded or
     one failed: each job's status (an AssertionError with the node's and operator's logs on timeout)."""
-    for name, spec in specs.items():
-        if (spec.get("volunteers") or {}).get("enabled"):
-            await join_secret(emu, spec)
-        await emu.create_job(name, spec)
+    await apply_jobs(emu, specs)
 
     async def all_finished() -> dict[str, dict[str, Any]] | None:
         statuses = {name: ((await emu.job(name)) or {}).get("status") or {} for name in specs}
