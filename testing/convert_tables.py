@@ -3,9 +3,9 @@ to this output, so the docs cannot drift from what `dverl convert` does)."""
 
 from __future__ import annotations
 
-from decentralized_verl.convert import openrlhf, trl, verl
+from decentralized_verl.convert import openrlhf_flags, trl, verl_keys
 
-SOURCES = (("veRL", verl), ("TRL GRPOConfig", trl), ("OpenRLHF", openrlhf))
+SOURCES = (("veRL", verl_keys), ("TRL GRPOConfig", trl), ("OpenRLHF", openrlhf_flags))
 
 
 def _cell(text: str) -> str:
@@ -16,7 +16,7 @@ def from_sources() -> str:
     """Each framework's fields: where each goes in the manifest, or why it is left out."""
     parts: list[str] = []
     for title, module in SOURCES:
-        prefix = "--" if module is openrlhf else ""
+        prefix = "--" if module is openrlhf_flags else ""
         lines = [f"### {title}", "", "| field | RLHFJob spec | note |", "|---|---|---|"]
         for key, (path, _) in sorted(module.RULES.items()):
             lines.append(f"| `{prefix}{key}` | `{path}` | |")
@@ -32,7 +32,7 @@ def to_sources() -> str:
     """Each spec field: the field of each framework that sets it."""
     paths: dict[str, dict[str, list[str]]] = {}
     for title, module in SOURCES:
-        prefix = "--" if module is openrlhf else ""
+        prefix = "--" if module is openrlhf_flags else ""
         for key, (path, _) in module.RULES.items():
             paths.setdefault(path, {}).setdefault(title, []).append(f"`{prefix}{key}`")
     lines = ["| RLHFJob spec | " + " | ".join(t for t, _ in SOURCES) + " |", "|---|---|---|---|"]
@@ -45,7 +45,7 @@ def to_sources() -> str:
 def openrlhf_legacy() -> str:
     """OpenRLHF's underscore flags (v0.10.1 and earlier) and the dotted flag each became."""
     lines = ["| flag before v0.10.2 | flag since |", "|---|---|"]
-    for old, new in sorted(openrlhf.LEGACY.items()):
+    for old, new in sorted(openrlhf_flags.LEGACY.items()):
         lines.append(f"| `--{old}` | `--{new}` |")
     return "\n".join(lines) + "\n"
 

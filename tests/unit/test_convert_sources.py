@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from decentralized_verl.cli.main import main
-from decentralized_verl.convert import convert, openrlhf
+from decentralized_verl.convert import convert, openrlhf_flags
 from decentralized_verl.convert.common import flatten
 from decentralized_verl.convert.hydra import compose, resolve
 from decentralized_verl.convert.shell import script_command
@@ -466,7 +466,9 @@ def test_openrlhf_every_train_ppo_ray_flag_is_known(era: str) -> None:
     by name, the underscore era's through the dotted flag it became."""
     flags = (OPENRLHF / era / "train_ppo_ray_flags.txt").read_text().split()
     assert len(flags) > 140
-    known = [f for f in flags if f in openrlhf.KNOWN or openrlhf.LEGACY.get(f) in openrlhf.KNOWN]
+    known = [
+        f for f in flags if f in openrlhf_flags.KNOWN or openrlhf_flags.LEGACY.get(f) in openrlhf_flags.KNOWN
+    ]
     assert known == flags
     line = "train_ppo_ray " + " ".join(f"--{f} 1" for f in flags)
     result = convert("openrlhf", line)
