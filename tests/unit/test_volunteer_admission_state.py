@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from decentralized_verl.transport import messages as m
-from decentralized_verl.volunteers.discovery import HubConfig, VolunteerAdmissionError, VolunteerHub
+from decentralized_verl.volunteers.admission import VolunteerAdmissionError
+from decentralized_verl.volunteers.discovery import HubConfig, VolunteerHub
 from decentralized_verl.volunteers.tokens import issue_token
 
 SECRET = b"admission-state-secret-" * 2

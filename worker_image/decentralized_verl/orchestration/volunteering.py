@@ -20,9 +20,10 @@ from decentralized_verl.transport import messages as m
 from decentralized_verl.transport.delta_p2p import DeltaEndpoint
 from decentralized_verl.transport.p2p import CoordinatorEndpoints, listen_maddrs
 from decentralized_verl.transport.weights.delta_publish import DeltaPublisher
+from decentralized_verl.volunteers.admission import ADMISSION_FILE
 from decentralized_verl.volunteers.announce import Heartbeat, VolunteerRecord
 from decentralized_verl.volunteers.dht import PeerOptions, start_dht
-from decentralized_verl.volunteers.discovery import ADMISSION_FILE, HubConfig, VolunteerHub
+from decentralized_verl.volunteers.discovery import HubConfig, VolunteerHub
 from decentralized_verl.volunteers.tokens import TokenError, load_secret
 from decentralized_verl.volunteers.verify import episode_check, verifier_for
 

@@ -12,9 +12,9 @@ The hub runs in the learner process next to the training loop:
   live record becomes a `VolunteerRolloutClient` in the dispatcher; a record that lapsed (the volunteer
   vanished) removes it. A peer whose stream failed is left out until it heartbeats again.
 - a peer caught by verification is blocked for the job: removed, refused on re-join, logged as an event.
-- its admission state (each redeemed token's peer and history, blocked peers and tokens) is written to
-  `ADMISSION_FILE` whenever it changes and taken up again by a resumed learner: a learner restart
-  forgets no block and no redemption.
+- its admission state (each redeemed token's peer and history, blocked peers and tokens: `admission.py`)
+  is written to the run folder whenever it changes and taken up again by a resumed learner: a learner
+  restart forgets no block and no redemption.
 - refusals cost bounded log and state whatever their rate (a flood of token-less Joins): at most
   `refusals_per_window` are logged and kept as events each window, the rest only counted; the events
   kept are the latest `MAX_EVENTS`, so `volunteers.json` stays bounded too.
@@ -26,38 +26,25 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from decentralized_verl.errors import DverlError
 from decentralized_verl.planning.devices import GPU_PRIORS
 from decentralized_verl.runtime.lifecycle import cancel_and_wait
 from decentralized_verl.security.trust import weights_verify_key
 from decentralized_verl.training.trainer import rollout_state_dict
 from decentralized_verl.transport import messages as m
 from decentralized_verl.transport.p2p import connect
+from decentralized_verl.volunteers.admission import AdmissionLedger
 from decentralized_verl.volunteers.announce import VolunteerRecord, admitted_key, read_admitted, read_records
 from decentralized_verl.volunteers.client import VolunteerRolloutClient
 from decentralized_verl.volunteers.tokens import TokenError, verify_token
 
-
-class VolunteerAdmissionError(DverlError):
-    """The admission state a resumed learner must take up is missing a part or not this job's."""
-
-
-if TYPE_CHECKING:
-    pass
-
 log = logging.getLogger(__name__)
-
-ADMISSION_FILE = "volunteer_admission.json"
-"""In the learner's output folder, beside its checkpoints."""
-ADMISSION_FORMAT = 1
 
 MAX_EVENTS = 1000
 """Volunteer events kept (the latest): what the report and `volunteers.json` hold."""
@@ -143,14 +130,8 @@ class VolunteerHub:
         self.status = status
         """The coordinator's StatusBoard: volunteers and blocked peers reach `.status` through it."""
         self.peers: dict[str, PeerState] = {}
-        self.blocked: dict[str, str] = {}
-        self.redeemed: dict[str, str] = {}
-        """Join token nonce -> the one peer id that redeemed it."""
-        self.blocked_tokens: dict[str, str] = {}
-        """Join token nonce -> why: the tokens of blocked peers, refused whatever peer id brings them."""
-        self.token_history: dict[str, dict[str, Any]] = {}
-        """Join token nonce -> {"joins": n, "first": t, "last": t}: every accepted Join made with it."""
-        self._admission_file: Path | None = None
+        self.admission = AdmissionLedger(config.job)
+        """Redeemed and blocked tokens, blocked peers: what a resumed learner takes up."""
         self.record_keys: dict[str, str] = {}
         """Admitted peer id -> the key its record is kept under (`announce.admitted_key` of its token)."""
         self.own_keys: dict[str, str] = {}
@@ -211,7 +192,7 @@ class VolunteerHub:
             return refuse(
                 f"this join token is blocked for job {self.config.job}: {self.blocked_tokens[claims.nonce]}"
             )
-        holder = self.redeemed.get(claims.nonce)
+        holder = self.admission.holder(claims.nonce)
         if holder is not None and holder != caller:
             return refuse(
                 f"this join token was redeemed by peer {holder}; each volunteer needs its own token"
@@ -231,12 +212,8 @@ class VolunteerHub:
         now = time.time()
         state = self.peers.setdefault(caller, PeerState(now, role, token=claims.nonce))
         state.last_seen = now
-        self.redeemed[claims.nonce] = caller
         self.record_keys[caller] = admitted_key(self.config.job, request.token)
-        history = self.token_history.setdefault(claims.nonce, {"joins": 0, "first": now})
-        history["joins"] += 1
-        history["last"] = now
-        self._save_admission()
+        self.admission.redeem(claims.nonce, caller, now)
         self._event("Joined", caller, f"role={role} hardware={request.hardware!r}")
         version = self.publisher.latest_version if self.publisher is not None else 0
         own = self.p2p.peer_id.to_base58() if self.p2p is not None else "coordinator"
@@ -267,13 +244,9 @@ class VolunteerHub:
         self.update_status()
 
     def block(self, peer_id: str, reason: str) -> None:
-        if peer_id in self.blocked:
-            return
-        self.blocked[peer_id] = reason
         state = self.peers.get(peer_id)
-        if state is not None and state.token:
-            self.blocked_tokens[state.token] = f"its holder {peer_id} was blocked: {reason}"
-        self._save_admission()
+        if not self.admission.block(peer_id, state.token if state is not None else "", reason):
+            return
         if self.status is not None:
             self.status.block(peer_id, reason)  # the operator's counter and Event
         self._event("Blocked", peer_id, reason)
@@ -284,53 +257,25 @@ class VolunteerHub:
         self.update_status()
 
     # ------------------------------------------------------------------------------- admission state
-    def admission_state(self) -> dict[str, Any]:
-        return {
-            "format": ADMISSION_FORMAT,
-            "job": self.config.job,
-            "redeemed": dict(self.redeemed),
-            "blocked": dict(self.blocked),
-            "blocked_tokens": dict(self.blocked_tokens),
-            "token_history": {nonce: dict(h) for nonce, h in self.token_history.items()},
-        }
+    @property
+    def blocked(self) -> dict[str, str]:
+        return self.admission.blocked
+
+    @property
+    def blocked_tokens(self) -> dict[str, str]:
+        return self.admission.blocked_tokens
+
+    @property
+    def token_history(self) -> dict[str, dict[str, Any]]:
+        return self.admission.token_history
 
     def keep_admission(self, path: Path, *, restore: bool) -> None:
-        """Write the admission state to `path` whenever it changes; with `restore`, take up what is there
-        first (a resumed learner). A file that is not this job's admission state is an error naming it:
-        starting without the blocks it holds would let a blocked volunteer back in."""
-        self._admission_file = path
-        if restore and path.exists():
-            try:
-                state = json.loads(path.read_text())
-                if state.get("format") != ADMISSION_FORMAT or state.get("job") != self.config.job:
-                    raise ValueError(
-                        f"not format {ADMISSION_FORMAT} admission state of job {self.config.job}"
-                    )
-                self.redeemed.update({str(k): str(v) for k, v in state["redeemed"].items()})
-                self.blocked.update({str(k): str(v) for k, v in state["blocked"].items()})
-                self.blocked_tokens.update({str(k): str(v) for k, v in state["blocked_tokens"].items()})
-                self.token_history.update({str(k): dict(v) for k, v in state["token_history"].items()})
-            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-                raise VolunteerAdmissionError(
-                    f"{path}: cannot take up the volunteers' admission state ({exc})"
-                ) from None
-            log.info(
-                "volunteer admission taken up from %s: %d tokens redeemed, %d peers and %d tokens blocked",
-                path, len(self.redeemed), len(self.blocked), len(self.blocked_tokens),
-            )  # fmt: skip
+        """Keep the admission state in `path` (AdmissionLedger.keep); the blocks taken up are the
+        operator's to count again."""
+        self.admission.keep(path, restore=restore)
+        if self.status is not None:
             for peer_id, reason in self.blocked.items():
-                if self.status is not None:
-                    self.status.block(peer_id, reason)
-        self._save_admission()
-
-    def _save_admission(self) -> None:
-        if self._admission_file is None:
-            return
-        path = self._admission_file
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(self.admission_state(), indent=1) + "\n")
-        os.replace(tmp, path)
+                self.status.block(peer_id, reason)
 
     # ------------------------------------------------------------------------------- discovery
     def make_client(self, record: VolunteerRecord):
