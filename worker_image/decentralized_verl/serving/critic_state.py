@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from decentralized_verl.core.samples import Sample
+from decentralized_verl.training.checkpoints.space import room_for, tensor_bytes
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +58,12 @@ class PersistentCritic:
 
     def _write(self, state: dict[str, Any]) -> None:
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        torch.save(state, tmp)
-        tmp.replace(self.path)
+        try:
+            with room_for(self.path, tensor_bytes(state)):
+                torch.save(state, tmp)
+                tmp.replace(self.path)
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def close(self) -> None:
         if self._pending is not None:

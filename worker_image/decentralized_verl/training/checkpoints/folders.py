@@ -28,6 +28,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceC
 from decentralized_verl.errors import ModelError
 from decentralized_verl.models.lora import is_lora
 from decentralized_verl.training.checkpoints.adapters import AdapterSnapshot, write_adapters
+from decentralized_verl.training.checkpoints.space import module_bytes, room_for, tensor_bytes
 
 TRAINER_STATE = "trainer_state.json"
 MANIFEST = "manifest.json"
@@ -62,30 +63,38 @@ def save_checkpoint(
     torch-saved objects by file name (a colocated critic's state) atomically. `model` may be an
     `AdapterSnapshot` (LoRA on a 4-bit base): then only the adapters and `base.json` are written.
 
-    An existing folder at `path` is replaced only after the new one is complete.
+    An existing folder at `path` is replaced only after the new one is complete. A volume without room
+    for it is refused before anything is written (`space.room_for`).
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f".tmp-{target.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    needed = _checkpoint_bytes(model, optimizer_state, extra_objects)
     try:
-        if isinstance(model, AdapterSnapshot):  # LoRA on a 4-bit base: adapters only, the base by digest
-            write_adapters(model, tmp)
-        elif is_lora(model):
-            model.save_pretrained(tmp / ADAPTER_DIR)
-            copy.deepcopy(model).unload().save_pretrained(tmp)
-        else:
-            model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / TRAINER_STATE).write_text(json.dumps(extra_state or {}, indent=2, sort_keys=True) + "\n")
-        if optimizer_state is not None:
-            torch.save(optimizer_state, tmp / OPTIMIZER_STATE)
-        for name, obj in (extra_objects or {}).items():
-            torch.save(obj, tmp / name)
-        write_manifest(tmp)
-        replace_folder(tmp, target)
+        with room_for(target, needed):
+            if isinstance(model, AdapterSnapshot):  # LoRA on a 4-bit base: adapters only, the base by digest
+                write_adapters(model, tmp)
+            elif is_lora(model):
+                model.save_pretrained(tmp / ADAPTER_DIR)
+                copy.deepcopy(model).unload().save_pretrained(tmp)
+            else:
+                model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            (tmp / TRAINER_STATE).write_text(json.dumps(extra_state or {}, indent=2, sort_keys=True) + "\n")
+            if optimizer_state is not None:
+                torch.save(optimizer_state, tmp / OPTIMIZER_STATE)
+            for name, obj in (extra_objects or {}).items():
+                torch.save(obj, tmp / name)
+            write_manifest(tmp)
+            replace_folder(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _checkpoint_bytes(model: Any, optimizer_state: Any, extra_objects: Any) -> int:
+    weights = tensor_bytes(model.adapters) if isinstance(model, AdapterSnapshot) else module_bytes(model)
+    return weights + tensor_bytes(optimizer_state, extra_objects)
 
 
 def checkpoint_head(path: str | Path) -> str:

@@ -65,6 +65,7 @@ from decentralized_verl.training.checkpoints.folders import (
     replace_folder,
     write_manifest,
 )
+from decentralized_verl.training.checkpoints.space import out_of_space, ran_out, ran_out_reason
 
 SHARDED_MARKER = "sharded.json"
 DCP_DIR = "dcp"
@@ -176,8 +177,11 @@ def save_sharded(
             write_manifest(tmp)
             replace_folder(tmp, target)
     except Exception as exc:  # every rank must hear of rank 0's failure, or the others would carry on
-        error = f"{type(exc).__name__}: {exc}"
+        full = out_of_space(exc, target.parent)
+        error = ran_out_reason(target) if full else f"{type(exc).__name__}: {exc}"
         if not collective:
+            if full:
+                raise ran_out(target) from exc
             raise
     finally:
         if rank == 0:
