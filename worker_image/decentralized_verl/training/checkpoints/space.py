@@ -70,11 +70,8 @@ def _gib(n: int) -> str:
     return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
 
 
-def _fix(root: Path) -> str:
-    return (
-        f"give the volume holding {str(root)!r} more room (the checkpoint claim's size) or keep fewer "
-        "checkpoints (spec.training.checkpoint.keep: the oldest is removed only after the new one is written)"
-    )
+FIX = "give the volume more room (a larger claim) or keep fewer checkpoints (spec.training.checkpoint.keep)"
+"""Short, so the whole error fits the operator's quote of a termination message (its last 300 characters)."""
 
 
 def ensure_room(target: Path, needed: int) -> None:
@@ -83,7 +80,7 @@ def ensure_room(target: Path, needed: int) -> None:
     if needed > free:
         raise CheckpointError(
             f"checkpoint {str(target)!r} was not written: it needs about {_gib(needed)} and the volume "
-            f"has {_gib(free)} free; {_fix(target.parent)}"
+            f"has {_gib(free)} free; {FIX}"
         )
 
 
@@ -100,9 +97,7 @@ def out_of_space(exc: BaseException, folder: Path) -> bool:
 def ran_out_reason(target: Path, needed: int | None = None) -> str:
     """Why a checkpoint write that a full volume cut short failed, and what to do."""
     wanted = f", about {_gib(needed)} needed" if needed is not None else ""
-    return (
-        f"the volume ran out of space ({_gib(free_bytes(target.parent))} free{wanted}); {_fix(target.parent)}"
-    )
+    return f"the volume ran out of space ({_gib(free_bytes(target.parent))} free{wanted}); {FIX}"
 
 
 def ran_out(target: Path, needed: int | None = None) -> CheckpointError:
