@@ -63,6 +63,8 @@ async def test_every_cpu_sized_example_succeeds_as_shipped(tmp_path: Path) -> No
         for name, status in statuses.items():
             assert status["phase"] == "Succeeded", f"{name}: {said}\n{node.all_logs()[-4000:]}"
             assert status["step"] == STEPS, (name, status)
+            # It was Running: every worker Ready at once (each learner rank of tiny-grpo-fsdp included).
+            assert status.get("startTime"), (name, status)
 
         async def waiting_on_the_image() -> dict[str, dict] | None:
             found = {

@@ -82,7 +82,7 @@ async def run_learner(
         # A follower leaves when rank 0 releases it, after rank 0's last checkpoint (which needs every rank
         # of a sharded model): SIGTERM alone must not take it away first.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        return learner_group.follow(trainer)
+        return await _follow(trainer, f"{job}-learner-{rank}", port, settings)
     group = LearnerGroup(trainer, world)
     return await _coordinate(
         spec,
@@ -95,6 +95,18 @@ async def run_learner(
         resume=resume,
         settings=settings,
     )
+
+
+async def _follow(trainer: PolicyTrainer, worker_id: str, port: int, settings: WorkerSettings) -> int:
+    """A follower rank serves Health on its port while it follows rank 0: what its pod's readiness probe
+    dials, so a job of several learner ranks shows Running once every rank is in the group with its model
+    (a rank serving nothing would never be Ready, and the job would look Pending while it trains)."""
+    health = HealthServicer(role="learner", worker_id=worker_id, ready=True)
+    server = await serve(port, health, host=settings.server_host())
+    try:
+        return await asyncio.to_thread(learner_group.follow, trainer)
+    finally:
+        await server.stop(grace=1.0)
 
 
 async def _coordinate(
