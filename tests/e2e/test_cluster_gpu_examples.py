@@ -183,7 +183,7 @@ async def test_qwen7b_grpo_fsdp_forms_its_eight_fsdp_learners_beside_a_vllm_roll
     The bar is below Running: the first learner Ready, which it becomes only once the 8 ranks formed
     their process group, sharded the model and it read the training data, and the engine up. The job
     does not reach Running: the 7 follower ranks never pass their readiness probe (they serve no port;
-    see the dapo-math test), so it stays Pending with `WorkersNotReady 2/9`."""
+    see the dapo-math test), so it stays Pending (`WorkersNotReady`)."""
     name = "qwen7b-grpo-fsdp"
     spec = shipped(name, steps=1, max_new_tokens=8)
     assert spec["image"] == VLLM_CUDA_IMAGE and spec["model"]["path"] == f"/models/{QWEN7B}"
