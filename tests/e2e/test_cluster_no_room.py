@@ -5,7 +5,8 @@ and the planner's fix; a role asking for more GPUs than any node has stays Pendi
 the scheduler's words in its Unschedulable condition; a coscheduling gang that cannot be placed waits
 Queued (WaitingForGang) past its scheduleTimeoutSeconds, as the operator's stated policy says (waiting is
 not a failure: it stays until a node frees room or someone decides). The GPU-sized shipped examples,
-applied as shipped, wait the same way (the one with a Volcano gang and a Kueue queue, Queued). One
+applied as shipped, wait the same way (the one with a Volcano gang and a Kueue queue, Queued); on nodes
+that play their GPU pools they run (tests/e2e/test_cluster_gpu_examples.py). One
 cluster for all, to keep it short. The test node places a gang as the plugin does, all or nothing: the
 gang's learner, which alone would fit, is not placed without its rollout."""
 

@@ -10,7 +10,8 @@ vLLM venv is installed (scripts/install-vllm.sh), they run in that image to Succ
 tests/e2e/test_cluster_vllm_examples.py.
 
 The GPU-sized examples are applied in tests/e2e/test_cluster_no_room.py (they wait Unschedulable on a node
-without GPUs); the SmolLM2 ones in tests/e2e/test_cluster_smollm2_examples.py."""
+without GPUs) and, where the vLLM venv is installed, run to Running on nodes that play their GPU node pools
+in tests/e2e/test_cluster_gpu_examples.py; the SmolLM2 ones in tests/e2e/test_cluster_smollm2_examples.py."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ import asyncio
 import base64
 import contextlib
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,8 @@ from decentralized_verl.spec.source_paths import IMAGE_MODELS_DIR
 from tests.support.job_manifests import TOY
 from tests.support.node_harness import Node
 from tests.support.node_harness.image import ImageStandIn
+from tests.support.node_harness.node import nodes
+from tests.support.node_harness.scheduling import NodeInfo
 from tests.support.operator_fixtures import Emulator, Operator, wait_for
 from tests.support.paths import ROOT
 
@@ -102,6 +104,37 @@ async def cluster(
             yield emu, node, op
         finally:
             await asyncio.to_thread(op.stop)  # the emulator keeps serving while it shuts down
+
+
+@contextlib.asynccontextmanager
+async def pools_cluster(
+    tmp: Path,
+    claims: dict[str, Path],
+    infos: Sequence[NodeInfo],
+    *extra: str,
+    chart_values: tuple[str, ...] = (),
+    image: ImageStandIn | None = None,
+    vllm_venv: Path | None = None,
+) -> AsyncIterator[tuple[Emulator, list[Node], Operator]]:
+    """`cluster` over several nodes (`infos`, e.g. GPU pools' nodes made by node_harness.gpus.gpu_node),
+    each on its own bridge, joined by a router, one scheduler placing pods over them all; the operator
+    runs with the first node's DNS."""
+    async with (
+        Emulator(tmp, chart_values) as emu,
+        nodes(emu, tmp, infos, claims=claims, image=image, vllm_venv=vllm_venv) as made,
+    ):
+        op = Operator(emu, "op-a", *extra)
+        op.args = made[0].operator_command(op.args)
+        op.start()
+        try:
+            yield emu, made, op
+        finally:
+            await asyncio.to_thread(op.stop)
+
+
+def logs_of(placed: Sequence[Node], pod: str) -> str:
+    """A pod's container logs from whichever node ran it."""
+    return "\n".join(text for node in placed if (text := node.logs(pod)))
 
 
 async def join_secret(emu: Emulator, spec: dict[str, Any], namespace: str = "default") -> None:

@@ -4,6 +4,7 @@ accepts, and a tiny reward model (one score head, as the reward stage saves it) 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 
@@ -36,3 +37,43 @@ def bake_packages(into: Path, *packages: str) -> Path:
     command = [sys.executable, "-m", "decentralized_verl.models.bake", "--into", str(into), *packages]
     subprocess.run(command, check=True, capture_output=True, timeout=600)
     return into
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def save_tiny_qwen2(folder: Path, tokenizer_from: Path, head_dim: int = 64) -> Path:
+    """A tiny stand-in for a Qwen2.5 checkpoint (Qwen2ForCausalLM: 2 layers, 2 query heads of `head_dim`
+    with one key/value head, biased q/k/v as Qwen2 has), with the tokenizer and chat template of the
+    model package at `tokenizer_from` (its vocabulary sizes the embedding), saved in bfloat16 as
+    Qwen's checkpoints are. vLLM's CPU attention takes only some head sizes (64, 128, ...)."""
+    import shutil
+
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in TOKENIZER_FILES:
+        if (tokenizer_from / name).exists():
+            shutil.copy(tokenizer_from / name, folder / name)
+    source = json.loads((tokenizer_from / "config.json").read_text())
+    config = Qwen2Config(
+        vocab_size=source["vocab_size"],
+        hidden_size=2 * head_dim,
+        intermediate_size=4 * head_dim,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=source.get("bos_token_id"),
+        eos_token_id=source.get("eos_token_id"),
+        pad_token_id=source.get("pad_token_id"),
+    )
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(folder)
+    for path in folder.iterdir():
+        path.chmod(0o644)  # readable by the workers' user (safetensors writes 0600)
+    folder.chmod(0o755)
+    return folder

@@ -25,7 +25,7 @@ import datetime
 import json
 import secrets
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import aiohttp.web
@@ -117,6 +117,9 @@ class StrictEmulator(kmock.KubernetesEmulator):
     _watch_ends: set[asyncio.Event] = attrs.field(factory=set, init=False)
     refusals: list[dict[str, Any]] = attrs.field(factory=list, init=False)
     """Every refusal answered, newest last (what tests read to see that the world said no)."""
+    pod_webhooks: list[Callable[[dict[str, Any]], None]] = attrs.field(factory=list, init=False)
+    """Mutating admission for pods: each changes a new pod in place before it is validated and stored
+    (a test installs Kueue's, tests/support/kueue_standin.py)."""
 
     # ------------------------------------------------------------------------------ public
     @property
@@ -294,6 +297,8 @@ class StrictEmulator(kmock.KubernetesEmulator):
                 if errors and checked:
                     raise status.invalid(kind, resource.group, name, errors)
             if resource.plural == "pods" and not resource.group and checked:
+                for webhook in self.pod_webhooks:
+                    webhook(data)
                 errors = admission.pod_errors(data)
                 if errors:
                     raise status.invalid("Pod", "", name, errors)

@@ -26,6 +26,9 @@ TEST_WORKER_IMAGE = "registry.example/dverl-worker:test"
 """The worker image the tests' operator puts into pods (its DVERL_WORKER_IMAGE)."""
 VLLM_CPU_IMAGE = f"{WORKER_REPOSITORY}:{__version__}-vllm-cpu"
 """The worker image with vLLM's CPU build (Dockerfile --build-arg VLLM=cpu), as the vLLM examples name it."""
+VLLM_CUDA_IMAGE = f"{WORKER_REPOSITORY}:{__version__}-vllm"
+"""The worker image with vLLM's CUDA build (Dockerfile --build-arg VLLM=cuda), as the GPU-sized examples
+name it: held only by a node that plays a GPU pool's node (gpus.py), played there by the vLLM venv."""
 VLLM_VENV = ROOT / ".venv-vllm"
 """Where scripts/install-vllm.sh makes the vLLM venv in this checkout."""
 
@@ -110,12 +113,14 @@ def vllm_venv(path: Path | None = None) -> Path | None:
     return venv if (venv / "bin" / "python").exists() else None
 
 
-def node_images(plain: ImageStandIn, vllm: Path | None = None) -> dict[str, ImageStandIn]:
+def node_images(plain: ImageStandIn, vllm: Path | None = None, gpus: bool = False) -> dict[str, ImageStandIn]:
     """The images a test node holds, by name, and the stand-in that plays each: `plain` (the test venv)
     under the names the tests' operator, the chart and the plain examples use, and as the `-verifiers`
     flavour when its venv has verifiers (scripts/install.sh installs that extra); the `-vllm-cpu` flavour
     only when the node is given a vLLM venv (`vllm`), played by that venv's interpreter and scripts with
-    the same files (vLLM needs its own torch build, so it lives in a venv of its own). Any other name
+    the same files (vLLM needs its own torch build, so it lives in a venv of its own), and on a node that
+    plays a GPU pool's node (`gpus`) the CUDA `-vllm` flavour too, played by the same venv (its
+    containers compute on the CPU: gpus.py hands them the worker's CPU override). Any other name
     cannot be pulled: its container waits in ErrImagePull / ImagePullBackOff, as a kubelet's does when
     the registry lacks the image."""
     names = {"test", TEST_WORKER_IMAGE, f"{WORKER_REPOSITORY}:{__version__}", f"{WORKER_REPOSITORY}:latest"}
@@ -124,4 +129,6 @@ def node_images(plain: ImageStandIn, vllm: Path | None = None) -> dict[str, Imag
     images = dict.fromkeys(names, plain)
     if vllm is not None:
         images[VLLM_CPU_IMAGE] = dataclasses.replace(plain, venv=vllm)
+        if gpus:
+            images[VLLM_CUDA_IMAGE] = images[VLLM_CPU_IMAGE]
     return images

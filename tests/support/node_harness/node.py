@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from dverl_operator.objects.pod_state import pod_phase
-from tests.support.node_harness import cgroups, dns, dns_server, gangs
+from tests.support.node_harness import cgroups, dns, dns_server, gangs, gpus
 from tests.support.node_harness.image import ImageStandIn, node_images
 from tests.support.node_harness.netns import Bridge, Router
 from tests.support.node_harness.pod import PodRunner, Settings
@@ -52,7 +53,9 @@ class Node:
     """`async with Node(emulator, tmp, claims={"rl-data": folder}) as node:` runs every pod created while
     inside. `emulator` is tests/operator_fixtures.Emulator. `image` plays the worker image (default: the
     test venv); with `vllm_venv` (image.py `vllm_venv`) the node also holds the `-vllm-cpu` flavour, played
-    by that venv."""
+    by that venv. A node whose `info` advertises GPUs (gpus.py `gpu_node`) plays a GPU pool's node: with a
+    vLLM venv it also holds the CUDA `-vllm` flavour, and a container that asks for GPUs gets the worker's
+    CPU override (`DVERL_DEVICE=cpu`) where a device plugin would hand it its GPUs."""
 
     def __init__(
         self,
@@ -70,9 +73,10 @@ class Node:
         self.dir = tmp / "node" if info is None else tmp / "nodes" / self.info.name
         self.bridge = Bridge()
         self.settings = Settings(
-            images=node_images(image or ImageStandIn(), vllm_venv),
+            images=node_images(image or ImageStandIn(), vllm_venv, gpus.plays_gpus(self.info)),
             claims={k: Path(v) for k, v in (claims or {}).items()},
             memory=cgroups.hierarchy() if cgroups.unavailable() is None else None,
+            device_env=functools.partial(gpus.device_env, self.info),
         )
         self.scheduler: Scheduler | None = Scheduler(emulator, [self]) if schedules else None
         self.poll_seconds = poll_seconds

@@ -96,6 +96,8 @@ class Settings:
     memory: cgroups.Hierarchy | None = None
     """Where containers' memory cgroups are made (None: memory limits are not enforced)."""
     readiness_time_scale: float = 0.1
+    device_env: Callable[[Mapping[str, Any]], Mapping[str, str]] = lambda container: {}
+    """What the node adds to a container's env in a device plugin's stead (gpus.py `device_env`)."""
     """Readiness probes' periods and initial delays are multiplied by this (a 10 s period is 1 s here), so
     pods become ready soon after they can; liveness probes run on the pod's own clock, since a liveness
     failure kills. Thresholds and timeouts are always as the pod states them."""
@@ -197,6 +199,7 @@ class PodRunner:
         env = {
             **image.env(),
             **container_env(self.pod, container, self.net.ip, self.lookup, self.settings.api_server),
+            **self.settings.device_env(container),
         }
         argv = resolve_argv(container, image, env)
         mounts = mnt.prepare(self.pod, container, self.pod_dir, self.lookup, self.settings.claims)
