@@ -380,10 +380,10 @@ def qlora(device: str, tiny: bool, **_: Any) -> dict[str, Any]:
 
 
 def _qlora_vllm(learner: Any, spec: Any) -> dict[str, Any]:
-    """vLLM's QLoRA path, where this machine has vLLM: the engine loads the dequantized base through its
-    bitsandbytes loader with LoRA on, the learner's adapters arrive as the next version's `LoRARequest`, and
-    the engine's sampled-token log-probs are held against the learner's own forward: closer to it than to
-    the adapter-free base (the adapters are on), and within a bf16 engine's usual distance."""
+    """vLLM's QLoRA path, where this machine has vLLM: the engine loads the dequantized base with LoRA
+    on, the learner's adapters arrive as the next version's `LoRARequest`, and the engine's sampled-token
+    log-probs are held against the learner's own forward: closer to it than to the adapter-free base (the
+    adapters are on), and within a bf16 engine's usual distance."""
     import importlib.util
 
     if importlib.util.find_spec("vllm") is None:

@@ -13,7 +13,7 @@ correctness and job part passed, 1 when one failed, errored or ran out of time, 
 The parts (see `_gpu_correctness`, `_gpu_job`, `_gpu_perf`):
   correctness  shared_prompt_forward, grouped_attention, chunked_logprobs, fsdp2_checkpoint, weight_refresh,
                qlora (a 4-bit base: adapters train, reference with adapters off, adapters-only refresh;
-               on CUDA with vLLM installed, vLLM's bitsandbytes base serving the adapters per version),
+               on CUDA with vLLM installed, vLLM serving the dequantized base with the adapters per version),
                gpu_tests (the suite's tests marked `gpu`, skipped on the CPU CI)
   job          tiny_job (learner, rollout, reward processes over gRPC), smollm2_job (SmolLM2-shaped),
                every_role_job (learner, HF rollout, reference, critic and reward-model workers, each proving

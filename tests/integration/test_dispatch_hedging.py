@@ -160,3 +160,32 @@ async def test_a_worker_whose_stream_ends_after_its_last_answer_keeps_its_place(
     closing.hold = other.hold = False
     _, report = await asyncio.wait_for(dispatcher.run(work, sampling, version=2), 20)
     assert report.assigned["closing"] > 0  # not on probation: it was on time
+
+
+async def test_waiting_for_a_late_share_wakes_the_dispatcher_a_few_times_not_in_a_busy_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Between a worker finishing its share and another's share coming due for a hedge, the dispatcher
+    sleeps until that moment: it does not wake again and again on the finished share's time, long past
+    (which spun a core of the learner for the whole wait)."""
+    monkeypatch.setattr(hedging, "HEDGE_FLOOR_S", 0.01)  # each share late at 3x its own usual time
+    # Shares are sized by speed, but items are whole: the slow worker's one item is due for a hedge
+    # later than the fast worker's three (before, about 18,000 wake-ups in that gap; now 3).
+    steady, silent = FakeRollout("steady", delay=0.001), GoesSilent("silent", delay=0.05, after=0)
+    dispatcher = Dispatcher([steady, silent])
+    work = items(2, 2)
+    sampling = SamplingParams(max_new_tokens=4)
+    await dispatcher.run(work, sampling, version=0)  # both measured
+    silent.silent = True
+    waits = 0
+    real_wait = asyncio.wait
+
+    async def counted(*args, **kwargs):
+        nonlocal waits
+        waits += 1
+        return await real_wait(*args, **kwargs)
+
+    monkeypatch.setattr(asyncio, "wait", counted)
+    samples, report = await asyncio.wait_for(dispatcher.run(work, sampling, version=1), 20)
+    assert len({s.key for s in samples}) == len(work) and report.hedged > 0
+    assert waits < 50, f"the dispatcher woke {waits} times while it waited to hedge"

@@ -460,16 +460,6 @@ BAD = {
         "spec",
         "roles.learner.sharding:",
     ),
-    "fp4 base on a vllm rollout": (
-        {
-            "model.lora": {"rank": 4},
-            "model.quantization": {"type": "fp4"},
-            "roles.rollout": {"replicas": 1, "backend": "vllm"},
-        },
-        "spec.model.quantization",
-        "spec",
-        "model.quantization:",
-    ),
     "quantization without lora": (
         {"model.quantization": {"type": "nf4"}},
         "spec.model.quantization",

@@ -237,14 +237,13 @@ def test_adapters_below_get_gradients_after_the_model_served_a_no_grad_forward()
 
 def test_vllm_gets_the_base_alone_dequantized_and_lora_engine_settings(tmp_path) -> None:
     """What the vllm backend hands vLLM for a 4-bit base: a plain checkpoint of the base (its 4-bit weights
-    dequantized, no quantization state, no adapters), engine settings for bitsandbytes and LoRA, and each
+    dequantized, no quantization state, no adapters), engine settings for LoRA, and each
     version's adapters as a PEFT folder."""
     spec = qlora_spec()
     model, _ = load_model_and_tokenizer(spec.model)
     _move_adapters(model)
     assert hot_swaps_adapters(model) and engine_dtype(model) == torch.float32
-    assert lora_engine_kwargs(model) == {
-        "quantization": "bitsandbytes",
+    assert lora_engine_kwargs(model) == {  # no quantization: the base is served dequantized
         "enable_lora": True,
         "max_lora_rank": 8,
         "max_loras": 1,

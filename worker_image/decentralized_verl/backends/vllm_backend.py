@@ -382,7 +382,7 @@ def _default_eos(model: Any, tokenizer: Any) -> set[int]:
 
 def _write_model_dir(model: Any, tokenizer: Any, folder: Path, *, merge_adapters: bool = True) -> None:
     """A transformers checkpoint folder of ``model``'s current (merged) weights that vLLM can load; with
-    ``merge_adapters`` False the base alone (a 4-bit base dequantized, for vLLM to quantize again)."""
+    ``merge_adapters`` False the base alone (a 4-bit base dequantized: the values its 4-bit layers use)."""
     folder.mkdir(parents=True, exist_ok=True)
     _inner_config(model).save_pretrained(folder)
     tokenizer.save_pretrained(folder)

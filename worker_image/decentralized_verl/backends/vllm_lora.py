@@ -1,12 +1,13 @@
 """A vLLM engine over a 4-bit base with LoRA adapters hot-swapped per policy version (QLoRA rollouts).
 
-The engine loads the base once through vLLM's bitsandbytes loader (`quantization="bitsandbytes"`, which
-quantizes a plain checkpoint as it loads: the dequantized 4-bit base, so the same blocks come out), with
-LoRA enabled. That loader quantizes every plain checkpoint as NF4 with double quantization, whatever the
-job asked for, so only that quantization is served (the spec and `lora_engine_kwargs` refuse the others).
-Each version then costs only its adapters: written as a PEFT adapter folder and named in a `LoRARequest`
-that every later generate call carries, instead of reloading every weight. Kept apart from the backend so
-the choices can be read and tested without vLLM installed.
+The engine loads the base once, dequantized: every 4-bit weight written out in the layers' compute dtype
+(`models/quantization.dequantized_state_dict`), which holds exactly the values the learner's 4-bit layers
+multiply by, whatever the 4-bit type (NF4 or FP4, double quantization or not). vLLM (0.32, the pinned
+engine) has no bitsandbytes loader to keep the base in 4 bits, so the rollout GPU holds the base at 2
+bytes a weight (the planner counts it so); the learner, which also holds gradients and optimizer state,
+keeps the 4-bit base. LoRA is enabled in the engine, so each version costs only its adapters: written as a
+PEFT adapter folder and named in a `LoRARequest` that every later generate call carries, instead of
+reloading every weight. Kept apart from the backend so the choices can be read and tested without vLLM.
 """
 
 from __future__ import annotations
@@ -17,10 +18,8 @@ from typing import Any
 
 import torch
 
-from decentralized_verl.errors import ModelError
 from decentralized_verl.models.lora import is_lora
 from decentralized_verl.models.quantization import describe_quantization, is_quantized
-from decentralized_verl.spec.catalogue.backends import VLLM
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The max_lora_rank values vLLM accepts."""
@@ -40,18 +39,7 @@ def engine_dtype(model: torch.nn.Module) -> torch.dtype:
 
 
 def lora_engine_kwargs(model: Any) -> dict[str, Any]:
-    """`vllm.LLM` keyword arguments for a 4-bit base with one LoRA adapter active at a time. The engine
-    quantizes the base it is given in one way only (`VLLM.quantizes_on_load`); a model held in another
-    is refused, since the engine would then sample from another base than the learner's."""
-    described = describe_quantization(model) or {}
-    held = (described.get("type"), described.get("doubleQuant"))
-    if held != VLLM.quantizes_on_load:
-        wanted_type, wanted_double = VLLM.quantizes_on_load or (None, None)
-        raise ModelError(
-            f"spec.model.quantization: vLLM quantizes the base as type {wanted_type} with doubleQuant "
-            f"{str(wanted_double).lower()} as it loads; this model holds type {held[0]}, doubleQuant "
-            f"{str(held[1]).lower()}"
-        )
+    """`vllm.LLM` keyword arguments for the dequantized base with one LoRA adapter active at a time."""
     rank = max(int(r) for r in _ranks(model))
     fitting = next((r for r in VLLM_LORA_RANKS if r >= rank), None)
     if fitting is None:
@@ -59,7 +47,6 @@ def lora_engine_kwargs(model: Any) -> dict[str, Any]:
             f"spec.model.lora.rank: vLLM serves LoRA ranks up to {VLLM_LORA_RANKS[-1]} (got {rank})"
         )
     return {
-        "quantization": "bitsandbytes",
         "enable_lora": True,
         "max_lora_rank": fitting,
         "max_loras": 1,

@@ -260,10 +260,13 @@ class Dispatcher:
         running = set(main)
         try:
             while running:
+                # Only shares still running can be hedged: one that finished must not set the wait's
+                # timeout (its time long past, the wait would return at once, over and over, a busy loop).
+                unfinished = {k for task, k in main.items() if not task.done()}
                 late = {
                     k: late_after(self.expected(wid, len(share), step.sampling))
                     for k, (wid, share) in enumerate(shares)
-                    if k not in hedged
+                    if k not in hedged and k in unfinished
                 }
                 due = [started + t for t in late.values() if t is not None]
                 timeout = max(0.0, min(due) - time.monotonic()) if due and idle else None

@@ -102,12 +102,12 @@ def vllm_components(
     shape: ModelShape, b: int, gen: Generation, on_gpu: bool, quantization: q4.FourBit | None = None
 ) -> list[Component]:
     """The vLLM engine, per GPU of its tensor-parallel group (on a CPU: its weights and fixed KV space).
-    A 4-bit base is loaded by vLLM's bitsandbytes loader: 4-bit linears, the rest in the model's dtype."""
+    A 4-bit base is served dequantized (backends/vllm_lora.py: the pinned vLLM has no 4-bit loader), so
+    the engine holds every weight, and its KV cache, in the 4-bit layers' compute dtype."""
     tp = max(gen.tensor_parallel, 1) if on_gpu else 1
     params = shape.parameters()
-    if quantization is not None:  # the weights' bytes as a parameter count at b bytes each
-        packed, scales, _ = q4.four_bit_bytes(shape, quantization)
-        params = (packed + scales) // b + params - q4.linear_parameters(shape)
+    if quantization is not None:
+        b = quantization.compute_bytes
     length = gen.prompt_tokens + gen.response_tokens
     if not on_gpu:
         return [

