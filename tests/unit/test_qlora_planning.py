@@ -124,3 +124,20 @@ def test_without_quantization_the_planner_is_unchanged() -> None:
     again["spec"]["model"].pop("lora")
     full = workers(again)["learner"]
     assert component(full, "gradients") > component(workers(doc)["learner"], "gradients")
+
+
+def test_a_vllm_rollout_holds_the_base_dequantized_at_its_compute_dtype() -> None:
+    """The pinned vLLM has no 4-bit loader: its engine serves the base dequantized, so a QLoRA job's vLLM
+    rollout holds as many weight bytes as the same job's full-precision one (compute dtype bfloat16), while
+    the hf rollout runs the 4-bit layers themselves."""
+
+    def rollout(quantization: dict | None, backend: str):
+        doc = consumer_job(quantization)
+        doc["spec"]["model"]["dtype"] = "bfloat16"
+        doc["spec"]["roles"]["rollout"]["backend"] = backend
+        return workers(doc)["rollout"]
+
+    q = {**QLORA, "computeDtype": "bfloat16"}
+    vllm_4bit, vllm_plain = rollout(q, "vllm"), rollout(None, "vllm")
+    assert component(vllm_4bit, "weights") == component(vllm_plain, "weights") > 14 << 30  # 7.6B x 2 B
+    assert component(rollout(q, "hf"), "weights") < component(rollout(None, "hf"), "weights")
