@@ -128,7 +128,10 @@ def node_images(plain: ImageStandIn, vllm: Path | None = None, gpus: bool = Fals
         names.add(f"{WORKER_REPOSITORY}:{__version__}-verifiers")
     images = dict.fromkeys(names, plain)
     if vllm is not None:
-        images[VLLM_CPU_IMAGE] = dataclasses.replace(plain, venv=vllm)
+        # The vLLM venv's own editable install may point at another checkout: the code under test goes
+        # first on its import path, as the image would carry it.
+        tested = [str(ROOT / "worker_image"), str(ROOT / "operator"), *filter(None, [plain.pythonpath])]
+        images[VLLM_CPU_IMAGE] = dataclasses.replace(plain, venv=vllm, pythonpath=os.pathsep.join(tested))
         if gpus:
             images[VLLM_CUDA_IMAGE] = images[VLLM_CPU_IMAGE]
     return images
