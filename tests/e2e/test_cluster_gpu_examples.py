@@ -92,6 +92,25 @@ async def _run_until_up(
         raise AssertionError(f"{exc}\n{tails}\n{op.log()[-3000:]}") from None
 
 
+async def _up_on_pools(
+    tmp_path: Path, baked: Path, name: str, spec: dict[str, Any], pools: list, *, models: bool
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
+    """Run `spec` on nodes playing `pools` (the tiny Qwen2 on the `models` claim when `models`) until it is
+    up (`_run_until_up`), then delete it: its pods and status then, and every pod's log."""
+    volumes = claims(tmp_path)
+    if models:
+        volumes["models"] = models_claim(tmp_path, baked)
+    async with pools_cluster(tmp_path, volumes, pools, image=image_with_models(baked), vllm_venv=VENV) as (
+        emu,
+        placed,
+        op,
+    ):
+        pods, status = await _run_until_up(emu, placed, op, name, spec)
+        logs = {pod: logs_of(placed, pod) for pod in pods}
+        await emu.delete_job(name)
+    return pods, status, logs
+
+
 def _rollouts_per_pool(spec: dict[str, Any], per_pool: int) -> dict[str, Any]:
     """`spec` with `per_pool` rollout replicas on each of its pools (the engines' memory: see below)."""
     rollout = spec["roles"]["rollout"]
@@ -127,13 +146,7 @@ async def test_dapo_math_runs_vllm_rollouts_on_both_pools(tmp_path: Path, baked:
     assert spec["image"] == VLLM_CUDA_IMAGE
     assert (spec["roles"]["rollout"]["replicas"], spec["roles"]["learner"]["replicas"]) == (4, 2)
     spec = _rollouts_per_pool(spec, 1)
-    volumes = claims(tmp_path)
-    async with pools_cluster(
-        tmp_path, volumes, DAPO_POOLS, image=image_with_models(baked), vllm_venv=VENV
-    ) as (emu, placed, op):
-        pods, status = await _run_until_up(emu, placed, op, name, spec)
-        logs = {pod: logs_of(placed, pod) for pod in pods}
-        await emu.delete_job(name)
+    pods, status, logs = await _up_on_pools(tmp_path, baked, name, spec, DAPO_POOLS, models=False)
     assert status["phase"] == "Running", status
     # Each rollout on its pool's node; the learner (no toleration) never on the tainted a100 node.
     assert _on_their_pools(pods) == {"a100-0": 1, "rtx4090-0": 1, "l40s-0": 2}
@@ -184,14 +197,7 @@ async def test_qwen7b_grpo_fsdp_forms_its_eight_fsdp_learners_beside_a_vllm_roll
     assert spec["image"] == VLLM_CUDA_IMAGE and spec["model"]["path"] == f"/models/{QWEN7B}"
     assert (spec["roles"]["rollout"]["replicas"], spec["roles"]["learner"]["replicas"]) == (4, 8)
     spec = _rollouts_per_pool(spec, 1)
-    volumes = claims(tmp_path)
-    volumes["models"] = models_claim(tmp_path, baked)
-    async with pools_cluster(
-        tmp_path, volumes, QWEN_POOLS, image=image_with_models(baked), vllm_venv=VENV
-    ) as (emu, placed, op):
-        pods, status = await _run_until_up(emu, placed, op, name, spec)
-        logs = {pod: logs_of(placed, pod) for pod in pods}
-        await emu.delete_job(name)
+    pods, status, logs = await _up_on_pools(tmp_path, baked, name, spec, QWEN_POOLS, models=True)
     assert status.get("phase") == "Running", status
     assert _on_their_pools(pods) == {"h100-0": 5, "a100-80gb-0": 4}
     for pod, body in pods.items():
@@ -263,14 +269,7 @@ async def test_qwen7b_grpo_lora_consumer_runs_a_4bit_learner_beside_a_lora_engin
     learner = spec["roles"]["learner"]
     one = [{**learner["nodePools"][0], "replicas": 1}]
     spec["roles"]["learner"] = {**learner, "replicas": 1, "nodePools": one}
-    volumes = claims(tmp_path)
-    volumes["models"] = models_claim(tmp_path, baked)
-    async with pools_cluster(
-        tmp_path, volumes, LORA_POOLS, image=image_with_models(baked), vllm_venv=VENV
-    ) as (emu, placed, op):
-        pods, status = await _run_until_up(emu, placed, op, name, spec)
-        logs = {pod: logs_of(placed, pod) for pod in pods}
-        await emu.delete_job(name)
+    pods, status, logs = await _up_on_pools(tmp_path, baked, name, spec, LORA_POOLS, models=True)
     assert status.get("phase") == "Running", status
     assert {body["spec"].get("nodeName") for body in pods.values()} == {"rtx4090-0"}, pods
     for pod, text in logs.items():
