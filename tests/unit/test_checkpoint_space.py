@@ -45,3 +45,16 @@ def test_a_checkpoint_the_volume_cannot_hold_is_refused_by_folder_and_size(tmp_p
         raise AssertionError("a checkpoint larger than the free space was let through")
     assert said.startswith(f"checkpoint '{target}' was not written: it needs about"), said
     assert ("GiB free" in said or "MiB free" in said) and "spec.training.checkpoint.keep" in said, said
+
+
+def test_the_coordinators_status_names_a_failure_a_person_must_fix_as_bad_input() -> None:
+    """The operator may hear of a failed run from the coordinator's Status reply before the learner's exit:
+    the reply carries the same words and kind (BadInput for input to fix)."""
+    from decentralized_verl.errors import OperationFailed
+    from decentralized_verl.orchestration.coordinator import TrainingStopped, failure_of
+
+    full = CheckpointError("checkpoint '/c/checkpoint-1' was not written: it needs about 1.1 MiB")
+    assert failure_of(full) == {"failure": str(full), "failure_reason": "BadInput"}
+    assert failure_of(OperationFailed("a peer went away")) == {"failure": "OperationFailed: a peer went away"}
+    assert failure_of(RuntimeError("boom")) == {"failure": "RuntimeError: boom"}
+    assert failure_of(TrainingStopped(3, None)) == {} and failure_of(KeyboardInterrupt()) == {}

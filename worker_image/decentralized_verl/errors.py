@@ -12,6 +12,9 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 EXIT_REFIT_PARITY = 3
 """How a learner ends when a weight refresh failed its parity check: not a crash to restart from a
 checkpoint (the next refresh would go the same way) but a failed job (`dverl run` stops)."""
+BAD_INPUT_REASON = "BadInput"
+"""The word the operator's Failed condition and event give a failure a person must fix (a `dverl` exit 2,
+or the coordinator's Status reply naming a `DverlError`), whichever way it hears of it first."""
 REFIT_PARITY_REASON = "RefitParityFailed"
 """The one word the operator's Failed condition and event give that failure, whichever way it hears of it
 first: the coordinator's Status reply or the learner pod's exit code."""

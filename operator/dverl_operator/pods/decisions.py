@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from decentralized_verl.core.memory_report import MemoryEstimate
-from decentralized_verl.errors import REFIT_PARITY_REASON
+from decentralized_verl.errors import BAD_INPUT_REASON, REFIT_PARITY_REASON
 from decentralized_verl.launch.watchdog import STARTUP_S, allowance
 from decentralized_verl.planning.plan import is_gang
 from decentralized_verl.spec import JobSpec
@@ -153,7 +153,7 @@ def _unmendable(
             f"pod {pod_name} ({role}): container {end.container} exited {end.exit_code} (bad input, not "
             f"retried){said}"
         )
-        out.failed_reason = "BadInput"
+        out.failed_reason = BAD_INPUT_REASON
     elif end.kind == "oom":
         limit = memory_limit(have, end.container)
         under = f"its memory limit {limit}" if limit else "no memory limit (the node ran out)"

@@ -23,6 +23,7 @@ from decentralized_verl.core.samples import Prompt, Sample, collate
 from decentralized_verl.core.sampling import SamplingParams
 from decentralized_verl.core.status import StatusBoard
 from decentralized_verl.environments.replay import ENVIRONMENT_REWARD
+from decentralized_verl.errors import BAD_INPUT_REASON, DverlError, OperationFailed
 from decentralized_verl.orchestration.dispatch import Dispatcher
 from decentralized_verl.orchestration.evaluation import Evaluator
 from decentralized_verl.orchestration.refit_check import check_refit, fresh_rows, measured_parity
@@ -75,6 +76,17 @@ class TrainingStopped(Exception):
     def __init__(self, step: int, checkpoint: str | None) -> None:
         self.step, self.checkpoint = step, checkpoint
         super().__init__(f"stopped after step {step}; state in {checkpoint or '(no new checkpoint)'}")
+
+
+def failure_of(exc: BaseException) -> dict[str, str]:
+    """What the Status reply says of the exception that ended training, so the operator's Failed condition
+    names the cause whichever it hears first, this reply or the learner's exit: the words, and BadInput
+    for input a person must fix (what `dverl` exits 2 for). A stop or a cancellation says nothing more."""
+    if not isinstance(exc, Exception) or isinstance(exc, TrainingStopped):
+        return {}
+    if isinstance(exc, DverlError) and not isinstance(exc, OperationFailed):
+        return {"failure": str(exc), "failure_reason": BAD_INPUT_REASON}
+    return {"failure": f"{type(exc).__name__}: {exc}"}
 
 
 @dataclass
@@ -433,8 +445,8 @@ class Coordinator:
                 ahead.pop()
                 record = await self.learn(generated)
                 rewards.append(record["reward_mean"])
-        except BaseException:
-            status.update(state="Failed")
+        except BaseException as exc:
+            status.update(state="Failed", **failure_of(exc))
             ahead.cancel()
             raise
         if self._stopping():
